@@ -1,0 +1,68 @@
+// analyze.h: the `analyze` result: per device summary, peaks, OOMs, top allocations at the peak.
+//
+// A pure function from a Snapshot to a self-contained result struct: everything a renderer needs,
+// frames included as text, so report/ never looks at the snapshot or replays anything.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/frames.h"
+#include "format/snapshot.h"
+#include "replay/replay.h"
+
+namespace memforensics::analysis {
+
+struct StackGroup {
+  uint64_t requested_bytes = 0;
+  uint64_t block_bytes = 0;
+  uint64_t count = 0;
+  bool has_stack = false;
+  std::vector<FrameText> frames;  // innermost user frames (see userFrames)
+};
+
+struct OomReport {
+  replay::OomEvent oom;
+  std::vector<FrameText> frames;
+};
+
+struct AnomalyReport {
+  std::string id;
+  replay::Severity severity;
+  std::string description;
+  uint64_t count = 0;
+  int64_t first_event = -1;
+};
+
+struct DeviceAnalysis {
+  replay::DeviceSummary summary;
+  size_t segments = 0;
+  size_t live_at_peak = 0;  // live blocks at the requested peak
+  std::vector<StackGroup> top_at_peak;  // largest first, by requested bytes
+  std::vector<OomReport> ooms;
+  std::vector<AnomalyReport> anomalies;  // non-zero ones only, by severity then id
+};
+
+struct AnalysisResult {
+  std::string path;
+  std::string source_format;  // pickle / memory_viz_html / json
+  int pickle_protocol = 0;
+  std::string era;  // PyTorch generation inferred from the fields present
+  uint64_t input_bytes = 0;
+  size_t strings = 0, frames = 0, stacks = 0;
+  size_t annotations = 0;
+  size_t host_trace_events = 0;
+  std::vector<std::string> ignored_keys;
+  std::vector<DeviceAnalysis> devices;
+};
+
+struct AnalyzeOptions {
+  std::optional<int64_t> device;  // only this device
+  size_t top = 10;
+  size_t frames_per_group = 3;
+};
+
+AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& options = {});
+
+}  // namespace memforensics::analysis

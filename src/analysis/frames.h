@@ -1,0 +1,33 @@
+// frames.h: which frames of a stack a person wants to see.
+//
+// Stacks from PyTorch start inside the allocator (innermost first) and may mix C++ frames, Python
+// frames and interpreter glue. For "where was this allocated" the useful frames are the innermost
+// Python frames of the user's own code; see userFrames() for the exact rule (docs/findings.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "format/snapshot.h"
+
+namespace memforensics::analysis {
+
+struct FrameText {
+  std::string filename;
+  std::string name;
+  uint64_t line = 0;  // format::kUnknownLine when unknown
+  std::string display() const;  // "model.py:54 forward"
+};
+
+// Frames hidden by PyTorch's viewers (unwinder, interpreter glue, dispatcher boilerplate).
+bool isNoiseFrame(const format::Snapshot& s, const format::Frame& f);
+// True for frames of PyTorch itself or of Python's runtime (not the user's code).
+bool isLibraryFrame(const format::Snapshot& s, const format::Frame& f);
+
+// Up to `max` innermost frames worth showing for `stack`:
+//   1. Python frames (file ends in .py) outside torch/ and the standard library: the user's code;
+//   2. if there are none, any Python frames;
+//   3. if there are none, non-noise frames (C++-only stacks).
+std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max);
+
+}  // namespace memforensics::analysis

@@ -1,0 +1,105 @@
+// dump.cc: see dump.h for the line format.
+#include "format/dump.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <set>
+#include <string>
+
+namespace memforensics::format {
+
+namespace {
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%" PRIx64, v);
+  return b;
+}
+// Quotes a string so that the line stays one line and parseable: \" \\ \n and non-printables.
+std::string quoted(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+std::string stackRef(StackId s) {
+  if (s == kNoStack) return "-";
+  if (s == kEmptyStack) return "[]";
+  return std::to_string(s);
+}
+}  // namespace
+
+void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) {
+  std::set<StackId> used;
+  auto use = [&](StackId id) {
+    if (id != kNoStack && id != kEmptyStack) used.insert(id);
+    return stackRef(id);
+  };
+  out << "# memforensics dump 1\n";
+  out << "# source=" << sourceFormatName(s.source) << " protocol=" << s.pickle_protocol
+      << " era=" << s.traits.era() << " segments=" << s.segments.size()
+      << " devices_with_traces=" << s.device_traces.size() << "\n";
+  if (s.settings.present) {
+    out << "settings conf=" << quoted(s.settings.conf) << " max_split_size=" << s.settings.max_split_size
+        << " gc_threshold=" << s.settings.garbage_collection_threshold
+        << " expandable_segments=" << (s.settings.expandable_segments ? 1 : 0) << " roundup=";
+    for (int k = 0; k < 16; ++k) out << (k ? "," : "") << s.settings.roundup_power2_divisions[k];
+    out << "\n";
+  }
+  for (const auto& seg : s.segments) {
+    out << "segment device=" << seg.device << " addr=" << hex(seg.address) << " size=" << seg.total_size
+        << " allocated=" << seg.allocated_size << " active=" << seg.active_size
+        << " requested=" << seg.requested_size << " stream=" << seg.stream
+        << " type=" << (seg.is_large ? "large" : "small") << " pool=" << seg.pool_a << "," << seg.pool_b
+        << " expandable=" << (seg.is_expandable ? 1 : 0) << " stack=" << use(seg.stack)
+        << " blocks=" << seg.block_count << "\n";
+    for (const auto& b : s.blocksOf(seg)) {
+      out << "  block addr=" << hex(b.address) << " size=" << b.size << " requested=" << b.requested_size
+          << " state=" << blockStateName(b.state) << " stack=" << use(b.stack) << "\n";
+    }
+  }
+  for (size_t d = 0; d < s.device_traces.size(); ++d) {
+    const auto& tr = s.device_traces[d];
+    out << "trace device=" << d << " events=" << tr.size() << "\n";
+    for (size_t i = 0; i < tr.size(); ++i) {
+      const Event& e = tr[i];
+      out << d << ":" << i << " ";
+      if (e.time_us >= 0) out << "t=" << e.time_us << " ";
+      out << (e.action == Action::Unknown ? s.strings.get(e.action_name) : actionName(e.action));
+      if (e.action == Action::Oom) out << " size=" << e.size << " device_free=" << e.addr;
+      else out << " addr=" << hex(e.addr) << " size=" << e.size;
+      out << " stream=" << e.stream << " stack=" << use(e.stack);
+      if (e.compile_context != kEmptyStr) out << " compile_context=" << quoted(s.strings.get(e.compile_context));
+      if (e.user_metadata != kEmptyStr) out << " user_metadata=" << quoted(s.strings.get(e.user_metadata));
+      if (e.has_pool) out << " pool=" << e.pool_a << "," << e.pool_b;
+      out << "\n";
+    }
+  }
+  for (const auto& a : s.annotations) {
+    out << "annotation device=" << a.device << " t=" << a.time_us << " stage=" << s.strings.get(a.stage)
+        << " name=" << quoted(s.strings.get(a.name)) << "\n";
+  }
+  if (opt.stacks) {
+    for (StackId id : used) {
+      out << "stack " << id << "\n";
+      for (FrameId f : s.stacks.stack(id)) {
+        const Frame& fr = s.stacks.frame(f);
+        out << "  " << quoted(s.strings.get(fr.filename)) << ":"
+            << (fr.line == kUnknownLine ? std::string("?") : std::to_string(fr.line)) << " "
+            << quoted(s.strings.get(fr.name)) << "\n";
+      }
+    }
+  }
+}
+
+}  // namespace memforensics::format

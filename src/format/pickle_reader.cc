@@ -1,0 +1,1100 @@
+// pickle_reader.cc: the data-only pickle machine and the conversion of its result into a Snapshot.
+//
+// Layout of this file:
+//   1. Values and nodes: the pickle machine's stack items. A Value is 16 bytes; containers are
+//      Nodes in one vector, referred to by index, so memo entries share them.
+//   2. The machine: one loop over opcodes. Containers are reduced to frames, stacks and events at
+//      the moment they are filled (SETITEMS / APPENDS), see reduceDict / reduceList.
+//   3. Conversion of the root object into the Snapshot model, with a path in every error
+//      ("segments[3].blocks[7]: ...").
+#include "format/pickle_reader.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace memforensics::format {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// 1. Values and nodes
+
+enum class VK : uint8_t { None, Bool, Int, UInt, BigInt, Float, Str, Node };
+
+struct Value {
+  union {
+    int64_t i;
+    double f;
+    uint32_t id;  // StrId or node index
+  };
+  VK kind = VK::None;
+  Value() : i(0) {}
+  static Value none() { return {}; }
+  static Value boolean(bool b) {
+    Value v;
+    v.kind = VK::Bool;
+    v.i = b;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = VK::Int;
+    v.i = x;
+    return v;
+  }
+  static Value uinteger(uint64_t x) {
+    Value v;
+    v.kind = x > static_cast<uint64_t>(INT64_MAX) ? VK::UInt : VK::Int;
+    v.i = static_cast<int64_t>(x);
+    return v;
+  }
+  static Value bigint() {
+    Value v;
+    v.kind = VK::BigInt;
+    return v;
+  }
+  static Value flt(double x) {
+    Value v;
+    v.kind = VK::Float;
+    v.f = x;
+    return v;
+  }
+  static Value str(StrId s) {
+    Value v;
+    v.kind = VK::Str;
+    v.id = s;
+    return v;
+  }
+  static Value node(uint32_t n) {
+    Value v;
+    v.kind = VK::Node;
+    v.id = n;
+    return v;
+  }
+};
+static_assert(sizeof(Value) == 16);
+
+enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, Event };
+
+struct Node {
+  std::vector<Value> items;  // List/Tuple: elements; Dict: key, value, key, value, ...
+  uint32_t ref = 0;          // Frame: FrameId, Stack: StackId, Event: index into events_
+  NK kind = NK::List;
+};
+
+const char* kindName(const Value& v, const std::vector<Node>& nodes) {
+  switch (v.kind) {
+    case VK::None: return "None";
+    case VK::Bool: return "bool";
+    case VK::Int:
+    case VK::UInt:
+    case VK::BigInt: return "int";
+    case VK::Float: return "float";
+    case VK::Str: return "str";
+    case VK::Node:
+      switch (nodes[v.id].kind) {
+        case NK::List: return "list";
+        case NK::Dict: return "dict";
+        case NK::Tuple: return "tuple";
+        case NK::Frame: return "frame dict";
+        case NK::Stack: return "frames list";
+        case NK::Event: return "trace entry dict";
+      }
+  }
+  return "?";
+}
+
+// Opcode bytes (pickle protocol 0-5).
+enum Op : uint8_t {
+  MARK = '(', STOP = '.', POP = '0', POP_MARK = '1', DUP = '2', FLOAT = 'F', INT = 'I',
+  BININT = 'J', BININT1 = 'K', LONG = 'L', BININT2 = 'M', NONE = 'N', PERSID = 'P',
+  BINPERSID = 'Q', REDUCE = 'R', STRING = 'S', BINSTRING = 'T', SHORT_BINSTRING = 'U',
+  UNICODE = 'V', BINUNICODE = 'X', APPEND = 'a', BUILD = 'b', GLOBAL = 'c', DICT = 'd',
+  EMPTY_DICT = '}', APPENDS = 'e', GET = 'g', BINGET = 'h', INST = 'i', LONG_BINGET = 'j',
+  LIST = 'l', EMPTY_LIST = ']', OBJ = 'o', PUT = 'p', BINPUT = 'q', LONG_BINPUT = 'r',
+  SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G',
+  PROTO = 0x80, NEWOBJ = 0x81, EXT1 = 0x82, EXT2 = 0x83, EXT4 = 0x84, TUPLE1 = 0x85,
+  TUPLE2 = 0x86, TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, LONG4 = 0x8b,
+  BINBYTES = 'B', SHORT_BINBYTES = 'C', SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d,
+  BINBYTES8 = 0x8e, EMPTY_SET = 0x8f, ADDITEMS = 0x90, FROZENSET = 0x91, NEWOBJ_EX = 0x92,
+  STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95, BYTEARRAY8 = 0x96, NEXT_BUFFER = 0x97,
+  READONLY_BUFFER = 0x98,
+};
+
+bool executesCode(uint8_t op) {
+  switch (op) {
+    case GLOBAL: case STACK_GLOBAL: case REDUCE: case BUILD: case INST: case OBJ: case NEWOBJ:
+    case NEWOBJ_EX: case PERSID: case BINPERSID: case EXT1: case EXT2: case EXT4:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Keys the reducer and converter look for, interned once so comparisons are integer compares.
+struct Keys {
+  StrId action, addr, size, stream, time_us, frames, device_free, compile_context, user_metadata,
+      pool_id, filename, line, name, segments, device_traces, allocator_settings,
+      external_annotations, host_segments, host_traces, device, address, total_size,
+      allocated_size, active_size, requested_size, segment_type, segment_pool_id, is_expandable,
+      blocks, state, history, real_size, stage, conf, max_split_size, gc_threshold,
+      expandable_segments, roundup, graph_capture, small, active_allocated, active_pending_free,
+      inactive;
+  explicit Keys(StringTable& t)
+      : action(t.intern("action")), addr(t.intern("addr")), size(t.intern("size")),
+        stream(t.intern("stream")), time_us(t.intern("time_us")), frames(t.intern("frames")),
+        device_free(t.intern("device_free")), compile_context(t.intern("compile_context")),
+        user_metadata(t.intern("user_metadata")), pool_id(t.intern("pool_id")),
+        filename(t.intern("filename")), line(t.intern("line")), name(t.intern("name")),
+        segments(t.intern("segments")), device_traces(t.intern("device_traces")),
+        allocator_settings(t.intern("allocator_settings")),
+        external_annotations(t.intern("external_annotations")),
+        host_segments(t.intern("host_segments")), host_traces(t.intern("host_traces")),
+        device(t.intern("device")), address(t.intern("address")),
+        total_size(t.intern("total_size")), allocated_size(t.intern("allocated_size")),
+        active_size(t.intern("active_size")), requested_size(t.intern("requested_size")),
+        segment_type(t.intern("segment_type")), segment_pool_id(t.intern("segment_pool_id")),
+        is_expandable(t.intern("is_expandable")), blocks(t.intern("blocks")),
+        state(t.intern("state")), history(t.intern("history")), real_size(t.intern("real_size")),
+        stage(t.intern("stage")), conf(t.intern("PYTORCH_CUDA_ALLOC_CONF")),
+        max_split_size(t.intern("max_split_size")),
+        gc_threshold(t.intern("garbage_collection_threshold")),
+        expandable_segments(t.intern("expandable_segments")),
+        roundup(t.intern("roundup_power2_divisions")),
+        graph_capture(t.intern("graph_capture_record_stream_reuse")), small(t.intern("small")),
+        active_allocated(t.intern("active_allocated")),
+        active_pending_free(t.intern("active_pending_free")), inactive(t.intern("inactive")) {}
+};
+
+// ---------------------------------------------------------------------------------------------
+// 2. The machine
+
+class Machine {
+ public:
+  Machine(std::span<const uint8_t> data, const PickleReadOptions& opt)
+      : p_(data.data()), begin_(data.data()), end_(data.data() + data.size()), opt_(opt),
+        keys_(snap_.strings) {}
+
+  Expected<Snapshot> run();
+
+ private:
+  // -- errors
+  Error err(std::string msg) const { return Error{std::move(msg), op_offset_}; }
+  Error truncated(const char* what) const {
+    return Error{std::string("input ends inside ") + what + " of opcode " + pickleOpcodeName(op_) +
+                     " (file truncated?)",
+                 op_offset_};
+  }
+
+  // -- stack helpers
+  Expected<Value> pop() {
+    if (stack_.size() <= markBase()) return err(std::string("stack underflow at ") + pickleOpcodeName(op_));
+    Value v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  size_t markBase() const { return marks_.empty() ? 0 : marks_.back(); }
+  Expected<size_t> popMark() {
+    if (marks_.empty()) return err(std::string(pickleOpcodeName(op_)) + " without a MARK");
+    size_t m = marks_.back();
+    marks_.pop_back();
+    return m;
+  }
+  uint32_t newNode(NK kind) {
+    nodes_.emplace_back();
+    nodes_.back().kind = kind;
+    return static_cast<uint32_t>(nodes_.size() - 1);
+  }
+  Status memoPut(uint64_t idx) {
+    if (stack_.size() <= markBase()) return err("memo store with an empty stack");
+    if (idx >= memo_.size()) {
+      if (idx > memo_.size() + opt_.max_memo_gap) {
+        return err("memo index " + std::to_string(idx) + " far beyond the " +
+                   std::to_string(memo_.size()) + " entries stored so far");
+      }
+      memo_.resize(idx + 1);
+      memo_set_.resize(idx + 1, false);
+    }
+    memo_[idx] = stack_.back();
+    memo_set_[idx] = true;
+    return Status::Ok();
+  }
+  Status memoGet(uint64_t idx) {
+    if (idx >= memo_.size() || !memo_set_[idx]) {
+      return err("memo index " + std::to_string(idx) + " read before it was stored");
+    }
+    stack_.push_back(memo_[idx]);
+    return Status::Ok();
+  }
+
+  // -- reading operands
+  template <typename T>
+  bool readLE(T& out) {
+    if (static_cast<size_t>(end_ - p_) < sizeof(T)) return false;
+    std::memcpy(&out, p_, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+    p_ += sizeof(T);
+    return true;
+  }
+  Status pushString(uint64_t len);
+  Status pushLong(uint64_t n);
+
+  // -- containers
+  Status appendItems(uint32_t list, size_t from);
+  Status setItems(uint32_t dict, size_t from);
+  Status reduceDict(uint32_t n, const Value* kv, size_t count);
+  Status makeEvent(uint32_t n, const Value* kv, size_t count);
+  Expected<StackId> stackOf(const Value& v, const char* where);
+  Expected<uint32_t> targetContainer(size_t below, NK want);
+
+  // -- conversion (section 3)
+  Status convert(const Value& root);
+  Status convertSegments(const Value& list, const char* path);
+  Status convertTraces(const Value& v);
+  Status convertSettings(const Value& v);
+  Status convertAnnotations(const Value& v);
+  const Value* field(const Node& dict, StrId key) const;
+  const Node* asNode(const Value& v, NK kind) const {
+    if (v.kind != VK::Node || nodes_[v.id].kind != kind) return nullptr;
+    return &nodes_[v.id];
+  }
+  Expected<uint64_t> getU64(const Node& dict, StrId key, const std::string& path, bool required,
+                            uint64_t dflt = 0) const;
+  Expected<int64_t> getI64(const Node& dict, StrId key, const std::string& path, bool required,
+                           int64_t dflt = 0) const;
+
+  const uint8_t* p_;
+  const uint8_t* begin_;
+  const uint8_t* end_;
+  const PickleReadOptions& opt_;
+  Snapshot snap_;
+  Keys keys_;
+  std::vector<Value> stack_;
+  std::vector<size_t> marks_;
+  std::vector<Value> memo_;
+  std::vector<bool> memo_set_;
+  std::vector<Node> nodes_;
+  std::vector<Event> events_;
+  std::vector<FrameId> scratch_;
+  int64_t op_offset_ = 0;
+  uint8_t op_ = 0;
+};
+
+const Value* Machine::field(const Node& dict, StrId key) const {
+  const auto& it = dict.items;
+  for (size_t i = 0; i + 1 < it.size(); i += 2) {
+    if (it[i].kind == VK::Str && it[i].id == key) return &it[i + 1];
+  }
+  return nullptr;
+}
+
+Status Machine::pushString(uint64_t len) {
+  if (static_cast<uint64_t>(end_ - p_) < len) return truncated("the string body");
+  std::string_view s(reinterpret_cast<const char*>(p_), len);
+  p_ += len;
+  stack_.push_back(Value::str(snap_.strings.intern(s)));
+  return Status::Ok();
+}
+
+Status Machine::pushLong(uint64_t n) {
+  if (static_cast<uint64_t>(end_ - p_) < n) return truncated("the integer bytes");
+  const uint8_t* b = p_;
+  p_ += n;
+  if (n == 0) {
+    stack_.push_back(Value::integer(0));
+    return Status::Ok();
+  }
+  bool negative = (b[n - 1] & 0x80) != 0;
+  // Strip redundant sign-extension bytes, then decide what fits.
+  uint64_t len = n;
+  while (len > 1 && b[len - 1] == (negative ? 0xFF : 0x00) &&
+         ((b[len - 2] & 0x80) != 0) == negative) {
+    --len;
+  }
+  if (!negative && len == 9 && b[8] == 0) len = 8;  // fits as unsigned 64-bit
+  if (len > 8) {
+    stack_.push_back(Value::bigint());
+    return Status::Ok();
+  }
+  uint64_t u = 0;
+  for (uint64_t k = 0; k < len; ++k) u |= uint64_t{b[k]} << (8 * k);
+  if (negative) {
+    if (len < 8) u |= ~uint64_t{0} << (8 * len);
+    stack_.push_back(Value::integer(static_cast<int64_t>(u)));
+  } else {
+    stack_.push_back(Value::uinteger(u));
+  }
+  return Status::Ok();
+}
+
+Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
+  if (below == 0 || below > stack_.size()) {
+    return err(std::string(pickleOpcodeName(op_)) + " has no container to fill");
+  }
+  const Value& t = stack_[below - 1];
+  if (t.kind != VK::Node) {
+    return err(std::string(pickleOpcodeName(op_)) + " targets a " + kindName(t, nodes_) +
+               ", expected a " + (want == NK::Dict ? "dict" : "list"));
+  }
+  NK k = nodes_[t.id].kind;
+  bool ok = k == want || (want == NK::List && k == NK::Stack) || (want == NK::Dict && (k == NK::Frame || k == NK::Event));
+  if (!ok) {
+    return err(std::string(pickleOpcodeName(op_)) + " targets a " + kindName(t, nodes_) +
+               ", expected a " + (want == NK::Dict ? "dict" : "list"));
+  }
+  return t.id;
+}
+
+Expected<StackId> Machine::stackOf(const Value& v, const char* where) {
+  if (v.kind == VK::Node) {
+    const Node& n = nodes_[v.id];
+    if (n.kind == NK::Stack) return StackId{n.ref};
+    if (n.kind == NK::List && n.items.empty()) return kEmptyStack;
+  }
+  if (v.kind == VK::None) return kNoStack;
+  return err(std::string(where) + ": `frames` is a " + kindName(v, nodes_) +
+             ", expected a list of {filename, line, name} dicts");
+}
+
+// APPEND / APPENDS: move stack_[from..] into the list. A list that holds only frames becomes an
+// interned stack right away; every other list stays generic.
+Status Machine::appendItems(uint32_t list, size_t from) {
+  size_t count = stack_.size() - from;
+  Node& n = nodes_[list];
+  bool all_frames = count > 0;
+  for (size_t k = from; k < stack_.size() && all_frames; ++k) {
+    const Value& v = stack_[k];
+    all_frames = v.kind == VK::Node && nodes_[v.id].kind == NK::Frame;
+  }
+  if (n.kind == NK::Stack || (all_frames && n.items.empty())) {
+    if (!all_frames && count > 0) {
+      return err("a frames list gets a non-frame element (" + std::string(kindName(stack_[from], nodes_)) + ")");
+    }
+    scratch_.clear();
+    if (n.kind == NK::Stack) {  // a second batch (lists over 1000 frames): extend
+      auto old = snap_.stacks.stack(n.ref);
+      scratch_.assign(old.begin(), old.end());
+    }
+    for (size_t k = from; k < stack_.size(); ++k) scratch_.push_back(nodes_[stack_[k].id].ref);
+    n.kind = NK::Stack;
+    n.ref = snap_.stacks.internStack(scratch_);
+  } else {
+    n.items.insert(n.items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
+  }
+  stack_.resize(from);
+  return Status::Ok();
+}
+
+// SETITEM / SETITEMS: key/value pairs stack_[from..] go into the dict. A fresh dict with the shape
+// of a frame or a trace entry is reduced at once and never stored as pairs.
+Status Machine::setItems(uint32_t dict, size_t from) {
+  size_t count = stack_.size() - from;
+  if (count % 2 != 0) return err("SETITEMS with an odd number of stack items");
+  Node& n = nodes_[dict];
+  if (n.kind != NK::Dict) return err("a frame or trace entry dict is filled twice (unsupported)");
+  if (n.items.empty()) {
+    Status s = reduceDict(dict, stack_.data() + from, count);
+    if (!s.ok()) return s;
+  }
+  if (nodes_[dict].kind == NK::Dict) {
+    for (size_t k = from; k < stack_.size(); k += 2) {
+      if (stack_[k].kind == VK::Node) {
+        return err(std::string("dict key is a ") + kindName(stack_[k], nodes_) + " (unsupported)");
+      }
+    }
+    nodes_[dict].items.insert(nodes_[dict].items.end(), stack_.begin() + static_cast<ptrdiff_t>(from),
+                              stack_.end());
+  }
+  stack_.resize(from);
+  return Status::Ok();
+}
+
+Status Machine::reduceDict(uint32_t n, const Value* kv, size_t count) {
+  const Value* filename = nullptr;
+  const Value* line = nullptr;
+  const Value* name = nullptr;
+  bool has_action = false;
+  for (size_t k = 0; k + 1 < count; k += 2) {
+    if (kv[k].kind != VK::Str) continue;
+    StrId key = kv[k].id;
+    if (key == keys_.action) has_action = true;
+    else if (key == keys_.filename) filename = &kv[k + 1];
+    else if (key == keys_.line) line = &kv[k + 1];
+    else if (key == keys_.name) name = &kv[k + 1];
+  }
+  if (has_action) return makeEvent(n, kv, count);
+  if (filename && line && name && count <= 16) {
+    if (filename->kind != VK::Str || name->kind != VK::Str ||
+        (line->kind != VK::Int && line->kind != VK::UInt)) {
+      return err("frame dict with filename/line/name of the wrong types");
+    }
+    Frame f{filename->id, name->id, static_cast<uint64_t>(line->i)};
+    nodes_[n].kind = NK::Frame;
+    nodes_[n].ref = snap_.stacks.internFrame(f);
+  }
+  return Status::Ok();
+}
+
+Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
+  Event e;
+  auto asU64 = [&](const Value& v, const char* key, uint64_t& out) -> Status {
+    if (v.kind == VK::Int || v.kind == VK::UInt) {
+      out = static_cast<uint64_t>(v.i);
+      return Status::Ok();
+    }
+    return err(std::string("trace entry `") + key + "` is a " + kindName(v, nodes_) + ", expected an int");
+  };
+  bool have_action = false;
+  for (size_t k = 0; k + 1 < count; k += 2) {
+    const Value& key = kv[k];
+    const Value& v = kv[k + 1];
+    if (key.kind != VK::Str) continue;
+    StrId id = key.id;
+    Status s;
+    if (id == keys_.action) {
+      if (v.kind != VK::Str) return err("trace entry `action` is not a string");
+      auto a = parseAction(snap_.strings.get(v.id));
+      e.action = a ? *a : Action::Unknown;
+      e.action_name = v.id;
+      have_action = true;
+      if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
+    } else if (id == keys_.addr) {
+      s = asU64(v, "addr", e.addr);
+    } else if (id == keys_.device_free) {
+      s = asU64(v, "device_free", e.addr);
+    } else if (id == keys_.size) {
+      s = asU64(v, "size", e.size);
+    } else if (id == keys_.stream) {
+      uint64_t u = 0;
+      s = asU64(v, "stream", u);
+      e.stream = static_cast<int64_t>(u);
+    } else if (id == keys_.time_us) {
+      uint64_t u = 0;
+      s = asU64(v, "time_us", u);
+      e.time_us = static_cast<int64_t>(u);
+      snap_.traits.has_time_us = true;
+    } else if (id == keys_.frames) {
+      auto st = stackOf(v, "trace entry");
+      if (!st) return st.error();
+      e.stack = *st;
+    } else if (id == keys_.compile_context) {
+      if (v.kind == VK::Str) e.compile_context = v.id;
+      snap_.traits.has_compile_context = true;
+    } else if (id == keys_.user_metadata) {
+      if (v.kind == VK::Str) e.user_metadata = v.id;
+      snap_.traits.has_user_metadata = true;
+    } else if (id == keys_.pool_id) {
+      snap_.traits.has_pool_id = true;
+      if (v.kind == VK::Node && (nodes_[v.id].kind == NK::Tuple || nodes_[v.id].kind == NK::List) &&
+          nodes_[v.id].items.size() == 2) {
+        const auto& t = nodes_[v.id].items;
+        if ((t[0].kind == VK::Int || t[0].kind == VK::UInt) &&
+            (t[1].kind == VK::Int || t[1].kind == VK::UInt)) {
+          e.pool_a = static_cast<uint64_t>(t[0].i);
+          e.pool_b = static_cast<uint64_t>(t[1].i);
+          e.has_pool = true;
+        }
+      }
+    }
+    if (!s.ok()) return s;
+  }
+  if (!have_action) return err("trace entry without an action");
+  nodes_[n].kind = NK::Event;
+  nodes_[n].ref = static_cast<uint32_t>(events_.size());
+  events_.push_back(e);
+  return Status::Ok();
+}
+
+Expected<Snapshot> Machine::run() {
+  snap_.input_bytes = static_cast<uint64_t>(end_ - begin_);
+  uint64_t next_progress = opt_.progress_interval;
+  stack_.reserve(4096);
+  bool stopped = false;
+  while (!stopped) {
+    if (p_ >= end_) {
+      op_offset_ = end_ - begin_;
+      return err("input ends before the pickle's STOP opcode (file truncated?)");
+    }
+    op_offset_ = p_ - begin_;
+    if (opt_.progress && static_cast<uint64_t>(op_offset_) >= next_progress) {
+      opt_.progress(static_cast<uint64_t>(op_offset_), snap_.input_bytes);
+      next_progress = static_cast<uint64_t>(op_offset_) + opt_.progress_interval;
+    }
+    op_ = *p_++;
+    switch (op_) {
+      case BINGET: {
+        uint8_t i;
+        if (!readLE(i)) return truncated("the memo index");
+        Status s = memoGet(i);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case LONG_BINGET: {
+        uint32_t i;
+        if (!readLE(i)) return truncated("the memo index");
+        Status s = memoGet(i);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case MEMOIZE: {
+        Status s = memoPut(memo_.size());
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case BINPUT: {
+        uint8_t i;
+        if (!readLE(i)) return truncated("the memo index");
+        Status s = memoPut(i);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case LONG_BINPUT: {
+        uint32_t i;
+        if (!readLE(i)) return truncated("the memo index");
+        Status s = memoPut(i);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case SHORT_BINUNICODE: {
+        uint8_t n;
+        if (!readLE(n)) return truncated("the string length");
+        Status s = pushString(n);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case BINUNICODE: {
+        uint32_t n;
+        if (!readLE(n)) return truncated("the string length");
+        Status s = pushString(n);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case BINUNICODE8: {
+        uint64_t n;
+        if (!readLE(n)) return truncated("the string length");
+        Status s = pushString(n);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case BININT1: {
+        uint8_t x;
+        if (!readLE(x)) return truncated("the integer");
+        stack_.push_back(Value::integer(x));
+        break;
+      }
+      case BININT2: {
+        uint16_t x;
+        if (!readLE(x)) return truncated("the integer");
+        stack_.push_back(Value::integer(x));
+        break;
+      }
+      case BININT: {
+        int32_t x;
+        if (!readLE(x)) return truncated("the integer");
+        stack_.push_back(Value::integer(x));
+        break;
+      }
+      case LONG1: {
+        uint8_t n;
+        if (!readLE(n)) return truncated("the integer length");
+        Status s = pushLong(n);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case LONG4: {
+        int32_t n;
+        if (!readLE(n)) return truncated("the integer length");
+        if (n < 0) return err("LONG4 with a negative length");
+        Status s = pushLong(static_cast<uint64_t>(n));
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case BINFLOAT: {
+        uint64_t bits;
+        if (!readLE(bits)) return truncated("the float");
+        bits = __builtin_bswap64(bits);  // BINFLOAT is big-endian
+        double d;
+        std::memcpy(&d, &bits, 8);
+        stack_.push_back(Value::flt(d));
+        break;
+      }
+      case NEWTRUE: stack_.push_back(Value::boolean(true)); break;
+      case NEWFALSE: stack_.push_back(Value::boolean(false)); break;
+      case NONE: stack_.push_back(Value::none()); break;
+      case MARK: marks_.push_back(stack_.size()); break;
+      case EMPTY_DICT: stack_.push_back(Value::node(newNode(NK::Dict))); break;
+      case EMPTY_LIST: stack_.push_back(Value::node(newNode(NK::List))); break;
+      case EMPTY_TUPLE: stack_.push_back(Value::node(newNode(NK::Tuple))); break;
+      case DICT:
+      case LIST: {
+        auto m = popMark();
+        if (!m) return m.error();
+        uint32_t n = newNode(op_ == DICT ? NK::Dict : NK::List);
+        Status s = op_ == DICT ? setItems(n, *m) : appendItems(n, *m);
+        if (!s.ok()) return s.error();
+        stack_.push_back(Value::node(n));
+        break;
+      }
+      case TUPLE:
+      case TUPLE1:
+      case TUPLE2:
+      case TUPLE3: {
+        size_t from;
+        if (op_ == TUPLE) {
+          auto m = popMark();
+          if (!m) return m.error();
+          from = *m;
+        } else {
+          size_t k = op_ == TUPLE1 ? 1 : op_ == TUPLE2 ? 2 : 3;
+          if (stack_.size() < markBase() + k) return err(std::string(pickleOpcodeName(op_)) + " with too few stack items");
+          from = stack_.size() - k;
+        }
+        uint32_t n = newNode(NK::Tuple);
+        nodes_[n].items.assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
+        stack_.resize(from);
+        stack_.push_back(Value::node(n));
+        break;
+      }
+      case APPEND: {
+        if (stack_.size() < markBase() + 2) return err("APPEND with too few stack items");
+        auto t = targetContainer(stack_.size() - 1, NK::List);
+        if (!t) return t.error();
+        Status s = appendItems(*t, stack_.size() - 1);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case APPENDS: {
+        auto m = popMark();
+        if (!m) return m.error();
+        auto t = targetContainer(*m, NK::List);
+        if (!t) return t.error();
+        Status s = appendItems(*t, *m);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case SETITEM: {
+        if (stack_.size() < markBase() + 3) return err("SETITEM with too few stack items");
+        auto t = targetContainer(stack_.size() - 2, NK::Dict);
+        if (!t) return t.error();
+        Status s = setItems(*t, stack_.size() - 2);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case SETITEMS: {
+        auto m = popMark();
+        if (!m) return m.error();
+        auto t = targetContainer(*m, NK::Dict);
+        if (!t) return t.error();
+        Status s = setItems(*t, *m);
+        if (!s.ok()) return s.error();
+        break;
+      }
+      case POP: {
+        if (stack_.size() > markBase()) {
+          stack_.pop_back();
+        } else if (!marks_.empty() && stack_.size() == markBase()) {
+          marks_.pop_back();  // POP of a MARK (allowed by CPython)
+        } else {
+          return err("POP on an empty stack");
+        }
+        break;
+      }
+      case POP_MARK: {
+        auto m = popMark();
+        if (!m) return m.error();
+        stack_.resize(*m);
+        break;
+      }
+      case DUP: {
+        if (stack_.size() <= markBase()) return err("DUP on an empty stack");
+        stack_.push_back(stack_.back());
+        break;
+      }
+      case PROTO: {
+        uint8_t v;
+        if (!readLE(v)) return truncated("the protocol number");
+        if (v < 2 || v > 5) return err("pickle protocol " + std::to_string(v) + " (supported: 2 to 5)");
+        snap_.pickle_protocol = v;
+        break;
+      }
+      case FRAME: {
+        uint64_t len;
+        if (!readLE(len)) return truncated("the frame length");
+        if (len > static_cast<uint64_t>(end_ - p_)) return truncated("a FRAME");
+        break;
+      }
+      case STOP: stopped = true; break;
+      default: {
+        if (executesCode(op_)) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "0x%02x", op_);
+          return err(std::string("refused opcode ") + pickleOpcodeName(op_) + " (" + hex +
+                     "): it imports or calls code, which a memory snapshot never contains; this "
+                     "file is not a plain-data snapshot and was not loaded");
+        }
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", op_);
+        return err(std::string("unsupported opcode ") + pickleOpcodeName(op_) + " (" + hex +
+                   "): not part of the snapshot data subset (is this a PyTorch memory snapshot?)");
+      }
+    }
+  }
+  if (stack_.size() != 1 || !marks_.empty()) {
+    return err("STOP with " + std::to_string(stack_.size()) + " objects on the stack (expected 1)");
+  }
+  if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);
+  Value root = stack_.back();
+  stack_.clear();
+  memo_.clear();
+  memo_.shrink_to_fit();
+  Status s = convert(root);
+  if (!s.ok()) return s.error();
+  return std::move(snap_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Conversion of the root object
+
+Expected<uint64_t> Machine::getU64(const Node& dict, StrId key, const std::string& path,
+                                   bool required, uint64_t dflt) const {
+  const Value* v = field(dict, key);
+  if (v == nullptr || v->kind == VK::None) {
+    if (required) {
+      return Error{path + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
+    }
+    return dflt;
+  }
+  if (v->kind == VK::Int && v->i < 0) {
+    return Error{path + "." + std::string(snap_.strings.get(key)) + " is negative (" +
+                     std::to_string(v->i) + ")", -1};
+  }
+  if (v->kind != VK::Int && v->kind != VK::UInt) {
+    return Error{path + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+                     ", expected a non-negative int", -1};
+  }
+  return static_cast<uint64_t>(v->i);
+}
+
+Expected<int64_t> Machine::getI64(const Node& dict, StrId key, const std::string& path,
+                                  bool required, int64_t dflt) const {
+  const Value* v = field(dict, key);
+  if (v == nullptr || v->kind == VK::None) {
+    if (required) {
+      return Error{path + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
+    }
+    return dflt;
+  }
+  if (v->kind != VK::Int && v->kind != VK::UInt) {
+    return Error{path + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+                     ", expected an int", -1};
+  }
+  return v->i;
+}
+
+Status Machine::convert(const Value& root) {
+  if (const Node* list = asNode(root, NK::List)) {
+    snap_.traits.top_level_list = true;
+    return convertSegments(root, "segments");
+  }
+  const Node* top = asNode(root, NK::Dict);
+  if (top == nullptr) {
+    return Error{std::string("the pickle holds a ") + kindName(root, nodes_) +
+                     ", expected a snapshot dict or a list of segments",
+                 -1};
+  }
+  const Value* segs = nullptr;
+  const Value* traces = nullptr;
+  for (size_t i = 0; i + 1 < top->items.size(); i += 2) {
+    const Value& k = top->items[i];
+    const Value& v = top->items[i + 1];
+    if (k.kind != VK::Str) continue;
+    if (k.id == keys_.segments) segs = &v;
+    else if (k.id == keys_.device_traces) traces = &v;
+    else if (k.id == keys_.allocator_settings) {
+      snap_.traits.has_allocator_settings = true;
+      Status s = convertSettings(v);
+      if (!s.ok()) return s;
+    } else if (k.id == keys_.external_annotations) {
+      snap_.traits.has_annotations_key = true;
+      Status s = convertAnnotations(v);
+      if (!s.ok()) return s;
+    } else if (k.id == keys_.host_traces) {
+      snap_.traits.has_host_traces = true;
+      if (const Node* n = asNode(v, NK::List)) snap_.host_trace_events = n->items.size();
+    } else if (k.id == keys_.host_segments) {
+      snap_.traits.has_host_traces = true;
+    } else {
+      snap_.ignored_keys.emplace_back(snap_.strings.get(k.id));
+    }
+  }
+  if (segs == nullptr) return Error{"snapshot dict has no 'segments' key", -1};
+  Status s = convertSegments(*segs, "segments");
+  if (!s.ok()) return s;
+  if (traces != nullptr) {
+    snap_.traits.has_device_traces = true;
+    s = convertTraces(*traces);
+    if (!s.ok()) return s;
+  }
+  events_.clear();
+  events_.shrink_to_fit();
+  return Status::Ok();
+}
+
+Status Machine::convertSegments(const Value& v, const char* name) {
+  const Node* list = asNode(v, NK::List);
+  if (list == nullptr) {
+    return Error{std::string("'") + name + "' is a " + kindName(v, nodes_) + ", expected a list", -1};
+  }
+  snap_.segments.reserve(list->items.size());
+  for (size_t si = 0; si < list->items.size(); ++si) {
+    std::string path = std::string(name) + "[" + std::to_string(si) + "]";
+    const Node* d = asNode(list->items[si], NK::Dict);
+    if (d == nullptr) {
+      return Error{path + " is a " + std::string(kindName(list->items[si], nodes_)) + ", expected a dict", -1};
+    }
+    Segment seg;
+    auto dev = getI64(*d, keys_.device, path, false, 0);
+    if (!dev) return dev.error();
+    seg.device = *dev;
+    if (seg.device < 0 || seg.device > 1 << 16) {
+      return Error{path + ".device is " + std::to_string(seg.device) + ", not a device ordinal", -1};
+    }
+    auto addr = getU64(*d, keys_.address, path, true);
+    if (!addr) return addr.error();
+    seg.address = *addr;
+    auto total = getU64(*d, keys_.total_size, path, true);
+    if (!total) return total.error();
+    seg.total_size = *total;
+    for (auto [key, dst] : {std::pair{keys_.allocated_size, &seg.allocated_size},
+                            std::pair{keys_.active_size, &seg.active_size},
+                            std::pair{keys_.requested_size, &seg.requested_size}}) {
+      auto x = getU64(*d, key, path, false, 0);
+      if (!x) return x.error();
+      *dst = *x;
+    }
+    auto stream = getI64(*d, keys_.stream, path, false, 0);
+    if (!stream) return stream.error();
+    seg.stream = *stream;
+    if (const Value* t = field(*d, keys_.segment_type); t && t->kind == VK::Str) {
+      seg.segment_type = t->id;
+      seg.is_large = t->id != keys_.small;
+    }
+    if (const Value* e = field(*d, keys_.is_expandable); e && e->kind == VK::Bool) {
+      seg.is_expandable = e->i != 0;
+    }
+    if (const Value* pool = field(*d, keys_.segment_pool_id)) {
+      snap_.traits.has_segment_pool_id = true;
+      const Node* t = asNode(*pool, NK::Tuple);
+      if (t == nullptr) t = asNode(*pool, NK::List);  // the JSON form has no tuples
+      if (t && t->items.size() == 2 && t->items[0].kind == VK::Int && t->items[1].kind == VK::Int) {
+        seg.pool_a = static_cast<uint64_t>(t->items[0].i);
+        seg.pool_b = static_cast<uint64_t>(t->items[1].i);
+      }
+    }
+    if (const Value* f = field(*d, keys_.frames)) {
+      auto st = stackOf(*f, path.c_str());
+      if (!st) return Error{st.error().message, -1};
+      seg.stack = *st;
+    }
+    const Value* bv = field(*d, keys_.blocks);
+    const Node* blocks = bv ? asNode(*bv, NK::List) : nullptr;
+    if (blocks == nullptr) return Error{path + ": missing or malformed 'blocks' list", -1};
+    seg.first_block = static_cast<uint32_t>(snap_.blocks.size());
+    uint64_t cursor = seg.address;
+    uint64_t covered = 0;
+    for (size_t bi = 0; bi < blocks->items.size(); ++bi) {
+      std::string bpath = path + ".blocks[" + std::to_string(bi) + "]";
+      const Node* bd = asNode(blocks->items[bi], NK::Dict);
+      if (bd == nullptr) return Error{bpath + " is not a dict", -1};
+      Block b;
+      auto size = getU64(*bd, keys_.size, bpath, true);
+      if (!size) return size.error();
+      b.size = *size;
+      if (field(*bd, keys_.address) != nullptr) {
+        snap_.traits.has_block_address = true;
+        auto a = getU64(*bd, keys_.address, bpath, true);
+        if (!a) return a.error();
+        b.address = *a;
+      } else {
+        b.address = cursor;  // 1.13/2.0: blocks are contiguous from the segment start
+      }
+      cursor = b.address + b.size;
+      covered += b.size;
+      if (const Value* st = field(*bd, keys_.state); st && st->kind == VK::Str) {
+        if (st->id == keys_.active_allocated) b.state = BlockState::ActiveAllocated;
+        else if (st->id == keys_.active_pending_free) b.state = BlockState::ActivePendingFree;
+        else if (st->id == keys_.inactive) b.state = BlockState::Inactive;
+      }
+      if (field(*bd, keys_.requested_size) != nullptr) {
+        auto r = getU64(*bd, keys_.requested_size, bpath, true);
+        if (!r) return r.error();
+        b.requested_size = *r;
+        b.has_requested_size = true;
+      }
+      if (const Value* f = field(*bd, keys_.frames)) {
+        auto st = stackOf(*f, bpath.c_str());
+        if (!st) return Error{st.error().message, -1};
+        b.stack = *st;
+      }
+      // Legacy 1.13-2.0 `history`: history[0] is the allocation that owns the block.
+      if (const Value* h = field(*bd, keys_.history)) {
+        snap_.traits.has_block_history = true;
+        const Node* hl = asNode(*h, NK::List);
+        const Node* h0 = hl && !hl->items.empty() ? asNode(hl->items[0], NK::Dict) : nullptr;
+        if (h0 != nullptr) {
+          if (b.stack == kNoStack) {
+            if (const Value* f = field(*h0, keys_.frames)) {
+              auto st = stackOf(*f, (bpath + ".history[0]").c_str());
+              if (!st) return Error{st.error().message, -1};
+              b.stack = *st;
+            }
+          }
+          if (!b.has_requested_size && field(*h0, keys_.real_size) != nullptr) {
+            auto r = getU64(*h0, keys_.real_size, bpath + ".history[0]", true);
+            if (!r) return r.error();
+            b.requested_size = *r;
+            b.has_requested_size = true;
+          }
+        }
+      }
+      if (!b.has_requested_size && b.isActive()) b.requested_size = b.size;
+      snap_.blocks.push_back(b);
+    }
+    seg.block_count = static_cast<uint32_t>(blocks->items.size());
+    if (covered != seg.total_size && seg.block_count > 0) {
+      return Error{path + ": blocks cover " + std::to_string(covered) + " bytes but total_size is " +
+                       std::to_string(seg.total_size),
+                   -1};
+    }
+    snap_.segments.push_back(seg);
+  }
+  return Status::Ok();
+}
+
+Status Machine::convertTraces(const Value& v) {
+  const Node* outer = asNode(v, NK::List);
+  if (outer == nullptr) {
+    return Error{std::string("'device_traces' is a ") + kindName(v, nodes_) + ", expected a list", -1};
+  }
+  snap_.device_traces.resize(outer->items.size());
+  for (size_t d = 0; d < outer->items.size(); ++d) {
+    const Node* inner = asNode(outer->items[d], NK::List);
+    if (inner == nullptr) {
+      return Error{"device_traces[" + std::to_string(d) + "] is a " +
+                       kindName(outer->items[d], nodes_) + ", expected a list",
+                   -1};
+    }
+    auto& out = snap_.device_traces[d];
+    out.reserve(inner->items.size());
+    for (size_t i = 0; i < inner->items.size(); ++i) {
+      const Value& ev = inner->items[i];
+      if (ev.kind != VK::Node || nodes_[ev.id].kind != NK::Event) {
+        return Error{"device_traces[" + std::to_string(d) + "][" + std::to_string(i) + "] is a " +
+                         kindName(ev, nodes_) + ", expected a trace entry dict with an 'action'",
+                     -1};
+      }
+      out.push_back(events_[nodes_[ev.id].ref]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Machine::convertSettings(const Value& v) {
+  const Node* d = asNode(v, NK::Dict);
+  if (d == nullptr) return Status::Ok();  // tolerate odd settings: they are informational
+  auto& s = snap_.settings;
+  s.present = true;
+  if (const Value* c = field(*d, keys_.conf); c && c->kind == VK::Str) s.conf = snap_.strings.get(c->id);
+  if (const Value* m = field(*d, keys_.max_split_size); m && (m->kind == VK::Int || m->kind == VK::UInt)) {
+    s.max_split_size = m->i;
+  }
+  if (const Value* g = field(*d, keys_.gc_threshold)) {
+    if (g->kind == VK::Float) s.garbage_collection_threshold = g->f;
+    else if (g->kind == VK::Int) s.garbage_collection_threshold = static_cast<double>(g->i);
+  }
+  if (const Value* e = field(*d, keys_.expandable_segments); e && e->kind == VK::Bool) {
+    s.expandable_segments = e->i != 0;
+  }
+  if (field(*d, keys_.graph_capture) != nullptr) snap_.traits.has_graph_capture_key = true;
+  if (const Value* r = field(*d, keys_.roundup)) {
+    if (const Node* rd = asNode(*r, NK::Dict)) {
+      for (size_t i = 0; i + 1 < rd->items.size(); i += 2) {
+        const Value& k = rd->items[i];
+        const Value& val = rd->items[i + 1];
+        if (k.kind != VK::Str || val.kind != VK::Int) continue;
+        std::string_view ks = snap_.strings.get(k.id);
+        uint64_t mib = 0;
+        bool digits = !ks.empty() && ks.size() < 8;
+        for (char ch : ks) {
+          if (ch < '0' || ch > '9') digits = false;
+          else mib = mib * 10 + static_cast<uint64_t>(ch - '0');
+        }
+        if (!digits || mib == 0 || (mib & (mib - 1)) != 0) continue;
+        int idx = 63 - __builtin_clzll(mib);
+        if (idx < 16 && val.i >= 0 && val.i < (1 << 20)) {
+          s.roundup_power2_divisions[idx] = static_cast<uint32_t>(val.i);
+          s.has_roundup = true;
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Machine::convertAnnotations(const Value& v) {
+  const Node* list = asNode(v, NK::List);
+  if (list == nullptr) return Status::Ok();
+  for (const Value& item : list->items) {
+    const Node* d = asNode(item, NK::Dict);
+    if (d == nullptr) continue;
+    Annotation a;
+    if (const Value* x = field(*d, keys_.device); x && x->kind == VK::Int) a.device = x->i;
+    if (const Value* x = field(*d, keys_.time_us); x && (x->kind == VK::Int || x->kind == VK::UInt)) a.time_us = x->i;
+    if (const Value* x = field(*d, keys_.name); x && x->kind == VK::Str) a.name = x->id;
+    if (const Value* x = field(*d, keys_.stage); x && x->kind == VK::Str) a.stage = x->id;
+    snap_.annotations.push_back(a);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* pickleOpcodeName(uint8_t op) {
+  switch (op) {
+    case MARK: return "MARK"; case STOP: return "STOP"; case POP: return "POP";
+    case POP_MARK: return "POP_MARK"; case DUP: return "DUP"; case FLOAT: return "FLOAT";
+    case INT: return "INT"; case BININT: return "BININT"; case BININT1: return "BININT1";
+    case LONG: return "LONG"; case BININT2: return "BININT2"; case NONE: return "NONE";
+    case PERSID: return "PERSID"; case BINPERSID: return "BINPERSID"; case REDUCE: return "REDUCE";
+    case STRING: return "STRING"; case BINSTRING: return "BINSTRING";
+    case SHORT_BINSTRING: return "SHORT_BINSTRING"; case UNICODE: return "UNICODE";
+    case BINUNICODE: return "BINUNICODE"; case APPEND: return "APPEND"; case BUILD: return "BUILD";
+    case GLOBAL: return "GLOBAL"; case DICT: return "DICT"; case EMPTY_DICT: return "EMPTY_DICT";
+    case APPENDS: return "APPENDS"; case GET: return "GET"; case BINGET: return "BINGET";
+    case INST: return "INST"; case LONG_BINGET: return "LONG_BINGET"; case LIST: return "LIST";
+    case EMPTY_LIST: return "EMPTY_LIST"; case OBJ: return "OBJ"; case PUT: return "PUT";
+    case BINPUT: return "BINPUT"; case LONG_BINPUT: return "LONG_BINPUT"; case SETITEM: return "SETITEM";
+    case TUPLE: return "TUPLE"; case EMPTY_TUPLE: return "EMPTY_TUPLE"; case SETITEMS: return "SETITEMS";
+    case BINFLOAT: return "BINFLOAT"; case PROTO: return "PROTO"; case NEWOBJ: return "NEWOBJ";
+    case EXT1: return "EXT1"; case EXT2: return "EXT2"; case EXT4: return "EXT4";
+    case TUPLE1: return "TUPLE1"; case TUPLE2: return "TUPLE2"; case TUPLE3: return "TUPLE3";
+    case NEWTRUE: return "NEWTRUE"; case NEWFALSE: return "NEWFALSE"; case LONG1: return "LONG1";
+    case LONG4: return "LONG4"; case BINBYTES: return "BINBYTES";
+    case SHORT_BINBYTES: return "SHORT_BINBYTES"; case SHORT_BINUNICODE: return "SHORT_BINUNICODE";
+    case BINUNICODE8: return "BINUNICODE8"; case BINBYTES8: return "BINBYTES8";
+    case EMPTY_SET: return "EMPTY_SET"; case ADDITEMS: return "ADDITEMS";
+    case FROZENSET: return "FROZENSET"; case NEWOBJ_EX: return "NEWOBJ_EX";
+    case STACK_GLOBAL: return "STACK_GLOBAL"; case MEMOIZE: return "MEMOIZE"; case FRAME: return "FRAME";
+    case BYTEARRAY8: return "BYTEARRAY8"; case NEXT_BUFFER: return "NEXT_BUFFER";
+    case READONLY_BUFFER: return "READONLY_BUFFER";
+    default: return "unknown";
+  }
+}
+
+Expected<Snapshot> readSnapshotPickle(std::span<const uint8_t> data, const PickleReadOptions& options) {
+  Machine m(data, options);
+  return m.run();
+}
+
+}  // namespace memforensics::format

@@ -1,0 +1,191 @@
+// snapshot.cc: interning tables and small helpers of the snapshot model.
+#include "format/snapshot.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+namespace memforensics::format {
+
+namespace {
+// 64-bit FNV-1a variant mixing 8 bytes at a time; good enough for interning, and fast.
+inline uint64_t mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+uint64_t hashBytes(const char* p, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = mix(h ^ w) * 0x100000001b3ULL;
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, p, n);
+  return mix(h ^ w);
+}
+constexpr size_t kChunk = 1 << 20;
+}  // namespace
+
+size_t StringTable::Hash::operator()(std::string_view s) const noexcept {
+  return hashBytes(s.data(), s.size());
+}
+
+StringTable::StringTable() { intern(""); }
+StringTable::StringTable(StringTable&& o) noexcept
+    : chunks_(std::move(o.chunks_)),
+      chunk_used_(o.chunk_used_),
+      chunk_cap_(o.chunk_cap_),
+      bytes_(o.bytes_),
+      views_(std::move(o.views_)),
+      index_(std::move(o.index_)) {
+  o.chunks_.clear();
+  o.chunk_used_ = o.chunk_cap_ = o.bytes_ = 0;
+}
+StringTable& StringTable::operator=(StringTable&& o) noexcept {
+  if (this != &o) {
+    for (char* c : chunks_) std::free(c);
+    chunks_ = std::move(o.chunks_);
+    chunk_used_ = o.chunk_used_;
+    chunk_cap_ = o.chunk_cap_;
+    bytes_ = o.bytes_;
+    views_ = std::move(o.views_);
+    index_ = std::move(o.index_);
+    o.chunks_.clear();
+    o.chunk_used_ = o.chunk_cap_ = o.bytes_ = 0;
+  }
+  return *this;
+}
+StringTable::~StringTable() {
+  for (char* c : chunks_) std::free(c);
+}
+
+StrId StringTable::intern(std::string_view s) {
+  auto it = index_.find(s);
+  if (it != index_.end()) return it->second;
+  if (chunk_cap_ - chunk_used_ < s.size() || chunks_.empty()) {
+    size_t cap = std::max(kChunk, s.size());
+    char* c = static_cast<char*>(std::malloc(cap == 0 ? 1 : cap));
+    if (c == nullptr) std::abort();
+    chunks_.push_back(c);
+    chunk_used_ = 0;
+    chunk_cap_ = cap;
+  }
+  char* dst = chunks_.back() + chunk_used_;
+  if (!s.empty()) std::memcpy(dst, s.data(), s.size());
+  chunk_used_ += s.size();
+  bytes_ += s.size();
+  std::string_view stored(dst, s.size());
+  auto id = static_cast<StrId>(views_.size());
+  views_.push_back(stored);
+  index_.emplace(stored, id);
+  return id;
+}
+
+size_t StackTable::FrameHash::operator()(const Frame& f) const noexcept {
+  return mix((uint64_t{f.filename} << 32 | f.name) ^ mix(f.line + 0x51ed27));
+}
+
+StackTable::StackTable() {
+  stacks_.emplace_back(0, 0);  // kNoStack
+  stacks_.emplace_back(0, 0);  // kEmptyStack
+}
+
+FrameId StackTable::internFrame(const Frame& f) {
+  auto [it, inserted] = frame_index_.try_emplace(f, static_cast<FrameId>(frames_.size()));
+  if (inserted) frames_.push_back(f);
+  return it->second;
+}
+
+StackId StackTable::internStack(std::span<const FrameId> frames) {
+  if (frames.empty()) return kEmptyStack;
+  uint64_t h = hashBytes(reinterpret_cast<const char*>(frames.data()), frames.size_bytes());
+  auto range = stack_index_.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it) {
+    auto existing = stack(it->second);
+    if (existing.size() == frames.size() &&
+        std::equal(existing.begin(), existing.end(), frames.begin())) {
+      return it->second;
+    }
+  }
+  auto id = static_cast<StackId>(stacks_.size());
+  stacks_.emplace_back(static_cast<uint32_t>(frame_ids_.size()), static_cast<uint32_t>(frames.size()));
+  frame_ids_.insert(frame_ids_.end(), frames.begin(), frames.end());
+  stack_index_.emplace(h, id);
+  return id;
+}
+
+std::string_view actionName(Action a) {
+  switch (a) {
+    case Action::Alloc: return "alloc";
+    case Action::FreeRequested: return "free_requested";
+    case Action::FreeCompleted: return "free_completed";
+    case Action::SegmentAlloc: return "segment_alloc";
+    case Action::SegmentFree: return "segment_free";
+    case Action::SegmentMap: return "segment_map";
+    case Action::SegmentUnmap: return "segment_unmap";
+    case Action::Snapshot: return "snapshot";
+    case Action::Oom: return "oom";
+    case Action::Annotate: return "annotate";
+    case Action::Unknown: return "unknown";
+  }
+  return "unknown";
+}
+
+std::optional<Action> parseAction(std::string_view s) {
+  for (int i = 0; i < kActionCount - 1; ++i) {
+    if (actionName(static_cast<Action>(i)) == s) return static_cast<Action>(i);
+  }
+  return std::nullopt;
+}
+
+std::string_view blockStateName(BlockState s) {
+  switch (s) {
+    case BlockState::ActiveAllocated: return "active_allocated";
+    case BlockState::ActivePendingFree: return "active_pending_free";
+    case BlockState::Inactive: return "inactive";
+    case BlockState::Unknown: return "unknown";
+  }
+  return "unknown";
+}
+
+std::string_view sourceFormatName(SourceFormat f) {
+  switch (f) {
+    case SourceFormat::Pickle: return "pickle";
+    case SourceFormat::MemoryVizHtml: return "memory_viz_html";
+    case SourceFormat::Json: return "json";
+  }
+  return "pickle";
+}
+
+std::string FormatTraits::era() const {
+  // Newest evidence wins; each clue is a field that first appeared in that release.
+  if (has_host_traces || has_annotate_action) return "2.14+";
+  if (has_pool_id) return "2.12+";
+  if (has_user_metadata) return "2.10+";
+  if (has_graph_capture_key) return "2.9";
+  if (has_compile_context) return "2.8";
+  if (has_annotations_key) return "2.5-2.7";
+  if (has_allocator_settings) return "2.3-2.4";
+  if (has_time_us) return "2.2";
+  if (has_block_address || has_segment_pool_id) return "2.1";
+  if (has_device_traces) return "2.0";
+  if (top_level_list) return has_block_history ? "1.13 (segment list)" : "segment list";
+  return "unknown";
+}
+
+std::vector<int64_t> Snapshot::devices() const {
+  std::set<int64_t> ds;
+  for (const auto& s : segments) ds.insert(s.device);
+  for (size_t d = 0; d < device_traces.size(); ++d) {
+    if (!device_traces[d].empty()) ds.insert(static_cast<int64_t>(d));
+  }
+  return {ds.begin(), ds.end()};
+}
+
+}  // namespace memforensics::format

@@ -1,0 +1,219 @@
+// snapshot.h: the in-memory model of one allocator snapshot, whatever file it came from.
+//
+// Every reader (PyTorch pickle, memory_viz HTML, JSON, and later the native trace) produces this
+// model; replay and analysis only ever see it. It is deliberately compact and flat:
+//   * strings are interned once (StringTable) and referred to by StrId;
+//   * frames are interned (file, line, name) triples referred to by FrameId;
+//   * stacks are interned sequences of frames, innermost frame first, referred to by StackId;
+//   * events are one flat vector per device, in allocator order (oldest first).
+// Invariant: every id stored anywhere in the model is valid in the tables of the same Snapshot.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace memforensics::format {
+
+using StrId = uint32_t;
+using FrameId = uint32_t;
+using StackId = uint32_t;
+inline constexpr StrId kEmptyStr = 0;        // the empty string always has id 0
+inline constexpr StackId kNoStack = 0;       // "no stack recorded" (key absent)
+inline constexpr StackId kEmptyStack = 1;    // an empty frames list (recorded, but empty)
+
+// Append-only interning table. Views returned by get() stay valid for the table's lifetime.
+class StringTable {
+ public:
+  StringTable();
+  StringTable(const StringTable&) = delete;
+  StringTable& operator=(const StringTable&) = delete;
+  StringTable(StringTable&&) noexcept;
+  StringTable& operator=(StringTable&&) noexcept;
+  ~StringTable();
+
+  StrId intern(std::string_view s);
+  std::string_view get(StrId id) const { return views_[id]; }
+  size_t size() const { return views_.size(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept;
+  };
+  std::vector<char*> chunks_;
+  size_t chunk_used_ = 0;
+  size_t chunk_cap_ = 0;
+  size_t bytes_ = 0;
+  std::vector<std::string_view> views_;
+  std::unordered_map<std::string_view, StrId, Hash, std::equal_to<>> index_;
+};
+
+struct Frame {
+  StrId filename = kEmptyStr;
+  StrId name = kEmptyStr;
+  uint64_t line = 0;  // uint64 as in the file: 2^64-1 means "unknown line" (seen in real files)
+  bool operator==(const Frame&) const = default;
+};
+inline constexpr uint64_t kUnknownLine = ~uint64_t{0};
+
+// Frames and stacks, interned. Stack 0 = none recorded, stack 1 = recorded but empty.
+class StackTable {
+ public:
+  StackTable();
+  FrameId internFrame(const Frame& f);
+  StackId internStack(std::span<const FrameId> frames);
+  const Frame& frame(FrameId id) const { return frames_[id]; }
+  std::span<const FrameId> stack(StackId id) const {
+    const auto& r = stacks_[id];
+    return {frame_ids_.data() + r.first, r.second};
+  }
+  size_t frameCount() const { return frames_.size(); }
+  size_t stackCount() const { return stacks_.size(); }
+
+ private:
+  struct FrameHash {
+    size_t operator()(const Frame& f) const noexcept;
+  };
+  std::vector<Frame> frames_;
+  std::unordered_map<Frame, FrameId, FrameHash> frame_index_;
+  std::vector<FrameId> frame_ids_;
+  std::vector<std::pair<uint32_t, uint32_t>> stacks_;  // (offset into frame_ids_, length)
+  std::unordered_multimap<uint64_t, StackId> stack_index_;  // content hash -> candidates
+};
+
+// TraceEntry::Action order in c10 (ALLOC=0 ... ANNOTATE=9), plus Unknown for strings we do not know.
+enum class Action : uint8_t {
+  Alloc = 0,
+  FreeRequested,
+  FreeCompleted,
+  SegmentAlloc,
+  SegmentFree,
+  SegmentMap,
+  SegmentUnmap,
+  Snapshot,
+  Oom,
+  Annotate,
+  Unknown,
+};
+inline constexpr int kActionCount = 11;
+std::string_view actionName(Action a);
+std::optional<Action> parseAction(std::string_view s);
+
+struct Event {
+  uint64_t addr = 0;         // block/segment address; for Oom: device_free bytes (as in the file)
+  uint64_t size = 0;         // requested bytes (alloc/free_*), segment bytes, rounded OOM request
+  int64_t stream = 0;        // cudaStream_t as int
+  int64_t time_us = -1;      // wall clock microseconds since epoch; -1 when the file has none
+  StackId stack = kNoStack;  // frames of the event; kNoStack when the key was absent
+  StrId compile_context = kEmptyStr;
+  StrId user_metadata = kEmptyStr;
+  StrId action_name = kEmptyStr;  // the action string as written (kept for Unknown actions)
+  uint64_t pool_a = 0, pool_b = 0;  // pool_id (2.12+), 0/0 otherwise
+  Action action = Action::Unknown;
+  bool has_pool = false;
+};
+
+enum class BlockState : uint8_t { ActiveAllocated, ActivePendingFree, Inactive, Unknown };
+std::string_view blockStateName(BlockState s);
+
+struct Block {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t requested_size = 0;  // only meaningful for active blocks
+  StackId stack = kNoStack;
+  BlockState state = BlockState::Unknown;
+  bool has_requested_size = false;
+  bool isActive() const {
+    return state == BlockState::ActiveAllocated || state == BlockState::ActivePendingFree;
+  }
+};
+
+struct Segment {
+  int64_t device = 0;
+  uint64_t address = 0;
+  uint64_t total_size = 0;
+  uint64_t allocated_size = 0;
+  uint64_t active_size = 0;
+  uint64_t requested_size = 0;
+  int64_t stream = 0;
+  uint64_t pool_a = 0, pool_b = 0;
+  StackId stack = kNoStack;
+  StrId segment_type = kEmptyStr;  // "small" / "large" as written
+  bool is_large = true;
+  bool is_expandable = false;
+  uint32_t first_block = 0;  // blocks [first_block, first_block + block_count) in Snapshot::blocks
+  uint32_t block_count = 0;
+};
+
+struct Annotation {
+  int64_t device = -1;
+  int64_t time_us = -1;
+  StrId name = kEmptyStr;
+  StrId stage = kEmptyStr;  // "START" / "END"
+};
+
+// allocator_settings (2.3+); fields absent in the file keep their defaults and has_* = false.
+struct AllocatorSettings {
+  bool present = false;
+  std::string conf;              // PYTORCH_CUDA_ALLOC_CONF
+  int64_t max_split_size = -1;   // -1 = unlimited
+  double garbage_collection_threshold = 0.0;
+  bool expandable_segments = false;
+  bool has_roundup = false;
+  uint32_t roundup_power2_divisions[16] = {};  // index k covers [2^k MiB, 2^(k+1) MiB)
+};
+
+enum class SourceFormat : uint8_t { Pickle, MemoryVizHtml, Json };
+std::string_view sourceFormatName(SourceFormat f);
+
+// Which generation of PyTorch wrote the file, from the fields present (see the format doc's
+// version matrix). It is an inference, and reported as such.
+struct FormatTraits {
+  bool top_level_list = false;      // 1.13 / memory_snapshot(): bare list of segments
+  bool has_device_traces = false;   // 2.0+
+  bool has_block_history = false;   // 1.13-2.0 legacy `history`
+  bool has_block_address = false;   // 2.1+
+  bool has_segment_pool_id = false; // 2.1+
+  bool has_time_us = false;         // 2.2+
+  bool has_allocator_settings = false;  // 2.3+
+  bool has_annotations_key = false;     // 2.5+
+  bool has_compile_context = false;     // 2.8+
+  bool has_graph_capture_key = false;   // 2.9+
+  bool has_user_metadata = false;       // 2.10+
+  bool has_pool_id = false;             // ~2.12+
+  bool has_host_traces = false;         // 2.14
+  bool has_annotate_action = false;     // 2.14
+  std::string era() const;  // e.g. "2.10-2.11"
+};
+
+struct Snapshot {
+  SourceFormat source = SourceFormat::Pickle;
+  int pickle_protocol = 0;
+  uint64_t input_bytes = 0;
+  FormatTraits traits;
+  StringTable strings;
+  StackTable stacks;
+  std::vector<Segment> segments;  // as in the file: device by device, address order
+  std::vector<Block> blocks;
+  // device_traces[d] = events of device d, oldest first. A device with segments but no trace list
+  // has an empty vector here.
+  std::vector<std::vector<Event>> device_traces;
+  std::vector<Annotation> annotations;
+  AllocatorSettings settings;
+  std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
+  size_t host_trace_events = 0;           // 2.14 pinned host traces: counted, not replayed
+
+  std::span<const Block> blocksOf(const Segment& s) const {
+    return {blocks.data() + s.first_block, s.block_count};
+  }
+  // Devices that appear anywhere (segments or traces), ascending.
+  std::vector<int64_t> devices() const;
+};
+
+}  // namespace memforensics::format

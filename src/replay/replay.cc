@@ -1,0 +1,456 @@
+// replay.cc: backward reconstruction of the start state and the forward walk (see replay.h).
+#include "replay/replay.h"
+
+#include <algorithm>
+
+namespace memforensics::replay {
+
+namespace {
+
+constexpr uint64_t kMinBlockSize = 512;
+
+uint64_t roundUpPower2Division(uint64_t size, uint64_t divisions) {
+  if ((size & (size - 1)) == 0) return size;  // already a power of two
+  uint64_t floor2 = uint64_t{1} << (63 - __builtin_clzll(size));
+  uint64_t step = floor2 / divisions;
+  if (step == 0) return floor2 << 1;
+  uint64_t down = size & ~(step - 1);
+  return down == size ? size : down + step;
+}
+
+inline uint64_t subSat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// Sorted, disjoint, merged [begin, end) ranges. Segment counts are small (hundreds to a few
+// thousand), so a sorted vector beats a tree here.
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+bool addRange(Ranges& r, uint64_t b, uint64_t e) {
+  if (e <= b) return true;
+  auto it = std::lower_bound(r.begin(), r.end(), std::pair{b, uint64_t{0}});
+  if (it != r.end() && it->first < e) return false;
+  if (it != r.begin() && std::prev(it)->second > b) return false;
+  bool merge_prev = it != r.begin() && std::prev(it)->second == b;
+  bool merge_next = it != r.end() && it->first == e;
+  if (merge_prev && merge_next) {
+    std::prev(it)->second = it->second;
+    r.erase(it);
+  } else if (merge_prev) {
+    std::prev(it)->second = e;
+  } else if (merge_next) {
+    it->first = b;
+  } else {
+    r.insert(it, {b, e});
+  }
+  return true;
+}
+
+bool removeRange(Ranges& r, uint64_t b, uint64_t e) {
+  if (e <= b) return true;
+  auto it = std::upper_bound(r.begin(), r.end(), std::pair{b, ~uint64_t{0}});
+  if (it == r.begin()) return false;
+  --it;
+  if (it->first > b || it->second < e) return false;
+  uint64_t rb = it->first, re = it->second;
+  if (rb == b && re == e) {
+    r.erase(it);
+  } else if (rb == b) {
+    it->first = e;
+  } else if (re == e) {
+    it->second = b;
+  } else {
+    it->second = b;
+    r.insert(std::next(it), {e, re});
+  }
+  return true;
+}
+
+bool inRanges(const Ranges& r, uint64_t a) {
+  auto it = std::upper_bound(r.begin(), r.end(), std::pair{a, ~uint64_t{0}});
+  if (it == r.begin()) return false;
+  --it;
+  return a >= it->first && a < it->second;
+}
+
+uint64_t rangesBytes(const Ranges& r) {
+  uint64_t t = 0;
+  for (auto [b, e] : r) t += e - b;
+  return t;
+}
+
+}  // namespace
+
+uint64_t roundSize(uint64_t size, const uint32_t divisions[16]) {
+  if (size < kMinBlockSize) return kMinBlockSize;
+  int log2 = 63 - __builtin_clzll(size);
+  int idx = std::clamp(log2 - 20, 0, 15);
+  uint64_t div = divisions[idx];
+  if (div > 1 && size > kMinBlockSize * div && (div & (div - 1)) == 0) {
+    return roundUpPower2Division(size, div);
+  }
+  return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+std::string_view severityName(Severity s) {
+  switch (s) {
+    case Severity::Info: return "info";
+    case Severity::DataLoss: return "data_loss";
+    case Severity::Error: return "error";
+  }
+  return "info";
+}
+
+namespace {
+struct AnomalyInfo {
+  const char* id;
+  Severity severity;
+  const char* description;
+};
+// snake_case ids derived by hand from the X-macro names (kept next to them for review).
+constexpr AnomalyInfo kAnomalyInfo[] = {
+#define MEMF_X(id, sev, desc) {#id, Severity::sev, desc},
+    MEMF_ANOMALIES(MEMF_X)
+#undef MEMF_X
+};
+std::string snakeCase(const char* camel) {
+  std::string out;
+  for (const char* p = camel; *p; ++p) {
+    if (*p >= 'A' && *p <= 'Z') {
+      if (!out.empty()) out.push_back('_');
+      out.push_back(static_cast<char>(*p - 'A' + 'a'));
+    } else {
+      out.push_back(*p);
+    }
+  }
+  return out;
+}
+const std::vector<std::string>& snakeIds() {
+  static const std::vector<std::string> ids = [] {
+    std::vector<std::string> v;
+    for (const auto& a : kAnomalyInfo) v.push_back(snakeCase(a.id));
+    return v;
+  }();
+  return ids;
+}
+}  // namespace
+
+std::string_view anomalyId(AnomalyKind k) { return snakeIds()[static_cast<size_t>(k)]; }
+Severity anomalySeverity(AnomalyKind k) { return kAnomalyInfo[static_cast<size_t>(k)].severity; }
+std::string_view anomalyDescription(AnomalyKind k) {
+  return kAnomalyInfo[static_cast<size_t>(k)].description;
+}
+
+const std::vector<Event> DeviceReplayer::kNoEvents;
+
+DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
+    : snap_(snap), device_(device), events_(&kNoEvents) {
+  if (device >= 0 && static_cast<size_t>(device) < snap.device_traces.size()) {
+    events_ = &snap.device_traces[static_cast<size_t>(device)];
+  }
+  if (snap.settings.has_roundup) {
+    std::copy(std::begin(snap.settings.roundup_power2_divisions),
+              std::end(snap.settings.roundup_power2_divisions), divisions_);
+  }
+  uint64_t n_req = 0, n_comp = 0;
+  for (const Event& e : *events_) {
+    n_req += e.action == Action::FreeRequested;
+    n_comp += e.action == Action::FreeCompleted;
+  }
+  complete_on_request_ = n_req > 0 && n_comp == 0;
+  request_on_complete_ = n_comp > 0 && n_req == 0;
+
+  // The file's final state for this device.
+  for (const auto& seg : snap.segments) {
+    if (seg.device != device) continue;
+    addRange(final_ranges_, seg.address, seg.address + seg.total_size);
+    file_final_.reserved += seg.total_size;
+    for (const auto& b : snap.blocksOf(seg)) {
+      if (!b.isActive()) continue;
+      LiveBlock lb;
+      lb.requested = b.requested_size;
+      lb.size = b.size;
+      lb.stream = seg.stream;
+      lb.stack = b.stack;
+      lb.pending = b.state == format::BlockState::ActivePendingFree;
+      lb.size_exact = true;
+      final_live_.insert(b.address, lb);
+      file_final_.requested += lb.requested;
+      (lb.pending ? file_final_.pending : file_final_.allocated) += lb.size;
+    }
+  }
+  backward();
+  reset();
+}
+
+void DeviceReplayer::note(AnomalyKind k, int64_t event) {
+  if (!checking_) return;
+  auto& a = anomalies_[static_cast<size_t>(k)];
+  if (a.count++ == 0) a.first_event = event;
+}
+
+void DeviceReplayer::backward() {
+  const auto& ev = *events_;
+  alloc_block_size_.assign(ev.size(), 0);
+  alloc_size_exact_.assign(ev.size(), 0);
+  U64Map<LiveBlock> w = final_live_;
+  Ranges ranges = final_ranges_;
+  // Blocks re-inserted by undoing a free carry from_free (in `stream` we keep the real stream).
+  U64Map<uint8_t> from_free;
+  for (size_t k = ev.size(); k-- > 0;) {
+    const Event& e = ev[k];
+    switch (e.action) {
+      case Action::Alloc: {
+        if (LiveBlock* b = w.find(e.addr)) {
+          alloc_block_size_[k] = b->size;
+          alloc_size_exact_[k] = b->size_exact;
+          w.erase(e.addr);
+          from_free.erase(e.addr);
+        } else {
+          alloc_block_size_[k] = roundSize(e.size, divisions_);
+        }
+        break;
+      }
+      case Action::FreeRequested: {
+        LiveBlock* b = w.find(e.addr);
+        if (complete_on_request_ || b == nullptr) {
+          if (b == nullptr) {
+            LiveBlock nb;
+            nb.requested = e.size;
+            nb.size = roundSize(e.size, divisions_);
+            nb.stream = e.stream;
+            nb.stack = e.stack;
+            w.insert(e.addr, nb);
+            from_free.insert(e.addr, 1);
+          }
+        } else {
+          b->pending = false;
+        }
+        break;
+      }
+      case Action::FreeCompleted: {
+        if (w.find(e.addr) == nullptr) {
+          LiveBlock nb;
+          nb.requested = e.size;
+          nb.size = roundSize(e.size, divisions_);
+          nb.stream = e.stream;
+          nb.stack = e.stack;
+          nb.pending = !request_on_complete_;
+          w.insert(e.addr, nb);
+          from_free.insert(e.addr, 1);
+        }
+        break;
+      }
+      case Action::SegmentAlloc:
+      case Action::SegmentMap:
+        (void)removeRange(ranges, e.addr, e.addr + e.size);
+        break;
+      case Action::SegmentFree:
+      case Action::SegmentUnmap:
+        (void)addRange(ranges, e.addr, e.addr + e.size);
+        break;
+      default:
+        break;
+    }
+  }
+  start_live_ = std::move(w);
+  start_ranges_ = std::move(ranges);
+  start_ = Counters{};
+  start_.reserved = rangesBytes(start_ranges_);
+  start_live_.forEach([&](uint64_t addr, const LiveBlock& b) {
+    start_.requested += b.requested;
+    (b.pending ? start_.pending : start_.allocated) += b.size;
+    if (!b.size_exact) allocated_exact_ = false;
+    if (from_free.find(addr) != nullptr) {
+      ++freed_before_start_;
+    }
+  });
+  live_at_start_ = start_live_.size();
+  if (freed_before_start_ > 0) {
+    auto& a = anomalies_[static_cast<size_t>(AnomalyKind::FreesBeforeTraceStart)];
+    a.count = freed_before_start_;
+  }
+  if (live_at_start_ > freed_before_start_ && !events_->empty()) {
+    auto& a = anomalies_[static_cast<size_t>(AnomalyKind::LiveWithoutAlloc)];
+    a.count = live_at_start_ - freed_before_start_;
+  }
+}
+
+void DeviceReplayer::reset() {
+  if (next_ > 0) checking_ = false;
+  live_ = start_live_;
+  ranges_ = start_ranges_;
+  cur_ = start_;
+  next_ = 0;
+  last_time_ = -1;
+}
+
+bool DeviceReplayer::step() {
+  if (next_ >= events_->size()) return false;
+  apply(next_, (*events_)[next_]);
+  ++next_;
+  return true;
+}
+
+void DeviceReplayer::advanceTo(int64_t event_index) {
+  if (event_index < static_cast<int64_t>(next_) - 1) reset();
+  while (static_cast<int64_t>(next_) <= event_index && step()) {
+  }
+}
+
+void DeviceReplayer::apply(size_t i, const Event& e) {
+  const auto idx = static_cast<int64_t>(i);
+  if (e.time_us >= 0) {
+    if (last_time_ >= 0 && e.time_us < last_time_) note(AnomalyKind::TimeRegression, idx);
+    last_time_ = e.time_us;
+  }
+  switch (e.action) {
+    case Action::Alloc: {
+      if (live_.find(e.addr) != nullptr) {
+        note(AnomalyKind::DoubleAlloc, idx);
+        break;
+      }
+      if (!inRanges(ranges_, e.addr)) note(AnomalyKind::AllocOutsideSegments, idx);
+      LiveBlock b;
+      b.requested = e.size;
+      b.size = alloc_block_size_[i];
+      b.size_exact = alloc_size_exact_[i] != 0;
+      b.alloc_event = idx;
+      b.stream = e.stream;
+      b.stack = e.stack;
+      if (!b.size_exact) allocated_exact_ = false;
+      live_.insert(e.addr, b);
+      cur_.requested += b.requested;
+      cur_.allocated += b.size;
+      break;
+    }
+    case Action::FreeRequested: {
+      LiveBlock* b = live_.find(e.addr);
+      if (b == nullptr) {
+        note(AnomalyKind::FreeOfUnknownBlock, idx);
+        break;
+      }
+      if (b->requested != e.size) note(AnomalyKind::FreeSizeMismatch, idx);
+      if (complete_on_request_) {
+        cur_.requested = subSat(cur_.requested, b->requested);
+        if (b->pending) cur_.pending = subSat(cur_.pending, b->size);
+        else cur_.allocated = subSat(cur_.allocated, b->size);
+        live_.erase(e.addr);
+      } else if (b->pending) {
+        note(AnomalyKind::FreeRequestedTwice, idx);
+      } else {
+        b->pending = true;
+        cur_.allocated = subSat(cur_.allocated, b->size);
+        cur_.pending += b->size;
+      }
+      break;
+    }
+    case Action::FreeCompleted: {
+      LiveBlock* b = live_.find(e.addr);
+      if (b == nullptr) {
+        note(AnomalyKind::FreeOfUnknownBlock, idx);
+        break;
+      }
+      if (b->requested != e.size) note(AnomalyKind::FreeSizeMismatch, idx);
+      if (b->pending) {
+        cur_.pending = subSat(cur_.pending, b->size);
+      } else {
+        if (!request_on_complete_) note(AnomalyKind::FreeCompletedWithoutRequest, idx);
+        cur_.allocated = subSat(cur_.allocated, b->size);
+      }
+      cur_.requested = subSat(cur_.requested, b->requested);
+      live_.erase(e.addr);
+      break;
+    }
+    case Action::SegmentAlloc:
+    case Action::SegmentMap:
+      if (!addRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentOverlap, idx);
+      cur_.reserved += e.size;
+      break;
+    case Action::SegmentFree:
+    case Action::SegmentUnmap:
+      if (!removeRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentNotMapped, idx);
+      cur_.reserved = subSat(cur_.reserved, e.size);
+      break;
+    case Action::Snapshot:
+      if (e.size != cur_.active()) note(AnomalyKind::SnapshotMismatch, idx);
+      break;
+    case Action::Unknown:
+      note(AnomalyKind::UnknownAction, idx);
+      break;
+    default:
+      break;
+  }
+}
+
+void DeviceReplayer::checkFinalState() {
+  bool same = live_.size() == final_live_.size() && ranges_ == final_ranges_ &&
+              cur_.reserved == file_final_.reserved && cur_.requested == file_final_.requested &&
+              cur_.allocated == file_final_.allocated && cur_.pending == file_final_.pending;
+  if (same) {
+    final_live_.forEach([&](uint64_t addr, const LiveBlock& fb) {
+      const LiveBlock* b = live_.find(addr);
+      if (b == nullptr || b->requested != fb.requested || b->pending != fb.pending) same = false;
+    });
+  }
+  if (!same) note(AnomalyKind::FinalStateMismatch, -1);
+}
+
+DeviceSummary summarizeDevice(DeviceReplayer& r) {
+  DeviceSummary s;
+  r.reset();
+  s.device = r.device();
+  s.events = r.eventCount();
+  s.start = r.startCounters();
+  s.final_file = r.fileFinal();
+  s.live_at_start = r.liveAtStartCount();
+  s.freed_before_start = r.freedBeforeStartCount();
+  auto init = [](Peak& p, uint64_t v) {
+    p.bytes = v;
+    p.event = -1;
+    p.time_us = -1;
+  };
+  init(s.peak_reserved, s.start.reserved);
+  init(s.peak_requested, s.start.requested);
+  init(s.peak_allocated, s.start.allocated);
+  init(s.peak_active, s.start.active());
+  const auto& ev = r.events();
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    r.step();
+    s.by_action[static_cast<size_t>(e.action)]++;
+    if (e.time_us >= 0) {
+      if (s.first_time_us < 0) s.first_time_us = e.time_us;
+      s.last_time_us = e.time_us;
+    }
+    const Counters& c = r.counters();
+    auto upd = [&](Peak& p, uint64_t v) {
+      if (v > p.bytes) {
+        p.bytes = v;
+        p.event = static_cast<int64_t>(i);
+        p.time_us = e.time_us;
+      }
+    };
+    upd(s.peak_reserved, c.reserved);
+    upd(s.peak_requested, c.requested);
+    upd(s.peak_allocated, c.allocated);
+    upd(s.peak_active, c.active());
+    if (e.action == Action::Oom) {
+      OomEvent o;
+      o.event = static_cast<int64_t>(i);
+      o.time_us = e.time_us;
+      o.request_bytes = e.size;
+      o.device_free = e.addr;
+      o.stream = e.stream;
+      o.stack = e.stack;
+      o.at = c;
+      s.ooms.push_back(o);
+    }
+  }
+  r.checkFinalState();
+  s.final_replayed = r.counters();
+  s.allocated_exact = r.allocatedExact();
+  s.anomalies = r.anomalies();
+  s.live_blocks_final = r.live().size();
+  return s;
+}
+
+}  // namespace memforensics::replay

@@ -1,0 +1,125 @@
+// render_json.cc: the `--json` report (schema documented in docs/cli.md).
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "report/render.h"
+
+namespace memforensics::report {
+
+namespace {
+using nlohmann::json;
+
+json frameJson(const analysis::FrameText& f) {
+  json j = {{"filename", f.filename}, {"name", f.name}};
+  j["line"] = f.line == format::kUnknownLine ? json(nullptr) : json(f.line);
+  return j;
+}
+json framesJson(const std::vector<analysis::FrameText>& fs) {
+  json a = json::array();
+  for (const auto& f : fs) a.push_back(frameJson(f));
+  return a;
+}
+json opt(int64_t v) { return v < 0 ? json(nullptr) : json(v); }
+json countersJson(const replay::Counters& c) {
+  return {{"reserved_bytes", c.reserved},
+          {"requested_bytes", c.requested},
+          {"allocated_bytes", c.allocated},
+          {"pending_free_bytes", c.pending},
+          {"active_bytes", c.active()}};
+}
+void peak(json& j, const char* name, const replay::Peak& p) {
+  std::string base = std::string("peak_") + name;
+  j[base + "_bytes"] = p.bytes;
+  j[base + "_event"] = opt(p.event);
+  j[base + "_time_us"] = opt(p.time_us);
+}
+}  // namespace
+
+std::string renderJsonString(const analysis::AnalysisResult& r) {
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["tool"] = "memforensics";
+  doc["path"] = r.path;
+  doc["input"] = {{"format", r.source_format},
+                  {"pickle_protocol", r.pickle_protocol == 0 ? json(nullptr) : json(r.pickle_protocol)},
+                  {"bytes", r.input_bytes},
+                  {"pytorch_era", r.era},
+                  {"strings", r.strings},
+                  {"frames", r.frames},
+                  {"stacks", r.stacks},
+                  {"annotations", r.annotations},
+                  {"host_trace_events", r.host_trace_events},
+                  {"ignored_keys", r.ignored_keys}};
+  json devices = json::array();
+  for (const auto& d : r.devices) {
+    const auto& s = d.summary;
+    json j;
+    j["device"] = s.device;
+    j["events"] = s.events;
+    json by = json::object();
+    for (size_t a = 0; a < s.by_action.size(); ++a) {
+      if (s.by_action[a] > 0) by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
+    }
+    j["events_by_action"] = by;
+    j["first_time_us"] = opt(s.first_time_us);
+    j["last_time_us"] = opt(s.last_time_us);
+    j["segments"] = d.segments;
+    peak(j, "reserved", s.peak_reserved);
+    peak(j, "requested", s.peak_requested);
+    peak(j, "allocated", s.peak_allocated);
+    peak(j, "active", s.peak_active);
+    j["allocated_exact"] = s.allocated_exact;
+    j["start_reserved_bytes"] = s.start.reserved;
+    j["start_requested_bytes"] = s.start.requested;
+    j["final_reserved_bytes"] = s.final_replayed.reserved;
+    j["final_requested_bytes"] = s.final_replayed.requested;
+    j["final_allocated_bytes"] = s.final_replayed.allocated;
+    j["final_active_bytes"] = s.final_replayed.active();
+    j["start"] = countersJson(s.start);
+    j["final"] = countersJson(s.final_replayed);
+    j["final_in_file"] = countersJson(s.final_file);
+    j["live_blocks_at_start"] = s.live_at_start;
+    j["blocks_freed_before_trace_start"] = s.freed_before_start;
+    j["oom_count"] = d.ooms.size();
+    json ooms = json::array();
+    for (const auto& o : d.ooms) {
+      ooms.push_back({{"event", o.oom.event},
+                      {"time_us", opt(o.oom.time_us)},
+                      {"request_bytes", o.oom.request_bytes},
+                      {"device_free_bytes", o.oom.device_free},
+                      {"stream", o.oom.stream},
+                      {"state", countersJson(o.oom.at)},
+                      {"frames", framesJson(o.frames)}});
+    }
+    j["ooms"] = ooms;
+    j["live_blocks_at_requested_peak"] = d.live_at_peak;
+    json top = json::array();
+    for (const auto& g : d.top_at_peak) {
+      top.push_back({{"requested_bytes", g.requested_bytes},
+                     {"block_bytes", g.block_bytes},
+                     {"count", g.count},
+                     {"has_stack", g.has_stack},
+                     {"frames", framesJson(g.frames)}});
+    }
+    j["top_allocations_at_requested_peak"] = top;
+    json an = json::array();
+    for (const auto& a : d.anomalies) {
+      an.push_back({{"id", a.id},
+                    {"severity", std::string(replay::severityName(a.severity))},
+                    {"count", a.count},
+                    {"first_event", opt(a.first_event)},
+                    {"description", a.description}});
+    }
+    j["anomalies"] = an;
+    devices.push_back(std::move(j));
+  }
+  doc["devices"] = std::move(devices);
+  // Snapshot strings are not guaranteed to be UTF-8: replace bad bytes rather than fail.
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void renderJson(const analysis::AnalysisResult& r, std::ostream& out) {
+  out << renderJsonString(r) << "\n";
+}
+
+}  // namespace memforensics::report

@@ -1,0 +1,136 @@
+// render_text.cc: the terminal report of `memforensics analyze`.
+#include <cinttypes>
+#include <cstdio>
+
+#include "common/format_bytes.h"
+#include "report/render.h"
+
+namespace memforensics::report {
+
+namespace {
+
+std::string pad(std::string s, size_t w) {
+  if (s.size() < w) s.append(w - s.size(), ' ');
+  return s;
+}
+
+std::string when(const replay::Peak& p, int64_t t0) {
+  if (p.event < 0) return "at trace start";
+  std::string s = "at event " + std::to_string(p.event);
+  if (p.time_us >= 0 && t0 >= 0) s += " (t+" + formatDurationUs(p.time_us - t0) + ")";
+  return s;
+}
+
+void counterRow(std::ostream& out, const char* label, uint64_t start, const replay::Peak& peak,
+                uint64_t final, int64_t t0) {
+  out << "  " << pad(label, 18) << pad(formatBytesShort(start), 12)
+      << pad(formatBytesShort(peak.bytes) + " " + when(peak, t0), 44) << formatBytesShort(final)
+      << "\n";
+}
+
+}  // namespace
+
+void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
+  out << "memforensics analyze: " << r.path << "\n";
+  out << "  input: " << r.source_format;
+  if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
+  out << ", " << formatBytes(r.input_bytes) << ", written by PyTorch " << r.era
+      << " (inferred from its fields)\n";
+  out << "  interned: " << r.strings << " strings, " << r.frames << " frames, " << r.stacks
+      << " stacks; " << r.annotations << " annotations";
+  if (r.host_trace_events > 0) out << "; " << r.host_trace_events << " host trace events (not replayed)";
+  out << "\n";
+  if (!r.ignored_keys.empty()) {
+    out << "  ignored top-level keys:";
+    for (const auto& k : r.ignored_keys) out << " " << k;
+    out << "\n";
+  }
+  if (r.devices.empty()) out << "\n  no device has segments or trace events\n";
+  for (const auto& d : r.devices) {
+    const auto& s = d.summary;
+    out << "\ndevice " << s.device << ": " << s.events << " events, " << d.segments
+        << " segments at the end";
+    if (s.first_time_us >= 0) {
+      out << ", " << formatDurationUs(s.last_time_us - s.first_time_us) << " from "
+          << formatTimeUs(s.first_time_us) << " to " << formatTimeUs(s.last_time_us);
+    } else if (s.events > 0) {
+      out << ", no timestamps in this file";
+    }
+    out << "\n";
+    if (s.events > 0) {
+      out << "  events by action:";
+      for (size_t a = 0; a < s.by_action.size(); ++a) {
+        if (s.by_action[a] == 0) continue;
+        out << " " << format::actionName(static_cast<format::Action>(a)) << " " << s.by_action[a];
+      }
+      out << "\n";
+    } else {
+      out << "  no trace: only the final state is known (enable history with "
+             "torch.cuda.memory._record_memory_history to see how it got there)\n";
+    }
+    out << "\n  " << pad("", 18) << pad("start", 12) << pad("peak", 44) << "final\n";
+    counterRow(out, "reserved", s.start.reserved, s.peak_reserved, s.final_replayed.reserved, s.first_time_us);
+    counterRow(out, "requested", s.start.requested, s.peak_requested, s.final_replayed.requested, s.first_time_us);
+    counterRow(out, s.allocated_exact ? "allocated" : "allocated (est.)", s.start.allocated,
+               s.peak_allocated, s.final_replayed.allocated, s.first_time_us);
+    counterRow(out, "active", s.start.active(), s.peak_active, s.final_replayed.active(), s.first_time_us);
+    if (!s.allocated_exact) {
+      out << "  (est.) block sizes of allocations freed before the end are PyTorch's rounding of the\n"
+             "  request; large-pool blocks may hold up to 1 MiB more that the file does not record.\n";
+    }
+    if (s.live_at_start > 0 && s.events > 0) {
+      out << "  " << s.live_at_start << " blocks were already live when the trace starts";
+      if (s.freed_before_start > 0) {
+        out << " (" << s.freed_before_start << " of them are freed in the trace: history is truncated)";
+      }
+      out << "\n";
+    }
+
+    out << "\n  OOMs: ";
+    if (d.ooms.empty()) out << "none\n";
+    else out << d.ooms.size() << "\n";
+    for (const auto& o : d.ooms) {
+      out << "    event " << o.oom.event << ": request of " << formatBytes(o.oom.request_bytes)
+          << " failed with " << formatBytes(o.oom.device_free) << " free on the device; reserved "
+          << formatBytesShort(o.oom.at.reserved) << ", requested " << formatBytesShort(o.oom.at.requested)
+          << "\n";
+      for (const auto& f : o.frames) out << "        at " << f.display() << "\n";
+    }
+
+    out << "\n  largest live allocations at the requested peak";
+    if (s.peak_requested.event >= 0) out << " (event " << s.peak_requested.event << ")";
+    else out << " (trace start)";
+    out << ", by stack:\n";
+    if (d.top_at_peak.empty()) out << "    none\n";
+    int rank = 1;
+    for (const auto& g : d.top_at_peak) {
+      char head[96];
+      std::snprintf(head, sizeof head, "  %3d. ", rank++);
+      out << "  " << head << pad(formatBytesShort(g.requested_bytes), 11) << " in " << g.count
+          << (g.count == 1 ? " block" : " blocks");
+      if (!g.has_stack) {
+        out << "   (no stack recorded)\n";
+        continue;
+      }
+      if (g.frames.empty()) {
+        out << "   (stack has no user frames)\n";
+        continue;
+      }
+      out << "   " << g.frames[0].display() << "\n";
+      for (size_t k = 1; k < g.frames.size(); ++k) {
+        out << pad("", 31) << "<- " << g.frames[k].display() << "\n";
+      }
+    }
+
+    out << "\n  anomalies: ";
+    if (d.anomalies.empty()) out << "none\n";
+    else out << "\n";
+    for (const auto& a : d.anomalies) {
+      out << "    [" << replay::severityName(a.severity) << "] " << a.id << " x" << a.count;
+      if (a.first_event >= 0) out << " (first at event " << a.first_event << ")";
+      out << ": " << a.description << "\n";
+    }
+  }
+}
+
+}  // namespace memforensics::report
