@@ -20,7 +20,9 @@ whitespace outside quotes; a trailing ``\\`` continues a line):
                              a named Python stack, innermost frame first.  FRAME is
                              FILE:LINE:FUNCTION (split at the first ":<digits>:", so Windows
                              paths and C++ names with "::" work); "@OTHER" splices in the frames
-                             of an earlier stack (typically the outer part of the call chain)
+                             of an earlier stack (typically the outer part of the call chain);
+                             an empty right-hand side gives a recorded but empty stack
+                             (frames == [], e.g. autograd-thread allocations with Python stacks)
     setting KEY VALUE        override one allocator_settings entry (eras 2.6/2.11); VALUE is
                              true/false, an int, a float or a string
     strict on|off            allocator-policy checks (default on), see "Checks"
@@ -383,6 +385,9 @@ class Compiler:
         if name in self.stacks:
             self.err("stack %r defined twice" % name)
         frames = []
+        if not body.strip():
+            self.stacks[name] = ()   # recorded but empty traceback: frames == []
+            return
         for part in body.split(";"):
             part = part.strip()
             if not part:
@@ -402,8 +407,6 @@ class Compiler:
             if not 0 <= lineno <= U64_MAX:
                 self.err("frame line %d out of range" % lineno)
             frames.append((fm.group(1), lineno, fm.group(3)))
-        if not frames:
-            self.err("stack %r has no frames" % name)
         self.stacks[name] = tuple(frames)
 
     def parse_time(self, tok):

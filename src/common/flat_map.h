@@ -5,6 +5,7 @@
 // addresses are reused. The all-ones key is stored out of band, so every uint64 is a valid key.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>

@@ -48,7 +48,7 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
   out << "# memforensics dump 1\n";
   out << "# source=" << sourceFormatName(s.source) << " protocol=" << s.pickle_protocol
       << " era=" << s.traits.era() << " segments=" << s.segments.size()
-      << " devices_with_traces=" << s.device_traces.size() << "\n";
+      << " devices_with_traces=" << s.traceCount() << "\n";
   if (s.settings.present) {
     out << "settings conf=" << quoted(s.settings.conf) << " max_split_size=" << s.settings.max_split_size
         << " gc_threshold=" << s.settings.garbage_collection_threshold
@@ -68,8 +68,8 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
           << " state=" << blockStateName(b.state) << " stack=" << use(b.stack) << "\n";
     }
   }
-  for (size_t d = 0; d < s.device_traces.size(); ++d) {
-    const auto& tr = s.device_traces[d];
+  for (size_t d = 0; d < s.traceCount(); ++d) {
+    auto tr = s.trace(d);
     out << "trace device=" << d << " events=" << tr.size() << "\n";
     for (size_t i = 0; i < tr.size(); ++i) {
       const Event& e = tr[i];
@@ -81,7 +81,7 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       out << " stream=" << e.stream << " stack=" << use(e.stack);
       if (e.compile_context != kEmptyStr) out << " compile_context=" << quoted(s.strings.get(e.compile_context));
       if (e.user_metadata != kEmptyStr) out << " user_metadata=" << quoted(s.strings.get(e.user_metadata));
-      if (e.has_pool) out << " pool=" << e.pool_a << "," << e.pool_b;
+      if (e.pool != 0) out << " pool=" << s.pools[e.pool].first << "," << s.pools[e.pool].second;
       out << "\n";
     }
   }

@@ -10,6 +10,8 @@
 #include "format/pickle_reader.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -78,10 +80,29 @@ static_assert(sizeof(Value) == 16);
 
 enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, Event };
 
+// 8 bytes per container. Generic containers (List/Dict/Tuple) keep their items in store_[ref]
+// (allocated on first fill; kNoStore while empty); reduced ones keep their id in ref.
 struct Node {
-  std::vector<Value> items;  // List/Tuple: elements; Dict: key, value, key, value, ...
-  uint32_t ref = 0;          // Frame: FrameId, Stack: StackId, Event: index into events_
+  uint32_t ref = 0;  // List/Dict/Tuple: store index; Frame: FrameId; Stack: StackId; Event: index
   NK kind = NK::List;
+};
+static_assert(sizeof(Node) == 8);
+constexpr uint32_t kNoStore = ~uint32_t{0};
+using Items = std::vector<Value>;
+
+// Where a value sits in the snapshot, rendered only when an error needs it.
+struct Where {
+  const char* base;
+  int64_t seg = -1;
+  int64_t block = -1;
+  const char* suffix = nullptr;
+  std::string str() const {
+    std::string out = base;
+    if (seg >= 0) out += "[" + std::to_string(seg) + "]";
+    if (block >= 0) out += ".blocks[" + std::to_string(block) + "]";
+    if (suffix) out += suffix;
+    return out;
+  }
 };
 
 const char* kindName(const Value& v, const std::vector<Node>& nodes) {
@@ -105,6 +126,44 @@ const char* kindName(const Value& v, const std::vector<Node>& nodes) {
   }
   return "?";
 }
+
+// The machine's value stack: a vector whose push is small enough to inline into the opcode loop
+// (BINGET pushes are most of a snapshot's opcodes).
+class ValueStack {
+ public:
+  ValueStack() { grow(4096); }
+  ~ValueStack() { std::free(data_); }
+  ValueStack(const ValueStack&) = delete;
+  ValueStack& operator=(const ValueStack&) = delete;
+  inline void push_back(const Value& v) {
+    if (__builtin_expect(size_ == cap_, 0)) grow(cap_ * 2);
+    data_[size_++] = v;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Value& back() { return data_[size_ - 1]; }
+  void pop_back() { --size_; }
+  void resize(size_t n) { size_ = n; }  // only ever shrinks
+  void clear() { size_ = 0; }
+  void reserve(size_t n) {
+    if (n > cap_) grow(n);
+  }
+  Value* begin() { return data_; }
+  Value* end() { return data_ + size_; }
+  Value* data() { return data_; }
+  Value& operator[](size_t i) { return data_[i]; }
+
+ private:
+  void grow(size_t n) {
+    auto* p = static_cast<Value*>(std::realloc(data_, n * sizeof(Value)));
+    if (p == nullptr) std::abort();
+    data_ = p;
+    cap_ = n;
+  }
+  Value* data_ = nullptr;
+  size_t size_ = 0;
+  size_t cap_ = 0;
+};
 
 // Opcode bytes (pickle protocol 0-5).
 enum Op : uint8_t {
@@ -203,9 +262,35 @@ class Machine {
     return m;
   }
   uint32_t newNode(NK kind) {
-    nodes_.emplace_back();
-    nodes_.back().kind = kind;
+    nodes_.push_back(Node{kNoStore, kind});
     return static_cast<uint32_t>(nodes_.size() - 1);
+  }
+  Items& itemsOf(uint32_t n) {
+    Node& node = nodes_[n];
+    if (node.ref == kNoStore) {
+      node.ref = static_cast<uint32_t>(store_.size());
+      store_.emplace_back();
+    }
+    return store_[node.ref];
+  }
+  bool itemsEmpty(uint32_t n) const {
+    return nodes_[n].ref == kNoStore || store_[nodes_[n].ref].empty();
+  }
+  static const Items& noItems() {
+    static const Items empty;
+    return empty;
+  }
+  const Items& itemsOf(uint32_t n) const {
+    return nodes_[n].ref == kNoStore ? noItems() : store_[nodes_[n].ref];
+  }
+  // The memo holds 8-byte entries: 0 = unset, (1<<32 | StrId), (2<<32 | node), or (3<<32 | i)
+  // for any other value kept in memo_other_[i] (Python never memoizes ints or floats, so that
+  // side table stays empty for real files).
+  uint64_t memoEncode(const Value& v) {
+    if (v.kind == VK::Str) return uint64_t{1} << 32 | v.id;
+    if (v.kind == VK::Node) return uint64_t{2} << 32 | v.id;
+    memo_other_.push_back(v);
+    return uint64_t{3} << 32 | (memo_other_.size() - 1);
   }
   Status memoPut(uint64_t idx) {
     if (stack_.size() <= markBase()) return err("memo store with an empty stack");
@@ -214,19 +299,19 @@ class Machine {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
                    std::to_string(memo_.size()) + " entries stored so far");
       }
-      memo_.resize(idx + 1);
-      memo_set_.resize(idx + 1, false);
+      memo_.resize(idx + 1, 0);
     }
-    memo_[idx] = stack_.back();
-    memo_set_[idx] = true;
+    memo_[idx] = memoEncode(stack_.back());
     return Status::Ok();
   }
   Status memoGet(uint64_t idx) {
-    if (idx >= memo_.size() || !memo_set_[idx]) {
-      return err("memo index " + std::to_string(idx) + " read before it was stored");
+    uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+    switch (m >> 32) {
+      case 1: stack_.push_back(Value::str(static_cast<uint32_t>(m))); return Status::Ok();
+      case 2: stack_.push_back(Value::node(static_cast<uint32_t>(m))); return Status::Ok();
+      case 3: stack_.push_back(memo_other_[static_cast<uint32_t>(m)]); return Status::Ok();
+      default: return err("memo index " + std::to_string(idx) + " read before it was stored");
     }
-    stack_.push_back(memo_[idx]);
-    return Status::Ok();
   }
 
   // -- reading operands
@@ -245,7 +330,7 @@ class Machine {
   Status setItems(uint32_t dict, size_t from);
   Status reduceDict(uint32_t n, const Value* kv, size_t count);
   Status makeEvent(uint32_t n, const Value* kv, size_t count);
-  Expected<StackId> stackOf(const Value& v, const char* where);
+  Expected<StackId> stackOf(const Value& v, const Where& where);
   Expected<uint32_t> targetContainer(size_t below, NK want);
 
   // -- conversion (section 3)
@@ -254,14 +339,15 @@ class Machine {
   Status convertTraces(const Value& v);
   Status convertSettings(const Value& v);
   Status convertAnnotations(const Value& v);
-  const Value* field(const Node& dict, StrId key) const;
-  const Node* asNode(const Value& v, NK kind) const {
+  const Value* field(const Items& dict, StrId key) const;
+  // The items of a generic container of the given kind, or nullptr.
+  const Items* asNode(const Value& v, NK kind) const {
     if (v.kind != VK::Node || nodes_[v.id].kind != kind) return nullptr;
-    return &nodes_[v.id];
+    return &itemsOf(v.id);
   }
-  Expected<uint64_t> getU64(const Node& dict, StrId key, const std::string& path, bool required,
+  Expected<uint64_t> getU64(const Items& dict, StrId key, const Where& path, bool required,
                             uint64_t dflt = 0) const;
-  Expected<int64_t> getI64(const Node& dict, StrId key, const std::string& path, bool required,
+  Expected<int64_t> getI64(const Items& dict, StrId key, const Where& path, bool required,
                            int64_t dflt = 0) const;
 
   const uint8_t* p_;
@@ -270,19 +356,21 @@ class Machine {
   const PickleReadOptions& opt_;
   Snapshot snap_;
   Keys keys_;
-  std::vector<Value> stack_;
+  ValueStack stack_;
   std::vector<size_t> marks_;
-  std::vector<Value> memo_;
-  std::vector<bool> memo_set_;
+  std::vector<uint64_t> memo_;
+  std::vector<Value> memo_other_;
   std::vector<Node> nodes_;
+  std::vector<Items> store_;
+  std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   std::vector<Event> events_;
   std::vector<FrameId> scratch_;
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
 };
 
-const Value* Machine::field(const Node& dict, StrId key) const {
-  const auto& it = dict.items;
+const Value* Machine::field(const Items& dict, StrId key) const {
+  const auto& it = dict;
   for (size_t i = 0; i + 1 < it.size(); i += 2) {
     if (it[i].kind == VK::Str && it[i].id == key) return &it[i + 1];
   }
@@ -346,14 +434,14 @@ Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
   return t.id;
 }
 
-Expected<StackId> Machine::stackOf(const Value& v, const char* where) {
+Expected<StackId> Machine::stackOf(const Value& v, const Where& where) {
   if (v.kind == VK::Node) {
     const Node& n = nodes_[v.id];
     if (n.kind == NK::Stack) return StackId{n.ref};
-    if (n.kind == NK::List && n.items.empty()) return kEmptyStack;
+    if (n.kind == NK::List && itemsEmpty(v.id)) return kEmptyStack;
   }
   if (v.kind == VK::None) return kNoStack;
-  return err(std::string(where) + ": `frames` is a " + kindName(v, nodes_) +
+  return err(where.str() + ": `frames` is a " + kindName(v, nodes_) +
              ", expected a list of {filename, line, name} dicts");
 }
 
@@ -363,11 +451,12 @@ Status Machine::appendItems(uint32_t list, size_t from) {
   size_t count = stack_.size() - from;
   Node& n = nodes_[list];
   bool all_frames = count > 0;
+  bool fresh = n.kind == NK::List && itemsEmpty(list);
   for (size_t k = from; k < stack_.size() && all_frames; ++k) {
     const Value& v = stack_[k];
     all_frames = v.kind == VK::Node && nodes_[v.id].kind == NK::Frame;
   }
-  if (n.kind == NK::Stack || (all_frames && n.items.empty())) {
+  if (n.kind == NK::Stack || (all_frames && fresh)) {
     if (!all_frames && count > 0) {
       return err("a frames list gets a non-frame element (" + std::string(kindName(stack_[from], nodes_)) + ")");
     }
@@ -380,7 +469,8 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     n.kind = NK::Stack;
     n.ref = snap_.stacks.internStack(scratch_);
   } else {
-    n.items.insert(n.items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
+    Items& items = itemsOf(list);
+    items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
   }
   stack_.resize(from);
   return Status::Ok();
@@ -393,7 +483,7 @@ Status Machine::setItems(uint32_t dict, size_t from) {
   if (count % 2 != 0) return err("SETITEMS with an odd number of stack items");
   Node& n = nodes_[dict];
   if (n.kind != NK::Dict) return err("a frame or trace entry dict is filled twice (unsupported)");
-  if (n.items.empty()) {
+  if (itemsEmpty(dict)) {
     Status s = reduceDict(dict, stack_.data() + from, count);
     if (!s.ok()) return s;
   }
@@ -403,8 +493,8 @@ Status Machine::setItems(uint32_t dict, size_t from) {
         return err(std::string("dict key is a ") + kindName(stack_[k], nodes_) + " (unsupported)");
       }
     }
-    nodes_[dict].items.insert(nodes_[dict].items.end(), stack_.begin() + static_cast<ptrdiff_t>(from),
-                              stack_.end());
+    Items& items = itemsOf(dict);
+    items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
   }
   stack_.resize(from);
   return Status::Ok();
@@ -475,7 +565,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
       e.time_us = static_cast<int64_t>(u);
       snap_.traits.has_time_us = true;
     } else if (id == keys_.frames) {
-      auto st = stackOf(v, "trace entry");
+      auto st = stackOf(v, Where{"trace entry"});
       if (!st) return st.error();
       e.stack = *st;
     } else if (id == keys_.compile_context) {
@@ -487,13 +577,14 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
     } else if (id == keys_.pool_id) {
       snap_.traits.has_pool_id = true;
       if (v.kind == VK::Node && (nodes_[v.id].kind == NK::Tuple || nodes_[v.id].kind == NK::List) &&
-          nodes_[v.id].items.size() == 2) {
-        const auto& t = nodes_[v.id].items;
+          itemsOf(v.id).size() == 2) {
+        const auto& t = itemsOf(v.id);
         if ((t[0].kind == VK::Int || t[0].kind == VK::UInt) &&
             (t[1].kind == VK::Int || t[1].kind == VK::UInt)) {
-          e.pool_a = static_cast<uint64_t>(t[0].i);
-          e.pool_b = static_cast<uint64_t>(t[1].i);
-          e.has_pool = true;
+          std::pair<uint64_t, uint64_t> key{static_cast<uint64_t>(t[0].i), static_cast<uint64_t>(t[1].i)};
+          auto [it, fresh] = pool_index_.try_emplace(key, static_cast<uint32_t>(snap_.pools.size()));
+          if (fresh) snap_.pools.push_back(key);
+          e.pool = it->second;
         }
       }
     }
@@ -509,7 +600,12 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
 Expected<Snapshot> Machine::run() {
   snap_.input_bytes = static_cast<uint64_t>(end_ - begin_);
   uint64_t next_progress = opt_.progress_interval;
-  stack_.reserve(4096);
+  // Reserve from the input size so large files never regrow (a regrowth copies and touches every
+  // page twice). Every container costs at least 2 input bytes, a memo entry 1, a trace entry ~40;
+  // reserved but untouched pages are not resident, so generous bounds cost no memory.
+  nodes_.reserve(snap_.input_bytes / 8);
+  memo_.reserve(snap_.input_bytes / 8);
+  events_.reserve(snap_.input_bytes / 40);
   bool stopped = false;
   while (!stopped) {
     if (p_ >= end_) {
@@ -538,8 +634,8 @@ Expected<Snapshot> Machine::run() {
         break;
       }
       case MEMOIZE: {
-        Status s = memoPut(memo_.size());
-        if (!s.ok()) return s.error();
+        if (stack_.size() <= markBase()) return err("MEMOIZE with an empty stack");
+        memo_.push_back(memoEncode(stack_.back()));
         break;
       }
       case BINPUT: {
@@ -651,7 +747,7 @@ Expected<Snapshot> Machine::run() {
           from = stack_.size() - k;
         }
         uint32_t n = newNode(NK::Tuple);
-        nodes_[n].items.assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
+        if (from < stack_.size()) itemsOf(n).assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
         stack_.resize(from);
         stack_.push_back(Value::node(n));
         break;
@@ -756,48 +852,48 @@ Expected<Snapshot> Machine::run() {
 // ---------------------------------------------------------------------------------------------
 // 3. Conversion of the root object
 
-Expected<uint64_t> Machine::getU64(const Node& dict, StrId key, const std::string& path,
+Expected<uint64_t> Machine::getU64(const Items& dict, StrId key, const Where& where,
                                    bool required, uint64_t dflt) const {
   const Value* v = field(dict, key);
   if (v == nullptr || v->kind == VK::None) {
     if (required) {
-      return Error{path + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
+      return Error{where.str() + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
     }
     return dflt;
   }
   if (v->kind == VK::Int && v->i < 0) {
-    return Error{path + "." + std::string(snap_.strings.get(key)) + " is negative (" +
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is negative (" +
                      std::to_string(v->i) + ")", -1};
   }
   if (v->kind != VK::Int && v->kind != VK::UInt) {
-    return Error{path + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
                      ", expected a non-negative int", -1};
   }
   return static_cast<uint64_t>(v->i);
 }
 
-Expected<int64_t> Machine::getI64(const Node& dict, StrId key, const std::string& path,
+Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& where,
                                   bool required, int64_t dflt) const {
   const Value* v = field(dict, key);
   if (v == nullptr || v->kind == VK::None) {
     if (required) {
-      return Error{path + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
+      return Error{where.str() + ": missing key '" + std::string(snap_.strings.get(key)) + "'", -1};
     }
     return dflt;
   }
   if (v->kind != VK::Int && v->kind != VK::UInt) {
-    return Error{path + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
                      ", expected an int", -1};
   }
   return v->i;
 }
 
 Status Machine::convert(const Value& root) {
-  if (const Node* list = asNode(root, NK::List)) {
+  if (const Items* list = asNode(root, NK::List)) {
     snap_.traits.top_level_list = true;
     return convertSegments(root, "segments");
   }
-  const Node* top = asNode(root, NK::Dict);
+  const Items* top = asNode(root, NK::Dict);
   if (top == nullptr) {
     return Error{std::string("the pickle holds a ") + kindName(root, nodes_) +
                      ", expected a snapshot dict or a list of segments",
@@ -805,9 +901,9 @@ Status Machine::convert(const Value& root) {
   }
   const Value* segs = nullptr;
   const Value* traces = nullptr;
-  for (size_t i = 0; i + 1 < top->items.size(); i += 2) {
-    const Value& k = top->items[i];
-    const Value& v = top->items[i + 1];
+  for (size_t i = 0; i + 1 < top->size(); i += 2) {
+    const Value& k = (*top)[i];
+    const Value& v = (*top)[i + 1];
     if (k.kind != VK::Str) continue;
     if (k.id == keys_.segments) segs = &v;
     else if (k.id == keys_.device_traces) traces = &v;
@@ -821,7 +917,7 @@ Status Machine::convert(const Value& root) {
       if (!s.ok()) return s;
     } else if (k.id == keys_.host_traces) {
       snap_.traits.has_host_traces = true;
-      if (const Node* n = asNode(v, NK::List)) snap_.host_trace_events = n->items.size();
+      if (const Items* n = asNode(v, NK::List)) snap_.host_trace_events = n->size();
     } else if (k.id == keys_.host_segments) {
       snap_.traits.has_host_traces = true;
     } else {
@@ -842,23 +938,23 @@ Status Machine::convert(const Value& root) {
 }
 
 Status Machine::convertSegments(const Value& v, const char* name) {
-  const Node* list = asNode(v, NK::List);
+  const Items* list = asNode(v, NK::List);
   if (list == nullptr) {
     return Error{std::string("'") + name + "' is a " + kindName(v, nodes_) + ", expected a list", -1};
   }
-  snap_.segments.reserve(list->items.size());
-  for (size_t si = 0; si < list->items.size(); ++si) {
-    std::string path = std::string(name) + "[" + std::to_string(si) + "]";
-    const Node* d = asNode(list->items[si], NK::Dict);
+  snap_.segments.reserve(list->size());
+  for (size_t si = 0; si < list->size(); ++si) {
+    const Where path{name, static_cast<int64_t>(si)};
+    const Items* d = asNode((*list)[si], NK::Dict);
     if (d == nullptr) {
-      return Error{path + " is a " + std::string(kindName(list->items[si], nodes_)) + ", expected a dict", -1};
+      return Error{path.str() + " is a " + std::string(kindName((*list)[si], nodes_)) + ", expected a dict", -1};
     }
     Segment seg;
     auto dev = getI64(*d, keys_.device, path, false, 0);
     if (!dev) return dev.error();
     seg.device = *dev;
     if (seg.device < 0 || seg.device > 1 << 16) {
-      return Error{path + ".device is " + std::to_string(seg.device) + ", not a device ordinal", -1};
+      return Error{path.str() + ".device is " + std::to_string(seg.device) + ", not a device ordinal", -1};
     }
     auto addr = getU64(*d, keys_.address, path, true);
     if (!addr) return addr.error();
@@ -885,28 +981,28 @@ Status Machine::convertSegments(const Value& v, const char* name) {
     }
     if (const Value* pool = field(*d, keys_.segment_pool_id)) {
       snap_.traits.has_segment_pool_id = true;
-      const Node* t = asNode(*pool, NK::Tuple);
+      const Items* t = asNode(*pool, NK::Tuple);
       if (t == nullptr) t = asNode(*pool, NK::List);  // the JSON form has no tuples
-      if (t && t->items.size() == 2 && t->items[0].kind == VK::Int && t->items[1].kind == VK::Int) {
-        seg.pool_a = static_cast<uint64_t>(t->items[0].i);
-        seg.pool_b = static_cast<uint64_t>(t->items[1].i);
+      if (t && t->size() == 2 && (*t)[0].kind == VK::Int && (*t)[1].kind == VK::Int) {
+        seg.pool_a = static_cast<uint64_t>((*t)[0].i);
+        seg.pool_b = static_cast<uint64_t>((*t)[1].i);
       }
     }
     if (const Value* f = field(*d, keys_.frames)) {
-      auto st = stackOf(*f, path.c_str());
+      auto st = stackOf(*f, path);
       if (!st) return Error{st.error().message, -1};
       seg.stack = *st;
     }
     const Value* bv = field(*d, keys_.blocks);
-    const Node* blocks = bv ? asNode(*bv, NK::List) : nullptr;
-    if (blocks == nullptr) return Error{path + ": missing or malformed 'blocks' list", -1};
+    const Items* blocks = bv ? asNode(*bv, NK::List) : nullptr;
+    if (blocks == nullptr) return Error{path.str() + ": missing or malformed 'blocks' list", -1};
     seg.first_block = static_cast<uint32_t>(snap_.blocks.size());
     uint64_t cursor = seg.address;
     uint64_t covered = 0;
-    for (size_t bi = 0; bi < blocks->items.size(); ++bi) {
-      std::string bpath = path + ".blocks[" + std::to_string(bi) + "]";
-      const Node* bd = asNode(blocks->items[bi], NK::Dict);
-      if (bd == nullptr) return Error{bpath + " is not a dict", -1};
+    for (size_t bi = 0; bi < blocks->size(); ++bi) {
+      const Where bpath{name, static_cast<int64_t>(si), static_cast<int64_t>(bi)};
+      const Items* bd = asNode((*blocks)[bi], NK::Dict);
+      if (bd == nullptr) return Error{bpath.str() + " is not a dict", -1};
       Block b;
       auto size = getU64(*bd, keys_.size, bpath, true);
       if (!size) return size.error();
@@ -933,25 +1029,25 @@ Status Machine::convertSegments(const Value& v, const char* name) {
         b.has_requested_size = true;
       }
       if (const Value* f = field(*bd, keys_.frames)) {
-        auto st = stackOf(*f, bpath.c_str());
+        auto st = stackOf(*f, bpath);
         if (!st) return Error{st.error().message, -1};
         b.stack = *st;
       }
       // Legacy 1.13-2.0 `history`: history[0] is the allocation that owns the block.
       if (const Value* h = field(*bd, keys_.history)) {
         snap_.traits.has_block_history = true;
-        const Node* hl = asNode(*h, NK::List);
-        const Node* h0 = hl && !hl->items.empty() ? asNode(hl->items[0], NK::Dict) : nullptr;
+        const Items* hl = asNode(*h, NK::List);
+        const Items* h0 = hl && !hl->empty() ? asNode((*hl)[0], NK::Dict) : nullptr;
         if (h0 != nullptr) {
           if (b.stack == kNoStack) {
             if (const Value* f = field(*h0, keys_.frames)) {
-              auto st = stackOf(*f, (bpath + ".history[0]").c_str());
+              auto st = stackOf(*f, Where{name, bpath.seg, bpath.block, ".history[0]"});
               if (!st) return Error{st.error().message, -1};
               b.stack = *st;
             }
           }
           if (!b.has_requested_size && field(*h0, keys_.real_size) != nullptr) {
-            auto r = getU64(*h0, keys_.real_size, bpath + ".history[0]", true);
+            auto r = getU64(*h0, keys_.real_size, Where{name, bpath.seg, bpath.block, ".history[0]"}, true);
             if (!r) return r.error();
             b.requested_size = *r;
             b.has_requested_size = true;
@@ -961,9 +1057,9 @@ Status Machine::convertSegments(const Value& v, const char* name) {
       if (!b.has_requested_size && b.isActive()) b.requested_size = b.size;
       snap_.blocks.push_back(b);
     }
-    seg.block_count = static_cast<uint32_t>(blocks->items.size());
+    seg.block_count = static_cast<uint32_t>(blocks->size());
     if (covered != seg.total_size && seg.block_count > 0) {
-      return Error{path + ": blocks cover " + std::to_string(covered) + " bytes but total_size is " +
+      return Error{path.str() + ": blocks cover " + std::to_string(covered) + " bytes but total_size is " +
                        std::to_string(seg.total_size),
                    -1};
     }
@@ -973,35 +1069,49 @@ Status Machine::convertSegments(const Value& v, const char* name) {
 }
 
 Status Machine::convertTraces(const Value& v) {
-  const Node* outer = asNode(v, NK::List);
+  const Items* outer = asNode(v, NK::List);
   if (outer == nullptr) {
     return Error{std::string("'device_traces' is a ") + kindName(v, nodes_) + ", expected a list", -1};
   }
-  snap_.device_traces.resize(outer->items.size());
-  for (size_t d = 0; d < outer->items.size(); ++d) {
-    const Node* inner = asNode(outer->items[d], NK::List);
+  // Validate, and find out whether the lists reference events_ in file order with no sharing (what
+  // every writer produces): then events_ moves into the snapshot without a copy.
+  bool in_order = true;
+  uint32_t expect = 0;
+  for (size_t d = 0; d < outer->size(); ++d) {
+    const Items* inner = asNode((*outer)[d], NK::List);
     if (inner == nullptr) {
       return Error{"device_traces[" + std::to_string(d) + "] is a " +
-                       kindName(outer->items[d], nodes_) + ", expected a list",
+                       kindName((*outer)[d], nodes_) + ", expected a list",
                    -1};
     }
-    auto& out = snap_.device_traces[d];
-    out.reserve(inner->items.size());
-    for (size_t i = 0; i < inner->items.size(); ++i) {
-      const Value& ev = inner->items[i];
+    for (size_t i = 0; i < inner->size(); ++i) {
+      const Value& ev = (*inner)[i];
       if (ev.kind != VK::Node || nodes_[ev.id].kind != NK::Event) {
         return Error{"device_traces[" + std::to_string(d) + "][" + std::to_string(i) + "] is a " +
                          kindName(ev, nodes_) + ", expected a trace entry dict with an 'action'",
                      -1};
       }
-      out.push_back(events_[nodes_[ev.id].ref]);
+      in_order = in_order && nodes_[ev.id].ref == expect++;
+    }
+  }
+  in_order = in_order && expect == events_.size();
+  snap_.trace_begin.assign(1, 0);
+  if (in_order) {
+    for (size_t d = 0; d < outer->size(); ++d) {
+      snap_.trace_begin.push_back(snap_.trace_begin.back() + asNode((*outer)[d], NK::List)->size());
+    }
+    snap_.events = std::move(events_);
+  } else {
+    for (size_t d = 0; d < outer->size(); ++d) {
+      for (const Value& ev : *asNode((*outer)[d], NK::List)) snap_.events.push_back(events_[nodes_[ev.id].ref]);
+      snap_.trace_begin.push_back(snap_.events.size());
     }
   }
   return Status::Ok();
 }
 
 Status Machine::convertSettings(const Value& v) {
-  const Node* d = asNode(v, NK::Dict);
+  const Items* d = asNode(v, NK::Dict);
   if (d == nullptr) return Status::Ok();  // tolerate odd settings: they are informational
   auto& s = snap_.settings;
   s.present = true;
@@ -1018,10 +1128,10 @@ Status Machine::convertSettings(const Value& v) {
   }
   if (field(*d, keys_.graph_capture) != nullptr) snap_.traits.has_graph_capture_key = true;
   if (const Value* r = field(*d, keys_.roundup)) {
-    if (const Node* rd = asNode(*r, NK::Dict)) {
-      for (size_t i = 0; i + 1 < rd->items.size(); i += 2) {
-        const Value& k = rd->items[i];
-        const Value& val = rd->items[i + 1];
+    if (const Items* rd = asNode(*r, NK::Dict)) {
+      for (size_t i = 0; i + 1 < rd->size(); i += 2) {
+        const Value& k = (*rd)[i];
+        const Value& val = (*rd)[i + 1];
         if (k.kind != VK::Str || val.kind != VK::Int) continue;
         std::string_view ks = snap_.strings.get(k.id);
         uint64_t mib = 0;
@@ -1043,10 +1153,10 @@ Status Machine::convertSettings(const Value& v) {
 }
 
 Status Machine::convertAnnotations(const Value& v) {
-  const Node* list = asNode(v, NK::List);
+  const Items* list = asNode(v, NK::List);
   if (list == nullptr) return Status::Ok();
-  for (const Value& item : list->items) {
-    const Node* d = asNode(item, NK::Dict);
+  for (const Value& item : *list) {
+    const Items* d = asNode(item, NK::Dict);
     if (d == nullptr) continue;
     Annotation a;
     if (const Value* x = field(*d, keys_.device); x && x->kind == VK::Int) a.device = x->i;

@@ -94,6 +94,7 @@ size_t StackTable::FrameHash::operator()(const Frame& f) const noexcept {
 StackTable::StackTable() {
   stacks_.emplace_back(0, 0);  // kNoStack
   stacks_.emplace_back(0, 0);  // kEmptyStack
+  stack_next_.assign(2, 0);
 }
 
 FrameId StackTable::internFrame(const Frame& f) {
@@ -105,18 +106,19 @@ FrameId StackTable::internFrame(const Frame& f) {
 StackId StackTable::internStack(std::span<const FrameId> frames) {
   if (frames.empty()) return kEmptyStack;
   uint64_t h = hashBytes(reinterpret_cast<const char*>(frames.data()), frames.size_bytes());
-  auto range = stack_index_.equal_range(h);
-  for (auto it = range.first; it != range.second; ++it) {
-    auto existing = stack(it->second);
+  StackId* head = stack_head_.find(h);
+  for (StackId c = head ? *head : 0; c != 0; c = stack_next_[c]) {
+    auto existing = stack(c);
     if (existing.size() == frames.size() &&
         std::equal(existing.begin(), existing.end(), frames.begin())) {
-      return it->second;
+      return c;
     }
   }
   auto id = static_cast<StackId>(stacks_.size());
   stacks_.emplace_back(static_cast<uint32_t>(frame_ids_.size()), static_cast<uint32_t>(frames.size()));
   frame_ids_.insert(frame_ids_.end(), frames.begin(), frames.end());
-  stack_index_.emplace(h, id);
+  stack_next_.push_back(head ? *head : 0);
+  stack_head_.insert(h, id);
   return id;
 }
 
@@ -182,8 +184,8 @@ std::string FormatTraits::era() const {
 std::vector<int64_t> Snapshot::devices() const {
   std::set<int64_t> ds;
   for (const auto& s : segments) ds.insert(s.device);
-  for (size_t d = 0; d < device_traces.size(); ++d) {
-    if (!device_traces[d].empty()) ds.insert(static_cast<int64_t>(d));
+  for (size_t d = 0; d < traceCount(); ++d) {
+    if (!trace(d).empty()) ds.insert(static_cast<int64_t>(d));
   }
   return {ds.begin(), ds.end()};
 }

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/flat_map.h"
+
 namespace memforensics::format {
 
 using StrId = uint32_t;
@@ -84,7 +86,8 @@ class StackTable {
   std::unordered_map<Frame, FrameId, FrameHash> frame_index_;
   std::vector<FrameId> frame_ids_;
   std::vector<std::pair<uint32_t, uint32_t>> stacks_;  // (offset into frame_ids_, length)
-  std::unordered_multimap<uint64_t, StackId> stack_index_;  // content hash -> candidates
+  U64Map<StackId> stack_head_;       // content hash -> newest stack with that hash
+  std::vector<StackId> stack_next_;  // older stack with the same hash (0 = none)
 };
 
 // TraceEntry::Action order in c10 (ALLOC=0 ... ANNOTATE=9), plus Unknown for strings we do not know.
@@ -114,10 +117,10 @@ struct Event {
   StrId compile_context = kEmptyStr;
   StrId user_metadata = kEmptyStr;
   StrId action_name = kEmptyStr;  // the action string as written (kept for Unknown actions)
-  uint64_t pool_a = 0, pool_b = 0;  // pool_id (2.12+), 0/0 otherwise
+  uint32_t pool = 0;         // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
   Action action = Action::Unknown;
-  bool has_pool = false;
 };
+static_assert(sizeof(Event) == 56, "Event is stored once per trace entry: keep it compact");
 
 enum class BlockState : uint8_t { ActiveAllocated, ActivePendingFree, Inactive, Unknown };
 std::string_view blockStateName(BlockState s);
@@ -201,9 +204,12 @@ struct Snapshot {
   StackTable stacks;
   std::vector<Segment> segments;  // as in the file: device by device, address order
   std::vector<Block> blocks;
-  // device_traces[d] = events of device d, oldest first. A device with segments but no trace list
-  // has an empty vector here.
-  std::vector<std::vector<Event>> device_traces;
+  // All trace events, device by device; trace(d) = events of device d, oldest first. A device
+  // with segments but no trace has an empty trace.
+  std::vector<Event> events;
+  std::vector<size_t> trace_begin;  // trace d = events[trace_begin[d], trace_begin[d + 1])
+  // pool_id tuples of trace entries; index 0 is a placeholder for "none".
+  std::vector<std::pair<uint64_t, uint64_t>> pools{{0, 0}};
   std::vector<Annotation> annotations;
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
@@ -211,6 +217,11 @@ struct Snapshot {
 
   std::span<const Block> blocksOf(const Segment& s) const {
     return {blocks.data() + s.first_block, s.block_count};
+  }
+  size_t traceCount() const { return trace_begin.empty() ? 0 : trace_begin.size() - 1; }
+  std::span<const Event> trace(size_t d) const {
+    if (d >= traceCount()) return {};
+    return {events.data() + trace_begin[d], trace_begin[d + 1] - trace_begin[d]};
   }
   // Devices that appear anywhere (segments or traces), ascending.
   std::vector<int64_t> devices() const;

@@ -139,26 +139,22 @@ std::string_view anomalyDescription(AnomalyKind k) {
   return kAnomalyInfo[static_cast<size_t>(k)].description;
 }
 
-const std::vector<Event> DeviceReplayer::kNoEvents;
-
 DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
-    : snap_(snap), device_(device), events_(&kNoEvents) {
-  if (device >= 0 && static_cast<size_t>(device) < snap.device_traces.size()) {
-    events_ = &snap.device_traces[static_cast<size_t>(device)];
-  }
+    : snap_(snap), device_(device) {
+  if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
   if (snap.settings.has_roundup) {
     std::copy(std::begin(snap.settings.roundup_power2_divisions),
               std::end(snap.settings.roundup_power2_divisions), divisions_);
   }
   uint64_t n_req = 0, n_comp = 0;
-  for (const Event& e : *events_) {
+  for (const Event& e : events_) {
     n_req += e.action == Action::FreeRequested;
     n_comp += e.action == Action::FreeCompleted;
   }
-  complete_on_request_ = n_req > 0 && n_comp == 0;
   request_on_complete_ = n_comp > 0 && n_req == 0;
 
   // The file's final state for this device.
+  bool any_final_pending = false;
   for (const auto& seg : snap.segments) {
     if (seg.device != device) continue;
     addRange(final_ranges_, seg.address, seg.address + seg.total_size);
@@ -173,10 +169,15 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
       lb.pending = b.state == format::BlockState::ActivePendingFree;
       lb.size_exact = true;
       final_live_.insert(b.address, lb);
+      any_final_pending = any_final_pending || lb.pending;
       file_final_.requested += lb.requested;
       (lb.pending ? file_final_.pending : file_final_.allocated) += lb.size;
     }
   }
+  // skip_actions=["free_completed"] leaves free_requested as the only free. A trace with no
+  // free_completed at all could also just be short, with its frees still pending: the final state
+  // tells them apart (pending blocks there mean frees really were pending).
+  complete_on_request_ = n_req > 0 && n_comp == 0 && !any_final_pending;
   backward();
   reset();
 }
@@ -188,7 +189,7 @@ void DeviceReplayer::note(AnomalyKind k, int64_t event) {
 }
 
 void DeviceReplayer::backward() {
-  const auto& ev = *events_;
+  const auto& ev = events_;
   alloc_block_size_.assign(ev.size(), 0);
   alloc_size_exact_.assign(ev.size(), 0);
   U64Map<LiveBlock> w = final_live_;
@@ -268,7 +269,7 @@ void DeviceReplayer::backward() {
     auto& a = anomalies_[static_cast<size_t>(AnomalyKind::FreesBeforeTraceStart)];
     a.count = freed_before_start_;
   }
-  if (live_at_start_ > freed_before_start_ && !events_->empty()) {
+  if (live_at_start_ > freed_before_start_ && !events_.empty()) {
     auto& a = anomalies_[static_cast<size_t>(AnomalyKind::LiveWithoutAlloc)];
     a.count = live_at_start_ - freed_before_start_;
   }
@@ -284,8 +285,8 @@ void DeviceReplayer::reset() {
 }
 
 bool DeviceReplayer::step() {
-  if (next_ >= events_->size()) return false;
-  apply(next_, (*events_)[next_]);
+  if (next_ >= events_.size()) return false;
+  apply(next_, events_[next_]);
   ++next_;
   return true;
 }
@@ -412,7 +413,7 @@ DeviceSummary summarizeDevice(DeviceReplayer& r) {
   init(s.peak_requested, s.start.requested);
   init(s.peak_allocated, s.start.allocated);
   init(s.peak_active, s.start.active());
-  const auto& ev = r.events();
+  auto ev = r.events();
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
     r.step();

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <array>
+#include <span>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -129,8 +130,8 @@ class DeviceReplayer {
   DeviceReplayer& operator=(const DeviceReplayer&) = delete;
 
   int64_t device() const { return device_; }
-  const std::vector<Event>& events() const { return *events_; }
-  size_t eventCount() const { return events_->size(); }
+  std::span<const Event> events() const { return events_; }
+  size_t eventCount() const { return events_.size(); }
 
   // Rewinds to the start state.
   void reset();
@@ -161,8 +162,7 @@ class DeviceReplayer {
 
   const Snapshot& snap_;
   int64_t device_;
-  const std::vector<Event>* events_;
-  static const std::vector<Event> kNoEvents;
+  std::span<const Event> events_;
   uint32_t divisions_[16] = {};
   bool complete_on_request_ = false;  // trace has free_requested but no free_completed at all
   bool request_on_complete_ = false;  // trace has free_completed but no free_requested at all

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Benchmark memforensics against Python's own pickle.load on real and large snapshots.
+#
+# Usage: bench/run_bench.sh BUILD_DIR [OUT_MD]
+#
+# Files: the largest snapshot in ../shared/snapshots-real (relative to the repository root), and
+# a >= 300 MB snapshot built from it with bench/make_large.py into bench/out/ (reused while it is
+# newer than its inputs).  For each file it times, best of 3 wall-clock runs,
+#   BUILD_DIR/src/cli/memforensics analyze --json FILE >/dev/null
+#   python3 -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE
+# and records memforensics' peak RSS (/usr/bin/time -f %M when installed, Debian package `time`;
+# otherwise resource.getrusage(RUSAGE_CHILDREN) in a fresh measuring process per run).
+# Prints a markdown table; with OUT_MD also writes it there.  Python is invoked through
+# sys.executable resolved once, so a pyenv shim's start-up is not timed.
+set -euo pipefail
+
+usage() { echo "usage: $0 BUILD_DIR [OUT_MD]" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 2 ] || usage
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd -P)
+BUILD_DIR=$(cd "$1" 2>/dev/null && pwd -P) || { echo "error: build directory '$1' not found" >&2; exit 1; }
+OUT_MD=${2:-}
+BIN="$BUILD_DIR/src/cli/memforensics"
+if [ ! -x "$BIN" ]; then
+    echo "error: memforensics binary not found at $BIN" >&2
+    echo "       build it first, e.g.: cmake -S $REPO -B $BUILD_DIR -DCMAKE_BUILD_TYPE=Release && cmake --build $BUILD_DIR" >&2
+    exit 1
+fi
+
+REAL_DIR="$REPO/../shared/snapshots-real"
+if [ ! -d "$REAL_DIR" ]; then
+    echo "error: real snapshots directory not found: $REAL_DIR" >&2
+    exit 1
+fi
+REAL_DIR=$(cd "$REAL_DIR" && pwd -P)
+
+PY=$(python3 -c 'import sys; print(sys.executable)')
+[ -x "$PY" ] || { echo "error: cannot resolve the python3 executable" >&2; exit 1; }
+
+# largest real snapshot (by size)
+LARGEST=""
+LARGEST_SIZE=0
+for f in "$REAL_DIR"/*.pickle; do
+    [ -f "$f" ] || continue
+    s=$(stat -c %s "$f")
+    if [ "$s" -gt "$LARGEST_SIZE" ]; then LARGEST=$f; LARGEST_SIZE=$s; fi
+done
+[ -n "$LARGEST" ] || { echo "error: no *.pickle in $REAL_DIR" >&2; exit 1; }
+
+# >= 300 MB file: N copies of the largest file's device 0 (copies come out a bit larger than
+# the source file, so ceil(300 MB / size) is normally enough; grow N if not)
+TARGET=300000000
+OUT_DIR="$REPO/bench/out"
+mkdir -p "$OUT_DIR"
+N=$(( (TARGET + LARGEST_SIZE - 1) / LARGEST_SIZE ))
+while :; do
+    LARGE="$OUT_DIR/$(basename "$LARGEST" .pickle)_x$N.pickle"
+    if [ ! -s "$LARGE" ] || [ "$LARGE" -ot "$LARGEST" ] || [ "$LARGE" -ot "$SCRIPT_DIR/make_large.py" ]; then
+        echo "building $LARGE ..." >&2
+        "$PY" "$SCRIPT_DIR/make_large.py" "$LARGEST" "$N" -o "$LARGE"
+    fi
+    LSIZE=$(stat -c %s "$LARGE")
+    [ "$LSIZE" -ge "$TARGET" ] && break
+    N=$(( N * TARGET / LSIZE + 1 ))
+done
+
+TIME_BIN=""
+if [ -x /usr/bin/time ]; then TIME_BIN=/usr/bin/time; fi
+
+TABLE=$("$PY" - "$PY" "$BIN" "$TIME_BIN" "$LARGEST" "$LARGE" <<'PYEOF'
+import os, subprocess, sys, tempfile
+
+py, binary, time_bin = sys.argv[1:4]
+files = sys.argv[4:]
+RUNS = 3
+
+# Runs one command in a fresh process: prints "<wall seconds> <peak RSS KiB> <exit code>".
+MEASURE = r'''
+import os, resource, subprocess, sys, time
+time_bin, out = sys.argv[1], sys.argv[2]
+cmd = sys.argv[3:]
+rss_file = None
+if time_bin:
+    fd, rss_file = __import__("tempfile").mkstemp()
+    os.close(fd)
+    cmd = [time_bin, "-f", "%M", "-o", rss_file] + cmd
+with open(out, "wb") as sink:
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=sink)
+    wall = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss   # KiB on Linux
+if rss_file:
+    try:
+        with open(rss_file) as f:
+            lines = [l for l in f.read().split("\n") if l.strip().isdigit()]
+        if lines:
+            rss = int(lines[-1])
+    finally:
+        os.unlink(rss_file)
+print("%.6f %d %d" % (wall, rss, rc))
+'''
+
+def measure(cmd):
+    best, peak, rc = None, 0, 0
+    for _ in range(RUNS):
+        r = subprocess.run([py, "-c", MEASURE, time_bin, os.devnull] + cmd,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr)
+            raise SystemExit("measuring %s failed" % cmd)
+        wall, kib, code = r.stdout.split()
+        if int(code) != 0:
+            rc = int(code)
+        best = float(wall) if best is None else min(best, float(wall))
+        peak = max(peak, int(kib))
+    return best, peak * 1024, rc
+
+rows = []
+for path in files:
+    size = os.path.getsize(path)
+    sys.stderr.write("timing %s (%.1f MB) ...\n" % (os.path.basename(path), size / 1e6))
+    mf_s, mf_rss, mf_rc = measure([binary, "analyze", "--json", path])
+    py_s, _, py_rc = measure([py, "-c", "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))",
+                              path])
+    if mf_rc != 0:
+        sys.stderr.write("warning: memforensics exited with %d on %s\n" % (mf_rc, path))
+    mf_cell = "%.3f" % mf_s if mf_rc == 0 else "%.3f (exit %d)" % (mf_s, mf_rc)
+    py_cell = "%.3f" % py_s if py_rc == 0 else "%.3f (exit %d)" % (py_s, py_rc)
+    speed = "%.1f" % (py_s / mf_s) if mf_s > 0 and mf_rc == 0 and py_rc == 0 else "n/a"
+    rows.append("| %s | %.1f | %s | %s | %s | %.1f | %.2f |" % (
+        os.path.basename(path), size / 1e6, mf_cell, py_cell, speed, mf_rss / 1e6,
+        mf_rss / size))
+
+print("| file | size MB | memforensics s | python s | speedup × | memforensics peak RSS MB | RSS/file-size ratio |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+print("\n".join(rows))
+PYEOF
+)
+
+echo "$TABLE"
+if [ -n "$OUT_MD" ]; then
+    printf '%s\n' "$TABLE" > "$OUT_MD"
+    echo "wrote $OUT_MD" >&2
+fi

@@ -1,0 +1,60 @@
+// render_test.cc: the JSON report carries the documented fields and survives hostile strings.
+#include "report/render.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fixtures/snapshot_builder.h"
+
+namespace memforensics::report {
+namespace {
+
+using memforensics::testing::buildSnapshot;
+using memforensics::testing::TSnapshot;
+
+TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
+  TSnapshot t;
+  std::vector<memforensics::testing::TFrame> bad = {{"</script><img src=x onerror=alert(1)>\xff.py", 1, "\"quoted\"\n"}};
+  t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 5, "active_allocated", bad}}});
+  t.traces.push_back({{"alloc", 0x1000000, 5, 0, 1, bad, true}, {"oom", 100, 1 << 30, 0, 2}});
+  auto snap = buildSnapshot(t);
+  auto r = analysis::analyzeSnapshot(snap);
+  r.path = "x.pickle";
+  auto j = nlohmann::json::parse(renderJsonString(r));
+  EXPECT_EQ(j["schema_version"], kJsonSchemaVersion);
+  ASSERT_EQ(j["devices"].size(), 1u);
+  const auto& d = j["devices"][0];
+  for (const char* key : {"device", "events", "peak_reserved_bytes", "peak_requested_bytes",
+                          "peak_allocated_bytes", "final_reserved_bytes", "final_requested_bytes",
+                          "oom_count", "anomalies"}) {
+    EXPECT_TRUE(d.contains(key)) << key;
+  }
+  EXPECT_EQ(d["oom_count"], 1);
+  EXPECT_EQ(d["ooms"][0]["request_bytes"], 1 << 30);
+  EXPECT_EQ(d["ooms"][0]["device_free_bytes"], 100);
+  // Invalid UTF-8 is replaced, markup is kept as data (escaping for HTML is the page's job).
+  std::string fname = d["top_allocations_at_requested_peak"][0]["frames"][0]["filename"];
+  EXPECT_EQ(fname.find("</script>"), 0u);
+  EXPECT_NE(fname.find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
+  TSnapshot t;
+  t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 0, "inactive", {}}}});
+  t.traces.push_back({{"free_requested", 0x1000000, 7, 0, 1}, {"free_completed", 0x1000000, 7, 0, 1}});
+  auto snap = buildSnapshot(t);
+  auto r = analysis::analyzeSnapshot(snap);
+  r.path = "y.pickle";
+  std::ostringstream out;
+  renderText(r, out);
+  std::string s = out.str();
+  EXPECT_NE(s.find("device 0: 2 events"), std::string::npos) << s;
+  EXPECT_NE(s.find("OOMs: none"), std::string::npos);
+  EXPECT_NE(s.find("[data_loss] frees_before_trace_start x1"), std::string::npos);
+  EXPECT_NE(s.find("history is truncated"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memforensics::report
