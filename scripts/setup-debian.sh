@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what memforensics needs to build and test on Debian 12, by package name only.
+# Safe to run again; skips apt entirely when everything is already installed.
+set -euo pipefail
+packages=(build-essential cmake ninja-build python3 libcli11-dev nlohmann-json3-dev
+          libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev time)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "installing: ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
