@@ -28,7 +28,7 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::De
   std::vector<StackGroup> out;
   for (size_t i = 0; i < v.size() && i < opt.top; ++i) {
     StackGroup g = v[i].second;
-    g.has_stack = v[i].first != format::kNoStack;
+    g.has_stack = v[i].first != format::kNoStack && v[i].first != format::kEmptyStack;
     g.frames = userFrames(snap, v[i].first, opt.frames_per_group);
     out.push_back(std::move(g));
   }

@@ -27,7 +27,8 @@ bool isLibraryFrame(const format::Snapshot& s, const format::Frame& f);
 // Up to `max` innermost frames worth showing for `stack`:
 //   1. Python frames (file ends in .py) outside torch/ and the standard library: the user's code;
 //   2. if there are none, any Python frames;
-//   3. if there are none, non-noise frames (C++-only stacks).
+//   3. if there are none, non-noise C++ frames past the allocator and dispatcher plumbing;
+//   4. if there are none, any non-noise frames.
 std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max);
 
 }  // namespace memforensics::analysis
