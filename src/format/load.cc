@@ -111,15 +111,11 @@ Expected<std::vector<uint8_t>> extractHtmlPickle(std::span<const uint8_t> b) {
 }
 
 Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes, const LoadOptions& options) {
-  nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  if (j.is_discarded()) {
-    // Parse again with exceptions only to get the position of the error.
-    try {
-      (void)nlohmann::json::parse(bytes.begin(), bytes.end());
-    } catch (const nlohmann::json::parse_error& e) {
-      return Error{std::string("invalid JSON: ") + e.what(), static_cast<int64_t>(e.byte)};
-    }
-    return Error{"invalid JSON", -1};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes.begin(), bytes.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    return Error{std::string("invalid JSON: ") + e.what(), static_cast<int64_t>(e.byte)};
   }
   PickleWriter w(4);
   emitJson(j, w);

@@ -889,7 +889,7 @@ Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& whe
 }
 
 Status Machine::convert(const Value& root) {
-  if (const Items* list = asNode(root, NK::List)) {
+  if (asNode(root, NK::List) != nullptr) {
     snap_.traits.top_level_list = true;
     return convertSegments(root, "segments");
   }
