@@ -3,7 +3,9 @@
 # Safe to run again; skips apt entirely when everything is already installed.
 set -euo pipefail
 packages=(build-essential cmake ninja-build python3 libcli11-dev nlohmann-json3-dev
-          libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev time)
+          libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev pkg-config time)
+# scripts/fuzz.sh: clang with libFuzzer and its sanitizer runtimes, llvm-symbolizer for reports.
+packages+=(clang libclang-rt-14-dev llvm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

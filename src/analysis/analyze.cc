@@ -2,6 +2,7 @@
 #include "analysis/analyze.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <unordered_map>
 
 namespace memforensics::analysis {
@@ -10,24 +11,34 @@ namespace {
 
 std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::DeviceReplayer& r,
                                   const AnalyzeOptions& opt) {
-  std::unordered_map<format::StackId, StackGroup> groups;
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+  struct Group {
+    StackGroup g;
+    int64_t first_event = INT64_MAX;   // earliest alloc among its blocks (-1: before the trace)
+    uint64_t first_addr = UINT64_MAX;  // lowest block address
+  };
+  std::unordered_map<format::StackId, Group> groups;
+  r.live().forEach([&](uint64_t addr, const replay::LiveBlock& b) {
     if (b.pending) return;  // freed by the user already; only the stream keeps it
-    StackGroup& g = groups[b.stack];
-    g.requested_bytes += b.requested;
-    g.block_bytes += b.size;
-    g.count += 1;
+    Group& gr = groups[b.stack];
+    gr.g.requested_bytes += b.requested;
+    gr.g.block_bytes += b.size;
+    gr.g.count += 1;
+    gr.first_event = std::min(gr.first_event, b.alloc_event);
+    gr.first_addr = std::min(gr.first_addr, addr);
   });
-  std::vector<std::pair<format::StackId, StackGroup>> v(groups.begin(), groups.end());
+  std::vector<std::pair<format::StackId, Group>> v(groups.begin(), groups.end());
+  // Ties are broken by content (first allocation, then address), never by stack ids, which depend
+  // on the order a reader interned stacks: the same snapshot in any format ranks the same.
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    if (a.second.requested_bytes != b.second.requested_bytes) {
-      return a.second.requested_bytes > b.second.requested_bytes;
+    if (a.second.g.requested_bytes != b.second.g.requested_bytes) {
+      return a.second.g.requested_bytes > b.second.g.requested_bytes;
     }
-    return a.first < b.first;  // deterministic output
+    if (a.second.first_event != b.second.first_event) return a.second.first_event < b.second.first_event;
+    return a.second.first_addr < b.second.first_addr;
   });
   std::vector<StackGroup> out;
   for (size_t i = 0; i < v.size() && i < opt.top; ++i) {
-    StackGroup g = v[i].second;
+    StackGroup g = v[i].second.g;
     g.has_stack = v[i].first != format::kNoStack && v[i].first != format::kEmptyStack;
     g.frames = userFrames(snap, v[i].first, opt.frames_per_group);
     out.push_back(std::move(g));
@@ -49,6 +60,8 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   res.annotations = snap.annotations.size();
   res.host_trace_events = snap.host_trace_events;
   res.ignored_keys = snap.ignored_keys;
+  res.origin = snap.origin;
+  res.warnings = snap.load_warnings;
   for (int64_t d : snap.devices()) {
     if (opt.device && *opt.device != d) continue;
     DeviceAnalysis da;

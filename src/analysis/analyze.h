@@ -54,6 +54,8 @@ struct AnalysisResult {
   size_t annotations = 0;
   size_t host_trace_events = 0;
   std::vector<std::string> ignored_keys;
+  std::string origin;                 // native traces: what they were converted from
+  std::vector<std::string> warnings;  // from reading the file (e.g. a cut-off native trace)
   std::vector<DeviceAnalysis> devices;
 };
 

@@ -1,12 +1,18 @@
 // main.cc: the memforensics command line. Exit codes: 0 ok, 1 bad usage, 2 unreadable input.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <unistd.h>
 
 #include "analysis/analyze.h"
 #include "cli/progress.h"
 #include "format/dump.h"
 #include "format/load.h"
+#include "format/snapshot_pickle.h"
+#include "format/snapshot_trace.h"
+#include "report/export.h"
 #include "report/render.h"
 
 namespace mf = memforensics;
@@ -17,12 +23,18 @@ constexpr int kExitOk = 0;
 constexpr int kExitUsage = 1;
 constexpr int kExitInput = 2;
 
+bool g_salvage = false;  // --salvage: read the intact prefix of a damaged native trace
+
 mf::Expected<mf::format::Snapshot> load(const std::string& path) {
   mf::cli::ProgressBar bar("reading " + path);
   mf::format::LoadOptions opt;
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
+  opt.salvage = g_salvage;
   auto snap = mf::format::loadSnapshotFile(path, opt);
   bar.finish();
+  if (snap) {
+    for (const auto& w : snap->load_warnings) std::cerr << "memforensics: warning: " << path << ": " << w << "\n";
+  }
   return snap;
 }
 
@@ -67,6 +79,128 @@ int dump(const std::string& path, bool stacks) {
   return kExitOk;
 }
 
+// The output kinds of `convert`, and what an output file name implies when --to is not given.
+enum class Target { Native, Pickle, Perfetto, Collapsed };
+
+std::optional<Target> targetFromName(const std::string& to) {
+  if (to == "native" || to == "bin") return Target::Native;
+  if (to == "pickle") return Target::Pickle;
+  if (to == "perfetto") return Target::Perfetto;
+  if (to == "collapsed") return Target::Collapsed;
+  return std::nullopt;
+}
+
+std::optional<Target> targetFromPath(const std::string& path) {
+  auto ends = [&](std::string_view suffix) {
+    return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends(".bin")) return Target::Native;
+  if (ends(".pickle") || ends(".pkl")) return Target::Pickle;
+  if (ends(".folded") || ends(".collapsed")) return Target::Collapsed;
+  if (ends(".perfetto.json")) return Target::Perfetto;
+  return std::nullopt;
+}
+
+// Writes through a temporary file renamed into place at the end ("-" = standard output), so a
+// failed conversion never leaves a partial file under the requested name.
+mf::Status writeOutput(const std::string& path, const std::function<mf::Status(std::ostream&)>& body) {
+  if (path == "-") {
+    mf::Status s = body(std::cout);
+    std::cout.flush();
+    if (s.ok() && !std::cout) return mf::Error{"cannot write to standard output", -1};
+    return s;
+  }
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  if (!f) return mf::Error{"cannot create " + tmp, -1};
+  mf::Status s = body(f);
+  f.close();
+  if (s.ok() && !f) s = mf::Error{"cannot write " + tmp + " (disk full?)", -1};
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) s = mf::Error{"cannot rename " + tmp + " to " + path, -1};
+  if (!s.ok()) std::remove(tmp.c_str());
+  return s;
+}
+
+class OstreamSink : public mf::format::trace::ByteSink {
+ public:
+  explicit OstreamSink(std::ostream& out) : out_(out) {}
+  mf::Status write(std::span<const uint8_t> b) override {
+    out_.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    if (!out_) return mf::Error{"write failed (disk full?)", -1};
+    return mf::Status::Ok();
+  }
+
+ private:
+  std::ostream& out_;
+};
+
+struct ConvertArgs {
+  std::string in, out, to;
+  int zstd_level = 3;
+  uint64_t checkpoint_every = 1u << 18;
+  std::optional<int64_t> device;
+  std::string value = "requested";
+  bool user_frames_only = false;
+};
+
+int convert(const ConvertArgs& a) {
+  std::optional<Target> target = a.to.empty() ? targetFromPath(a.out) : targetFromName(a.to);
+  if (!target) {
+    std::cerr << "memforensics: error: "
+              << (a.to.empty() ? "cannot tell the output format from '" + a.out +
+                                     "': name it *.bin, *.pickle, *.perfetto.json or *.folded, or pass --to"
+                               : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)")
+              << "\n";
+    return kExitUsage;
+  }
+  auto snap = load(a.in);
+  if (!snap) {
+    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
+    return kExitInput;
+  }
+  mf::Status s;
+  switch (*target) {
+    case Target::Native: {
+      mf::format::TraceWriteOptions opt;
+      opt.zstd_level = a.zstd_level;
+      opt.checkpoint_every = a.checkpoint_every;
+      s = writeOutput(a.out, [&](std::ostream& o) {
+        OstreamSink sink(o);
+        return mf::format::writeSnapshotTrace(*snap, sink, opt);
+      });
+      break;
+    }
+    case Target::Pickle:
+      s = writeOutput(a.out, [&](std::ostream& o) {
+        return mf::format::writeSnapshotPickle(*snap, [&](std::span<const uint8_t> b) -> mf::Status {
+          o.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+          if (!o) return mf::Error{"write failed (disk full?)", -1};
+          return mf::Status::Ok();
+        });
+      });
+      break;
+    case Target::Perfetto: {
+      mf::report::PerfettoOptions opt;
+      opt.device = a.device;
+      s = writeOutput(a.out, [&](std::ostream& o) { return mf::report::exportPerfetto(*snap, o, opt); });
+      break;
+    }
+    case Target::Collapsed: {
+      mf::report::CollapsedOptions opt;
+      opt.device = a.device;
+      opt.which = a.value == "allocated" ? mf::report::CollapsedValue::Allocated : mf::report::CollapsedValue::Requested;
+      opt.user_frames_only = a.user_frames_only;
+      s = writeOutput(a.out, [&](std::ostream& o) { return mf::report::exportCollapsed(*snap, o, opt); });
+      break;
+    }
+  }
+  if (!s.ok()) {
+    std::cerr << "memforensics: error: " << a.out << ": " << s.error().describe() << "\n";
+    return kExitInput;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,7 +211,7 @@ int main(int argc, char** argv) {
 
   auto* an = app.add_subcommand("analyze", "Replay a snapshot and report peaks, OOMs, top allocations and anomalies");
   std::vector<std::string> files;
-  an->add_option("FILE", files, "snapshot files (pickle, memory_viz HTML or JSON; detected by content)")
+  an->add_option("FILE", files, "snapshot files (pickle, memory_viz HTML, JSON or native trace; detected by content)")
       ->required();
   std::optional<int64_t> device;
   an->add_option("--device", device, "only this CUDA device ordinal");
@@ -91,6 +225,26 @@ int main(int argc, char** argv) {
   du->add_option("FILE", dump_file, "snapshot file")->required();
   bool stacks = false;
   du->add_flag("--stacks", stacks, "also print the frames of every stack referenced");
+
+  auto* cv = app.add_subcommand("convert", "Convert between PyTorch pickle and native trace, or export to Perfetto / collapsed stacks");
+  ConvertArgs conv;
+  cv->add_option("IN", conv.in, "input file (any supported kind, detected by content)")->required();
+  cv->add_option("-o,--output", conv.out, "output file ('-' for standard output)")->required();
+  cv->add_option("--to", conv.to,
+                 "native | pickle | perfetto | collapsed (default: from the output name: .bin, .pickle/.pkl, "
+                 ".perfetto.json, .folded/.collapsed)");
+  cv->add_option("--zstd-level", conv.zstd_level, "native: zstd level per chunk, 0 = uncompressed")->check(CLI::Range(0, 19));
+  cv->add_option("--checkpoint-every", conv.checkpoint_every,
+                 "native: events between checkpoints (random access to the state at an event); 0 = none")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
+  cv->add_option("--device", conv.device, "perfetto/collapsed: only this device");
+  cv->add_option("--value", conv.value, "collapsed: requested (at the requested peak) or allocated (at the allocated peak)")
+      ->check(CLI::IsMember({"requested", "allocated"}));
+  cv->add_flag("--user-frames", conv.user_frames_only, "collapsed: keep only user frames (drop framework plumbing)");
+
+  for (auto* sub : {an, du, cv}) {
+    sub->add_flag("--salvage", g_salvage, "read the intact part of a native trace that is damaged in the middle");
+  }
 
   try {
     app.parse(argc, argv);
@@ -106,5 +260,6 @@ int main(int argc, char** argv) {
   }
   if (an->parsed()) return analyze(files, device, json, top);
   if (du->parsed()) return dump(dump_file, stacks);
+  if (cv->parsed()) return convert(conv);
   return kExitUsage;
 }

@@ -12,15 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "format/pickle_writer.h"
+#include "format/snapshot_trace.h"
+#include "format/trace_reader.h"
 
 namespace memforensics::format {
 
 namespace {
 
-enum class Kind { Pickle, Html, Json, Unknown };
+enum class Kind { Pickle, Html, Json, Trace, Unknown };
 
 Kind sniff(std::span<const uint8_t> b) {
   if (!b.empty() && b[0] == 0x80) return Kind::Pickle;
+  if (trace::looksLikeTrace(b)) return Kind::Trace;
   size_t i = 0;
   if (b.size() >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) i = 3;  // UTF-8 BOM
   while (i < b.size() && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) ++i;
@@ -38,20 +41,25 @@ int b64value(uint8_t c) {
   return -1;
 }
 
-// JSON value -> pickle opcodes, so the JSON form shares every check of the pickle path.
-void emitJson(const nlohmann::json& j, PickleWriter& w) {
+// JSON value -> pickle opcodes, so the JSON form shares every check of the pickle path. False when
+// nested deeper than a snapshot ever is, before the recursion can exhaust the stack.
+constexpr int kMaxJsonDepth = 256;
+bool emitJson(const nlohmann::json& j, PickleWriter& w, int depth = 0) {
+  if (depth > kMaxJsonDepth) return false;
   switch (j.type()) {
     case nlohmann::json::value_t::object:
       w.beginDict();
       for (auto it = j.begin(); it != j.end(); ++it) {
         w.str(it.key());
-        emitJson(it.value(), w);
+        if (!emitJson(it.value(), w, depth + 1)) return false;
       }
       w.endDict();
       break;
     case nlohmann::json::value_t::array:
       w.beginList();
-      for (const auto& x : j) emitJson(x, w);
+      for (const auto& x : j) {
+        if (!emitJson(x, w, depth + 1)) return false;
+      }
       w.endList();
       break;
     case nlohmann::json::value_t::string: w.str(j.get_ref<const std::string&>()); break;
@@ -61,6 +69,7 @@ void emitJson(const nlohmann::json& j, PickleWriter& w) {
     case nlohmann::json::value_t::number_float: w.floating(j.get<double>()); break;
     default: w.none(); break;
   }
+  return true;
 }
 
 }  // namespace
@@ -116,9 +125,15 @@ Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes, const LoadOp
     j = nlohmann::json::parse(bytes.begin(), bytes.end());
   } catch (const nlohmann::json::parse_error& e) {
     return Error{std::string("invalid JSON: ") + e.what(), static_cast<int64_t>(e.byte)};
+  } catch (const nlohmann::json::exception& e) {  // out_of_range: a number beyond a double (1e400)
+    return Error{std::string("invalid JSON: ") + e.what(), -1};
   }
   PickleWriter w(4);
-  emitJson(j, w);
+  if (!emitJson(j, w)) {
+    return Error{"JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                     " levels deep: not a memory snapshot",
+                 -1};
+  }
   j = nullptr;
   std::vector<uint8_t> pk = w.finish();
   PickleReadOptions po;
@@ -153,12 +168,13 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
       return snap;
     }
     case Kind::Json: return readSnapshotJson(bytes, options);
+    case Kind::Trace: return readSnapshotTrace(bytes, options);
     case Kind::Unknown: break;
   }
   char hex[16];
   std::snprintf(hex, sizeof hex, "0x%02x", bytes[0]);
   return Error{std::string("unrecognized file content (first byte ") + hex +
-                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page or JSON",
+                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page, JSON or a memforensics trace",
                0};
 }
 

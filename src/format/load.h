@@ -2,7 +2,8 @@
 //
 //   * a pickle (PROTO opcode first): what _dump_snapshot / pickle.dump write;
 //   * the HTML page PyTorch's `_memory_viz.py trace_plot` writes (base64 pickle inside);
-//   * the JSON form memory_viz also accepts (same structure as the pickle).
+//   * the JSON form memory_viz also accepts (same structure as the pickle);
+//   * memforensics' own native trace (docs/trace-format.md).
 #pragma once
 
 #include <span>
@@ -16,6 +17,7 @@ namespace memforensics::format {
 
 struct LoadOptions {
   ProgressFn progress;  // optional: consumed/total input bytes
+  bool salvage = false;  // native traces: read the intact prefix of a file damaged in the middle
 };
 
 Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& options = {});

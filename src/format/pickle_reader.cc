@@ -9,6 +9,8 @@
 //      ("segments[3].blocks[7]: ...").
 #include "format/pickle_reader.h"
 
+#include "common/memory.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -603,9 +605,9 @@ Expected<Snapshot> Machine::run() {
   // Reserve from the input size so large files never regrow (a regrowth copies and touches every
   // page twice). Every container costs at least 2 input bytes, a memo entry 1, a trace entry ~40;
   // reserved but untouched pages are not resident, so generous bounds cost no memory.
-  nodes_.reserve(snap_.input_bytes / 8);
-  memo_.reserve(snap_.input_bytes / 8);
-  events_.reserve(snap_.input_bytes / 40);
+  reserveHuge(nodes_, snap_.input_bytes / 8);
+  reserveHuge(memo_, snap_.input_bytes / 8);
+  reserveHuge(events_, snap_.input_bytes / 40);
   bool stopped = false;
   while (!stopped) {
     if (p_ >= end_) {

@@ -19,17 +19,48 @@ PickleWriter::PickleWriter(int protocol) : protocol_(protocol) {
   out_.push_back(static_cast<uint8_t>(protocol));
 }
 
-void PickleWriter::beginList() {
+PickleWriter::PickleWriter(int protocol, ChunkSink sink, size_t flush_bytes)
+    : PickleWriter(protocol) {
+  sink_ = std::move(sink);
+  flush_at_ = flush_bytes == 0 ? 1 : flush_bytes;
+  // One opcode past the threshold at most, except long strings: the buffer is allocated once.
+  out_.reserve(flush_at_ + 64);
+}
+
+void PickleWriter::flush() {
+  if (status_.ok() && !out_.empty() && sink_) status_ = sink_(std::span<const uint8_t>(out_));
+  out_.clear();  // after an error the rest is dropped: the caller sees status() and stops
+}
+
+void PickleWriter::beginList(bool memo) {
   out_.push_back(']');
+  if (memo) memoize();
   out_.push_back('(');
+  maybeFlush();
 }
-void PickleWriter::endList() { out_.push_back('e'); }
-void PickleWriter::beginDict() {
+void PickleWriter::endList() {
+  out_.push_back('e');
+  maybeFlush();
+}
+void PickleWriter::listBatch() {
+  out_.push_back('e');
+  out_.push_back('(');
+  maybeFlush();
+}
+void PickleWriter::beginDict(bool memo) {
   out_.push_back('}');
+  if (memo) memoize();
   out_.push_back('(');
+  maybeFlush();
 }
-void PickleWriter::endDict() { out_.push_back('u'); }
-void PickleWriter::tuple2() { out_.push_back(0x86); }
+void PickleWriter::endDict() {
+  out_.push_back('u');
+  maybeFlush();
+}
+void PickleWriter::tuple2() {
+  out_.push_back(0x86);
+  maybeFlush();
+}
 
 void PickleWriter::str(std::string_view s) {
   if (s.size() < 256 && protocol_ >= 4) {
@@ -40,6 +71,7 @@ void PickleWriter::str(std::string_view s) {
     putLE<uint32_t>(out_, static_cast<uint32_t>(s.size()));
   }
   out_.insert(out_.end(), s.begin(), s.end());
+  maybeFlush();
 }
 
 void PickleWriter::integer(int64_t v) {
@@ -65,6 +97,7 @@ void PickleWriter::integer(int64_t v) {
     out_.push_back(static_cast<uint8_t>(n));
     out_.insert(out_.end(), bytes, bytes + n);
   }
+  maybeFlush();
 }
 
 void PickleWriter::uinteger(uint64_t v) {
@@ -76,6 +109,7 @@ void PickleWriter::uinteger(uint64_t v) {
   out_.push_back(9);  // needs a ninth byte so the value stays positive
   putLE<uint64_t>(out_, v);
   out_.push_back(0);
+  maybeFlush();
 }
 
 void PickleWriter::floating(double v) {
@@ -83,10 +117,17 @@ void PickleWriter::floating(double v) {
   std::memcpy(&bits, &v, 8);
   out_.push_back('G');
   putLE<uint64_t>(out_, __builtin_bswap64(bits));
+  maybeFlush();
 }
 
-void PickleWriter::boolean(bool b) { out_.push_back(b ? 0x88 : 0x89); }
-void PickleWriter::none() { out_.push_back('N'); }
+void PickleWriter::boolean(bool b) {
+  out_.push_back(b ? 0x88 : 0x89);
+  maybeFlush();
+}
+void PickleWriter::none() {
+  out_.push_back('N');
+  maybeFlush();
+}
 
 void PickleWriter::memoize() {
   if (protocol_ >= 4) {
@@ -99,6 +140,7 @@ void PickleWriter::memoize() {
     putLE<uint32_t>(out_, memo_count_);
   }
   ++memo_count_;
+  maybeFlush();
 }
 
 void PickleWriter::get(uint32_t i) {
@@ -109,13 +151,23 @@ void PickleWriter::get(uint32_t i) {
     out_.push_back('j');
     putLE<uint32_t>(out_, i);
   }
+  maybeFlush();
 }
 
-void PickleWriter::raw(std::initializer_list<uint8_t> bytes) { out_.insert(out_.end(), bytes); }
+void PickleWriter::raw(std::initializer_list<uint8_t> bytes) {
+  out_.insert(out_.end(), bytes);
+  maybeFlush();
+}
 
 std::vector<uint8_t> PickleWriter::finish() {
   out_.push_back('.');
   return std::move(out_);
+}
+
+Status PickleWriter::finishStream() {
+  out_.push_back('.');
+  flush();
+  return status_;
 }
 
 }  // namespace memforensics::format

@@ -26,7 +26,7 @@ uint64_t hashBytes(const char* p, size_t n) {
     n -= 8;
   }
   uint64_t w = 0;
-  std::memcpy(&w, p, n);
+  if (n != 0) std::memcpy(&w, p, n);  // p may be null for an empty view
   return mix(h ^ w);
 }
 constexpr size_t kChunk = 1 << 20;
@@ -161,6 +161,7 @@ std::string_view sourceFormatName(SourceFormat f) {
     case SourceFormat::Pickle: return "pickle";
     case SourceFormat::MemoryVizHtml: return "memory_viz_html";
     case SourceFormat::Json: return "json";
+    case SourceFormat::NativeTrace: return "native_trace";
   }
   return "pickle";
 }

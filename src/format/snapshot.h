@@ -172,7 +172,7 @@ struct AllocatorSettings {
   uint32_t roundup_power2_divisions[16] = {};  // index k covers [2^k MiB, 2^(k+1) MiB)
 };
 
-enum class SourceFormat : uint8_t { Pickle, MemoryVizHtml, Json };
+enum class SourceFormat : uint8_t { Pickle, MemoryVizHtml, Json, NativeTrace };
 std::string_view sourceFormatName(SourceFormat f);
 
 // Which generation of PyTorch wrote the file, from the fields present (see the format doc's
@@ -213,6 +213,10 @@ struct Snapshot {
   std::vector<Annotation> annotations;
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
+  // Native traces: what the trace was converted from (e.g. "pickle, protocol 4, 3145433 bytes"),
+  // empty for a capture; and what the reader had to say (a cut-off file, dropped events...).
+  std::string origin;
+  std::vector<std::string> load_warnings;
   size_t host_trace_events = 0;           // 2.14 pinned host traces: counted, not replayed
 
   std::span<const Block> blocksOf(const Segment& s) const {

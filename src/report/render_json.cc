@@ -49,7 +49,9 @@ std::string renderJsonString(const analysis::AnalysisResult& r) {
                   {"stacks", r.stacks},
                   {"annotations", r.annotations},
                   {"host_trace_events", r.host_trace_events},
-                  {"ignored_keys", r.ignored_keys}};
+                  {"ignored_keys", r.ignored_keys},
+                  {"origin", r.origin.empty() ? json(nullptr) : json(r.origin)},
+                  {"warnings", r.warnings}};
   json devices = json::array();
   for (const auto& d : r.devices) {
     const auto& s = d.summary;

@@ -36,6 +36,8 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
   if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
   out << ", " << formatBytes(r.input_bytes) << ", written by PyTorch " << r.era
       << " (inferred from its fields)\n";
+  if (!r.origin.empty()) out << "  converted from: " << r.origin << "\n";
+  for (const auto& w : r.warnings) out << "  WARNING: " << w << "\n";
   out << "  interned: " << r.strings << " strings, " << r.frames << " frames, " << r.stacks
       << " stacks; " << r.annotations << " annotations";
   if (r.host_trace_events > 0) out << "; " << r.host_trace_events << " host trace events (not replayed)";

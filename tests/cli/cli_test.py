@@ -8,6 +8,9 @@ Usage: cli_test.py MEMFORENSICS_BINARY REPO_ROOT REAL_SNAPSHOTS_DIR
 * the sample pickle is what tools/snapshot_fixture.py makes from its .fixture (no stale sample);
 * exit codes: 0 ok, 1 bad usage, 2 unreadable or hostile input, with a message naming the problem;
 * `analyze --json` peaks equal tools/ref_replay.py's independent replay on every real snapshot.
+* `convert`: pickle -> native trace -> pickle gives identical `analyze --json` figures on every
+  real snapshot; Perfetto and collapsed exports agree with `analyze`; cut and damaged native
+  traces give a warning or exit 2 (and `--salvage` reads the intact part).
 Prints "N passed, N failed" and exits non-zero on any failure.
 """
 import json
@@ -137,6 +140,80 @@ for path in inputs:
                     "final_requested_bytes", "start_reserved_bytes", "start_requested_bytes"):
             check(f"{name} device {dev} {key}", o.get(key) == t[key], f"{o.get(key)} != {t[key]}")
         check(f"{name} device {dev} events", o.get("events") == t["events"], "")
+
+# `convert`: pickle -> native -> pickle keeps every figure of `analyze --json`; exports; errors.
+def figures(doc):
+    return json.dumps([doc["devices"], doc["input"]["pytorch_era"]], sort_keys=True)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for path in inputs:
+        name = os.path.basename(path)
+        stem = os.path.join(tmp, name.replace(".pickle", ""))
+        r1 = run("convert", path, "-o", stem + ".bin")
+        r2 = run("convert", stem + ".bin", "-o", stem + ".rt.pickle")
+        if r1.returncode != 0 or r2.returncode != 0:
+            check(f"convert round trip {name}", False, r1.stderr + r2.stderr)
+            continue
+        docs = [json.loads(run("analyze", "--json", p).stdout) for p in (path, stem + ".bin", stem + ".rt.pickle")]
+        check(f"convert {name}: same figures from pickle, native and pickle again",
+              figures(docs[0]) == figures(docs[1]) == figures(docs[2]))
+        check(f"convert {name}: native detected by content", docs[1]["input"]["format"] == "native_trace")
+        # The written pickle is plain data that Python's own pickle reads.
+        py = subprocess.run([sys.executable, "-c", "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); "
+                             "print(type(d).__name__)", stem + ".rt.pickle"], capture_output=True, text=True)
+        check(f"convert {name}: Python unpickles the written pickle", py.returncode == 0, py.stderr)
+    sample = os.path.join(ROOT, "snapshots", samples[0])
+    perf = os.path.join(tmp, "s.perfetto.json")
+    r = run("convert", sample, "-o", perf)
+    ok = r.returncode == 0
+    if ok:
+        with open(perf) as f:
+            trace = json.load(f)
+        counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and e.get("name") == "requested"]
+        peak = json.loads(run("analyze", "--json", sample).stdout)["devices"][0]["peak_requested_bytes"]
+        check("perfetto: requested counter peaks at analyze's figure",
+              max(e["args"]["bytes"] for e in counters) == peak)
+        check("perfetto: one OOM instant per OOM",
+              sum(1 for e in trace["traceEvents"] if e.get("name") == "OOM") ==
+              json.loads(run("analyze", "--json", sample).stdout)["devices"][0]["oom_count"])
+    check("convert --to perfetto exit", ok, r.stderr)
+    r = run("convert", sample, "-o", "-", "--to", "collapsed")
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines() if line.strip())
+    peak = json.loads(run("analyze", "--json", sample).stdout)["devices"][0]["peak_requested_bytes"]
+    check("collapsed to stdout sums to the requested peak", r.returncode == 0 and total == peak, f"{total} vs {peak}")
+    r = run("convert", sample, "-o", os.path.join(tmp, "x.unknown"))
+    check("convert without a known extension or --to exits 1", r.returncode == 1 and "--to" in r.stderr, r.stderr)
+    r = run("convert", sample, "-o", os.path.join(tmp, "x.out"), "--to", "nonsense")
+    check("convert --to nonsense exits 1", r.returncode == 1, r.stderr)
+    # A native trace cut in the middle: read with a warning (exit 0); damaged: exit 2 unless --salvage.
+    native = os.path.join(tmp, "s.bin")
+    run("convert", sample, "-o", native, "--zstd-level", "0")
+    with open(native, "rb") as f:
+        data = f.read()
+    cut = os.path.join(tmp, "cut.bin")
+    with open(cut, "wb") as f:
+        f.write(data[: len(data) * 2 // 3])
+    r = run("analyze", "--json", cut)
+    ok = r.returncode == 0 and "incomplete native trace" in r.stderr
+    check("cut native trace: analyzed with a warning", ok, r.stderr)
+    if ok:
+        check("cut native trace: the warning is in the JSON too",
+              any("incomplete" in w for w in json.loads(r.stdout)["input"]["warnings"]))
+    bad = bytearray(data)
+    bad[len(bad) // 3] ^= 0x40
+    damaged = os.path.join(tmp, "damaged.bin")
+    with open(damaged, "wb") as f:
+        f.write(bad)
+    r = run("analyze", damaged)
+    check("damaged native trace exits 2 naming --salvage", r.returncode == 2 and "--salvage" in r.stderr, r.stderr)
+    r = run("analyze", "--salvage", damaged)
+    check("--salvage reads the intact prefix", r.returncode == 0 and "damaged native trace" in r.stderr, r.stderr)
+    r = run("convert", sample, "-o", os.path.join(tmp, "missing-dir", "x.bin"))
+    check("unwritable output exits 2", r.returncode == 2 and not os.path.exists(os.path.join(tmp, "missing-dir")),
+          r.stderr)
+    leftovers = [f for f in os.listdir(tmp) if ".tmp-" in f]
+    check("no temporary files left behind", not leftovers, str(leftovers))
 
 print(f"cli_test: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "fixtures/real_snapshots.h"
 #include "analysis/analyze.h"
 #include "format/load.h"
 #include "replay/replay.h"
@@ -19,16 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<fs::path> realFiles() {
-  std::vector<fs::path> out;
-  fs::path dir(MEMF_REAL_SNAPSHOTS);
-  if (!fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".pickle") out.push_back(e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<fs::path> realFiles() { return testing::realSnapshotPaths(); }
 
 class RealSnapshot : public ::testing::TestWithParam<fs::path> {};
 
@@ -92,13 +84,7 @@ TEST_P(RealSnapshot, AnalyzeProducesTopGroupsThatFitThePeak) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, RealSnapshot, ::testing::ValuesIn(realFiles()),
-                         [](const auto& info) {
-                           std::string n = info.param.stem().string();
-                           for (char& c : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+                         [](const auto& info) { return testing::testNameOf(info.param); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RealSnapshot);
 
 TEST(RealSnapshots, CompleteHistoriesStartFromAnEmptyAllocator) {

@@ -1,0 +1,469 @@
+// snapshot_trace.cc: see snapshot_trace.h.
+#include "format/snapshot_trace.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "common/memory.h"
+#include "format/trace_reader.h"
+#include "format/trace_state.h"
+
+namespace memforensics::format {
+
+namespace {
+
+constexpr uint32_t kUnmapped = std::numeric_limits<uint32_t>::max();
+
+// The FormatTraits flags in a fixed bit order (append only: the order is part of the format).
+constexpr bool FormatTraits::* kTraitBits[] = {
+    &FormatTraits::top_level_list,       &FormatTraits::has_device_traces,
+    &FormatTraits::has_block_history,    &FormatTraits::has_block_address,
+    &FormatTraits::has_segment_pool_id,  &FormatTraits::has_time_us,
+    &FormatTraits::has_allocator_settings, &FormatTraits::has_annotations_key,
+    &FormatTraits::has_compile_context,  &FormatTraits::has_graph_capture_key,
+    &FormatTraits::has_user_metadata,    &FormatTraits::has_pool_id,
+    &FormatTraits::has_host_traces,      &FormatTraits::has_annotate_action,
+};
+
+std::string joinKeys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) {
+    if (!out.empty()) out.push_back('\n');
+    out += k;
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t traitsToBits(const FormatTraits& t) {
+  uint64_t bits = 0;
+  for (size_t i = 0; i < std::size(kTraitBits); ++i) bits |= uint64_t{t.*kTraitBits[i]} << i;
+  return bits;
+}
+
+FormatTraits traitsFromBits(uint64_t bits) {
+  FormatTraits t;
+  for (size_t i = 0; i < std::size(kTraitBits); ++i) t.*kTraitBits[i] = (bits >> i) & 1;
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshot -> trace
+
+Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceWriteOptions& options) {
+  trace::WriterOptions wo;
+  wo.zstd_level = options.zstd_level;
+  wo.checkpoint_every = options.checkpoint_every;
+  wo.chunk_bytes = options.chunk_bytes;
+  trace::TraceWriter w(sink, wo);
+
+  std::string source_format(sourceFormatName(s.source));
+  std::string ignored = joinKeys(s.ignored_keys);
+  trace::TraceMeta meta;
+  meta.producer = options.producer;
+  meta.source_format = source_format;
+  meta.source_bytes = s.input_bytes;
+  meta.pickle_protocol = static_cast<uint32_t>(s.pickle_protocol);
+  meta.traits = traitsToBits(s.traits);
+  meta.host_trace_events = s.host_trace_events;
+  meta.ignored_keys = ignored;
+  Status st = w.begin(meta);
+  if (!st.ok()) return st;
+
+  std::vector<uint32_t> str_map(s.strings.size(), kUnmapped);
+  auto str = [&](StrId id) -> uint32_t {
+    if (str_map[id] == kUnmapped) str_map[id] = w.string(s.strings.get(id));
+    return str_map[id];
+  };
+  std::vector<uint32_t> frame_map(s.stacks.frameCount(), kUnmapped);
+  std::vector<uint32_t> stack_map(s.stacks.stackCount(), kUnmapped);
+  stack_map[kNoStack] = trace::kTraceNoStack;
+  if (stack_map.size() > kEmptyStack) stack_map[kEmptyStack] = trace::kTraceRootStack;
+  auto stack = [&](StackId id) -> uint32_t {
+    if (stack_map[id] != kUnmapped) return stack_map[id];
+    auto frames = s.stacks.stack(id);
+    uint32_t node = trace::kTraceRootStack;
+    for (size_t i = frames.size(); i-- > 0;) {  // outermost first: the trie grows from the root
+      FrameId f = frames[i];
+      if (frame_map[f] == kUnmapped) {
+        const Frame& fr = s.stacks.frame(f);
+        frame_map[f] = w.frame(str(fr.filename), str(fr.name), fr.line);
+      }
+      node = w.stack(node, frame_map[f]);
+    }
+    return stack_map[id] = node;
+  };
+
+  std::vector<uint32_t> pool_map(s.pools.size());
+  for (size_t i = 1; i < s.pools.size(); ++i) pool_map[i] = w.pool(s.pools[i].first, s.pools[i].second);
+
+  for (size_t d = 0; d < s.traceCount(); ++d) {
+    for (const Event& e : s.trace(d)) {
+      trace::TraceEvent t;
+      t.addr = e.addr;
+      t.size = e.size;
+      t.stream = e.stream;
+      t.time_us = e.time_us;
+      t.device = static_cast<uint32_t>(d);
+      t.stack = stack(e.stack);
+      t.compile_context = str(e.compile_context);
+      t.user_metadata = str(e.user_metadata);
+      t.action = static_cast<uint8_t>(e.action);
+      t.action_name = e.action == Action::Unknown ? str(e.action_name) : 0;
+      t.pool = e.pool < pool_map.size() ? pool_map[e.pool] : 0;
+      st = w.event(t);
+      if (!st.ok()) return st;
+    }
+  }
+
+  if (s.settings.present) {
+    trace::TraceSettings ts;
+    ts.max_split_size = s.settings.max_split_size;
+    ts.garbage_collection_threshold = s.settings.garbage_collection_threshold;
+    ts.expandable_segments = s.settings.expandable_segments;
+    ts.has_roundup = s.settings.has_roundup;
+    ts.has_graph_capture_key = s.traits.has_graph_capture_key;
+    std::copy(std::begin(s.settings.roundup_power2_divisions), std::end(s.settings.roundup_power2_divisions),
+              ts.roundup_power2_divisions);
+    w.setSettings(ts, s.settings.conf);
+  }
+  for (const Annotation& a : s.annotations) {
+    w.addAnnotation(trace::TraceAnnotation{a.device, a.time_us, str(a.name), str(a.stage)});
+  }
+  std::vector<trace::TraceSegment> segs;
+  std::vector<trace::TraceBlock> blocks;
+  segs.reserve(s.segments.size());
+  blocks.reserve(s.blocks.size());
+  for (const Segment& g : s.segments) {
+    trace::TraceSegment t;
+    t.device = static_cast<uint32_t>(g.device);
+    t.address = g.address;
+    t.total_size = g.total_size;
+    t.allocated_size = g.allocated_size;
+    t.active_size = g.active_size;
+    t.requested_size = g.requested_size;
+    t.stream = g.stream;
+    t.pool_a = g.pool_a;
+    t.pool_b = g.pool_b;
+    t.stack = stack(g.stack);
+    std::string_view type = s.strings.get(g.segment_type);
+    t.usual_type = type == (g.is_large ? "large" : "small");
+    t.segment_type = t.usual_type ? 0 : str(g.segment_type);
+    t.is_large = g.is_large;
+    t.is_expandable = g.is_expandable;
+    t.first_block = static_cast<uint32_t>(blocks.size());
+    t.block_count = g.block_count;
+    for (const Block& b : s.blocksOf(g)) {
+      blocks.push_back(trace::TraceBlock{b.address, b.size, b.requested_size, stack(b.stack),
+                                         static_cast<uint8_t>(b.state), b.has_requested_size});
+    }
+    segs.push_back(t);
+  }
+  w.setFinalState(std::move(segs), std::move(blocks));
+  return w.close();
+}
+
+Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path, const TraceWriteOptions& options) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  auto sink = trace::FileSink::create(tmp);
+  if (!sink) return sink.error();
+  Status st = writeSnapshotTrace(s, **sink, options);
+  if (st.ok()) st = (*sink)->closeFile();
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = Error{"cannot rename " + tmp + " to " + path, -1};
+  }
+  if (!st.ok()) std::remove(tmp.c_str());
+  return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+// trace -> Snapshot
+
+namespace {
+
+// Rebuilds a final segment state from the events alone, for a trace whose writer never wrote one
+// (killed capture). Block sizes are requests rounded up to 512 bytes: an estimate, and said so.
+size_t synthesizeFinalState(Snapshot& snap) {
+  size_t orphans = 0;
+  for (size_t d = 0; d < snap.traceCount(); ++d) {
+    trace::DeviceTraceState st;
+    for (const Event& e : snap.trace(d)) {
+      trace::TraceEvent t;
+      t.action = static_cast<uint8_t>(e.action);
+      t.addr = e.addr;
+      t.size = e.size;
+      t.stream = e.stream;
+      t.stack = e.stack;
+      st.apply(t);
+    }
+    std::vector<std::pair<uint64_t, trace::LiveAlloc>> live;
+    st.live().forEach([&](uint64_t a, const trace::LiveAlloc& l) { live.emplace_back(a, l); });
+    std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<std::pair<uint64_t, uint64_t>> ranges(st.segments().begin(), st.segments().end());
+    // Allocations outside every reserved range (their segment predates the trace) get a segment
+    // of their own, so the state stays consistent.
+    for (const auto& [a, l] : live) {
+      auto it = std::upper_bound(ranges.begin(), ranges.end(), std::pair{a, ~uint64_t{0}});
+      bool inside = it != ranges.begin() && a < std::prev(it)->first + std::prev(it)->second;
+      if (!inside) {
+        ranges.insert(it, {a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512)});
+        ++orphans;
+      }
+    }
+    size_t li = 0;
+    for (const auto& [base, size] : ranges) {
+      Segment g;
+      g.device = static_cast<int64_t>(d);
+      g.address = base;
+      g.total_size = size;
+      g.is_large = size != (2u << 20);
+      g.first_block = static_cast<uint32_t>(snap.blocks.size());
+      uint64_t cursor = base;
+      const uint64_t end = base + size;
+      while (li < live.size() && live[li].first < base) ++li;
+      for (; li < live.size() && live[li].first < end; ++li) {
+        const auto& [a, l] = live[li];
+        uint64_t next = li + 1 < live.size() ? std::min(live[li + 1].first, end) : end;
+        if (a > cursor) snap.blocks.push_back(Block{cursor, a - cursor, 0, kNoStack, BlockState::Inactive, false});
+        uint64_t bsize = std::min(next - a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512));
+        Block b{a, bsize, l.requested, l.stack, l.pending ? BlockState::ActivePendingFree : BlockState::ActiveAllocated, true};
+        snap.blocks.push_back(b);
+        g.allocated_size += l.pending ? 0 : bsize;
+        g.active_size += bsize;
+        g.requested_size += l.requested;
+        cursor = a + bsize;
+      }
+      if (cursor < end) snap.blocks.push_back(Block{cursor, end - cursor, 0, kNoStack, BlockState::Inactive, false});
+      g.block_count = static_cast<uint32_t>(snap.blocks.size() - g.first_block);
+      snap.segments.push_back(g);
+    }
+  }
+  return orphans;
+}
+
+}  // namespace
+
+Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadOptions& options) {
+  auto opened = trace::TraceReader::open(bytes);
+  if (!opened) return opened.error();
+  trace::TraceReader& r = **opened;
+  Snapshot snap;
+  snap.source = SourceFormat::NativeTrace;
+  snap.input_bytes = bytes.size();
+
+  std::vector<uint32_t> str_map;
+  auto str = [&](uint32_t id) -> StrId {
+    if (id >= str_map.size()) str_map.resize(r.stringCount(), kUnmapped);
+    if (str_map[id] == kUnmapped) str_map[id] = snap.strings.intern(r.string(id));
+    return str_map[id];
+  };
+  std::vector<uint32_t> frame_map;
+  std::vector<uint32_t> stack_map;
+  std::vector<FrameId> frames_tmp;
+  auto stack = [&](uint32_t id) -> StackId {
+    if (id == trace::kTraceNoStack) return kNoStack;
+    if (id == trace::kTraceRootStack) return snap.stacks.internStack({});
+    if (id >= stack_map.size()) stack_map.resize(r.stacks().size(), kUnmapped);
+    if (stack_map[id] != kUnmapped) return stack_map[id];
+    frames_tmp.clear();
+    if (frame_map.size() < r.frames().size()) frame_map.resize(r.frames().size(), kUnmapped);
+    for (uint32_t n = id; n != trace::kTraceRootStack; n = r.stacks()[n].parent) {
+      uint32_t f = r.stacks()[n].frame;
+      if (frame_map[f] == kUnmapped) {
+        const trace::FrameRec& fr = r.frames()[f];
+        frame_map[f] = snap.stacks.internFrame(Frame{str(fr.filename), str(fr.name), fr.line});
+      }
+      frames_tmp.push_back(frame_map[f]);
+    }
+    return stack_map[id] = snap.stacks.internStack(frames_tmp);
+  };
+  StrId action_names[kActionCount];
+  for (int a = 0; a < kActionCount; ++a) {
+    action_names[a] = snap.strings.intern(a == static_cast<int>(Action::Unknown) ? "" : actionName(static_cast<Action>(a)));
+  }
+
+  // Events arrive in file order. Files written device by device (every conversion, and a capture
+  // of one device) go straight into the model's flat array; a file that interleaves devices
+  // switches to one array per device, concatenated at the end.
+  std::vector<std::vector<Event>> per_device;
+  std::vector<size_t> begin_of{0};  // fast path: trace_begin so far
+  int64_t cur_device = 0;
+  bool interleaved = false;
+  if (auto t = trace::peekTrailer(bytes)) {
+    // A hint only: capped so that a forged count cannot reserve absurd amounts.
+    reserveHuge(snap.events, static_cast<size_t>(std::min<uint64_t>(t->events, bytes.size() * 64)));
+  }
+  auto toEvent = [&](const trace::TraceEvent& t) {
+    Event e;
+    e.addr = t.addr;
+    e.size = t.size;
+    e.stream = t.stream;
+    e.time_us = t.time_us;
+    e.stack = stack(t.stack);
+    e.compile_context = str(t.compile_context);
+    e.user_metadata = str(t.user_metadata);
+    e.action = static_cast<Action>(t.action);
+    e.action_name = t.action == 10 ? str(t.action_name) : action_names[t.action];
+    e.pool = t.pool;
+    return e;
+  };
+  uint64_t next_progress = 0;
+  while (r.next()) {
+    const auto& c = r.chunk();
+    if (options.progress && c.offset >= next_progress) {
+      options.progress(c.offset, bytes.size());
+      next_progress = c.offset + (16u << 20);
+    }
+    if (c.type != static_cast<uint8_t>(trace::ChunkType::Events)) continue;
+    for (const trace::TraceEvent& t : r.events()) {
+      if (!interleaved && t.device != cur_device) {
+        if (t.device > cur_device) {
+          while (cur_device < t.device) {
+            begin_of.push_back(snap.events.size());
+            ++cur_device;
+          }
+        } else {
+          // Out of device order: move what is there into per-device arrays.
+          interleaved = true;
+          per_device.resize(begin_of.size());
+          begin_of.push_back(snap.events.size());
+          for (size_t d = 0; d + 1 < begin_of.size(); ++d) {
+            per_device[d].assign(snap.events.begin() + static_cast<ptrdiff_t>(begin_of[d]),
+                                 snap.events.begin() + static_cast<ptrdiff_t>(begin_of[d + 1]));
+          }
+          std::vector<Event>().swap(snap.events);
+        }
+      }
+      if (!interleaved) {
+        snap.events.push_back(toEvent(t));
+      } else {
+        if (t.device >= per_device.size()) per_device.resize(t.device + 1);
+        per_device[t.device].push_back(toEvent(t));
+      }
+    }
+  }
+  const trace::TraceEnd& end = r.end();
+  if (end.damaged && !options.salvage) {
+    return Error{"native trace damaged: " + end.reason + "; " + std::to_string(r.eventsRead()) +
+                     " events before it are intact (use --salvage to read them)",
+                 static_cast<int64_t>(end.good_bytes)};
+  }
+  if (r.eventsRead() == 0 && end.chunks == 0 && !end.complete) {
+    // Not even the Meta chunk survived: there is nothing to analyze, and saying "0 events" would
+    // present a loss as a fact.
+    return Error{"native trace holds no complete chunk: " + end.reason, static_cast<int64_t>(end.good_bytes)};
+  }
+  if (!end.complete) {
+    snap.load_warnings.push_back(std::string(end.damaged ? "damaged" : "incomplete") + " native trace: " +
+                                 end.reason + "; read " + std::to_string(r.eventsRead()) + " events in " +
+                                 std::to_string(end.chunks) + " chunks, " + std::to_string(end.lost_bytes) +
+                                 " bytes after byte " + std::to_string(end.good_bytes) + " not read");
+  }
+  for (const auto& n : end.notes) snap.load_warnings.push_back(n);
+  if (r.trailer().dropped > 0) {
+    snap.load_warnings.push_back(std::to_string(r.trailer().dropped) +
+                                 " events were dropped by the capture before reaching the file "
+                                 "(ring buffer full): totals after that point may be wrong");
+  }
+
+  const trace::TraceMeta& m = r.meta();
+  snap.traits = traitsFromBits(m.traits);
+  snap.host_trace_events = m.host_trace_events;
+  if (!m.ignored_keys.empty()) {
+    size_t from = 0;
+    while (from <= m.ignored_keys.size()) {
+      size_t nl = m.ignored_keys.find('\n', from);
+      if (nl == std::string_view::npos) nl = m.ignored_keys.size();
+      snap.ignored_keys.emplace_back(m.ignored_keys.substr(from, nl - from));
+      from = nl + 1;
+    }
+  }
+  if (!m.source_format.empty() && m.source_format != "native_trace") {
+    snap.origin = std::string(m.source_format);
+    if (m.pickle_protocol) snap.origin += ", protocol " + std::to_string(m.pickle_protocol);
+    if (m.source_bytes) snap.origin += ", " + std::to_string(m.source_bytes) + " bytes";
+  }
+
+  // Events, device by device (trace index = device ordinal, as device_traces is).
+  if (!interleaved) {
+    snap.trace_begin = std::move(begin_of);
+    if (!snap.events.empty() || snap.trace_begin.size() > 1) snap.trace_begin.push_back(snap.events.size());
+  } else {
+    size_t total = 0;
+    for (const auto& v : per_device) total += v.size();
+    snap.trace_begin.assign(1, 0);
+    snap.events.reserve(total);
+    for (auto& v : per_device) {
+      snap.events.insert(snap.events.end(), v.begin(), v.end());
+      snap.trace_begin.push_back(snap.events.size());
+      std::vector<Event>().swap(v);
+    }
+  }
+  if (m.traits == 0) snap.traits.has_device_traces = true;  // a capture: no PyTorch file behind it
+
+  snap.pools = r.pools();
+  if (r.hasSettings()) {
+    const trace::TraceSettings& t = r.settings();
+    auto& st = snap.settings;
+    st.present = true;
+    st.conf = std::string(t.conf);
+    st.max_split_size = t.max_split_size;
+    st.garbage_collection_threshold = t.garbage_collection_threshold;
+    st.expandable_segments = t.expandable_segments;
+    st.has_roundup = t.has_roundup;
+    std::copy(std::begin(t.roundup_power2_divisions), std::end(t.roundup_power2_divisions), st.roundup_power2_divisions);
+  }
+  for (const auto& a : r.annotations()) snap.annotations.push_back(Annotation{a.device, a.time_us, str(a.name), str(a.stage)});
+
+  if (r.hasFinalState()) {
+    snap.segments.reserve(r.segments().size());
+    snap.blocks.reserve(r.blocks().size());
+    for (const trace::TraceSegment& t : r.segments()) {
+      Segment g;
+      g.device = t.device;
+      g.address = t.address;
+      g.total_size = t.total_size;
+      g.allocated_size = t.allocated_size;
+      g.active_size = t.active_size;
+      g.requested_size = t.requested_size;
+      g.stream = t.stream;
+      g.pool_a = t.pool_a;
+      g.pool_b = t.pool_b;
+      g.stack = stack(t.stack);
+      g.segment_type = t.usual_type ? snap.strings.intern(t.is_large ? "large" : "small") : str(t.segment_type);
+      g.is_large = t.is_large;
+      g.is_expandable = t.is_expandable;
+      g.first_block = static_cast<uint32_t>(snap.blocks.size());
+      g.block_count = t.block_count;
+      uint64_t covered = 0;
+      for (uint32_t i = 0; i < t.block_count; ++i) {
+        const trace::TraceBlock& b = r.blocks()[t.first_block + i];
+        snap.blocks.push_back(Block{b.address, b.size, b.requested_size, stack(b.stack),
+                                    static_cast<BlockState>(b.state), b.has_requested_size});
+        covered += b.size;
+      }
+      if (t.block_count > 0 && covered != t.total_size) {
+        return Error{"native trace: segment " + std::to_string(snap.segments.size()) + " has blocks covering " +
+                         std::to_string(covered) + " bytes but total_size " + std::to_string(t.total_size),
+                     -1};
+      }
+      snap.segments.push_back(g);
+    }
+  } else {
+    size_t orphans = synthesizeFinalState(snap);
+    std::string w = "the file has no final segment state (its writer did not finish): the end state was "
+                    "rebuilt from the " + std::to_string(r.eventsRead()) +
+                    " events read; block sizes are requests rounded up to 512 bytes, so allocated "
+                    "bytes are estimates";
+    if (orphans > 0) w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
+    snap.load_warnings.push_back(w);
+  }
+  if (options.progress) options.progress(bytes.size(), bytes.size());
+  return snap;
+}
+
+}  // namespace memforensics::format

@@ -1,0 +1,40 @@
+// snapshot_trace.h: converts between the Snapshot model and the native trace format.
+//
+// Snapshot -> trace keeps everything the model holds: events with their stacks and context,
+// the final segment state, settings, annotations, and where the content came from (source format,
+// PyTorch generation traits) so that a trace converted back to a pickle looks like the original.
+// Trace -> Snapshot is what `analyze` and every other command use to read a `.bin` file.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "format/load.h"
+#include "format/snapshot.h"
+#include "format/trace_writer.h"
+
+namespace memforensics::format {
+
+struct TraceWriteOptions {
+  int zstd_level = 3;  // 0 = uncompressed chunks
+  uint64_t checkpoint_every = 1u << 18;
+  uint32_t chunk_bytes = 1u << 20;
+  std::string producer = "memforensics convert";
+};
+
+Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceWriteOptions& options = {});
+// Writes to `path` through a temporary file in the same folder, renamed when complete, so a failed
+// conversion never leaves a half-written file under the requested name.
+Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path, const TraceWriteOptions& options = {});
+
+// Reads a native trace. A file cut short is read up to its last complete chunk and the loss is
+// stated in Snapshot::load_warnings; a file damaged in the middle is an error unless
+// options.salvage, which keeps the good prefix (with a warning).
+Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadOptions& options = {});
+
+// FormatTraits as the bit set stored in the Meta chunk, and back.
+uint64_t traitsToBits(const FormatTraits& t);
+FormatTraits traitsFromBits(uint64_t bits);
+
+}  // namespace memforensics::format

@@ -1,0 +1,209 @@
+// trace_format.h: the native trace format (`snapshot.bin`), version 1.0. docs/trace-format.md is
+// the prose form of this header; the two must say the same thing and carry the same version.
+//
+// A file is a 32-byte header followed by self-delimiting chunks:
+//
+//   header   magic "\x89MFTRACE"(8) | major u16 | minor u16 | header_size u32 (=32)
+//            | flags u32 | created_unix_us u64 | crc32c of the first 28 bytes u32
+//   chunk    type u8 | codec u8 | reserved u16 (0) | stored_size u32 | crc32c u32 over bytes
+//            [0, 8) of this chunk header and the stored payload | payload (stored_size bytes; for
+//            zstd, one zstd frame whose header carries the decoded size)
+//   end      a Trailer chunk, then an 16-byte end mark: trailer chunk offset u64 | "MFTREND\0"
+//
+// All fixed-width integers are little-endian. Inside payloads, integers are LEB128 varints
+// (unsigned) or zigzag varints (signed). Every chunk decodes on its own: event deltas restart at
+// zero at each Events chunk, and ids refer only to table entries in earlier chunks. A file cut at
+// any byte therefore reads back to its last complete chunk; the reader says how much was lost.
+//
+// This header is standard-library only so that the capture side can use it without the rest.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace memforensics::format::trace {
+
+inline constexpr uint8_t kMagic[8] = {0x89, 'M', 'F', 'T', 'R', 'A', 'C', 'E'};
+inline constexpr uint8_t kEndMagic[8] = {'M', 'F', 'T', 'R', 'E', 'N', 'D', 0};
+inline constexpr uint16_t kVersionMajor = 1;  // readers refuse a larger major
+inline constexpr uint16_t kVersionMinor = 0;  // readers accept any minor: unknown chunks are skipped
+inline constexpr uint32_t kHeaderSize = 32;
+inline constexpr uint32_t kChunkHeaderSize = 12;
+inline constexpr uint32_t kEndMarkSize = 16;
+// Upper bound a reader accepts for one chunk's stored or raw size: a hostile size field must not
+// make it allocate gigabytes. Writers stay far below (about 1 MiB of events per chunk).
+inline constexpr uint32_t kMaxChunkBytes = 256u << 20;
+// Device ordinals above this are refused (they would size per-device tables).
+inline constexpr uint32_t kMaxDevice = 1u << 16;
+
+enum class ChunkType : uint8_t {
+  Meta = 1,         // where the content came from: source format, PyTorch traits, tool version
+  Strings = 2,      // appends strings to the string table (id 0 is always "")
+  Frames = 3,       // appends frames: zigzag deltas of filename and name ids, line + 1
+  Stacks = 4,       // appends stack trie nodes: (own id - parent id), zigzag delta of the frame id
+  Events = 5,       // a run of trace events, delta-encoded
+  Checkpoint = 6,   // trace-derived allocator state after a given number of events per device
+  Segments = 7,     // final segment and block state (optional: absent in a killed capture)
+  Settings = 8,     // allocator settings (optional)
+  Annotations = 9,  // external annotations (optional)
+  Pools = 10,       // appends (pool_a, pool_b) pairs for events' pool ids (id 0 = none)
+  Trailer = 15,     // counts; its presence marks a complete file
+};
+std::string_view chunkTypeName(uint8_t type);
+
+enum class Codec : uint8_t { None = 0, Zstd = 1 };
+
+// Stack trie: stack id 0 = no stack recorded, 1 = recorded but empty (the root); every other id is
+// a node (parent, frame) defined by a Stacks chunk before its first use. A node's frames are its
+// own frame followed by its parent's, i.e. innermost first, as in the Snapshot model.
+inline constexpr uint32_t kTraceNoStack = 0;
+inline constexpr uint32_t kTraceRootStack = 1;
+
+// Events chunk record. Byte 0 ("head"):
+//   bits 0-3  action (format::Action values 0-10)
+//   bit 4     device follows (varint); otherwise the previous record's device
+//   bit 5     stream follows (zigzag delta from the previous record's stream)
+//   bit 6     context follows: varint mask, then for each set bit in order
+//               1 compile_context StrId | 2 user_metadata StrId | 4 pool id | 8 action_name StrId
+//             the values stay in force for later records of the chunk (they change rarely)
+//   bit 7     stack is the previous record's stack; otherwise zigzag delta of the stack id follows
+// then: zigzag delta of addr from the previous record's addr (for oom: device_free),
+//       varint size, zigzag delta of (time_us + 1) from the previous record's (0 = no time).
+// A chunk starts from device 0, stream 0, addr 0, time 0, stack 0, all context ids 0.
+inline constexpr uint8_t kHeadActionMask = 0x0f;
+inline constexpr uint8_t kHeadDevice = 0x10;
+inline constexpr uint8_t kHeadStream = 0x20;
+inline constexpr uint8_t kHeadContext = 0x40;
+inline constexpr uint8_t kHeadSameStack = 0x80;
+inline constexpr uint8_t kCtxCompile = 1, kCtxUser = 2, kCtxPool = 4, kCtxActionName = 8;
+
+// Checkpoint payload: varint device count, then per device: varint device, varint events so far
+// on that device, varint live block count, then per live block (address order): varint addr delta,
+// varint requested size, zigzag stack delta, zigzag stream delta, u8 pending-free flag; then varint
+// segment count and per segment: varint addr delta, varint size. The state is what the events so
+// far imply on their own (an allocation made before recording began is not in it).
+
+// ---------------------------------------------------------------------------------------------
+// Encoding primitives shared by writer and reader.
+
+inline uint64_t zigzag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
+inline int64_t unzigzag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
+
+// Appends a LEB128 varint at p (up to 10 bytes); returns the new end.
+inline uint8_t* putVarint(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<uint8_t>(v);
+  return p;
+}
+
+// Reads a varint from [p, end); returns nullptr on truncation or on more than 10 bytes.
+inline const uint8_t* getVarint(const uint8_t* p, const uint8_t* end, uint64_t& out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (p >= end) return nullptr;
+    uint8_t b = *p++;
+    if (shift == 63 && b > 1) return nullptr;  // more than 64 bits
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (b < 0x80) {
+      out = v;
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+inline void putU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+inline void putU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+inline void putU64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+inline uint16_t getU16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+inline uint32_t getU32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline uint64_t getU64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the trace format is little-endian");
+
+// CRC-32C (Castagnoli), as iSCSI/ext4 use: hardware instruction when the CPU has SSE4.2.
+uint32_t crc32c(uint32_t crc, const uint8_t* data, size_t n);
+inline uint32_t crc32c(std::span<const uint8_t> b) { return crc32c(0, b.data(), b.size()); }
+
+
+// ---------------------------------------------------------------------------------------------
+// Records as the writer takes them and the reader returns them. Ids (strings, stacks, pools) are
+// the file's own; the reader turns them into a Snapshot's ids.
+
+struct TraceEvent {
+  uint64_t addr = 0;       // block or segment address; for oom: device_free bytes
+  uint64_t size = 0;       // requested bytes; segment bytes; rounded oom request
+  int64_t stream = 0;      // cudaStream_t as an integer
+  int64_t time_us = -1;    // microseconds since the epoch, -1 = none
+  uint32_t device = 0;
+  uint32_t stack = kTraceNoStack;
+  uint32_t compile_context = 0;  // StrId, 0 = ""
+  uint32_t user_metadata = 0;    // StrId
+  uint32_t action_name = 0;      // StrId of the action as written; only kept for unknown actions
+  uint32_t pool = 0;             // pool id, 0 = none
+  uint8_t action = 10;           // format::Action value; 10 = unknown
+};
+
+struct TraceBlock {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t requested_size = 0;
+  uint32_t stack = kTraceNoStack;
+  uint8_t state = 3;  // format::BlockState value
+  bool has_requested_size = false;
+};
+
+struct TraceSegment {
+  uint32_t device = 0;
+  uint64_t address = 0;
+  uint64_t total_size = 0;
+  uint64_t allocated_size = 0;
+  uint64_t active_size = 0;
+  uint64_t requested_size = 0;
+  int64_t stream = 0;
+  uint64_t pool_a = 0, pool_b = 0;
+  uint32_t stack = kTraceNoStack;
+  uint32_t segment_type = 0;  // StrId of the segment_type string as written
+  bool usual_type = false;    // segment_type is "large" or "small" as is_large says (no string stored)
+  bool is_large = true;
+  bool is_expandable = false;
+  uint32_t first_block = 0;  // blocks [first_block, first_block + block_count) of the section
+  uint32_t block_count = 0;
+};
+
+struct TraceAnnotation {
+  int64_t device = -1;
+  int64_t time_us = -1;
+  uint32_t name = 0;   // StrId
+  uint32_t stage = 0;  // StrId
+};
+
+struct TraceSettings {
+  std::string_view conf;  // PYTORCH_CUDA_ALLOC_CONF (owned by the writer's caller / the reader)
+  int64_t max_split_size = -1;
+  double garbage_collection_threshold = 0.0;
+  bool expandable_segments = false;
+  bool has_roundup = false;
+  bool has_graph_capture_key = false;
+  uint32_t roundup_power2_divisions[16] = {};
+};
+
+// Where the content came from (Meta chunk). All fields optional in the file.
+struct TraceMeta {
+  std::string_view producer;       // e.g. "memforensics 0.1.0 convert", "memforensics capture"
+  std::string_view source_format;  // "pickle", "memory_viz_html", "json", "capture"
+  uint64_t source_bytes = 0;       // size of the file it was converted from
+  uint32_t pickle_protocol = 0;
+  uint64_t traits = 0;             // FormatTraits as a bit set (see snapshot_trace.cc)
+  uint64_t host_trace_events = 0;
+  std::string_view ignored_keys;   // top-level keys of the source that were not kept, '\n'-joined
+  int64_t created_unix_us = 0;
+};
+
+}  // namespace memforensics::format::trace

@@ -1,0 +1,566 @@
+// trace_test.cc: the native trace format: encoding round trips, conversions of every real
+// snapshot, cut-off and damaged files, versions, checkpoints.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "fixtures/real_snapshots.h"
+#include "analysis/analyze.h"
+#include "fixtures/snapshot_builder.h"
+#include "fixtures/snapshot_compare.h"
+#include "format/load.h"
+#include "format/snapshot_trace.h"
+#include "format/trace_reader.h"
+#include "format/trace_writer.h"
+#include "report/render.h"
+
+namespace memforensics {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace format;
+using namespace format::trace;
+using testing::snapshotDiff;
+
+std::vector<fs::path> realSnapshots() { return testing::realSnapshotPaths(); }
+
+std::vector<uint8_t> toTrace(const Snapshot& s, const TraceWriteOptions& opt = {}) {
+  VectorSink sink;
+  Status st = writeSnapshotTrace(s, sink, opt);
+  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
+  return std::move(sink.data);
+}
+
+// Device figures of `analyze --json`: what must not change with the file format.
+std::string deviceFigures(const Snapshot& s) {
+  auto r = analysis::analyzeSnapshot(s);
+  std::ostringstream o;
+  report::renderJson(r, o);
+  auto j = o.str();
+  // Keys are sorted: "devices" comes just before "input".
+  auto k = j.find("\"devices\"");
+  auto e = j.find("\"input\"");
+  EXPECT_TRUE(k != std::string::npos && e > k);
+  return j.substr(k, e - k);
+}
+
+// Offsets of every chunk boundary (after the header, after each chunk).
+std::vector<size_t> chunkBoundaries(std::span<const uint8_t> b) {
+  std::vector<size_t> out{kHeaderSize};
+  size_t pos = kHeaderSize;
+  while (pos + kChunkHeaderSize <= b.size()) {
+    uint8_t type = b[pos];
+    pos += kChunkHeaderSize + getU32(b.data() + pos + 4);
+    out.push_back(pos);
+    if (type == static_cast<uint8_t>(ChunkType::Trailer)) break;
+  }
+  return out;
+}
+
+TEST(TraceFormat, Crc32cKnownValue) {
+  const std::string s = "123456789";
+  EXPECT_EQ(crc32c({reinterpret_cast<const uint8_t*>(s.data()), s.size()}), 0xE3069283u);
+  EXPECT_EQ(crc32c(std::span<const uint8_t>{}), 0u);
+}
+
+TEST(TraceFormat, VarintEdges) {
+  for (uint64_t v : {uint64_t{0}, uint64_t{127}, uint64_t{128}, uint64_t{1} << 35, ~uint64_t{0}}) {
+    uint8_t buf[10];
+    uint8_t* e = putVarint(buf, v);
+    uint64_t out = 1;
+    EXPECT_EQ(getVarint(buf, e, out), e);
+    EXPECT_EQ(out, v);
+    EXPECT_EQ(getVarint(buf, e - 1, out), nullptr) << "a cut varint is refused";
+  }
+  for (int64_t v : {int64_t{0}, int64_t{-1}, int64_t{1}, INT64_MIN, INT64_MAX}) EXPECT_EQ(unzigzag(zigzag(v)), v);
+  uint8_t eleven[11] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  uint64_t out;
+  EXPECT_EQ(getVarint(eleven, eleven + 11, out), nullptr) << "more than 10 bytes";
+  uint8_t big[10] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
+  EXPECT_EQ(getVarint(big, big + 10, out), nullptr) << "more than 64 bits";
+}
+
+// Events with every field exercised go through writer and reader unchanged.
+class EventRoundTrip : public ::testing::TestWithParam<int> {};
+
+TEST_P(EventRoundTrip, EveryFieldSurvives) {
+  VectorSink sink;
+  WriterOptions wo;
+  wo.zstd_level = GetParam();
+  wo.chunk_bytes = 4096;  // many chunks: deltas restart at each
+  wo.checkpoint_every = 1000;
+  TraceWriter w(sink, wo);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  uint32_t f1 = w.frame(w.string("a.py"), w.string("f"), 10);
+  uint32_t f2 = w.frame(w.string("b.py"), w.string("g"), kUnknownLine);
+  uint32_t s1 = w.stack(kTraceRootStack, f1);
+  uint32_t s2 = w.stack(s1, f2);
+  uint32_t ctx = w.string("Torch-Compiled Region");
+  uint32_t odd = w.string("future_action");
+  uint32_t pool = w.pool(7, 9);
+  std::vector<TraceEvent> in;
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 20000; ++i) {
+    TraceEvent e;
+    e.action = static_cast<uint8_t>(rng() % 11);
+    e.addr = (i % 7 == 0) ? rng() : 0x7f0000000000ull + (rng() % 4096) * 512;
+    e.size = rng() % 3 == 0 ? rng() : rng() % 100000;
+    e.stream = i % 13 == 0 ? static_cast<int64_t>(rng()) : 0;
+    e.time_us = i % 17 == 0 ? -1 : 1700000000000000ll + i * 3 - (i % 5 == 0 ? 100 : 0);
+    e.device = i % 101 == 0 ? static_cast<uint32_t>(rng() % 8) : 0;
+    e.stack = std::array<uint32_t, 4>{kTraceNoStack, kTraceRootStack, s1, s2}[rng() % 4];
+    e.compile_context = i % 50 < 3 ? ctx : 0;
+    e.user_metadata = i % 70 < 2 ? ctx : 0;
+    e.pool = i % 90 < 5 ? pool : 0;
+    e.action_name = e.action == 10 ? odd : 0;
+    ASSERT_TRUE(w.event(e).ok());
+    in.push_back(e);
+  }
+  w.noteDropped(5);
+  ASSERT_TRUE(w.close().ok());
+  EXPECT_GT(w.stats().checkpoints, 10u);
+
+  auto r = TraceReader::open(sink.data);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  std::vector<TraceEvent> out;
+  while ((*r)->next()) {
+    for (const auto& e : (*r)->events()) out.push_back(e);
+  }
+  const TraceEnd& end = (*r)->end();
+  EXPECT_TRUE(end.complete) << end.reason;
+  EXPECT_EQ(end.lost_bytes, 0u);
+  EXPECT_TRUE(end.notes.empty());
+  EXPECT_EQ((*r)->trailer().dropped, 5u);
+  ASSERT_EQ(out.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const auto &a = in[i], &b = out[i];
+    ASSERT_TRUE(a.addr == b.addr && a.size == b.size && a.stream == b.stream && a.time_us == b.time_us &&
+                a.device == b.device && a.stack == b.stack && a.compile_context == b.compile_context &&
+                a.user_metadata == b.user_metadata && a.pool == b.pool && a.action == b.action &&
+                a.action_name == b.action_name)
+        << "event " << i;
+  }
+  EXPECT_EQ((*r)->string((*r)->frames()[(*r)->stacks()[s2].frame].name), "g");
+  EXPECT_EQ((*r)->frames()[(*r)->stacks()[s2].frame].line, kUnknownLine);
+  EXPECT_EQ((*r)->stacks()[s2].parent, s1);
+  EXPECT_EQ((*r)->pools()[pool], (std::pair<uint64_t, uint64_t>{7, 9}));
+
+  // State at any event, through checkpoints, equals replaying the events from the start.
+  for (uint32_t dev : {0u, 3u}) {
+    for (uint64_t at : {uint64_t{0}, uint64_t{1}, uint64_t{999}, uint64_t{5000}, uint64_t{12345}}) {
+      DeviceTraceState naive;
+      uint64_t seen = 0;
+      for (const auto& e : in) {
+        if (e.device != dev) continue;
+        if (seen++ == at) break;
+        naive.apply(e);
+      }
+      if (naive.events() < at) continue;  // device 3 has few events
+      auto st = traceStateAt(sink.data, dev, at);
+      ASSERT_TRUE(st.ok()) << st.error().message;
+      EXPECT_EQ(st->events(), at);
+      EXPECT_EQ(st->reservedBytes(), naive.reservedBytes()) << "device " << dev << " at " << at;
+      EXPECT_EQ(st->requestedBytes(), naive.requestedBytes());
+      EXPECT_EQ(st->live().size(), naive.live().size());
+      EXPECT_EQ(st->segments(), naive.segments());
+      naive.live().forEach([&](uint64_t a, const LiveAlloc& l) {
+        const LiveAlloc* m = st->live().find(a);
+        ASSERT_NE(m, nullptr);
+        EXPECT_TRUE(m->requested == l.requested && m->stack == l.stack && m->pending == l.pending &&
+                    m->stream == l.stream);
+      });
+    }
+  }
+  EXPECT_FALSE(traceStateAt(sink.data, 0, in.size() + 1).ok()) << "past the end is an error";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, EventRoundTrip, ::testing::Values(0, 3));
+
+TEST(TraceState, UnmapSplitsRanges) {
+  DeviceTraceState s;
+  TraceEvent map{0x1000, 0x4000, 0, -1, 0, 0, 0, 0, 0, 0, 5};
+  s.apply(map);
+  TraceEvent unmap{0x2000, 0x1000, 0, -1, 0, 0, 0, 0, 0, 0, 6};
+  s.apply(unmap);
+  EXPECT_EQ(s.reservedBytes(), 0x3000u);
+  EXPECT_EQ(s.segments(), (std::map<uint64_t, uint64_t>{{0x1000, 0x1000}, {0x3000, 0x2000}}));
+}
+
+TEST(TraceFormat, EmptyTraceIsComplete) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  ASSERT_TRUE(w.close().ok());
+  auto snap = loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  EXPECT_EQ(snap->events.size(), 0u);
+  EXPECT_EQ(snap->source, SourceFormat::NativeTrace);
+  // No final state was written: it is rebuilt (empty) and the reader says so.
+  ASSERT_EQ(snap->load_warnings.size(), 1u);
+  EXPECT_NE(snap->load_warnings[0].find("no final segment state"), std::string::npos);
+}
+
+TEST(TraceFormat, NewerMajorVersionIsRefusedNamingBoth) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  ASSERT_TRUE(w.close().ok());
+  auto b = sink.data;
+  putU16(b.data() + 8, 2);
+  putU16(b.data() + 10, 3);
+  putU32(b.data() + 28, crc32c(0, b.data(), 28));
+  auto snap = loadSnapshotBytes(b);
+  ASSERT_FALSE(snap.ok());
+  EXPECT_NE(snap.error().message.find("2.3"), std::string::npos) << snap.error().message;
+  EXPECT_NE(snap.error().message.find("1.0"), std::string::npos) << snap.error().message;
+}
+
+TEST(TraceFormat, UnknownChunkOfANewerMinorIsSkipped) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  ASSERT_TRUE(w.close().ok());
+  // Insert a chunk of type 42 right after the header.
+  std::vector<uint8_t> chunk(kChunkHeaderSize + 3, 0);
+  chunk[0] = 42;
+  putU32(chunk.data() + 4, 3);
+  chunk[12] = 1, chunk[13] = 2, chunk[14] = 3;
+  uint32_t crc = crc32c(0, chunk.data(), 8);
+  putU32(chunk.data() + 8, crc32c(crc, chunk.data() + 12, 3));
+  auto b = sink.data;
+  b.insert(b.begin() + kHeaderSize, chunk.begin(), chunk.end());
+  putU16(b.data() + 10, 7);
+  putU32(b.data() + 28, crc32c(0, b.data(), 28));
+  auto r = TraceReader::open(b);
+  ASSERT_TRUE(r.ok());
+  while ((*r)->next()) {
+  }
+  // The trailer counts chunks, so the extra one shows as a mismatch: a reader must not pretend.
+  EXPECT_FALSE((*r)->end().complete);
+  EXPECT_NE((*r)->end().reason.find("chunks"), std::string::npos) << (*r)->end().reason;
+  bool noted = false;
+  for (const auto& n : (*r)->end().notes) noted = noted || n.find("unknown type 42") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(TraceFormat, FailedSinkErrorIsSticky) {
+  struct Failing : ByteSink {
+    int writes = 0;
+    Status write(std::span<const uint8_t>) override {
+      if (++writes > 2) return Error{"disk full", -1};
+      return Status::Ok();
+    }
+  } sink;
+  WriterOptions wo;
+  wo.chunk_bytes = 4096;
+  TraceWriter w(sink, wo);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  Status last;
+  for (int i = 0; i < 10000 && last.ok(); ++i) last = w.event(TraceEvent{static_cast<uint64_t>(i) * 512, 512, 0, i, 0, 1, 0, 0, 0, 0, 0});
+  ASSERT_FALSE(last.ok());
+  EXPECT_EQ(last.error().message, "disk full");
+  EXPECT_FALSE(w.close().ok());
+}
+
+TEST(TraceFormat, DeviceOrdinalOutOfRangeIsRefused) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  TraceEvent e;
+  e.device = kMaxDevice;
+  EXPECT_FALSE(w.event(e).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions of the real snapshots and the sample.
+
+std::vector<fs::path> allInputs() { return testing::realSnapshotPathsAndSample(); }
+
+TEST(TraceConversion, RealSnapshotsRoundTripWithIdenticalFigures) {
+  auto inputs = allInputs();
+  for (const auto& p : inputs) {
+    SCOPED_TRACE(p.filename().string());
+    auto orig = loadSnapshotFile(p.string());
+    ASSERT_TRUE(orig.ok()) << orig.error().message;
+    for (int level : {0, 3}) {
+      TraceWriteOptions opt;
+      opt.zstd_level = level;
+      auto bytes = toTrace(*orig, opt);
+      auto back = loadSnapshotBytes(bytes);
+      ASSERT_TRUE(back.ok()) << back.error().message;
+      EXPECT_EQ(snapshotDiff(*orig, *back), "");
+      EXPECT_TRUE(back->load_warnings.empty());
+      EXPECT_EQ(back->traits.era(), orig->traits.era());
+      EXPECT_EQ(deviceFigures(*back), deviceFigures(*orig));
+      EXPECT_FALSE(back->origin.empty());
+      if (level == 3 && p.parent_path() != fs::path(MEMF_SOURCE_DIR) / "snapshots") {
+        // Size target: at most a tenth of the protocol-4 pickle.
+        EXPECT_LE(bytes.size() * 10, fs::file_size(p)) << bytes.size() << " bytes";
+      }
+    }
+  }
+  if (realSnapshots().empty()) GTEST_SKIP() << "real snapshots not available; only the sample was checked";
+}
+
+// A native trace of a real snapshot with small chunks (many cut points) and checkpoints.
+struct Cut {
+  Snapshot orig;
+  std::vector<uint8_t> bytes;
+};
+Cut smallChunkTrace(const std::string& name) {
+  fs::path p = fs::path(MEMF_REAL_SNAPSHOTS) / name;
+  if (!fs::exists(p)) p = fs::path(MEMF_SOURCE_DIR) / "snapshots" / "sample_training.pickle";
+  auto orig = loadSnapshotFile(p.string());
+  EXPECT_TRUE(orig.ok());
+  VectorSink sink;
+  TraceWriteOptions opt;
+  opt.zstd_level = 1;
+  opt.checkpoint_every = 300;
+  opt.chunk_bytes = 4096;  // many chunks, hence many cut points
+  EXPECT_TRUE(writeSnapshotTrace(*orig, sink, opt).ok());
+  return Cut{std::move(*orig), std::move(sink.data)};
+}
+
+// What a cut-off or damaged file may read as: an error, or a prefix of the original whose loss
+// is stated. Never a silent difference.
+void expectErrorOrHonestPrefix(const Snapshot& orig, std::span<const uint8_t> b, size_t cut, bool salvage) {
+  LoadOptions lo;
+  lo.salvage = salvage;
+  auto got = loadSnapshotBytes(b, lo);
+  if (!got.ok()) {
+    EXPECT_FALSE(got.error().message.empty());
+    return;
+  }
+  testing::CompareOptions co;
+  co.prefix = true;
+  co.final_state = false;
+  EXPECT_EQ(snapshotDiff(orig, *got, co), "") << "cut at " << cut;
+  if (got->load_warnings.empty()) {
+    // Claimed complete: then it must be the whole thing.
+    co.prefix = false;
+    co.final_state = true;
+    EXPECT_EQ(snapshotDiff(orig, *got, co), "") << "cut at " << cut << " read as complete but differs";
+  }
+}
+
+TEST(TraceTruncation, EveryChunkBoundaryAndRandomBytes) {
+  Cut c = smallChunkTrace("zidongliu__decomfl__memory.pickle");
+  auto bounds = chunkBoundaries(c.bytes);
+  ASSERT_GT(bounds.size(), 5u);
+  size_t prev_events = 0;
+  for (size_t cut : bounds) {
+    if (cut > c.bytes.size()) break;
+    std::span<const uint8_t> b(c.bytes.data(), cut);
+    auto got = loadSnapshotBytes(b);
+    if (cut == kHeaderSize) {
+      EXPECT_FALSE(got.ok()) << "nothing but a header is an error, not an empty snapshot";
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << "cut at chunk boundary " << cut << ": " << got.error().message;
+    EXPECT_GE(got->events.size(), prev_events) << "a longer prefix never reads fewer events";
+    prev_events = got->events.size();
+    expectErrorOrHonestPrefix(c.orig, b, cut, false);
+    if (cut + kEndMarkSize < c.bytes.size()) {
+      ASSERT_FALSE(got->load_warnings.empty()) << "cut at " << cut << " must say the file is incomplete";
+    }
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    size_t cut = rng() % c.bytes.size();
+    expectErrorOrHonestPrefix(c.orig, std::span<const uint8_t>(c.bytes.data(), cut), cut, false);
+  }
+}
+
+TEST(TraceTruncation, EveryByteOfASmallTrace) {
+  auto s = testing::buildSnapshot(testing::TSnapshot{
+      {{0, 0x1000, 0, "large", {{2048, 1500, "active_allocated", {{"m.py", 3, "f"}}}, {2048, 0, "inactive", {}}}}},
+      {{{"segment_alloc", 0x1000, 4096, 0, 10},
+        {"alloc", 0x1000, 1500, 0, 11, {{"m.py", 3, "f"}}, true},
+        {"alloc", 0x1800, 100, 0, 12, {{"m.py", 4, "g"}}, true},
+        {"free_requested", 0x1800, 100, 0, 13},
+        {"free_completed", 0x1800, 100, 0, 14}}}});
+  auto bytes = toTrace(s);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    expectErrorOrHonestPrefix(s, std::span<const uint8_t>(bytes.data(), cut), cut, false);
+  }
+  auto whole = loadSnapshotBytes(bytes);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(snapshotDiff(s, *whole), "");
+}
+
+TEST(TraceCorruption, FlippedBytesAreCaught) {
+  Cut c = smallChunkTrace("silmont2000__assignment2-systems__mem_snapshot.pickle");
+  std::mt19937_64 rng(11);
+  size_t errors = 0;
+  for (int i = 0; i < 1500; ++i) {
+    auto b = c.bytes;
+    size_t at = rng() % b.size();
+    b[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    auto got = loadSnapshotBytes(b);
+    if (!got.ok()) {
+      ++errors;
+      continue;
+    }
+    // Read: only a flip in the end mark (the content is complete and checked) may get here, and
+    // the reader still says so.
+    EXPECT_GE(at + kEndMarkSize, b.size()) << "flip at " << at << " read without error";
+    EXPECT_FALSE(got->load_warnings.empty()) << "flip at " << at;
+    EXPECT_EQ(snapshotDiff(c.orig, *got), "") << "flip at " << at;
+    // Salvage mode reads a prefix or errors, never garbage.
+    expectErrorOrHonestPrefix(c.orig, b, at, true);
+  }
+  EXPECT_GT(errors, 1450u);
+}
+
+TEST(TraceCorruption, SalvageReadsThePrefixBeforeADamagedChunk) {
+  Cut c = smallChunkTrace("zidongliu__decomfl__memory.pickle");
+  auto bounds = chunkBoundaries(c.bytes);
+  ASSERT_GT(bounds.size(), 4u);
+  auto b = c.bytes;
+  size_t mid = bounds[bounds.size() / 2];
+  b[mid + kChunkHeaderSize] ^= 0x55;  // first payload byte of a chunk in the middle
+  auto strict = loadSnapshotBytes(b);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.error().message.find("--salvage"), std::string::npos) << strict.error().message;
+  EXPECT_EQ(strict.error().offset, static_cast<int64_t>(mid));
+  LoadOptions lo;
+  lo.salvage = true;
+  auto salvaged = loadSnapshotBytes(b, lo);
+  ASSERT_TRUE(salvaged.ok()) << salvaged.error().message;
+  ASSERT_FALSE(salvaged->load_warnings.empty());
+  EXPECT_NE(salvaged->load_warnings[0].find("damaged"), std::string::npos);
+  expectErrorOrHonestPrefix(c.orig, b, mid, true);
+}
+
+TEST(TraceTruncation, KilledWriterWithoutFinalStateIsRebuiltFromEvents) {
+  // A writer that never reaches close(): flushed chunks are all there is.
+  VectorSink sink;
+  WriterOptions wo;
+  TraceWriter w(sink, wo);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  uint32_t f = w.frame(w.string("train.py"), w.string("step"), 42);
+  uint32_t st = w.stack(kTraceRootStack, f);
+  auto ev = [&](uint8_t action, uint64_t addr, uint64_t size, int64_t t) {
+    TraceEvent e;
+    e.action = action;
+    e.addr = addr;
+    e.size = size;
+    e.time_us = t;
+    e.stack = st;
+    ASSERT_TRUE(w.event(e).ok());
+  };
+  ev(3, 0x10000, 1 << 21, 1);   // segment_alloc 2 MiB
+  ev(0, 0x10000, 1000, 2);      // alloc
+  ev(0, 0x10400, 3000, 3);      // alloc
+  ev(1, 0x10000, 1000, 4);      // free_requested
+  ev(0, 0x900000, 512, 5);      // alloc outside every recorded segment
+  ASSERT_TRUE(w.flush().ok());
+  auto snap = loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  ASSERT_EQ(snap->events.size(), 5u);
+  ASSERT_EQ(snap->load_warnings.size(), 2u);
+  EXPECT_NE(snap->load_warnings[0].find("without a trailer"), std::string::npos) << snap->load_warnings[0];
+  EXPECT_NE(snap->load_warnings[1].find("rebuilt"), std::string::npos);
+  EXPECT_NE(snap->load_warnings[1].find("1 live allocations lie outside"), std::string::npos);
+  ASSERT_EQ(snap->segments.size(), 2u);
+  EXPECT_EQ(snap->segments[0].total_size, 1u << 21);
+  auto blocks = snap->blocksOf(snap->segments[0]);
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[0].state, BlockState::ActivePendingFree);
+  EXPECT_EQ(blocks[0].size, 1024u);
+  EXPECT_EQ(blocks[1].state, BlockState::ActiveAllocated);
+  EXPECT_EQ(blocks[1].requested_size, 3000u);
+  EXPECT_EQ(blocks[2].state, BlockState::Inactive);
+  EXPECT_EQ(snapshotDiff(*snap, *snap), "");
+  // Replay of the rebuilt state is consistent: no error anomaly.
+  auto r = analysis::analyzeSnapshot(*snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  for (const auto& a : r.devices[0].anomalies) EXPECT_NE(a.severity, replay::Severity::Error) << a.id;
+  // free_requested does not lower requested bytes (free_completed does): 1000 + 3000 + 512.
+  EXPECT_EQ(r.devices[0].summary.peak_requested.bytes, 4512u);
+}
+
+TEST(TraceConversion, FileWriteIsAtomic) {
+  auto s = testing::buildSnapshot(testing::TSnapshot{{}, {{{"alloc", 0x1000, 10, 0, 1}}}});
+  fs::path dir = fs::temp_directory_path() / ("memf_trace_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string out = (dir / "x.bin").string();
+  ASSERT_TRUE(writeSnapshotTraceFile(s, out).ok());
+  auto back = loadSnapshotFile(out);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->events.size(), 1u);
+  EXPECT_FALSE(writeSnapshotTraceFile(s, (dir / "missing" / "x.bin").string()).ok());
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "no temporary file left behind";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace memforensics
+
+namespace memforensics {
+namespace {
+
+using namespace format;
+using namespace format::trace;
+
+TEST(TraceConversion, InterleavedDevicesAreGroupedPerDevice) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  // device order 0, 2, 0, 1, 2: the reader must group them and keep each device's order.
+  const uint32_t order[] = {0, 2, 0, 1, 2, 2, 0};
+  for (size_t i = 0; i < std::size(order); ++i) {
+    TraceEvent e;
+    e.action = 0;
+    e.device = order[i];
+    e.addr = 0x1000 * (i + 1);
+    e.size = 100 + i;
+    e.time_us = static_cast<int64_t>(i);
+    ASSERT_TRUE(w.event(e).ok());
+  }
+  ASSERT_TRUE(w.close().ok());
+  auto s = loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_EQ(s->traceCount(), 3u);
+  auto sizes = [&](size_t d) {
+    std::vector<uint64_t> v;
+    for (const Event& e : s->trace(d)) v.push_back(e.size);
+    return v;
+  };
+  EXPECT_EQ(sizes(0), (std::vector<uint64_t>{100, 102, 106}));
+  EXPECT_EQ(sizes(1), (std::vector<uint64_t>{103}));
+  EXPECT_EQ(sizes(2), (std::vector<uint64_t>{101, 104, 105}));
+}
+
+TEST(TraceConversion, DeviceGapsKeepTraceIndexEqualToOrdinal) {
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  for (uint32_t d : {1u, 3u}) {
+    TraceEvent e;
+    e.action = 0;
+    e.device = d;
+    e.addr = 0x1000 * d;
+    e.size = d;
+    ASSERT_TRUE(w.event(e).ok());
+  }
+  ASSERT_TRUE(w.close().ok());
+  auto s = loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->traceCount(), 4u);
+  EXPECT_EQ(s->trace(0).size(), 0u);
+  ASSERT_EQ(s->trace(1).size(), 1u);
+  EXPECT_EQ(s->trace(1)[0].size, 1u);
+  EXPECT_EQ(s->trace(2).size(), 0u);
+  ASSERT_EQ(s->trace(3).size(), 1u);
+  EXPECT_EQ(s->trace(3)[0].size, 3u);
+}
+
+}  // namespace
+}  // namespace memforensics
