@@ -1,0 +1,913 @@
+#!/usr/bin/env python3
+"""Generate the scenario corpus for the findings detectors (snapshots/scenarios/).
+
+Each scenario is a synthetic training loop of a small GPT-style model (vocab 8192, d_model 512,
+2 transformer blocks = 2 attention + 2 MLP sub-layers, untied embedding/lm_head, batch 8 x 128
+tokens, fp32, torch.optim.Adam with foreach=False, zero_grad(set_to_none=True)), clean or with
+one problem injected.  For every scenario NAME the generator writes
+
+    NAME.fixture        the text form (tools/snapshot_fixture.py), so a reader can see what happened
+    NAME.pickle         the compiled PyTorch-format snapshot
+    NAME.expected.json  the findings a detector must report (and must not report)
+
+Addresses come from the compiler's allocator model ("alloc auto"); this script only decides when
+the allocator would have to cudaMalloc a new segment (no cached free block of the pool and stream
+fits) and with which size (2 MiB small pool, 20 MiB for requests below 10 MiB, else the request
+rounded up to 2 MiB).  Everything is deterministic (fixed seeds, no wall clock).
+
+Usage:
+    python3 tools/make_scenarios.py --out snapshots/scenarios
+    python3 tools/make_scenarios.py --check [--out snapshots/scenarios]
+        regenerate into a temporary folder and fail if anything differs from the committed files
+
+Python 3 standard library only.  The schema of NAME.expected.json is documented in
+snapshots/scenarios/README.md.
+"""
+
+import argparse
+import filecmp
+import json
+import os
+import pickle
+import random
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import snapshot_fixture as sf  # noqa: E402
+
+KIB, MIB, GIB = sf.KIB, sf.MIB, sf.GIB
+T0 = 1767225600000000            # 2026-01-01 00:00:00 UTC, in microseconds
+SEG_BASE = 0x7f2a40000000        # first cudaMalloc'd address
+SIDE_STREAM = 94373802471424     # cudaStream_t of the prefetch stream (a pointer value)
+
+KINDS = ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
+         "cache_bloat", "temporary_spike", "pending_free_retention"]
+
+# model: vocab V, width D, tokens per batch T (8 x 128), MLP hidden 4D, 2 blocks
+V, D, T, HID, NBLK = 8192, 512, 1024, 2048, 2
+F32 = 4
+ACT = T * D * F32                # 2 MiB: one [1024 x 512] activation
+QKV = 3 * ACT                    # 6 MiB
+SCORES = 8 * 8 * 128 * 128 * F32  # 4 MiB: [8 batch, 8 heads, 128, 128]
+HIDDEN = T * HID * F32           # 8 MiB
+RSTD = T * F32                   # 4 KiB (small pool)
+LOGITS = T * V * F32             # 32 MiB
+IDS = T * 8                      # 8 KiB int64 token ids
+PARAMS = [                       # (name, bytes, module depth for the .to() stack)
+    ("tok_emb.weight", V * D * F32, 1),
+] + [p for b in range(NBLK) for p in (
+    ("blocks.%d.attn.qkv.weight" % b, 3 * D * D * F32, 4),
+    ("blocks.%d.attn.proj.weight" % b, D * D * F32, 4),
+    ("blocks.%d.mlp.fc1.weight" % b, D * HID * F32, 4),
+    ("blocks.%d.mlp.fc2.weight" % b, HID * D * F32, 4),
+)] + [
+    ("lm_head.weight", V * D * F32, 1),
+]
+PARAM_BYTES = sum(p[1] for p in PARAMS)
+
+USER = "/home/user/tinygpt"
+TORCH = "/usr/local/lib/python3.11/site-packages/torch"
+
+STACKS = """\
+# ---- Python stacks, innermost frame first ("@name" splices in an earlier stack) ----
+stack top        = {U}/train.py:95:<module>
+stack loop       = {U}/train.py:86:main ; @top
+stack call       = {P}/nn/modules/module.py:1762:_call_impl ; {P}/nn/modules/module.py:1751:_wrapped_call_impl
+# model = TinyGPT(cfg, device="cuda"): model.py:88 __init__ ends with self.to(device)
+stack to_root    = {P}/nn/modules/module.py:1355:to ; {U}/model.py:88:__init__ ; {U}/train.py:80:main ; @top
+stack init_d1    = {P}/nn/modules/module.py:1341:convert ; {P}/nn/modules/module.py:942:_apply ; {P}/nn/modules/module.py:915:_apply ; @to_root
+stack init_d4    = {P}/nn/modules/module.py:1341:convert ; {P}/nn/modules/module.py:942:_apply ; {P}/nn/modules/module.py:915:_apply ; {P}/nn/modules/module.py:915:_apply ; {P}/nn/modules/module.py:915:_apply ; {P}/nn/modules/module.py:915:_apply ; @to_root
+# data
+stack step       = {U}/train.py:52:train_step ; @loop
+stack batch_x    = {U}/train.py:22:get_batch ; @step
+stack batch_y    = {U}/train.py:23:get_batch ; @step
+# forward: logits = model(x) (train.py:53)
+stack fwd        = @call ; {U}/train.py:53:train_step ; @loop
+stack f_emb      = {P}/nn/functional.py:2551:embedding ; {P}/nn/modules/sparse.py:192:forward ; @call ; {U}/model.py:91:forward ; @fwd
+stack in_block   = @call ; {U}/model.py:92:forward ; @fwd
+stack attn_call  = @call ; {U}/model.py:61:forward ; @in_block
+stack mlp_call   = @call ; {U}/model.py:62:forward ; @in_block
+stack f_n1_rstd  = {U}/model.py:21:forward ; @call ; {U}/model.py:61:forward ; @in_block
+stack f_n1       = {U}/model.py:22:forward ; @call ; {U}/model.py:61:forward ; @in_block
+stack f_qkv      = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:37:forward ; @attn_call
+stack f_scores   = {U}/model.py:38:forward ; @attn_call
+stack f_probs    = {U}/model.py:39:forward ; @attn_call
+stack f_ctx      = {U}/model.py:40:forward ; @attn_call
+stack f_proj     = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:41:forward ; @attn_call
+stack f_res1     = {U}/model.py:61:forward ; @in_block
+stack f_n2_rstd  = {U}/model.py:21:forward ; @call ; {U}/model.py:62:forward ; @in_block
+stack f_n2       = {U}/model.py:22:forward ; @call ; {U}/model.py:62:forward ; @in_block
+stack f_fc1      = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:51:forward ; @mlp_call
+stack f_gelu     = {U}/model.py:51:forward ; @mlp_call
+stack f_fc2      = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:52:forward ; @mlp_call
+stack f_res2     = {U}/model.py:62:forward ; @in_block
+stack f_nf_rstd  = {U}/model.py:21:forward ; @call ; {U}/model.py:93:forward ; @fwd
+stack f_nf       = {U}/model.py:22:forward ; @call ; {U}/model.py:93:forward ; @fwd
+stack f_head     = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:94:forward ; @fwd
+# loss = F.cross_entropy(logits.view(-1, V), y.view(-1)) (train.py:54)
+stack f_ce       = {P}/nn/functional.py:3494:cross_entropy ; {U}/train.py:54:train_step ; @loop
+# loss.backward() (train.py:55); allocations of the autograd thread carry the call site
+stack bwd        = {P}/autograd/graph.py:829:_engine_run_backward ; {P}/autograd/__init__.py:354:backward ; {P}/_tensor.py:648:backward ; {U}/train.py:55:train_step ; @loop
+# optimizer.step() (train.py:56)
+stack opt        = {P}/optim/optimizer.py:79:_use_grad ; {P}/optim/optimizer.py:493:wrapper ; {U}/train.py:56:train_step ; @loop
+stack adam_exp_avg    = {P}/optim/adam.py:166:_init_group ; {P}/optim/adam.py:236:step ; @opt
+stack adam_exp_avg_sq = {P}/optim/adam.py:170:_init_group ; {P}/optim/adam.py:236:step ; @opt
+stack adam_denom      = {P}/optim/adam.py:446:_single_tensor_adam ; {P}/optim/adam.py:952:adam ; {P}/optim/adam.py:247:step ; @opt
+""".format(U=USER, P=TORCH)
+
+
+def seg_size_for(rounded):
+    if rounded <= sf.SMALL_SIZE:
+        return sf.SMALL_SEGMENT
+    if rounded < 10 * MIB:
+        return 20 * MIB
+    return (rounded + sf.ROUND_LARGE - 1) // sf.ROUND_LARGE * sf.ROUND_LARGE
+
+
+class Gen:
+    """Writes fixture text and compiles it statement by statement, so the allocator model's
+    state (which blocks are free) is known while the trace is being written."""
+
+    def __init__(self, name, era="2.11", annotations=True, seed=1):
+        self.name = name
+        self.era = era
+        self.annotations = annotations and era in ("2.6", "2.11")
+        self.rng = random.Random(seed)
+        self.comp = sf.Compiler(name + ".fixture")
+        self.lines = []
+        self.t = T0
+        self.next_seg = SEG_BASE
+        self.live = {}            # fixture name -> {"size", "tag", "pending"}
+        self.requested = 0        # live requested bytes (alloc .. free_completed), as ref_replay
+        self.reserved = 0
+        self.pending = 0
+        self.peak = {"requested": -1}
+        self.peak_reserved = 0
+        self.step = -1
+        self.step_max = {}        # step -> max live requested bytes during it
+        self.step_end = {}        # step -> live requested bytes at its end
+        self.marks = {}           # free-form numbers for the expected findings
+
+    # ---- text ------------------------------------------------------------------------------
+    def stmt(self, line):
+        self.lines.append(line)
+        self.comp.lineno = len(self.lines)
+        text = sf.strip_comment(line).strip()
+        if text:
+            try:
+                self.comp.statement(text)
+            except sf.FixtureError as e:
+                raise SystemExit("%s.fixture:%d: internal error: %s\n  %s"
+                                 % (self.name, len(self.lines), e.message, line))
+
+    def comment(self, text=""):
+        self.lines.append(("# " + text) if text else "")
+
+    def adv(self, lo, hi=None):
+        self.t += lo if hi is None else self.rng.randint(lo, hi)
+
+    def ev(self, rest, note=None):
+        self.stmt("t %d %s%s" % (self.t, rest, ("   # " + note) if note else ""))
+
+    def annotate(self, name, stage):
+        if self.annotations:
+            self.stmt("annotation %d %s %s" % (self.t, name, stage))
+
+    def events(self):
+        return sum(len(d.events) for d in self.comp.devices.values())
+
+    # ---- allocator -------------------------------------------------------------------------
+    def free_blocks(self, pool=None, stream=None):
+        out = []
+        for seg in self.comp.dev().segments:
+            if (pool and seg.pool != pool) or (stream is not None and seg.stream != stream):
+                continue
+            out.extend((b, seg) for b in seg.blocks if b.state == "inactive")
+        return out
+
+    def fits(self, rounded, stream):
+        pool = sf.pool_for(rounded)
+        return any(b.size >= rounded for b, _ in self.free_blocks(pool, stream))
+
+    def _track(self):
+        if self.requested > self.peak["requested"]:
+            tags = {}
+            for v in self.live.values():
+                tags[v["tag"]] = tags.get(v["tag"], 0) + v["size"]
+            self.peak = {"requested": self.requested, "reserved": self.reserved,
+                         "pending": self.pending, "event": self.events() - 1,
+                         "step": self.step, "tags": tags}
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if self.step >= 0:
+            self.step_max[self.step] = max(self.step_max.get(self.step, 0), self.requested)
+
+    def alloc(self, name, size, stack, tag, stream=0, note=None):
+        if name in self.live:
+            raise SystemExit("%s: %s allocated twice" % (self.name, name))
+        rounded = sf.round_size(size)
+        skw = "" if stream == 0 else " stream=%d" % stream
+        if not self.fits(rounded, stream):
+            seg = seg_size_for(rounded)
+            self.ev("segment_alloc 0x%x %d%s stack=%s" % (self.next_seg, seg, skw, stack))
+            self.next_seg += seg
+            self.reserved += seg
+            self._track()
+        self.ev("alloc auto %d%s name=%s stack=%s" % (size, skw, name, stack), note)
+        self.live[name] = {"size": size, "tag": tag, "pending": False}
+        self.requested += size
+        self._track()
+
+    def free(self, name, note=None):
+        v = self.live.pop(name)
+        assert not v["pending"]
+        self.ev("free @%s" % name, note)
+        self.requested -= v["size"]
+        self._track()
+
+    def free_requested(self, name, note=None):
+        v = self.live[name]
+        v["pending"] = True
+        self.pending += v["size"]
+        self.ev("free_requested @%s" % name, note)
+        self._track()
+
+    def free_completed(self, name, note=None):
+        v = self.live.pop(name)
+        assert v["pending"]
+        self.pending -= v["size"]
+        self.requested -= v["size"]
+        self.ev("free_completed @%s" % name, note)
+        self._track()
+
+    def release_cached(self):
+        """The allocator's OOM retry path: cudaFree every segment that is one free block
+        (large pool first, each pool in (size, address) order)."""
+        released = 0
+        for pool in ("large", "small"):
+            segs = [s for s in self.comp.dev().segments
+                    if s.pool == pool and len(s.blocks) == 1 and s.blocks[0].state == "inactive"]
+            for s in sorted(segs, key=lambda s: (s.stream, s.size, s.addr)):
+                self.adv(20, 60)
+                self.ev("segment_free 0x%x %d" % (s.addr, s.size))
+                self.reserved -= s.size
+                released += s.size
+        return released
+
+    def live_tag_bytes(self, tag):
+        return sum(v["size"] for v in self.live.values() if v["tag"] == tag)
+
+    # ---- output ----------------------------------------------------------------------------
+    def fixture_text(self, header):
+        out = ["# " + h if h else "#" for h in header]
+        out.append("")
+        return "\n".join(out + self.lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# the training loop
+
+
+class Loop:
+    """One scenario's training loop; the flags inject the problems."""
+
+    def __init__(self, g, leak=False, kept_graph=False, dup_opt=False, bloat=False,
+                 spike=False, prefetch=False):
+        self.g = g
+        self.leak = leak
+        self.kept_graph = kept_graph
+        self.dup_opt = dup_opt
+        self.bloat = bloat
+        self.spike = spike
+        self.prefetch = prefetch
+        self.opt_state = False
+        self.opt2_state = False
+
+    # parameters: model = TinyGPT(cfg).to("cuda")
+    def build(self):
+        g = self.g
+        g.comment("=== model = TinyGPT(cfg, device='cuda') (train.py:80): %d parameters, %d bytes ==="
+                  % (len(PARAMS), PARAM_BYTES))
+        for name, size, depth in PARAMS:
+            g.adv(150, 400)
+            g.alloc(name, size, "init_d%d" % depth, "param")
+        g.marks["param_bytes"] = PARAM_BYTES
+
+    def fwd(self, k, pfx):
+        """Forward; returns the names of the tensors saved for backward (in allocation order)."""
+        g = self.g
+        saved = []
+
+        def a(name, size, stack, keep=True, note=None):
+            g.adv(20, 90)
+            g.alloc(pfx + name, size, stack, "act" if keep else "tmp", note=note)
+            if keep:
+                saved.append(pfx + name)
+
+        def f(name):
+            g.adv(3, 8)
+            g.free(pfx + name)
+
+        a("emb", ACT, "f_emb")
+        for b in range(NBLK):
+            p = "b%d." % b
+            a(p + "n1.rstd", RSTD, "f_n1_rstd")
+            a(p + "n1", ACT, "f_n1")
+            a(p + "qkv", QKV, "f_qkv")
+            a(p + "scores", SCORES, "f_scores", keep=False)
+            a(p + "probs", SCORES, "f_probs")
+            f(p + "scores")
+            if self.spike and k >= 1 and b == 1:
+                a(p + "mem_attn", SPIKE_BYTES, "f_mem_attn", keep=False,
+                  note="attn = q @ self.mem_k.transpose(-2, -1): [8, 8, 128, 12288] fp32")
+                a(p + "mem_w", 8 * 8 * 128 * 32 * F32, "f_mem_topk")
+                a(p + "mem_idx", 8 * 8 * 128 * 32 * 8, "f_mem_topk")
+                f(p + "mem_attn")
+            a(p + "ctx", ACT, "f_ctx")
+            a(p + "attn_out", ACT, "f_proj", keep=False)
+            a(p + "x_mid", ACT, "f_res1")
+            f(p + "attn_out")
+            a(p + "n2.rstd", RSTD, "f_n2_rstd")
+            a(p + "n2", ACT, "f_n2")
+            a(p + "fc1", HIDDEN, "f_fc1")
+            a(p + "h", HIDDEN, "f_gelu")
+            a(p + "mlp_out", ACT, "f_fc2", keep=False)
+            a(p + "x_out", ACT, "f_res2")
+            f(p + "mlp_out")
+        a("nf.rstd", RSTD, "f_nf_rstd")
+        a("xf", ACT, "f_nf")
+        a("logits", LOGITS, "f_head", keep=False,
+          note="logits [1024 x 8192] fp32; a local of train_step until it returns")
+        a("logsm", LOGITS, "f_ce", note="log_softmax inside F.cross_entropy")
+        a("loss", 4, "f_ce")
+        return saved
+
+    def bwd(self, k, pfx):
+        """Backward: gradients (set_to_none=True, so new every step) and backward temporaries;
+        frees the saved activations unless the graph is kept."""
+        g = self.g
+        keep = self.kept_graph
+
+        def a(name, size, tag):
+            g.adv(40, 150)
+            g.alloc(name, size, "bwd", tag)
+
+        def f(name, act=False):
+            if act and keep:
+                return
+            g.adv(3, 8)
+            g.free(name if not act else pfx + name)
+
+        a("g_logits", LOGITS, "tmp")
+        f("logsm", act=True)
+        a("lm_head.weight.grad", V * D * F32, "grad")
+        a("g_x", ACT, "tmp")
+        f("g_logits")
+        f("xf", act=True)
+        f("nf.rstd", act=True)
+        for b in reversed(range(NBLK)):
+            p = "b%d." % b
+            w = "blocks.%d." % b
+            a(w + "mlp.fc2.weight.grad", HID * D * F32, "grad")
+            a(p + "g_h", HIDDEN, "tmp")
+            f(p + "h", act=True)
+            f(p + "x_out", act=True)
+            a(p + "g_fc1", HIDDEN, "tmp")
+            f(p + "g_h")
+            f(p + "fc1", act=True)
+            a(w + "mlp.fc1.weight.grad", D * HID * F32, "grad")
+            a(p + "g_n2", ACT, "tmp")
+            f(p + "g_fc1")
+            f(p + "n2", act=True)
+            f(p + "n2.rstd", act=True)
+            a(p + "g_xmid", ACT, "tmp")
+            f(p + "g_n2")
+            f("g_x")
+            f(p + "x_mid", act=True)
+            a(w + "attn.proj.weight.grad", D * D * F32, "grad")
+            a(p + "g_ctx", ACT, "tmp")
+            a(p + "g_probs", SCORES, "tmp")
+            f(p + "ctx", act=True)
+            if self.spike and k >= 1 and b == 1:
+                f(p + "mem_w", act=True)
+                f(p + "mem_idx", act=True)
+            a(p + "g_scores", SCORES, "tmp")
+            f(p + "g_probs")
+            f(p + "probs", act=True)
+            a(p + "g_qkv", QKV, "tmp")
+            f(p + "g_scores")
+            f(p + "g_ctx")
+            a(w + "attn.qkv.weight.grad", 3 * D * D * F32, "grad")
+            a(p + "g_n1", ACT, "tmp")
+            f(p + "g_qkv")
+            f(p + "qkv", act=True)
+            a("g_x", ACT, "tmp")
+            f(p + "g_n1")
+            f(p + "g_xmid")
+            f(p + "n1", act=True)
+            f(p + "n1.rstd", act=True)
+        a("tok_emb.weight.grad", V * D * F32, "grad")
+        f("g_x")
+        f("emb", act=True)
+
+    def adam(self, which, first):
+        """optimizer.step(): lazy state at the first step, then one denom temporary per
+        parameter (exp_avg_sq.sqrt() and the division by bias_correction2_sqrt)."""
+        g = self.g
+        sfx = "" if which == 1 else ".opt2"
+        opt_stack = "" if which == 1 else "2"
+        g.adv(60, 120)
+        g.annotate("Optimizer.step#Adam.step", "START")
+        for name, size, _ in PARAMS:
+            if first:
+                g.adv(15, 30)
+                g.alloc(name + sfx + ".exp_avg", size, "adam_exp_avg" + opt_stack, "optstate")
+                g.adv(15, 30)
+                g.alloc(name + sfx + ".exp_avg_sq", size, "adam_exp_avg_sq" + opt_stack,
+                        "optstate")
+            g.adv(10, 25)
+            g.alloc(name + ".sqrt", size, "adam_denom" + opt_stack, "tmp")
+            g.adv(8, 15)
+            g.alloc(name + ".denom", size, "adam_denom" + opt_stack, "tmp")
+            g.adv(2, 5)
+            g.free(name + ".sqrt")
+            g.adv(10, 25)
+            g.free(name + ".denom")
+        g.adv(40, 80)
+        g.annotate("Optimizer.step#Adam.step", "END")
+
+    def step(self, k):
+        g = self.g
+        g.step = k
+        pfx = "s%d." % k if self.kept_graph else ""
+        g.comment("")
+        g.comment("=== step %d (ProfilerStep#%d) ===" % (k, k))
+        g.adv(18000, 24000)   # data loading / host work between steps
+        g.annotate("ProfilerStep#%d" % k, "START")
+        if self.prefetch:
+            self.prefetch_step(k, pfx)
+        else:
+            g.adv(20, 60)
+            g.alloc(pfx + "x", IDS, "batch_x", "data", note="x = batch['input_ids'].to('cuda')")
+            g.adv(20, 60)
+            g.alloc(pfx + "y", IDS, "batch_y", "data")
+        g.comment("forward")
+        saved = self.fwd(k, pfx)
+        g.comment("backward")
+        g.adv(250, 400)
+        self.bwd(k, pfx)
+        g.comment("optimizer.step()")
+        self.adam(1, not self.opt_state)
+        self.opt_state = True
+        if self.dup_opt:
+            g.comment("aux_optimizer.step(): a second Adam over the same parameters (train.py:57)")
+            self.adam(2, not self.opt2_state)
+            self.opt2_state = True
+        g.comment("optimizer.zero_grad(set_to_none=True) frees the gradients")
+        g.adv(30, 60)
+        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "START")
+        for name, _, _ in PARAMS:
+            g.adv(3, 6)
+            g.free(name + ".grad")
+        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "END")
+        if self.leak:
+            g.adv(30, 60)
+            g.alloc("hist%d" % k, LOGITS, "leak_hist", "leak",
+                    note="probs_history.append(logits.detach().softmax(-1))")
+        if self.kept_graph and k == 0:
+            g.adv(10, 20)
+            g.alloc("total_loss", 4, "kept_total", "kept",
+                    note="total_loss = 0; total_loss += loss: a new tensor that holds the graph")
+        if self.bloat and k == 0:
+            g.comment("one-off check at the first step: lm_head over a 32768-token validation set")
+            g.adv(40, 80)
+            g.alloc("val_h", 32768 * D * F32, "bloat_val", "tmp")
+            g.adv(60, 120)
+            g.alloc("ref_logits", 32768 * V * F32, "bloat_head", "tmp",
+                    note="[32768 x 8192] fp32 = 1 GiB")
+            g.adv(80, 150)
+            g.alloc("baseline", 32768 * 8, "bloat_argmax", "tmp")
+            g.adv(10, 20)
+            g.free("ref_logits")
+            g.adv(3, 8)
+            g.free("val_h")
+        # train_step returns: its locals go
+        g.adv(20, 40)
+        if self.bloat and k == 0:
+            g.free("baseline")
+        g.adv(3, 8)
+        g.free(pfx + "logits")
+        if not self.kept_graph:
+            g.adv(3, 8)
+            g.free("loss")
+            if not self.prefetch:
+                g.adv(3, 8)
+                g.free("x")
+                g.adv(3, 8)
+                g.free("y")
+        if self.prefetch:
+            for n in ("x", "y", "teacher"):
+                g.adv(3, 8)
+                g.free_requested("b%d.%s" % (k, n),
+                                 note="used on the compute stream (record_stream): pending")
+        g.adv(10, 30)
+        g.annotate("ProfilerStep#%d" % k, "END")
+        g.step_end[k] = g.requested
+
+    def prefetch_step(self, k, pfx):
+        """The prefetcher copies batch k+1 on the side stream while step k runs; batch k-LAG's
+        frees complete only now (the compute stream's event recorded at its free_requested)."""
+        g = self.g
+        old = k - PREFETCH_LAG
+        if old >= 0:
+            for n in ("x", "y", "teacher"):
+                g.adv(1, 2)
+                g.free_completed("b%d.%s" % (old, n),
+                                 note="event of step %d's free completes at this malloc" % old)
+        for j in ([0, 1] if k == 0 else [k + 1]):
+            for n, size, stack in (("x", IDS, "pf_x"), ("y", IDS, "pf_y"),
+                                   ("teacher", LOGITS, "pf_teacher")):
+                g.adv(20, 60)
+                g.alloc("b%d.%s" % (j, n), size, stack, "data", stream=SIDE_STREAM,
+                        note="prefetch of batch %d on the side stream" % j if n == "x" else None)
+
+
+SPIKE_BYTES = 8 * 8 * 128 * 12288 * F32    # 384 MiB
+PREFETCH_LAG = 4
+
+EXTRA_STACKS = {
+    "leak": """\
+stack leak_hist  = {U}/train.py:58:train_step ; @loop
+""",
+    "kept": """\
+stack kept_total = {U}/train.py:58:train_step ; @loop
+""",
+    "dup": """\
+stack opt2       = {P}/optim/optimizer.py:79:_use_grad ; {P}/optim/optimizer.py:493:wrapper ; {U}/train.py:57:train_step ; @loop
+stack adam_exp_avg2    = {P}/optim/adam.py:166:_init_group ; {P}/optim/adam.py:236:step ; @opt2
+stack adam_exp_avg_sq2 = {P}/optim/adam.py:170:_init_group ; {P}/optim/adam.py:236:step ; @opt2
+stack adam_denom2      = {P}/optim/adam.py:446:_single_tensor_adam ; {P}/optim/adam.py:952:adam ; {P}/optim/adam.py:247:step ; @opt2
+""",
+    "bloat": """\
+stack bloat_val    = {U}/train.py:60:train_step ; @loop
+stack bloat_head   = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/train.py:61:train_step ; @loop
+stack bloat_argmax = {U}/train.py:62:train_step ; @loop
+""",
+    "spike": """\
+stack f_mem_attn = {U}/model.py:44:forward ; @attn_call
+stack f_mem_topk = {U}/model.py:45:forward ; @attn_call
+""",
+    "prefetch": """\
+stack pf_top     = {U}/train.py:31:<dictcomp> ; {U}/train.py:31:prefetch ; {U}/train.py:51:train_step ; @loop
+stack pf_x       = @pf_top
+stack pf_y       = @pf_top
+stack pf_teacher = @pf_top
+""",
+    "eval": """\
+stack ev_top     = {U}/train.py:90:main ; @top
+stack ev_in      = {U}/train.py:71:evaluate ; @ev_top
+stack ev_out     = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:104:encode ; {U}/train.py:72:evaluate ; @ev_top
+stack ev_score   = {U}/model.py:110:score ; {U}/train.py:72:evaluate ; @ev_top
+stack ev_cat     = {U}/train.py:74:evaluate ; @ev_top
+""",
+}
+
+
+def begin(g, header_extra=(), extra=()):
+    g.stmt("era %s" % g.era)
+    g.stmt("device 0")
+    g.comment("")
+    for line in STACKS.splitlines():
+        g.stmt(line)
+    for key in extra:
+        for line in EXTRA_STACKS[key].format(U=USER, P=TORCH).splitlines():
+            g.stmt(line)
+    g.comment("")
+
+
+def finding(kind, severity, stack, x, lo=0.75, hi=1.1, at_least=None, at_most=None):
+    return {"kind": kind, "severity_at_least": severity, "stack_contains": stack,
+            "bytes_at_least": int(at_least if at_least is not None else x * lo),
+            "bytes_at_most": int(at_most if at_most is not None else -(-x * hi // 1))}
+
+
+# --------------------------------------------------------------------------------------------
+# scenarios
+
+
+def run_loop(g, loop, steps):
+    loop.build()
+    for k in range(steps):
+        loop.step(k)
+
+
+def sc_clean(name, era="2.11", annotations=True):
+    g = Gen(name, era, annotations, seed=11)
+    begin(g)
+    run_loop(g, Loop(g), 10)
+    basis = ("ProfilerStep#N / Optimizer.* external_annotations" if g.annotations else
+             "no external_annotations (iterations must be detected from the repeating pattern)")
+    if era == "2.0":
+        basis = "era 2.0 fields: no time_us, no annotations, block history instead of frames"
+    desc = ("Clean steady-state training: 10 steps, Adam state created once at step 0, "
+            "gradients freed by zero_grad(set_to_none=True) every step; %s." % basis)
+    return g, desc, [], list(KINDS)
+
+
+def sc_leak(name, era="2.11"):
+    g = Gen(name, era, True, seed=12)
+    begin(g, extra=["leak"])
+    run_loop(g, Loop(g, leak=True), 10)
+    x = g.live_tag_bytes("leak")
+    sev = "high" if g.annotations else "warning"
+    desc = ("Each step appends a detached GPU tensor to a Python list: train.py:58 "
+            "`probs_history.append(logits.detach().softmax(-1))` (32 MiB per step, never freed): "
+            "live bytes grow linearly, all from one stack.")
+    if era == "2.0":
+        desc += " Era 2.0 fields (no time_us, no annotations): iterations must be detected."
+    return g, desc, [finding("leak", sev, "train.py:58", x)], \
+        [k for k in KINDS if k not in ("leak",)]
+
+
+def sc_kept_graph(name):
+    g = Gen(name, "2.11", True, seed=13)
+    begin(g, extra=["kept"])
+    run_loop(g, Loop(g, kept_graph=True), 10)
+    x = g.live_tag_bytes("act")
+    desc = ("`loss.backward(retain_graph=True)` (train.py:55) plus `total_loss += loss` "
+            "(train.py:58, no .item()): the graph referenced from total_loss keeps every step's "
+            "saved forward activations (and its x/y batch) alive after backward and the optimizer "
+            "step. Retained activations carry the forward stacks (model.py forward lines under "
+            "train.py:53 `logits = model(x)`).")
+    return g, desc, [finding("activation_retention", "high", "train.py:53", x, lo=0.5)], \
+        ["optimizer_state_bloat", "oom_fragmentation", "cache_bloat", "temporary_spike",
+         "pending_free_retention"]
+
+
+def sc_dup_opt(name):
+    g = Gen(name, "2.11", True, seed=14)
+    begin(g, extra=["dup"])
+    run_loop(g, Loop(g, dup_opt=True), 10)
+    state = g.live_tag_bytes("optstate")
+    assert state == 4 * PARAM_BYTES
+    desc = ("Two Adam optimizers over the same parameters: `optimizer.step()` (train.py:56) and "
+            "`aux_optimizer.step()` (train.py:57, built with model.parameters() instead of the "
+            "head's): optimizer state is 4x the parameter bytes instead of 2x. bytes = the extra "
+            "state (state - 2 x parameters).")
+    return g, desc, [finding("optimizer_state_bloat", "high", "train.py:57",
+                             state - 2 * PARAM_BYTES)], \
+        [k for k in KINDS if k != "optimizer_state_bloat"]
+
+
+def sc_frag_oom(name):
+    g = Gen(name, "2.11", True, seed=15)
+    begin(g, extra=["eval"])
+    loop = Loop(g)
+    run_loop(g, loop, 4)
+    g.step = -1
+    g.comment("")
+    g.comment("=== evaluate() (train.py:90): variable-length batches, every encoding kept in `outs` ===")
+    g.adv(30000, 40000)
+    rng = random.Random(1505)
+    kept = []
+    n_items = 64
+    for i in range(n_items):
+        L = rng.randint(2100, 6000)       # tokens in this validation batch
+        g.adv(30, 90)
+        g.alloc("e%d.in" % i, L * 8, "ev_in", "tmp", note="batch.cuda(): [%d] int64" % L)
+        g.adv(60, 200)
+        g.alloc("e%d.out" % i, L * 256 * F32, "ev_out", "eval_out",
+                note="model.encode(batch): [%d, 256] fp32, kept in outs" % L)
+        g.adv(20, 50)
+        g.alloc("e%d.score" % i, 4 * rng.randint(64, 1024), "ev_score", "eval_out",
+                note="scores.append(model.score(...)): small, kept")
+        g.adv(5, 10)
+        g.free("e%d.in" % i)
+    g.comment("")
+    g.comment("outs = [o for o, s in zip(outs, scores) if s.max() > thr] (train.py:73): the "
+              "rejected outputs are freed, leaving holes between the kept ones")
+    for i in range(n_items):
+        if rng.randint(0, 99) < 55:
+            g.adv(4, 9)
+            g.free("e%d.out" % i)
+        else:
+            kept.append("e%d.out" % i)
+    request = sf.round_size(sum(g.live[n]["size"] for n in kept))
+    g.comment("")
+    g.comment("full = torch.cat(outs) (train.py:74) needs %d bytes: no cached block fits and "
+              "cudaMalloc fails;" % request)
+    g.comment("the retry path releases the fully free cached segments, cudaMalloc fails again")
+    g.adv(40, 80)
+    assert not g.fits(request, 0)
+    released = g.release_cached()
+    free_large = [b.size for b, _ in g.free_blocks("large", 0)]
+    total_free = sum(free_large)
+    largest = max(free_large)
+    device_free = 18 * MIB + 393216
+    assert largest < request <= total_free, (largest, request, total_free)
+    assert device_free < seg_size_for(request)
+    g.adv(30, 60)
+    g.ev("oom %d device_free=%d stack=ev_cat" % (request, device_free))
+    g.marks.update(oom_request=request, oom_cached_free=total_free, oom_largest_free=largest,
+                   oom_released=released, oom_device_free=device_free)
+    desc = ("4 clean training steps, then evaluate() encodes 64 validation batches of random "
+            "length (2-6 MiB outputs, model.py:104 under train.py:72, each with a small score "
+            "tensor) and keeps them; a filter (train.py:73) then frees the rejected 55%%, leaving "
+            "holes between the kept outputs in the cached segments. torch.cat(outs) "
+            "(train.py:74) asks for %d bytes: the large pool holds %d free bytes in cached "
+            "segments, but the largest free block is %d bytes, and cudaMemGetInfo reports only "
+            "%d bytes free (after the retry path released %d bytes of fully free segments): OOM "
+            "by fragmentation. bytes = the failed request (at least) up to the cached free bytes."
+            % (request, total_free, largest, device_free, released))
+    return g, desc, [finding("oom_fragmentation", "high", "train.py:74", request,
+                             at_least=request, at_most=total_free)], \
+        ["optimizer_state_bloat", "pending_free_retention", "activation_retention"]
+
+
+def sc_cache_bloat(name):
+    g = Gen(name, "2.11", True, seed=16)
+    begin(g, extra=["bloat"])
+    run_loop(g, Loop(g, bloat=True), 10)
+    active_end = g.requested
+    steady_peak = max(v for k, v in g.step_max.items() if k >= 2)
+    x = g.reserved - active_end
+    g.marks.update(steady_peak=steady_peak, final_reserved=g.reserved, final_active=active_end)
+    desc = ("At step 0 a one-off check runs lm_head over a 32768-token validation set "
+            "(train.py:60-62; the 1 GiB `ref_logits` at train.py:61 and its 64 MiB input): they "
+            "are freed at once, but the cached segments stay reserved for the rest of the run. "
+            "At the end %d bytes are reserved, %d active; the per-step peak after step 1 is %d. "
+            "bytes = reserved - active at the end." % (g.reserved, active_end, steady_peak))
+    return g, desc, [finding("cache_bloat", "warning", "train.py:61", x)], \
+        ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
+         "pending_free_retention"]
+
+
+def sc_spike(name):
+    g = Gen(name, "2.11", True, seed=17)
+    begin(g, extra=["spike"])
+    run_loop(g, Loop(g, spike=True), 10)
+    desc = ("From step 1 on (the memory bank is empty at step 0), block 1's attention also "
+            "attends over a 12288-entry memory bank: model.py:44 "
+            "`attn = q @ self.mem_k.transpose(-2, -1)` materializes a [8, 8, 128, 12288] fp32 "
+            "tensor (%d bytes) that lives only until the top-k on model.py:45, every step. It "
+            "sets every step's peak; its cached segment is reused by every step (reserved stays "
+            "at the peak, so a dump between steps shows it cached but unused). bytes = the "
+            "temporary's size." % SPIKE_BYTES)
+    return g, desc, [finding("temporary_spike", "warning", "model.py:44", SPIKE_BYTES)], \
+        ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
+         "pending_free_retention"]
+
+
+def sc_pending(name):
+    g = Gen(name, "2.11", True, seed=18)
+    begin(g, extra=["prefetch"])
+    run_loop(g, Loop(g, prefetch=True), 10)
+    pend = g.peak["pending"]
+    desc = ("A prefetcher copies each batch (input ids, targets and [1024 x 8192] fp32 teacher "
+            "logits, 32 MiB) on a side stream (stream %d, train.py:31) and the loop calls "
+            "record_stream on the compute stream. With no host sync per step, each batch's free "
+            "is requested at the end of its step but completes only %d steps later: %d bytes "
+            "are active_pending_free at the active-bytes peak. bytes = pending-free bytes at "
+            "the peak." % (SIDE_STREAM, PREFETCH_LAG, pend))
+    return g, desc, [finding("pending_free_retention", "warning", "train.py:31", pend)], \
+        ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
+         "cache_bloat", "temporary_spike"]
+
+
+SCENARIOS = [
+    ("clean_adam", lambda n: sc_clean(n)),
+    ("clean_no_annotations", lambda n: sc_clean(n, annotations=False)),
+    ("clean_era20", lambda n: sc_clean(n, era="2.0")),
+    ("leak_list_append", lambda n: sc_leak(n)),
+    ("leak_list_append_era20", lambda n: sc_leak(n, era="2.0")),
+    ("kept_loss_graph", sc_kept_graph),
+    ("duplicated_optimizer", sc_dup_opt),
+    ("fragmentation_oom", sc_frag_oom),
+    ("cache_bloat", sc_cache_bloat),
+    ("temporary_spike", sc_spike),
+    ("pending_free_cross_stream", sc_pending),
+]
+
+
+def build_one(name, fn, out_dir):
+    g, desc, findings, must_not = fn(name)
+    header = [
+        "%s.fixture - generated by tools/make_scenarios.py; do not edit (regenerate instead)."
+        % name,
+        "Compile: python3 tools/snapshot_fixture.py snapshots/scenarios/%s.fixture -o %s.pickle"
+        % (name, name),
+        "",
+    ] + wrap(desc, 96) + [
+        "",
+        "Model: vocab 8192, d_model 512, 2 blocks (RMSNorm, fused qkv, 8 heads, GELU MLP 512->2048"
+        "->512),",
+        "untied embedding and lm_head, no biases, batch 8 x 128 tokens, fp32; parameters %d bytes."
+        % PARAM_BYTES,
+        "Adam(foreach=False): exp_avg/exp_avg_sq created at the first step (train.py:56), one",
+        "denom temporary pair per parameter per step; zero_grad(set_to_none=True) frees the",
+        "gradients every step (backward allocates them again). Backward allocations carry the",
+        "loss.backward() call site (train.py:55) as their stack.",
+    ]
+    text = g.fixture_text(header)
+    obj = sf.compile_fixture(name + ".fixture", text)
+    data = pickle.dumps(obj, protocol=4)
+    events = sum(len(t) for t in obj["device_traces"])
+    facts = {
+        "era": g.era,
+        "external_annotations": len(obj.get("external_annotations", [])),
+        "events": events,
+        "iterations": len(g.step_end),
+        "parameter_bytes": PARAM_BYTES,
+        "peak_requested_bytes": g.peak["requested"],
+        "peak_event": g.peak["event"],
+        "peak_reserved_bytes": g.peak_reserved,
+        "final_requested_bytes": g.requested,
+        "final_reserved_bytes": g.reserved,
+        "pending_at_peak_bytes": g.peak["pending"],
+        "requested_after_each_iteration": [g.step_end[k] for k in sorted(g.step_end)],
+    }
+    facts.update(g.marks)
+    expected = {"scenario": name, "description": desc, "findings": findings,
+                "must_not_fire": must_not, "facts": facts}
+    with open(os.path.join(out_dir, name + ".fixture"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, name + ".pickle"), "wb") as f:
+        f.write(data)
+    with open(os.path.join(out_dir, name + ".expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, indent=2)
+        f.write("\n")
+    return name, events, len(data), facts
+
+
+def wrap(text, width):
+    out, line = [], ""
+    for w in text.split():
+        if line and len(line) + 1 + len(w) > width:
+            out.append(line)
+            line = w
+        else:
+            line = (line + " " + w) if line else w
+    if line:
+        out.append(line)
+    return out
+
+
+def generate(out_dir, quiet=False):
+    os.makedirs(out_dir, exist_ok=True)
+    rows = []
+    for name, fn in SCENARIOS:
+        rows.append(build_one(name, fn, out_dir))
+    if not quiet:
+        for name, events, nbytes, facts in rows:
+            print("%-28s %5d events %7d bytes  peak requested %10d  peak reserved %10d"
+                  % (name, events, nbytes, facts["peak_requested_bytes"],
+                     facts["peak_reserved_bytes"]))
+    return rows
+
+
+def generated_files():
+    return sorted(n + ext for n, _ in SCENARIOS for ext in (".fixture", ".pickle", ".expected.json"))
+
+
+def check(out_dir):
+    tmp = tempfile.mkdtemp(prefix="scenarios-")
+    try:
+        generate(tmp, quiet=True)
+        bad = []
+        for fn in generated_files():
+            mine = os.path.join(out_dir, fn)
+            if not os.path.exists(mine):
+                bad.append("%s: missing (run tools/make_scenarios.py --out %s)" % (mine, out_dir))
+            elif not filecmp.cmp(mine, os.path.join(tmp, fn), shallow=False):
+                bad.append("%s: differs from a fresh generation" % mine)
+        known = set(generated_files()) | {"README.md"}
+        for fn in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+            if fn not in known:
+                bad.append("%s: not produced by the generator" % os.path.join(out_dir, fn))
+        for b in bad:
+            print("make_scenarios --check: " + b, file=sys.stderr)
+        if not bad:
+            print("make_scenarios --check: %d files up to date in %s"
+                  % (len(generated_files()), out_dir))
+        return 1 if bad else 0
+    finally:
+        shutil.rmtree(tmp)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default_out = os.path.join(os.path.dirname(HERE), "snapshots", "scenarios")
+    ap.add_argument("--out", default=default_out, help="output folder (default %(default)s)")
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary folder and compare with --out")
+    args = ap.parse_args(argv)
+    if args.check:
+        return check(args.out)
+    generate(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
