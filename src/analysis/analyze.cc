@@ -71,6 +71,11 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
     r.advanceTo(da.summary.peak_requested.event);
     da.live_at_peak = r.live().size();
     da.top_at_peak = topGroups(snap, r, opt);
+    if (opt.top_frames > 0) {
+      da.has_frames = true;
+      da.frames_at_peak = buildCallGraph(snap, r.live(), opt.top_frames);
+    }
+    if (opt.findings) da.findings = findFindings(snap, d);
     for (const auto& o : da.summary.ooms) {
       da.ooms.push_back({o, userFrames(snap, o.stack, opt.frames_per_group)});
     }

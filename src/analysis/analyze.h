@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "analysis/callgraph.h"
+#include "analysis/findings.h"
 #include "analysis/frames.h"
 #include "format/snapshot.h"
 #include "replay/replay.h"
@@ -42,6 +44,9 @@ struct DeviceAnalysis {
   std::vector<StackGroup> top_at_peak;  // largest first, by requested bytes
   std::vector<OomReport> ooms;
   std::vector<AnomalyReport> anomalies;  // non-zero ones only, by severity then id
+  std::vector<Finding> findings;         // see findings.h; high severity first
+  bool has_frames = false;               // top_frames computed (AnalyzeOptions::top_frames > 0)
+  CallGraphSummary frames_at_peak;       // live bytes by frame at the requested peak
 };
 
 struct AnalysisResult {
@@ -63,6 +68,8 @@ struct AnalyzeOptions {
   std::optional<int64_t> device;  // only this device
   size_t top = 10;
   size_t frames_per_group = 3;
+  bool findings = true;   // run the detectors of findings.h
+  size_t top_frames = 0;  // > 0: call-graph attribution at the requested peak, this many frames
 };
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& options = {});

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "analysis/analyze.h"
+#include "cli/cmd_blocks.h"
+#include "cli/cmd_timeline.h"
 #include "cli/progress.h"
 #include "format/dump.h"
 #include "format/load.h"
@@ -38,7 +40,8 @@ mf::Expected<mf::format::Snapshot> load(const std::string& path) {
   return snap;
 }
 
-int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json, size_t top) {
+int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json, size_t top,
+            size_t top_frames) {
   int rc = kExitOk;
   bool first = true;
   for (const auto& path : files) {
@@ -51,6 +54,7 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
     mf::analysis::AnalyzeOptions opt;
     opt.device = device;
     opt.top = top;
+    opt.top_frames = top_frames;
     auto result = mf::analysis::analyzeSnapshot(*snap, opt);
     result.path = path;
     if (device && result.devices.empty()) {
@@ -219,6 +223,10 @@ int main(int argc, char** argv) {
   an->add_flag("--json", json, "machine-readable output: one JSON document per file, one per line");
   size_t top = 10;
   an->add_option("--top", top, "how many stack groups to list at the peak")->check(CLI::Range(1, 10000));
+  size_t top_frames = 0;
+  an->add_option("--top-frames", top_frames,
+                 "also attribute live bytes at the peak to frames (call graph): list this many")
+      ->check(CLI::Range(1, 10000));
 
   auto* du = app.add_subcommand("dump", "Print every segment, block and event in a stable one-line text form");
   std::string dump_file;
@@ -246,6 +254,8 @@ int main(int argc, char** argv) {
     sub->add_flag("--salvage", g_salvage, "read the intact part of a native trace that is damaged in the middle");
   }
 
+  auto* tl = mf::cli::addTimelineCommand(app);
+  auto* bl = mf::cli::addBlocksCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -258,8 +268,10 @@ int main(int argc, char** argv) {
     (void)app.exit(e);
     return kExitUsage;
   }
-  if (an->parsed()) return analyze(files, device, json, top);
+  if (an->parsed()) return analyze(files, device, json, top, top_frames);
   if (du->parsed()) return dump(dump_file, stacks);
   if (cv->parsed()) return convert(conv);
+  if (tl->parsed()) return mf::cli::runTimelineCommand();
+  if (bl->parsed()) return mf::cli::runBlocksCommand();
   return kExitUsage;
 }

@@ -113,6 +113,44 @@ std::string renderJsonString(const analysis::AnalysisResult& r) {
                     {"description", a.description}});
     }
     j["anomalies"] = an;
+    json fs = json::array();
+    for (const auto& f : d.findings) {
+      json ev = json::array();
+      for (const auto& e : f.evidence) {
+        ev.push_back({{"text", e.text},
+                      {"event", e.event < 0 ? json(nullptr) : json(e.event)},
+                      {"time_us", e.time_us < 0 ? json(nullptr) : json(e.time_us)},
+                      {"bytes", e.bytes},
+                      {"frames", framesJson(e.frames)}});
+      }
+      fs.push_back({{"kind", analysis::findingKindId(f.kind)},
+                    {"severity", analysis::findingSeverityName(f.severity)},
+                    {"title", f.title},
+                    {"bytes", f.bytes},
+                    {"where", framesJson(f.where)},
+                    {"fix", f.fix},
+                    {"basis", f.basis},
+                    {"evidence", ev}});
+    }
+    j["findings"] = fs;
+    if (d.has_frames) {
+      auto rows = [](const std::vector<analysis::FrameBytes>& v) {
+        json a = json::array();
+        for (const auto& r : v) {
+          a.push_back({{"frame", frameJson(r.frame)}, {"self_bytes", r.self_bytes},
+                       {"inclusive_bytes", r.inclusive_bytes}, {"blocks", r.blocks}});
+        }
+        return a;
+      };
+      const auto& g = d.frames_at_peak;
+      j["top_frames_at_requested_peak"] = {{"total_bytes", g.total_bytes},
+                                           {"unattributed_bytes", g.unattributed_bytes},
+                                           {"frames", g.vertices},
+                                           {"calls", g.edges},
+                                           {"by_inclusive_bytes", rows(g.top_inclusive)},
+                                           {"by_self_bytes", rows(g.top_self)},
+                                           {"hot_path", rows(g.hot_path)}};
+    }
     devices.push_back(std::move(j));
   }
   doc["devices"] = std::move(devices);

@@ -124,6 +124,48 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
       }
     }
 
+    if (d.has_frames) {
+      const auto& g = d.frames_at_peak;
+      out << "\n  live bytes at the requested peak by frame (" << formatBytesShort(g.total_bytes) << " live";
+      if (g.unattributed_bytes > 0) out << ", " << formatBytesShort(g.unattributed_bytes) << " without a stack";
+      out << "):\n    inclusive   self\n";
+      for (const auto& f : g.top_inclusive) {
+        out << "    " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << pad(formatBytesShort(f.self_bytes), 11)
+            << " " << f.frame.display() << "\n";
+      }
+      if (!g.hot_path.empty()) {
+        out << "    hot path:\n";
+        for (const auto& f : g.hot_path) {
+          out << "      " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << f.frame.display() << "\n";
+        }
+      }
+    }
+
+    out << "\n  findings: ";
+    if (d.findings.empty()) out << "none\n";
+    else out << "\n";
+    for (const auto& f : d.findings) {
+      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << f.title << "\n";
+      if (!f.where.empty()) {
+        out << "        at " << f.where[0].display() << "\n";
+        for (size_t k = 1; k < f.where.size(); ++k) out << "        <- " << f.where[k].display() << "\n";
+      }
+      size_t shown = 0;
+      for (const auto& e : f.evidence) {
+        if (++shown > 6) {
+          out << "        ... " << (f.evidence.size() - 6) << " more in --json\n";
+          break;
+        }
+        out << "        - " << e.text;
+        if (e.bytes > 0) out << ": " << formatBytesShort(e.bytes);
+        if (e.event >= 0) out << " (event " << e.event << ")";
+        if (!e.frames.empty()) out << " at " << e.frames[0].display();
+        out << "\n";
+      }
+      out << "        fix: " << f.fix << "\n";
+      if (!f.basis.empty()) out << "        basis: " << f.basis << "\n";
+    }
+
     out << "\n  anomalies: ";
     if (d.anomalies.empty()) out << "none\n";
     else out << "\n";

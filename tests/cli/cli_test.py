@@ -140,6 +140,13 @@ for path in inputs:
                     "final_requested_bytes", "start_reserved_bytes", "start_requested_bytes"):
             check(f"{name} device {dev} {key}", o.get(key) == t[key], f"{o.get(key)} != {t[key]}")
         check(f"{name} device {dev} events", o.get("events") == t["events"], "")
+    # Findings: no high-severity finding on a real snapshot other than an OOM verdict (each was
+    # read by hand: none of these files shows a leak or bloat a person would accept).
+    if path.startswith(REAL):
+        for d in json.loads(r.stdout)["devices"]:
+            for f in d["findings"]:
+                check(f"{name}: no high-severity false alarm",
+                      f["severity"] != "high" or f["kind"] == "oom_verdict", f["title"])
 
 # `convert`: pickle -> native -> pickle keeps every figure of `analyze --json`; exports; errors.
 def figures(doc):
@@ -214,6 +221,88 @@ with tempfile.TemporaryDirectory() as tmp:
           r.stderr)
     leftovers = [f for f in os.listdir(tmp) if ".tmp-" in f]
     check("no temporary files left behind", not leftovers, str(leftovers))
+
+# `blocks`: on every real snapshot at the peak, each segment's blocks tile it exactly and have
+# valid states; --at oom without an OOM and a malformed --at are usage errors (exit 1).
+VALID_STATES = {"active_allocated", "active_pending_free", "inactive"}
+if os.path.isdir(REAL):
+    for f in sorted(os.listdir(REAL)):
+        if not f.endswith(".pickle"):
+            continue
+        r = run("blocks", os.path.join(REAL, f), "--at", "peak", "--json")
+        if r.returncode != 0:
+            check(f"blocks {f}", False, f"rc={r.returncode} {r.stderr}")
+            continue
+        doc = json.loads(r.stdout)
+        bad = []
+        for seg in doc["segments"]:
+            pos = seg["address"]
+            for b in seg["blocks"]:
+                if b["address"] != pos or b["state"] not in VALID_STATES:
+                    bad.append(f"{seg['address']:#x}: block {b['address']:#x} {b['state']}")
+                pos += b["size"]
+            if sum(b["size"] for b in seg["blocks"]) != seg["size"] or pos != seg["address"] + seg["size"]:
+                bad.append(f"{seg['address']:#x}: blocks do not add up to the segment size")
+        check(f"blocks {f} block sizes add up per segment", not bad, "; ".join(bad[:3]))
+    silmont = os.path.join(REAL, "silmont2000__assignment2-systems__mem_snapshot.pickle")
+    if os.path.exists(silmont):
+        r = run("blocks", silmont, "--at", "oom")
+        check("blocks --at oom without an OOM exits 1", r.returncode == 1 and "no OOM" in r.stderr, r.stderr)
+        r = run("blocks", silmont, "--at", "x12")
+        check("blocks --at malformed exits 1", r.returncode == 1, r.stderr)
+        r = run("blocks", silmont, "--at", "52")
+        check("blocks text map", r.returncode == 0 and "legend:" in r.stdout and "layout: exact" in r.stdout,
+              r.stdout[:300])
+
+# `timeline`: its peaks are `analyze`'s on every real snapshot and the sample; --csv has the
+# documented columns; downsampling keeps the exact peaks and every OOM.
+TIMELINE_CSV = ["device", "event", "time_us", "reserved", "allocated", "requested", "pending_free"]
+tl_inputs = [os.path.join(ROOT, "snapshots", "sample_training.pickle")]
+if os.path.isdir(REAL):
+    tl_inputs += [os.path.join(REAL, f) for f in sorted(os.listdir(REAL)) if f.endswith(".pickle")]
+for path in tl_inputs:
+    name = os.path.basename(path)
+    an = run("analyze", "--json", path)
+    tl = run("timeline", "--json", "--max-points", "100", path)
+    if an.returncode != 0 or tl.returncode != 0:
+        check(f"timeline {name}", False, f"rc={an.returncode}/{tl.returncode} {tl.stderr}")
+        continue
+    adoc, tdoc = json.loads(an.stdout), json.loads(tl.stdout)
+    diffs = []
+    for ad, td in zip(adoc["devices"], tdoc["devices"]):
+        for k in ("reserved", "requested", "allocated", "active"):
+            for f in ("bytes", "event", "time_us"):
+                key = f"peak_{k}_{f}"
+                if ad[key] != td[key]:
+                    diffs.append(f"device {ad['device']} {key}: analyze {ad[key]} timeline {td[key]}")
+        kept = {p[0]: p for p in td["points"]}
+        if td["kept_points"] != len(td["points"]) or (td["downsampled"] and td["bucket_size"] < 2):
+            diffs.append(f"device {td['device']}: kept_points/bucket_size inconsistent")
+        if ad["peak_requested_event"] is not None:
+            pt = kept.get(ad["peak_requested_event"])
+            if pt is None or pt[4] != ad["peak_requested_bytes"]:
+                diffs.append(f"device {td['device']}: requested peak point not kept exactly")
+        if max((p[4] for p in td["points"]), default=0) != ad["peak_requested_bytes"]:
+            diffs.append(f"device {td['device']}: max kept requested != peak")
+        for o in ad["ooms"]:
+            if o["event"] not in kept:
+                diffs.append(f"device {td['device']}: OOM event {o['event']} not kept")
+    if len(adoc["devices"]) != len(tdoc["devices"]):
+        diffs.append("device count differs")
+    check(f"timeline --json peaks == analyze --json peaks: {name}", not diffs, "; ".join(diffs[:3]))
+    r = run("timeline", "--csv", path)
+    lines = r.stdout.splitlines()
+    ok = r.returncode == 0 and bool(lines) and lines[0].split(",") == TIMELINE_CSV
+    bad = [ln for ln in lines[1:] if len(ln.split(",")) != len(TIMELINE_CSV)
+           or not all(c.lstrip("-").isdigit() for i, c in enumerate(ln.split(",")) if not (i == 2 and c == ""))]
+    check(f"timeline --csv columns: {name}", ok and not bad, (bad[:2], lines[:1], r.stderr))
+    r = run("timeline", path)
+    check(f"timeline text: {name}", r.returncode == 0 and "requested |" in r.stdout or "0 events" in r.stdout,
+          r.stdout[:300] + r.stderr)
+r = run("timeline", "--csv", "--json", tl_inputs[0])
+check("timeline --csv --json exits 1", r.returncode == 1, r.stderr)
+r = run("timeline", os.path.join(ROOT, "no-such-file.pickle"))
+check("timeline missing file exits 2", r.returncode == 2, r.stderr)
 
 print(f"cli_test: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

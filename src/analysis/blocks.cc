@@ -1,0 +1,189 @@
+// blocks.cc: layout at an event and its fragmentation metrics (see blocks.h).
+#include "analysis/blocks.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+namespace memforensics::analysis {
+
+namespace {
+
+using format::Action;
+using format::BlockState;
+
+std::string poolLabel(bool is_large, const replay::PoolId& pool) {
+  std::string s = is_large ? "large" : "small";
+  if (pool != replay::PoolId{0, 0}) s += " (" + std::to_string(pool.first) + "," + std::to_string(pool.second) + ")";
+  return s;
+}
+
+void addFree(FreeSpace& f, uint64_t size) {
+  f.free_bytes += size;
+  f.largest_free = std::max(f.largest_free, size);
+  ++f.free_blocks;
+}
+
+}  // namespace
+
+Expected<BlocksAt> parseBlocksAt(std::string_view s) {
+  BlocksAt a;
+  if (s == "peak") return a;
+  if (s == "oom") {
+    a.kind = BlocksAt::Kind::Oom;
+    return a;
+  }
+  std::string_view num = s;
+  if (!s.empty() && s[0] == 't') {
+    a.kind = BlocksAt::Kind::Time;
+    num = s.substr(1);
+  } else {
+    a.kind = BlocksAt::Kind::Event;
+  }
+  auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), a.value);
+  if (num.empty() || ec != std::errc() || p != num.data() + num.size()) {
+    return Error{"--at expects peak, oom, an event index or tTIME_US, got '" + std::string(s) + "'"};
+  }
+  return a;
+}
+
+Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device, const BlocksAt& at) {
+  auto devs = snap.devices();
+  int64_t d = -1;
+  if (device) {
+    if (std::find(devs.begin(), devs.end(), *device) == devs.end()) {
+      return Error{"the snapshot has no device " + std::to_string(*device)};
+    }
+    d = *device;
+  } else {
+    for (int64_t x : devs) {
+      if (!snap.trace(static_cast<size_t>(x)).empty()) {
+        d = x;
+        break;
+      }
+    }
+    if (d < 0 && !devs.empty()) d = devs.front();
+    if (d < 0) return Error{"the snapshot has no device"};
+  }
+  const auto events = snap.trace(static_cast<size_t>(d));
+  BlocksResult r;
+  r.device = d;
+  r.events = events.size();
+  switch (at.kind) {
+    case BlocksAt::Kind::Peak: {
+      replay::DeviceReplayer rep(snap, d);
+      r.at = "peak";
+      r.event = replay::summarizeDevice(rep).peak_requested.event;
+      break;
+    }
+    case BlocksAt::Kind::Oom: {
+      r.at = "oom";
+      for (size_t i = 0; i < events.size() && r.event < 0; ++i) {
+        if (events[i].action == Action::Oom) r.event = static_cast<int64_t>(i);
+      }
+      if (r.event < 0) return Error{"device " + std::to_string(d) + " has no OOM event"};
+      break;
+    }
+    case BlocksAt::Kind::Event:
+      r.at = "event";
+      if (at.value < -1 || at.value >= static_cast<int64_t>(events.size())) {
+        return Error{"event " + std::to_string(at.value) + " is out of range: device " + std::to_string(d) + " has " +
+                     std::to_string(events.size()) + " events (-1 = the start state)"};
+      }
+      r.event = at.value;
+      break;
+    case BlocksAt::Kind::Time: {
+      r.at = "time";
+      bool any_time = false;
+      for (size_t i = 0; i < events.size(); ++i) {
+        if (events[i].time_us < 0) continue;
+        any_time = true;
+        if (events[i].time_us <= at.value) r.event = static_cast<int64_t>(i);
+      }
+      if (!any_time) return Error{"device " + std::to_string(d) + " has no time_us in its trace"};
+      break;
+    }
+  }
+  if (r.event >= 0) r.time_us = events[static_cast<size_t>(r.event)].time_us;
+
+  replay::DeviceAllocatorModel model(snap, d);
+  model.advanceTo(r.event);
+  r.model = model.check();
+  r.layout_exact = r.model.complete();
+
+  std::map<std::string, FreeSpace> pools;
+  std::map<int64_t, FreeSpace> streams;
+  for (auto& seg : model.layout()) {
+    SegmentBlocks sb;
+    const std::string pl = poolLabel(seg.is_large, seg.pool);
+    FreeSpace& pf = pools[pl];
+    pf.pool = pl;
+    FreeSpace& sf = streams[seg.stream];
+    sf.stream = seg.stream;
+    sf.is_stream = true;
+    for (const auto& b : seg.blocks) {
+      switch (b.state) {
+        case BlockState::ActiveAllocated:
+          sb.allocated_bytes += b.size;
+          break;
+        case BlockState::ActivePendingFree:
+          sb.pending_bytes += b.size;
+          break;
+        default:
+          sb.free_bytes += b.size;
+          sb.largest_free = std::max(sb.largest_free, b.size);
+          ++sb.free_blocks;
+          addFree(pf, b.size);
+          addFree(sf, b.size);
+          break;
+      }
+      if (!b.isFree()) {
+        sb.requested_bytes += b.requested;
+        sb.internal_waste += b.size > b.requested ? b.size - b.requested : 0;
+      }
+    }
+    r.reserved_bytes += seg.size;
+    r.allocated_bytes += sb.allocated_bytes;
+    r.pending_bytes += sb.pending_bytes;
+    r.requested_bytes += sb.requested_bytes;
+    r.free_bytes += sb.free_bytes;
+    r.free_blocks += sb.free_blocks;
+    r.largest_free = std::max(r.largest_free, sb.largest_free);
+    r.internal_waste += sb.internal_waste;
+    sb.segment = std::move(seg);
+    r.segments.push_back(std::move(sb));
+  }
+  if (r.free_bytes > 0) {
+    r.external_fragmentation = 1.0 - static_cast<double>(r.largest_free) / static_cast<double>(r.free_bytes);
+  }
+  for (auto& [k, v] : pools) r.by_pool.push_back(v);
+  for (auto& [k, v] : streams) r.by_stream.push_back(v);
+
+  if (r.event >= 0 && events[static_cast<size_t>(r.event)].action == Action::Oom) {
+    const auto& e = events[static_cast<size_t>(r.event)];
+    OomVerdict v;
+    v.event = r.event;
+    v.time_us = e.time_us;
+    v.request_bytes = e.size;
+    v.device_free = e.addr;
+    v.stream = e.stream;
+    const bool large = e.size > replay::kModelSmallSize;
+    replay::PoolId pool{0, 0};
+    if (e.pool != 0 && e.pool < snap.pools.size()) pool = snap.pools[e.pool];
+    v.pool = poolLabel(large, pool);
+    // What the allocator could have used: free blocks of the same pool and stream only.
+    for (const auto& sb : r.segments) {
+      const auto& s = sb.segment;
+      if (s.is_large != large || s.pool != pool || s.stream != e.stream) continue;
+      v.pool_free += sb.free_bytes;
+      v.pool_largest = std::max(v.pool_largest, sb.largest_free);
+    }
+    v.fits_total = v.request_bytes <= v.pool_free;
+    v.fits_block = v.request_bytes <= v.pool_largest;
+    v.fragmentation = v.fits_total && !v.fits_block;
+    r.oom = v;
+  }
+  return r;
+}
+
+}  // namespace memforensics::analysis

@@ -1,0 +1,89 @@
+// blocks.h: the exact block layout of a device at one moment, and its fragmentation metrics.
+//
+// Pure function of the snapshot: DeviceAllocatorModel (replay/allocator_model.h) is replayed to the
+// chosen event and every segment's blocks (allocated, pending-free, free) are measured: free bytes
+// inside segments, the largest free block per pool and per stream, external fragmentation
+// (1 - largest free / total free), internal waste (block size - requested), and at an OOM whether
+// the failed request would have fit into the free bytes of its pool and stream but into no single
+// free block there (the fragmentation verdict).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "format/snapshot.h"
+#include "replay/allocator_model.h"
+
+namespace memforensics::analysis {
+
+// Where to look: the requested-bytes peak, the first OOM, an event index (-1 = the start state),
+// or the last event at or before a time_us.
+struct BlocksAt {
+  enum class Kind : uint8_t { Peak, Oom, Event, Time };
+  Kind kind = Kind::Peak;
+  int64_t value = 0;
+};
+// "peak" | "oom" | EVENT_INDEX | tTIME_US
+Expected<BlocksAt> parseBlocksAt(std::string_view s);
+
+struct SegmentBlocks {
+  replay::ModelSegment segment;
+  uint64_t allocated_bytes = 0;
+  uint64_t pending_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free = 0;
+  uint64_t free_blocks = 0;
+  uint64_t requested_bytes = 0;
+  uint64_t internal_waste = 0;  // sum over active blocks of size - requested
+};
+
+// Free space of one pool kind ("small"/"large", private pools named by their id) or one stream.
+struct FreeSpace {
+  std::string pool;     // "small" / "large" / "" (per-stream rows)
+  int64_t stream = 0;   // per-pool rows: 0
+  bool is_stream = false;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free = 0;
+  uint64_t free_blocks = 0;
+};
+
+struct OomVerdict {
+  int64_t event = -1;
+  int64_t time_us = -1;
+  uint64_t request_bytes = 0;  // rounded request that failed
+  uint64_t device_free = 0;    // cudaMemGetInfo free bytes at the failure
+  int64_t stream = 0;
+  std::string pool;            // pool the request would use
+  uint64_t pool_free = 0;      // free bytes of that pool and stream
+  uint64_t pool_largest = 0;   // largest free block of that pool and stream
+  bool fits_total = false;     // request <= pool_free
+  bool fits_block = false;     // request <= pool_largest
+  bool fragmentation = false;  // fits_total && !fits_block: enough free bytes, no block to hold them
+};
+
+struct BlocksResult {
+  std::string path;
+  int64_t device = 0;
+  std::string at;          // "peak", "oom", "event", "time"
+  int64_t event = -1;      // state after this event (-1: the start state)
+  int64_t time_us = -1;
+  size_t events = 0;
+  replay::ModelCheck model;  // predictions checked on events [0, event]
+  bool layout_exact = false; // every prediction up to `event` matched
+  std::vector<SegmentBlocks> segments;
+  uint64_t reserved_bytes = 0, allocated_bytes = 0, pending_bytes = 0, requested_bytes = 0;
+  uint64_t free_bytes = 0, largest_free = 0, free_blocks = 0, internal_waste = 0;
+  double external_fragmentation = 0.0;  // 1 - largest_free / free_bytes (0 when nothing is free)
+  std::vector<FreeSpace> by_pool;    // one row per pool kind present
+  std::vector<FreeSpace> by_stream;  // one row per stream present
+  std::optional<OomVerdict> oom;     // when the chosen event is an OOM
+};
+
+// Errors: no such device, `oom` without an OOM, an event index out of range, no time_us.
+Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device, const BlocksAt& at);
+
+}  // namespace memforensics::analysis

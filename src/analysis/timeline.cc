@@ -1,0 +1,229 @@
+// timeline.cc: the replayed watermark series, downsampled, with per-stream/pool shares and phases.
+#include "analysis/timeline.h"
+
+#include <algorithm>
+#include <map>
+
+namespace memforensics::analysis {
+
+namespace {
+
+using replay::Counters;
+using replay::Peak;
+
+// Signed running sums: a stream's or pool's share follows the device counters' changes at the
+// events of that stream or pool (PyTorch records a free with the block's own stream and pool).
+struct Signed {
+  int64_t reserved = 0, requested = 0, allocated = 0, pending = 0;
+  void add(const Counters& after, const Counters& before) {
+    reserved += static_cast<int64_t>(after.reserved) - static_cast<int64_t>(before.reserved);
+    requested += static_cast<int64_t>(after.requested) - static_cast<int64_t>(before.requested);
+    allocated += static_cast<int64_t>(after.allocated) - static_cast<int64_t>(before.allocated);
+    pending += static_cast<int64_t>(after.pending) - static_cast<int64_t>(before.pending);
+  }
+};
+
+uint64_t clamp0(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
+
+// Kept point indices (into the full series, 0 = start state): per bucket of `bucket` consecutive
+// points, the first point where requested bytes take their bucket minimum and their maximum, and
+// where reserved, allocated and pending-free bytes take their maximum (at most 5 per bucket, often
+// fewer as they coincide); plus every point in `always`.
+std::vector<size_t> keptPoints(const std::vector<Counters>& all, size_t bucket, const std::vector<size_t>& always) {
+  std::vector<size_t> keep;
+  for (size_t b0 = 0; b0 < all.size(); b0 += bucket) {
+    const size_t b1 = std::min(all.size(), b0 + bucket);
+    size_t req_lo = b0, req_hi = b0, res_hi = b0, alloc_hi = b0, pend_hi = b0;
+    for (size_t i = b0 + 1; i < b1; ++i) {
+      const Counters& c = all[i];
+      if (c.requested < all[req_lo].requested) req_lo = i;
+      if (c.requested > all[req_hi].requested) req_hi = i;
+      if (c.reserved > all[res_hi].reserved) res_hi = i;
+      if (c.allocated > all[alloc_hi].allocated) alloc_hi = i;
+      if (c.pending > all[pend_hi].pending) pend_hi = i;
+    }
+    keep.insert(keep.end(), {req_lo, req_hi, res_hi, alloc_hi, pend_hi});
+  }
+  keep.insert(keep.end(), always.begin(), always.end());
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return keep;
+}
+
+void updPeak(Peak& p, uint64_t v, int64_t event, int64_t time) {
+  if (v > p.bytes) {
+    p.bytes = v;
+    p.event = event;
+    p.time_us = time;
+  }
+}
+
+}  // namespace
+
+TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& opt) {
+  TimelineResult res;
+  const size_t max_points = std::max<size_t>(1, opt.max_points);
+  for (int64_t d : snap.devices()) {
+    if (opt.device && *opt.device != d) continue;
+    DeviceTimeline dt;
+    dt.device = d;
+    replay::DeviceReplayer r(snap, d);
+    // The peaks and OOMs exactly as `analyze` reports them.
+    auto sum = replay::summarizeDevice(r);
+    dt.peak_reserved = sum.peak_reserved;
+    dt.peak_requested = sum.peak_requested;
+    dt.peak_allocated = sum.peak_allocated;
+    dt.peak_active = sum.peak_active;
+    dt.ooms = sum.ooms;
+
+    auto ev = r.events();
+    dt.events = ev.size();
+    dt.total_points = ev.size() + 1;
+    std::vector<Counters> all;
+    all.reserve(dt.total_points);
+    r.reset();
+    all.push_back(r.counters());
+    // Shares per stream and per pool: running sums of the device's changes at their events.
+    std::map<int64_t, Signed> by_stream;
+    std::map<std::pair<uint64_t, uint64_t>, Signed> by_pool;
+    std::vector<std::pair<int64_t, std::pair<uint64_t, uint64_t>>> keys(ev.size());
+    std::vector<size_t> always = {0};  // the start state
+    for (size_t i = 0; i < ev.size(); ++i) {
+      const Counters before = r.counters();
+      r.step();
+      const Counters& after = r.counters();
+      all.push_back(after);
+      const auto& e = ev[i];
+      if (e.time_us >= 0) dt.has_times = true;
+      auto pool = e.pool < snap.pools.size() ? snap.pools[e.pool] : std::pair<uint64_t, uint64_t>{0, 0};
+      keys[i] = {e.stream, pool};
+      // Only events that move a counter or name a stream/pool; snapshot/oom events still name one.
+      if (e.action != format::Action::Oom && e.action != format::Action::Snapshot &&
+          e.action != format::Action::Unknown) {
+        by_stream[e.stream].add(after, before);
+        by_pool[pool].add(after, before);
+      }
+      if (e.action == format::Action::Oom) always.push_back(i + 1);
+    }
+    for (size_t i = 0; i < all.size(); ++i) dt.peak_pending_bytes = std::max(dt.peak_pending_bytes, all[i].pending);
+    // Per-peak points are kept by construction; the peak events are added anyway, to be explicit.
+    for (const Peak* p : {&dt.peak_reserved, &dt.peak_requested, &dt.peak_allocated, &dt.peak_active}) {
+      always.push_back(static_cast<size_t>(p->event + 1));
+    }
+    size_t bucket = 1;
+    if (all.size() > max_points) {
+      bucket = (all.size() + max_points - 1) / max_points;
+      dt.downsampled = true;
+    }
+    dt.bucket_size = bucket;
+    std::vector<size_t> keep;
+    if (bucket == 1) {
+      keep.resize(all.size());
+      for (size_t i = 0; i < all.size(); ++i) keep[i] = i;
+    } else {
+      keep = keptPoints(all, bucket, always);
+    }
+    auto timeOf = [&](size_t point) { return point == 0 ? int64_t{-1} : ev[point - 1].time_us; };
+    for (size_t k : keep) dt.points.push_back({static_cast<int64_t>(k) - 1, timeOf(k), all[k]});
+
+    // Breakdowns, when there is more than one stream / pool. The start share is what the file's
+    // final state holds for that stream/pool minus the trace's changes (exact whenever replay
+    // ends at the file's final state; clamped at 0 otherwise).
+    auto breakdown = [&](auto& sums, auto segKey, auto eventKey, auto setKey, std::vector<TimelineBreakdown>& out) {
+      if (sums.size() < 2) return;
+      using Key = typename std::decay_t<decltype(sums)>::key_type;
+      std::map<Key, Signed> final_share;
+      for (const auto& seg : snap.segments) {
+        if (seg.device != d) continue;
+        Signed& f = final_share[segKey(seg)];
+        f.reserved += static_cast<int64_t>(seg.total_size);
+        for (const auto& b : snap.blocksOf(seg)) {
+          if (!b.isActive()) continue;
+          f.requested += static_cast<int64_t>(b.requested_size);
+          (b.state == format::BlockState::ActivePendingFree ? f.pending : f.allocated) += static_cast<int64_t>(b.size);
+        }
+      }
+      for (const auto& [key, delta] : sums) {
+        TimelineBreakdown tb;
+        setKey(tb, key);
+        Signed cur;
+        const Signed& fin = final_share[key];
+        cur.reserved = fin.reserved - delta.reserved;
+        cur.requested = fin.requested - delta.requested;
+        cur.allocated = fin.allocated - delta.allocated;
+        cur.pending = fin.pending - delta.pending;
+        auto snapshotOf = [&](const Signed& s) {
+          Counters c;
+          c.reserved = clamp0(s.reserved);
+          c.requested = clamp0(s.requested);
+          c.allocated = clamp0(s.allocated);
+          c.pending = clamp0(s.pending);
+          return c;
+        };
+        size_t next_keep = 0;
+        auto visit = [&](size_t point) {
+          Counters c = snapshotOf(cur);
+          const int64_t event = static_cast<int64_t>(point) - 1;
+          updPeak(tb.peak_reserved, c.reserved, event, timeOf(point));
+          updPeak(tb.peak_requested, c.requested, event, timeOf(point));
+          updPeak(tb.peak_allocated, c.allocated, event, timeOf(point));
+          updPeak(tb.peak_pending, c.pending, event, timeOf(point));
+          if (next_keep < keep.size() && keep[next_keep] == point) {
+            tb.points.push_back({event, timeOf(point), c});
+            ++next_keep;
+          }
+        };
+        // The start state is the first candidate for a peak, as for the device peaks.
+        Counters c0 = snapshotOf(cur);
+        tb.peak_reserved = {c0.reserved, -1, -1};
+        tb.peak_requested = {c0.requested, -1, -1};
+        tb.peak_allocated = {c0.allocated, -1, -1};
+        tb.peak_pending = {c0.pending, -1, -1};
+        visit(0);
+        for (size_t i = 0; i < ev.size(); ++i) {
+          if (eventKey(i) == key && ev[i].action != format::Action::Oom && ev[i].action != format::Action::Snapshot &&
+              ev[i].action != format::Action::Unknown) {
+            cur.add(all[i + 1], all[i]);
+          }
+          visit(i + 1);
+        }
+        out.push_back(std::move(tb));
+      }
+    };
+    breakdown(
+        by_stream, [](const format::Segment& s) { return s.stream; }, [&](size_t i) { return keys[i].first; },
+        [](TimelineBreakdown& tb, int64_t k) { tb.stream = k; }, dt.streams);
+    breakdown(
+        by_pool, [](const format::Segment& s) { return std::pair<uint64_t, uint64_t>{s.pool_a, s.pool_b}; },
+        [&](size_t i) { return keys[i].second; },
+        [](TimelineBreakdown& tb, const std::pair<uint64_t, uint64_t>& k) { tb.pool = k; }, dt.pools);
+
+    // Phases with the peaks inside them (the state after each event of the range).
+    for (auto& p : detectPhases(snap, d)) {
+      PhaseStats ps;
+      ps.phase = std::move(p);
+      for (int64_t i = std::max<int64_t>(0, ps.phase.first_event); i <= ps.phase.last_event && i < static_cast<int64_t>(ev.size()); ++i) {
+        const Counters& c = all[static_cast<size_t>(i) + 1];
+        if (ps.peak_requested.event < 0 || c.requested > ps.peak_requested.bytes) {
+          ps.peak_requested = {c.requested, i, ev[i].time_us};
+        }
+        if (ps.peak_reserved.event < 0 || c.reserved > ps.peak_reserved.bytes) {
+          ps.peak_reserved = {c.reserved, i, ev[i].time_us};
+        }
+      }
+      dt.phases.push_back(std::move(ps));
+    }
+
+    // Sparkline columns: the maximum requested bytes over each equal slice of the full series.
+    const size_t cols = std::min(opt.columns, all.size());
+    dt.requested_columns.assign(cols, 0);
+    for (size_t i = 0; i < all.size() && cols > 0; ++i) {
+      size_t c = i * cols / all.size();
+      dt.requested_columns[c] = std::max(dt.requested_columns[c], all[i].requested);
+    }
+    res.devices.push_back(std::move(dt));
+  }
+  return res;
+}
+
+}  // namespace memforensics::analysis

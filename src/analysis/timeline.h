@@ -1,0 +1,75 @@
+// timeline.h: the `timeline` result: watermark series per device, downsampled, with phases.
+//
+// A pure function from a Snapshot to a self-contained result: the replayed counters after every
+// event (reserved, allocated, requested, pending-free bytes), the same per stream and per memory
+// pool when a device has more than one, the exact peaks and OOMs (as `analyze` reports them), and
+// the phases of detectPhases() with the peaks inside each. Long traces are downsampled into
+// at most `max_points` buckets of consecutive points; per bucket the points where requested bytes
+// reach their bucket minimum and maximum and where reserved, allocated and pending-free bytes reach
+// their maximum are kept, with the start state, every OOM event and every peak event, so every
+// exact peak survives.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/phases.h"
+#include "format/snapshot.h"
+#include "replay/replay.h"
+
+namespace memforensics::analysis {
+
+struct TimelinePoint {
+  int64_t event = -1;    // state after this event; -1 = the start state, before the first event
+  int64_t time_us = -1;  // the event's time; -1 when the file has none (and for the start state)
+  replay::Counters at;
+};
+
+// One stream's or one pool's share of the device: the same four counters, sampled at the same
+// events as the device series, and its own exact peaks over every event.
+struct TimelineBreakdown {
+  int64_t stream = 0;                          // streams: the cudaStream_t as int
+  std::pair<uint64_t, uint64_t> pool{0, 0};    // pools: the pool_id tuple
+  std::vector<TimelinePoint> points;
+  replay::Peak peak_reserved, peak_requested, peak_allocated, peak_pending;
+};
+
+struct PhaseStats {
+  Phase phase;
+  replay::Peak peak_requested;  // highest value after an event inside the phase (event -1 = empty)
+  replay::Peak peak_reserved;
+};
+
+struct DeviceTimeline {
+  int64_t device = 0;
+  size_t events = 0;
+  bool has_times = false;
+  size_t total_points = 0;  // events + 1 (the start state)
+  size_t bucket_size = 1;   // consecutive points per bucket; 1 = nothing dropped
+  bool downsampled = false;
+  std::vector<TimelinePoint> points;  // the kept points, in event order
+  replay::Peak peak_reserved, peak_requested, peak_allocated, peak_active;
+  uint64_t peak_pending_bytes = 0;
+  std::vector<replay::OomEvent> ooms;
+  std::vector<TimelineBreakdown> streams;  // empty unless the trace uses more than one stream
+  std::vector<TimelineBreakdown> pools;    // empty unless it uses more than one pool
+  std::vector<PhaseStats> phases;
+  std::vector<uint64_t> requested_columns;  // max requested bytes per equal slice of the trace
+};
+
+struct TimelineResult {
+  std::string path;
+  std::vector<DeviceTimeline> devices;
+};
+
+struct TimelineOptions {
+  std::optional<int64_t> device;  // only this device
+  size_t max_points = 2000;       // buckets at most (>= 1)
+  size_t columns = 64;            // width of requested_columns (the sparkline)
+};
+
+TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& options = {});
+
+}  // namespace memforensics::analysis

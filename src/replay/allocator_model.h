@@ -1,0 +1,141 @@
+// allocator_model.h: a forward model of the CUDA caching allocator's exact block layout per device.
+//
+// DeviceReplayer knows which blocks are alive; it does not know where the free space is. This model
+// keeps every segment with all of its blocks (allocated, pending-free, free) as the allocator does
+// (format doc section 8, c10/cuda/CUDACachingAllocator.cpp): round_size, small (<= 1 MiB, 2 MiB
+// segments) and large pools, free lists keyed by (pool, stream, size, address), best fit, the split
+// rules, coalescing at free_completed, max_split_size, expandable segments (segment_map/unmap) and
+// segment release (segment_free).
+//
+// It is seeded from the reconstructed START state: the segments that exist when the trace begins
+// (the file's final segments with segment events undone backward) and the blocks alive then
+// (DeviceReplayer's start live set); the gaps between live blocks are single free blocks, because
+// free neighbours always coalesce. Then it is driven by the trace: for every alloc it first PREDICTS
+// the address the allocator would pick, compares it with the recorded one, and then APPLIES the
+// recorded event, so it stays in sync after a mismatch. Segment events are checked the same way.
+// On a complete history every prediction should match; on a truncated one the start state is only
+// approximate (sizes of blocks alive at the start come from rounding) and mismatches are expected.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "replay/replay.h"
+
+namespace memforensics::replay {
+
+using PoolId = std::pair<uint64_t, uint64_t>;  // (0, 0) = the default pools
+
+// Allocator constants (format doc 8.1; c10/core/AllocatorConfig.h).
+inline constexpr uint64_t kModelMinBlockSize = 512;
+inline constexpr uint64_t kModelSmallSize = 1048576;     // 1 MiB
+inline constexpr uint64_t kModelSmallBuffer = 2097152;   // 2 MiB
+inline constexpr uint64_t kModelLargeBuffer = 20971520;  // 20 MiB
+inline constexpr uint64_t kModelMinLargeAlloc = 10485760;
+inline constexpr uint64_t kModelRoundLarge = 2097152;
+
+// get_allocation_size(): bytes of the segment a cudaMalloc for a rounded request would create.
+uint64_t allocationSize(uint64_t rounded);
+
+struct ModelBlock {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  uint64_t requested = 0;  // requested bytes of the current (or, for free blocks, 0) allocation
+  format::StackId stack = format::kNoStack;
+  int64_t alloc_event = -1;  // -1: alive before the trace started, or free
+  format::BlockState state = format::BlockState::Inactive;  // ActiveAllocated/ActivePendingFree/Inactive
+  bool mapped = true;  // expandable segments: false for reserved but unmapped address space
+  bool isFree() const { return state == format::BlockState::Inactive; }
+};
+
+struct ModelSegment {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  int64_t stream = 0;
+  PoolId pool{0, 0};
+  bool is_large = true;
+  bool is_expandable = false;
+  std::vector<ModelBlock> blocks;  // address order, covering the segment without gaps
+};
+
+struct Mismatch {
+  int64_t event = -1;
+  format::Action action = format::Action::Alloc;
+  uint64_t recorded = 0;   // address in the trace
+  uint64_t predicted = 0;  // address the model expected (0 = none / a new segment)
+  std::string why;
+};
+
+struct ModelCheck {
+  uint64_t allocs = 0, alloc_matches = 0;
+  uint64_t segment_events = 0, segment_matches = 0;
+  std::vector<Mismatch> first_mismatches;  // at most kMaxMismatches
+  static constexpr size_t kMaxMismatches = 8;
+  bool complete() const { return alloc_matches == allocs && segment_matches == segment_events; }
+};
+
+struct ModelSettings {
+  uint64_t max_split_size = ~uint64_t{0};               // SIZE_MAX = unlimited
+  uint64_t max_non_split_rounding = kModelLargeBuffer;  // max_non_split_rounding_mb
+  bool expandable_segments = false;
+  uint32_t divisions[16] = {};
+};
+// From allocator_settings (and its PYTORCH_CUDA_ALLOC_CONF string for keys it does not record).
+ModelSettings modelSettingsOf(const format::Snapshot& snap);
+
+// Models one device. Construct (seeds the start state), then step() forward like DeviceReplayer.
+class DeviceAllocatorModel {
+ public:
+  DeviceAllocatorModel(const format::Snapshot& snap, int64_t device);
+  ~DeviceAllocatorModel();
+  DeviceAllocatorModel(const DeviceAllocatorModel&) = delete;
+  DeviceAllocatorModel& operator=(const DeviceAllocatorModel&) = delete;
+
+  int64_t device() const { return device_; }
+  size_t eventCount() const { return events_.size(); }
+  const ModelSettings& settings() const { return settings_; }
+
+  // Rewinds to the start state (predictions are counted during the first pass over an event only).
+  void reset();
+  // Checks and applies event `next()`; returns false at the end.
+  bool step();
+  size_t next() const { return next_; }
+  // Replays until `event_index` has been applied (-1: the start state); rewinds when needed.
+  void advanceTo(int64_t event_index);
+  // Exact layout now: mapped segments in address order (an expandable reservation is reported as
+  // one segment per contiguous mapped range, as the snapshot file does).
+  std::vector<ModelSegment> layout() const;
+  std::vector<ModelSegment> layoutAt(int64_t event_index) {
+    advanceTo(event_index);
+    return layout();
+  }
+  // Predictions checked so far (all of them after one full pass).
+  const ModelCheck& check() const { return check_; }
+  // Steps to the end (from wherever it is) and returns the check of the whole trace.
+  const ModelCheck& runCheck();
+  // After the last event: "" when layout() equals the file's final segments block by block
+  // (address, size, state), else a description of the first difference.
+  std::string compareWithFinal() const;
+
+  struct Impl;
+
+ private:
+  const format::Snapshot& snap_;
+  int64_t device_;
+  std::span<const format::Event> events_;
+  ModelSettings settings_;
+  std::unique_ptr<Impl> impl_;
+  size_t next_ = 0;
+  size_t checked_ = 0;  // events [0, checked_) have been checked once
+  ModelCheck check_;
+};
+
+// Convenience: builds the model for a device and runs the full check.
+ModelCheck checkAllocatorModel(const format::Snapshot& snap, int64_t device);
+
+}  // namespace memforensics::replay

@@ -1,0 +1,192 @@
+// render_timeline.cc: the `timeline` command's output (schema in docs/cli.md).
+#include "report/render_timeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/format_bytes.h"
+#include "report/render.h"
+
+namespace memforensics::report {
+
+namespace {
+using nlohmann::json;
+
+json opt(int64_t v) { return v < 0 ? json(nullptr) : json(v); }
+
+void peak(json& j, const char* name, const replay::Peak& p) {
+  std::string base = std::string("peak_") + name;
+  j[base + "_bytes"] = p.bytes;
+  j[base + "_event"] = opt(p.event);
+  j[base + "_time_us"] = opt(p.time_us);
+}
+
+json pointsJson(const std::vector<analysis::TimelinePoint>& pts) {
+  json a = json::array();
+  for (const auto& p : pts) {
+    a.push_back(json::array({p.event, opt(p.time_us), p.at.reserved, p.at.allocated, p.at.requested, p.at.pending}));
+  }
+  return a;
+}
+
+json breakdownJson(const analysis::TimelineBreakdown& b, bool stream) {
+  json j;
+  if (stream) {
+    j["stream"] = b.stream;
+  } else {
+    j["pool"] = json::array({b.pool.first, b.pool.second});
+  }
+  peak(j, "reserved", b.peak_reserved);
+  peak(j, "requested", b.peak_requested);
+  peak(j, "allocated", b.peak_allocated);
+  peak(j, "pending_free", b.peak_pending);
+  j["points"] = pointsJson(b.points);
+  return j;
+}
+
+// Ten levels, lowest first; the scale is 0 .. the device's peak requested bytes.
+std::string sparkline(const std::vector<uint64_t>& cols, uint64_t top) {
+  static constexpr char kLevels[] = " .:-=+*#%@";
+  std::string s;
+  for (uint64_t v : cols) {
+    size_t k = top == 0 ? 0 : static_cast<size_t>((static_cast<long double>(v) * 9 + top - 1) / top);
+    s += kLevels[std::min<size_t>(k, 9)];
+  }
+  return s;
+}
+
+std::string eventText(int64_t e) { return e < 0 ? std::string("start") : "#" + std::to_string(e); }
+}  // namespace
+
+void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
+  out << "memforensics timeline: " << r.path << "\n";
+  for (const auto& d : r.devices) {
+    out << "\ndevice " << d.device << ": " << d.events << " events";
+    if (!d.has_times) out << " (no times in the file: event index only)";
+    out << "\n";
+    auto peakLine = [&](const char* name, const replay::Peak& p) {
+      out << "  peak " << name << ": " << formatBytes(p.bytes)
+          << (p.event < 0 ? std::string(" at the start of the trace") : " after event " + eventText(p.event));
+      if (p.time_us >= 0) out << " at " << formatTimeUs(p.time_us);
+      out << "\n";
+    };
+    peakLine("reserved ", d.peak_reserved);
+    peakLine("allocated", d.peak_allocated);
+    peakLine("requested", d.peak_requested);
+    out << "  peak pending-free: " << formatBytes(d.peak_pending_bytes) << "\n";
+    for (const auto& o : d.ooms) {
+      out << "  OOM at event #" << o.event << ": request " << formatBytes(o.request_bytes) << "\n";
+    }
+    if (d.downsampled) {
+      out << "  series downsampled: " << d.points.size() << " of " << d.total_points << " points kept (buckets of "
+          << d.bucket_size << ": min/max requested and max reserved/allocated/pending-free per bucket; peaks and OOMs exact)\n";
+    }
+    if (!d.streams.empty()) out << "  streams: " << d.streams.size() << " (see --json / --csv for their series)\n";
+    if (!d.pools.empty()) out << "  pools: " << d.pools.size() << "\n";
+    if (!d.requested_columns.empty()) {
+      out << "  requested |" << sparkline(d.requested_columns, d.peak_requested.bytes) << "| 0 .. "
+          << formatBytesShort(d.peak_requested.bytes) << "\n";
+    }
+    if (d.phases.empty()) {
+      out << "  phases: none (no annotations, and no repeating allocation pattern found)\n";
+      continue;
+    }
+    out << "  phases:\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "    %-10s %-10s %-36s %17s %14s %14s\n", "kind", "source", "name", "events",
+                  "peak requested", "peak reserved");
+    out << line;
+    for (const auto& p : d.phases) {
+      std::string name = p.phase.name;
+      if (name.size() > 36) name = name.substr(0, 33) + "...";
+      std::string range = p.phase.last_event < p.phase.first_event
+                              ? std::string("(empty)")
+                              : std::to_string(p.phase.first_event) + ".." + std::to_string(p.phase.last_event);
+      if (p.phase.open) range += "*";
+      bool empty = p.peak_requested.event < 0;
+      std::snprintf(line, sizeof line, "    %-10s %-10s %-36s %17s %14s %14s\n",
+                    std::string(analysis::phaseKindName(p.phase.kind)).c_str(),
+                    p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected", name.c_str(),
+                    range.c_str(), empty ? "-" : formatBytesShort(p.peak_requested.bytes).c_str(),
+                    empty ? "-" : formatBytesShort(p.peak_reserved.bytes).c_str());
+      out << line;
+    }
+    if (std::any_of(d.phases.begin(), d.phases.end(), [](const auto& p) { return p.phase.open; })) {
+      out << "    * START or END not in the file: the range runs to the edge of the trace\n";
+    }
+  }
+}
+
+void renderTimelineCsv(const analysis::TimelineResult& r, std::ostream& out, bool header) {
+  if (header) out << "device,event,time_us,reserved,allocated,requested,pending_free\n";
+  for (const auto& d : r.devices) {
+    for (const auto& p : d.points) {
+      out << d.device << ',' << p.event << ',';
+      if (p.time_us >= 0) out << p.time_us;
+      out << ',' << p.at.reserved << ',' << p.at.allocated << ',' << p.at.requested << ',' << p.at.pending << '\n';
+    }
+  }
+}
+
+void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["tool"] = "memforensics";
+  doc["command"] = "timeline";
+  doc["path"] = r.path;
+  doc["point_columns"] = {"event", "time_us", "reserved", "allocated", "requested", "pending_free"};
+  json devices = json::array();
+  for (const auto& d : r.devices) {
+    json j;
+    j["device"] = d.device;
+    j["events"] = d.events;
+    j["has_times"] = d.has_times;
+    j["total_points"] = d.total_points;
+    j["downsampled"] = d.downsampled;
+    j["bucket_size"] = d.bucket_size;
+    j["kept_points"] = d.points.size();
+    peak(j, "reserved", d.peak_reserved);
+    peak(j, "requested", d.peak_requested);
+    peak(j, "allocated", d.peak_allocated);
+    peak(j, "active", d.peak_active);
+    j["peak_pending_free_bytes"] = d.peak_pending_bytes;
+    json ooms = json::array();
+    for (const auto& o : d.ooms) {
+      ooms.push_back({{"event", o.event}, {"time_us", opt(o.time_us)}, {"request_bytes", o.request_bytes},
+                      {"device_free_bytes", o.device_free}});
+    }
+    j["ooms"] = ooms;
+    j["points"] = pointsJson(d.points);
+    json streams = json::array(), pools = json::array();
+    for (const auto& b : d.streams) streams.push_back(breakdownJson(b, true));
+    for (const auto& b : d.pools) pools.push_back(breakdownJson(b, false));
+    j["streams"] = streams;
+    j["pools"] = pools;
+    json phases = json::array();
+    for (const auto& p : d.phases) {
+      json ph = {{"kind", std::string(analysis::phaseKindName(p.phase.kind))},
+                 {"source", p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected"},
+                 {"name", p.phase.name},
+                 {"iteration", p.phase.iteration < 0 ? json(nullptr) : json(p.phase.iteration)},
+                 {"first_event", p.phase.first_event},
+                 {"last_event", p.phase.last_event},
+                 {"start_us", opt(p.phase.start_us)},
+                 {"end_us", opt(p.phase.end_us)},
+                 {"open", p.phase.open}};
+      bool empty = p.peak_requested.event < 0;
+      ph["peak_requested_bytes"] = empty ? json(nullptr) : json(p.peak_requested.bytes);
+      ph["peak_requested_event"] = opt(p.peak_requested.event);
+      ph["peak_reserved_bytes"] = empty ? json(nullptr) : json(p.peak_reserved.bytes);
+      ph["peak_reserved_event"] = opt(p.peak_reserved.event);
+      phases.push_back(std::move(ph));
+    }
+    j["phases"] = phases;
+    j["requested_sparkline_bytes"] = d.requested_columns;
+    devices.push_back(std::move(j));
+  }
+  doc["devices"] = std::move(devices);
+  out << doc.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+}
+
+}  // namespace memforensics::report

@@ -1,0 +1,125 @@
+// blocks_test.cc: layout metrics at an event and the OOM fragmentation verdict, with exact numbers
+// on fabricated complete histories.
+#include "analysis/blocks.h"
+
+#include <gtest/gtest.h>
+
+#include "fixtures/snapshot_builder.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using memforensics::testing::buildSnapshot;
+using memforensics::testing::TEvent;
+using memforensics::testing::TSnapshot;
+
+constexpr uint64_t kB = 0x7f0000000000ULL;
+constexpr uint64_t kMiB = 1048576;
+
+// One 20 MiB segment: 6 MiB free | 2 MiB live | 6 MiB free | 2 MiB live | 4 MiB free, then an OOM.
+format::Snapshot fragmented(uint64_t oom_request) {
+  TSnapshot t;
+  t.traces.push_back({
+      {"segment_alloc", kB, 20 * kMiB, 0, 10},
+      {"alloc", kB, 6 * kMiB, 0, 11},
+      {"alloc", kB + 6 * kMiB, 2 * kMiB - 100, 0, 12},
+      {"alloc", kB + 8 * kMiB, 6 * kMiB, 0, 13},
+      {"alloc", kB + 14 * kMiB, 2 * kMiB - 100, 0, 14},
+      {"free_requested", kB, 6 * kMiB, 0, 15},
+      {"free_completed", kB, 6 * kMiB, 0, 15},
+      {"free_requested", kB + 8 * kMiB, 6 * kMiB, 0, 16},
+      {"free_completed", kB + 8 * kMiB, 6 * kMiB, 0, 16},
+      {"oom", 123 * kMiB, oom_request, 0, 17},
+  });
+  return buildSnapshot(t);
+}
+
+TEST(BlocksAt, Parses) {
+  EXPECT_EQ(parseBlocksAt("peak")->kind, BlocksAt::Kind::Peak);
+  EXPECT_EQ(parseBlocksAt("oom")->kind, BlocksAt::Kind::Oom);
+  auto e = parseBlocksAt("42");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->kind, BlocksAt::Kind::Event);
+  EXPECT_EQ(e->value, 42);
+  auto t = parseBlocksAt("t1700000000");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->kind, BlocksAt::Kind::Time);
+  EXPECT_EQ(t->value, 1700000000);
+  EXPECT_FALSE(parseBlocksAt("t").ok());
+  EXPECT_FALSE(parseBlocksAt("12x").ok());
+  EXPECT_FALSE(parseBlocksAt("").ok());
+}
+
+TEST(Blocks, OomThatFitsTheFreeBytesButNoBlockIsFragmentation) {
+  auto snap = fragmented(8 * kMiB);
+  auto r = computeBlocks(snap, std::nullopt, {BlocksAt::Kind::Oom, 0});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->event, 9);
+  EXPECT_EQ(r->time_us, 17);
+  EXPECT_TRUE(r->layout_exact);
+  ASSERT_EQ(r->segments.size(), 1u);
+  const auto& s = r->segments[0];
+  ASSERT_EQ(s.segment.blocks.size(), 5u);
+  EXPECT_EQ(s.free_bytes, 16 * kMiB);
+  EXPECT_EQ(s.largest_free, 6 * kMiB);
+  EXPECT_EQ(s.free_blocks, 3u);
+  EXPECT_EQ(s.allocated_bytes, 4 * kMiB);
+  EXPECT_EQ(s.internal_waste, 200u);
+  EXPECT_EQ(r->reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(r->requested_bytes, 4 * kMiB - 200);
+  EXPECT_DOUBLE_EQ(r->external_fragmentation, 1.0 - 6.0 / 16.0);
+  ASSERT_EQ(r->by_pool.size(), 1u);
+  EXPECT_EQ(r->by_pool[0].pool, "large");
+  EXPECT_EQ(r->by_pool[0].largest_free, 6 * kMiB);
+  ASSERT_EQ(r->by_stream.size(), 1u);
+  EXPECT_EQ(r->by_stream[0].free_bytes, 16 * kMiB);
+  ASSERT_TRUE(r->oom.has_value());
+  EXPECT_EQ(r->oom->request_bytes, 8 * kMiB);
+  EXPECT_EQ(r->oom->device_free, 123 * kMiB);
+  EXPECT_EQ(r->oom->pool_free, 16 * kMiB);
+  EXPECT_EQ(r->oom->pool_largest, 6 * kMiB);
+  EXPECT_TRUE(r->oom->fits_total);
+  EXPECT_FALSE(r->oom->fits_block);
+  EXPECT_TRUE(r->oom->fragmentation);
+}
+
+TEST(Blocks, OomThatFitsABlockOrExceedsTheFreeBytesIsNotFragmentation) {
+  auto fits = computeBlocks(fragmented(5 * kMiB), std::nullopt, {BlocksAt::Kind::Oom, 0});
+  ASSERT_TRUE(fits.ok());
+  ASSERT_TRUE(fits->oom.has_value());
+  EXPECT_TRUE(fits->oom->fits_block);
+  EXPECT_FALSE(fits->oom->fragmentation);
+  auto big = computeBlocks(fragmented(40 * kMiB), std::nullopt, {BlocksAt::Kind::Oom, 0});
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->oom->fits_total);
+  EXPECT_FALSE(big->oom->fragmentation);
+}
+
+TEST(Blocks, PeakEventAndTimeSelectTheRightState) {
+  auto snap = fragmented(8 * kMiB);
+  auto peak = computeBlocks(snap, 0, {BlocksAt::Kind::Peak, 0});
+  ASSERT_TRUE(peak.ok());
+  EXPECT_EQ(peak->event, 4);  // all four allocations alive
+  EXPECT_EQ(peak->free_bytes, 4 * kMiB);
+  EXPECT_DOUBLE_EQ(peak->external_fragmentation, 0.0);
+  EXPECT_FALSE(peak->oom.has_value());
+  auto start = computeBlocks(snap, 0, {BlocksAt::Kind::Event, -1});
+  ASSERT_TRUE(start.ok());
+  EXPECT_TRUE(start->segments.empty());
+  auto t = computeBlocks(snap, 0, {BlocksAt::Kind::Time, 12});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->event, 2);
+  EXPECT_EQ(t->allocated_bytes, 8 * kMiB);
+  EXPECT_FALSE(computeBlocks(snap, 0, {BlocksAt::Kind::Event, 10}).ok());
+  EXPECT_FALSE(computeBlocks(snap, 3, {BlocksAt::Kind::Peak, 0}).ok());
+}
+
+TEST(Blocks, OomIsAnErrorWithoutOne) {
+  TSnapshot t;
+  t.traces.push_back({{"segment_alloc", kB, 2 * kMiB, 0, 1}, {"alloc", kB, 512, 0, 2}});
+  auto r = computeBlocks(buildSnapshot(t), std::nullopt, {BlocksAt::Kind::Oom, 0});
+  EXPECT_FALSE(r.ok());
+}
+
+}  // namespace
+}  // namespace memforensics::analysis

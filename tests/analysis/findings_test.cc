@@ -1,0 +1,271 @@
+// findings_test.cc: every detector on a fabricated history where it must fire and one where it
+// must not; call-graph attribution with exact numbers.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "analysis/callgraph.h"
+#include "analysis/findings.h"
+#include "fixtures/snapshot_builder.h"
+
+namespace memforensics {
+namespace {
+
+using namespace analysis;
+using testing::TEvent;
+using testing::TFrame;
+
+constexpr uint64_t MiB = 1ull << 20;
+
+// A one-segment history built event by event, with a final state that matches it (live blocks
+// and pending frees in place, free gaps as inactive blocks) and ProfilerStep annotations.
+class Sim {
+ public:
+  explicit Sim(uint64_t capacity) : capacity_(capacity) {
+    events_.push_back({"segment_alloc", kBase, capacity, 0, time_++});
+  }
+  uint64_t alloc(uint64_t size, std::vector<TFrame> frames) {
+    uint64_t addr = next_;
+    next_ += (size + 511) / 512 * 512;
+    EXPECT_LE(next_, kBase + capacity_) << "test segment too small";
+    events_.push_back({"alloc", addr, size, 0, time_++, frames, true});
+    live_[addr] = {size, std::move(frames), false};
+    return addr;
+  }
+  void free(uint64_t addr) {
+    freeRequest(addr);
+    events_.push_back({"free_completed", addr, live_[addr].size, 0, time_++});
+    live_.erase(addr);
+  }
+  void freeRequest(uint64_t addr) {
+    events_.push_back({"free_requested", addr, live_[addr].size, 0, time_++});
+    live_[addr].pending = true;
+  }
+  void oom(uint64_t size, uint64_t device_free) { events_.push_back({"oom", device_free, size, 0, time_++}); }
+  void step(int k, const std::function<void()>& body) {
+    steps_.push_back({k, time_++, 0});
+    body();
+    steps_.back().end = time_++;
+  }
+
+  format::Snapshot build() {
+    testing::TSegment seg;
+    seg.address = kBase;
+    uint64_t cursor = kBase;
+    for (const auto& [addr, l] : live_) {
+      if (addr > cursor) seg.blocks.push_back({addr - cursor, 0, "inactive", {}});
+      uint64_t size = (l.size + 511) / 512 * 512;
+      seg.blocks.push_back({size, l.size, l.pending ? "active_pending_free" : "active_allocated", l.frames});
+      cursor = addr + size;
+    }
+    if (cursor < kBase + capacity_) seg.blocks.push_back({kBase + capacity_ - cursor, 0, "inactive", {}});
+    format::Snapshot s = testing::buildSnapshot(testing::TSnapshot{{seg}, {events_}});
+    for (const auto& st : steps_) {
+      std::string name = "ProfilerStep#" + std::to_string(st.k);
+      s.annotations.push_back({0, st.start, s.strings.intern(name), s.strings.intern("START")});
+      s.annotations.push_back({0, st.end, s.strings.intern(name), s.strings.intern("END")});
+    }
+    s.traits.has_annotations_key = true;
+    return s;
+  }
+
+ private:
+  static constexpr uint64_t kBase = 0x7f0000000000;
+  struct Live {
+    uint64_t size;
+    std::vector<TFrame> frames;
+    bool pending;
+  };
+  struct Step {
+    int k;
+    int64_t start, end;
+  };
+  uint64_t capacity_;
+  uint64_t next_ = kBase;
+  int64_t time_ = 1000;
+  std::vector<TEvent> events_;
+  std::map<uint64_t, Live> live_;
+  std::vector<Step> steps_;
+};
+
+const std::vector<TFrame> kParams = {{"/lib/torch/nn/modules/module.py", 1160, "_apply"}, {"model.py", 12, "__init__"},
+                                     {"train.py", 20, "main"}};
+const std::vector<TFrame> kAct = {{"model.py", 30, "forward"}, {"train.py", 41, "train_step"}};
+const std::vector<TFrame> kLeak = {{"train.py", 42, "train_step"}};
+const std::vector<TFrame> kAdam = {{"/lib/torch/optim/adam.py", 98, "_init_group"}, {"train.py", 44, "train_step"}};
+const std::vector<TFrame> kGrad = {{"/lib/torch/autograd/__init__.py", 266, "backward"}, {"train.py", 43, "train_step"}};
+
+const Finding* find(const std::vector<Finding>& fs, FindingKind k) {
+  for (const auto& f : fs) {
+    if (f.kind == k) return &f;
+  }
+  return nullptr;
+}
+
+// A training loop: parameters, then per step activations (freed), gradients and Adam state
+// (made once), plus `leak` bytes per step kept forever and `state_copies` optimizer tensors per
+// parameter tensor.
+format::Snapshot trainingLoop(uint64_t leak, int state_copies, bool keep_activations = false) {
+  Sim s(1024 * MiB);
+  std::vector<uint64_t> params;
+  for (int i = 0; i < 4; ++i) params.push_back(s.alloc(8 * MiB, kParams));
+  for (int k = 0; k < 6; ++k) {
+    s.step(k, [&] {
+      std::vector<uint64_t> acts;
+      for (int l = 0; l < 4; ++l) acts.push_back(s.alloc(4 * MiB, kAct));
+      if (leak) s.alloc(leak, kLeak);
+      if (k == 0) {
+        for (int i = 0; i < 4; ++i) s.alloc(8 * MiB, kGrad);
+      }
+      if (!keep_activations) {
+        for (uint64_t a : acts) s.free(a);
+      }
+      if (k == 0) {
+        for (int i = 0; i < 4 * state_copies; ++i) s.alloc(8 * MiB, kAdam);
+      }
+    });
+  }
+  return s.build();
+}
+
+TEST(Findings, CleanLoopHasNoHighFinding) {
+  auto snap = trainingLoop(0, 2);
+  auto fs = findFindings(snap, 0);
+  for (const auto& f : fs) EXPECT_NE(f.severity, FindingSeverity::High) << f.title;
+  EXPECT_EQ(find(fs, FindingKind::Leak), nullptr);
+  EXPECT_EQ(find(fs, FindingKind::ActivationRetention), nullptr);
+  EXPECT_EQ(find(fs, FindingKind::OptimizerStateBloat), nullptr) << "Adam's 2x is expected";
+}
+
+TEST(Findings, LeakIsFoundWithItsLine) {
+  auto snap = trainingLoop(2 * MiB, 2);
+  auto fs = findFindings(snap, 0);
+  const Finding* f = find(fs, FindingKind::Leak);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 8 * MiB) << "4 iterations after the first step, 2 MiB each";
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].display(), "train.py:42 train_step");
+  EXPECT_NE(f->basis.find("external_annotations"), std::string::npos);
+  EXPECT_EQ(find(fs, FindingKind::ActivationRetention), nullptr);
+}
+
+TEST(Findings, RetainedActivationsAreNotCalledALeak) {
+  auto snap = trainingLoop(0, 2, /*keep_activations=*/true);
+  auto fs = findFindings(snap, 0);
+  const Finding* f = find(fs, FindingKind::ActivationRetention);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::High);
+  EXPECT_EQ(f->bytes, 4 * 16 * MiB);
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].display(), "model.py:30 forward");
+  EXPECT_EQ(find(fs, FindingKind::Leak), nullptr);
+}
+
+TEST(Findings, OptimizerStateBloatAboveTwiceTheParameters) {
+  auto fs = findFindings(trainingLoop(0, 4), 0);
+  const Finding* f = find(fs, FindingKind::OptimizerStateBloat);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::High);
+  EXPECT_EQ(f->bytes, 64 * MiB) << "128 MiB of state for 32 MiB of parameters: 64 MiB above 2x";
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_NE(f->where[0].display().find("train.py:44"), std::string::npos) << f->where[0].display();
+}
+
+TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {
+  {
+    Sim s(64 * MiB);
+    std::vector<uint64_t> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(s.alloc(4 * MiB, kAct));
+    for (int i = 0; i < 16; i += 2) s.free(blocks[i]);  // 32 MiB free in 4 MiB holes
+    s.oom(8 * MiB, 1 * MiB);
+    auto fs = findFindings(s.build(), 0);
+    const Finding* f = find(fs, FindingKind::OomVerdict);
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->severity, FindingSeverity::High);
+    EXPECT_EQ(f->bytes, 8 * MiB);
+    EXPECT_NE(f->title.find("fragmentation"), std::string::npos) << f->title;
+  }
+  {
+    Sim s(64 * MiB);
+    for (int i = 0; i < 15; ++i) s.alloc(4 * MiB, kAct);
+    s.oom(8 * MiB, 1 * MiB);
+    auto fs = findFindings(s.build(), 0);
+    const Finding* f = find(fs, FindingKind::OomVerdict);
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->title.find("fragmentation"), std::string::npos) << f->title;
+    bool activations_listed = false;
+    for (const auto& e : f->evidence) activations_listed |= e.text.find("live") == 0 && e.bytes == 60 * MiB;
+    EXPECT_TRUE(activations_listed);
+  }
+  EXPECT_EQ(find(findFindings(trainingLoop(0, 2), 0), FindingKind::OomVerdict), nullptr);
+}
+
+TEST(Findings, CacheBloatAndTemporarySpike) {
+  Sim s(2048 * MiB);
+  s.alloc(100 * MiB, kParams);
+  for (int i = 0; i < 20; ++i) s.free(s.alloc(1 * MiB, kAct));
+  uint64_t big = s.alloc(1500 * MiB, {{"model.py", 77, "attention"}, {"train.py", 41, "train_step"}});
+  s.free(big);
+  for (int i = 0; i < 20; ++i) s.free(s.alloc(1 * MiB, kAct));
+  auto fs = findFindings(s.build(), 0);
+  const Finding* cache = find(fs, FindingKind::CacheBloat);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->bytes, 2048 * MiB - 100 * MiB);
+  const Finding* spike = find(fs, FindingKind::TemporarySpike);
+  ASSERT_NE(spike, nullptr);
+  EXPECT_EQ(spike->bytes, 1500 * MiB);
+  ASSERT_FALSE(spike->where.empty());
+  EXPECT_EQ(spike->where[0].display(), "model.py:77 attention");
+  // A long-lived peak is not a spike, and a full cache is not bloat.
+  Sim q(256 * MiB);
+  for (int i = 0; i < 60; ++i) q.alloc(4 * MiB, kParams);
+  auto none = findFindings(q.build(), 0);
+  EXPECT_EQ(find(none, FindingKind::CacheBloat), nullptr);
+  EXPECT_EQ(find(none, FindingKind::TemporarySpike), nullptr);
+}
+
+TEST(Findings, PendingFreesHeldAtThePeak) {
+  Sim s(1024 * MiB);
+  s.alloc(100 * MiB, kParams);
+  uint64_t a = s.alloc(200 * MiB, kAct);
+  s.freeRequest(a);  // never completed: another stream still uses it
+  s.alloc(300 * MiB, kAct);
+  auto fs = findFindings(s.build(), 0);
+  const Finding* f = find(fs, FindingKind::PendingFreeRetention);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 200 * MiB);
+  Sim q(1024 * MiB);
+  q.alloc(100 * MiB, kParams);
+  q.free(q.alloc(200 * MiB, kAct));
+  q.alloc(300 * MiB, kAct);
+  EXPECT_EQ(find(findFindings(q.build(), 0), FindingKind::PendingFreeRetention), nullptr);
+}
+
+TEST(CallGraph, InclusiveSelfAndHotPath) {
+  Sim s(64 * MiB);
+  s.alloc(3 * MiB, {{"model.py", 30, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
+  s.alloc(2 * MiB, {{"model.py", 31, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
+  s.alloc(1 * MiB, {{"opt.py", 5, "update"}, {"train.py", 44, "step"}, {"train.py", 10, "main"}});
+  s.alloc(7 * MiB, {});  // recorded but empty: not attributable
+  auto snap = s.build();
+  replay::DeviceReplayer r(snap, 0);
+  r.advanceTo(static_cast<int64_t>(snap.trace(0).size()) - 1);
+  CallGraphSummary g = buildCallGraph(snap, r.live(), 10);
+  EXPECT_EQ(g.total_bytes, 13 * MiB);
+  EXPECT_EQ(g.unattributed_bytes, 7 * MiB);
+  ASSERT_FALSE(g.top_inclusive.empty());
+  EXPECT_EQ(g.top_inclusive[0].frame.display(), "train.py:10 main");
+  EXPECT_EQ(g.top_inclusive[0].inclusive_bytes, 6 * MiB);
+  EXPECT_EQ(g.top_inclusive[0].self_bytes, 0u);
+  EXPECT_EQ(g.top_inclusive[1].frame.display(), "train.py:41 step");
+  EXPECT_EQ(g.top_inclusive[1].inclusive_bytes, 5 * MiB);
+  EXPECT_EQ(g.top_self[0].frame.display(), "model.py:30 forward");
+  EXPECT_EQ(g.top_self[0].self_bytes, 3 * MiB);
+  ASSERT_EQ(g.hot_path.size(), 3u);
+  EXPECT_EQ(g.hot_path[2].frame.display(), "model.py:30 forward");
+  EXPECT_EQ(g.vertices, 6u);
+  EXPECT_EQ(g.edges, 5u);
+}
+
+}  // namespace
+}  // namespace memforensics
