@@ -6,7 +6,7 @@
 #include <string>
 
 #include "analysis/blocks.h"
-#include "cli/progress.h"
+#include "cli/load_cli.h"
 #include "format/load.h"
 #include "report/render_blocks.h"
 
@@ -22,20 +22,6 @@ struct BlocksArgs {
   bool salvage = false;
 };
 BlocksArgs g_args;
-
-// The same loading as main.cc's load(): progress bar on a terminal, reader warnings on stderr.
-Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage) {
-  ProgressBar bar("reading " + path);
-  format::LoadOptions opt;
-  opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
-  opt.salvage = salvage;
-  auto snap = format::loadSnapshotFile(path, opt);
-  bar.finish();
-  if (snap) {
-    for (const auto& w : snap->load_warnings) std::cerr << "memforensics: warning: " << path << ": " << w << "\n";
-  }
-  return snap;
-}
 
 }  // namespace
 

@@ -9,7 +9,7 @@
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
 #include "cli/cmd_timeline.h"
-#include "cli/progress.h"
+#include "cli/load_cli.h"
 #include "format/dump.h"
 #include "format/load.h"
 #include "format/snapshot_pickle.h"
@@ -27,18 +27,7 @@ constexpr int kExitInput = 2;
 
 bool g_salvage = false;  // --salvage: read the intact prefix of a damaged native trace
 
-mf::Expected<mf::format::Snapshot> load(const std::string& path) {
-  mf::cli::ProgressBar bar("reading " + path);
-  mf::format::LoadOptions opt;
-  opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
-  opt.salvage = g_salvage;
-  auto snap = mf::format::loadSnapshotFile(path, opt);
-  bar.finish();
-  if (snap) {
-    for (const auto& w : snap->load_warnings) std::cerr << "memforensics: warning: " << path << ": " << w << "\n";
-  }
-  return snap;
-}
+mf::Expected<mf::format::Snapshot> load(const std::string& path) { return mf::cli::loadWithProgress(path, g_salvage); }
 
 int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json, size_t top,
             size_t top_frames) {

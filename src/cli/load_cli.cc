@@ -1,0 +1,24 @@
+// load_cli.cc: see load_cli.h.
+#include "cli/load_cli.h"
+
+#include <iostream>
+
+#include "cli/progress.h"
+#include "format/load.h"
+
+namespace memforensics::cli {
+
+Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage) {
+  ProgressBar bar("reading " + path);
+  format::LoadOptions opt;
+  opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
+  opt.salvage = salvage;
+  auto snap = format::loadSnapshotFile(path, opt);
+  bar.finish();
+  if (snap) {
+    for (const auto& w : snap->load_warnings) std::cerr << "memforensics: warning: " << path << ": " << w << "\n";
+  }
+  return snap;
+}
+
+}  // namespace memforensics::cli
