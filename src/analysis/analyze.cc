@@ -75,7 +75,7 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
       da.has_frames = true;
       da.frames_at_peak = buildCallGraph(snap, r.live(), opt.top_frames);
     }
-    if (opt.findings) da.findings = findFindings(snap, d);
+    if (opt.findings) da.findings = findFindings(snap, r, da.summary);
     for (const auto& o : da.summary.ooms) {
       da.ooms.push_back({o, userFrames(snap, o.stack, opt.frames_per_group)});
     }

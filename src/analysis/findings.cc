@@ -114,8 +114,9 @@ struct Ctx {
   std::vector<uint8_t> flags;     // per stack id, 0xff = not computed
   replay::DeviceSummary summary;
   // One replayer for every detector: its backward pass is the expensive part; advanceTo() rewinds
-  // only when asked for an earlier event.
-  std::unique_ptr<replay::DeviceReplayer> replayer;
+  // only when asked for an earlier event. Owned here, or the caller's.
+  std::unique_ptr<replay::DeviceReplayer> owned;
+  replay::DeviceReplayer* replayer = nullptr;
 
   replay::DeviceReplayer& at(int64_t event) {
     replayer->advanceTo(event);
@@ -171,8 +172,9 @@ Category categorize(Ctx& c, const Alloc& a) {
   return (f & kForward) ? Category::Activation : Category::Unknown;
 }
 
+// Phases, allocations with lifetimes and categories; the replayer and summary are set by the caller.
 Ctx buildContext(const format::Snapshot& s, int64_t device) {
-  Ctx c{s, device, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  Ctx c{s, device, {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr};
   if (device >= 0 && static_cast<size_t>(device) < s.traceCount()) c.ev = s.trace(static_cast<size_t>(device));
   c.phases = detectPhases(s, device);
   for (const Phase& p : c.phases) {
@@ -204,7 +206,13 @@ Ctx buildContext(const format::Snapshot& s, int64_t device) {
     }
   }
   for (Alloc& a : c.allocs) a.cat = categorize(c, a);
-  c.replayer = std::make_unique<replay::DeviceReplayer>(s, device);
+  return c;
+}
+
+Ctx ownContext(const format::Snapshot& s, int64_t device) {
+  Ctx c = buildContext(s, device);
+  c.owned = std::make_unique<replay::DeviceReplayer>(s, device);
+  c.replayer = c.owned.get();
   c.summary = replay::summarizeDevice(*c.replayer);
   return c;
 }
@@ -261,8 +269,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     // (the model could not be built) the cached free bytes of the whole device are the guide.
     std::string verdict;
     std::optional<OomVerdict> exact;
-    if (auto blocks = computeBlocks(c.s, c.device, BlocksAt{BlocksAt::Kind::Event, oom.event}); blocks.ok()) {
-      exact = blocks->oom;
+    if (out.size() < opt.exact_ooms) {
+      if (auto blocks = computeBlocks(c.s, c.device, BlocksAt{BlocksAt::Kind::Event, oom.event}); blocks.ok()) {
+        exact = blocks->oom;
+      }
     }
     bool fragmentation = exact ? exact->fragmentation : oom.request_bytes <= cached_free;
     if (fragmentation) {
@@ -558,9 +568,10 @@ void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions&
 
 }  // namespace
 
-std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device, const FindingsOptions& options) {
+namespace {
+
+std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   std::vector<Finding> out;
-  Ctx c = buildContext(snap, device);
   detectOom(c, out, options);
   detectGrowth(c, out, options);
   detectOptimizerBloat(c, out, options);
@@ -574,8 +585,23 @@ std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device, 
   return out;
 }
 
+}  // namespace
+
+std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device, const FindingsOptions& options) {
+  Ctx c = ownContext(snap, device);
+  return runDetectors(c, options);
+}
+
+std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
+                                  const replay::DeviceSummary& summary, const FindingsOptions& options) {
+  Ctx c = buildContext(snap, replayer.device());
+  c.replayer = &replayer;
+  c.summary = summary;
+  return runDetectors(c, options);
+}
+
 CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event) {
-  Ctx c = buildContext(snap, device);
+  Ctx c = ownContext(snap, device);
   replay::DeviceReplayer& r = c.at(event);
   CategoryBytes out;
   r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {

@@ -63,11 +63,17 @@ struct CategoryBytes {
 
 struct FindingsOptions {
   size_t evidence_stacks = 3;  // stacks listed per finding
+  size_t exact_ooms = 16;      // OOMs whose verdict uses the exact block layout (each replays the model)
 };
 
 // Every detector on one device, ordered by severity (high first), then bytes.
 std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
                                   const FindingsOptions& options = {});
+// The same, reusing a caller's replayer of that device and its summary (analyze has both: the
+// replayer's backward pass and the summary's forward pass are then not done again). The replayer
+// is left at an unspecified event.
+std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
+                                  const replay::DeviceSummary& summary, const FindingsOptions& options = {});
 
 // Live requested bytes by category at event `event` (-1 = the start state), for reports.
 CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event);
