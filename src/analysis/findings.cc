@@ -308,6 +308,13 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     for (const auto& [st, bytes] : topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
       f.evidence.push_back({"live at the OOM from this stack", -1, -1, bytes, c.frames(st)});
     }
+    // The call graph at the OOM: the call path that holds the most, innermost frame first.
+    CallGraphSummary g = buildCallGraph(c.s, r.live(), 1);
+    if (!g.hot_path.empty()) {
+      std::vector<FrameText> path;
+      for (auto it = g.hot_path.rbegin(); it != g.hot_path.rend() && path.size() < 8; ++it) path.push_back(it->frame);
+      f.evidence.push_back({"heaviest call path at the OOM", -1, -1, g.hot_path.back().inclusive_bytes, path});
+    }
     out.push_back(std::move(f));
   }
 }

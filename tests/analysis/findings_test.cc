@@ -193,9 +193,15 @@ TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {
     const Finding* f = find(fs, FindingKind::OomVerdict);
     ASSERT_NE(f, nullptr);
     EXPECT_EQ(f->title.find("fragmentation"), std::string::npos) << f->title;
-    bool activations_listed = false;
-    for (const auto& e : f->evidence) activations_listed |= e.text.find("live") == 0 && e.bytes == 60 * MiB;
+    bool activations_listed = false, hot_path = false;
+    for (const auto& e : f->evidence) {
+      activations_listed |= e.text.find("live") == 0 && e.bytes == 60 * MiB;
+      // The call graph at the OOM: all 60 MiB flow through train.py:41 into model.py:30.
+      hot_path |= e.text == "heaviest call path at the OOM" && e.bytes == 60 * MiB && e.frames.size() == 2 &&
+                  e.frames[0].display() == "model.py:30 forward";
+    }
     EXPECT_TRUE(activations_listed);
+    EXPECT_TRUE(hot_path);
   }
   EXPECT_EQ(find(findFindings(trainingLoop(0, 2), 0), FindingKind::OomVerdict), nullptr);
 }
