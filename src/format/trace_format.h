@@ -35,8 +35,13 @@ inline constexpr uint32_t kHeaderSize = 32;
 inline constexpr uint32_t kChunkHeaderSize = 12;
 inline constexpr uint32_t kEndMarkSize = 16;
 // Upper bound a reader accepts for one chunk's stored or raw size: a hostile size field must not
-// make it allocate gigabytes. Writers stay far below (about 1 MiB of events per chunk).
-inline constexpr uint32_t kMaxChunkBytes = 256u << 20;
+// make it allocate gigabytes. Writers stay far below (about 1 MiB of events per chunk; a
+// checkpoint of a million live blocks is about 10 MiB).
+inline constexpr uint32_t kMaxChunkBytes = 64u << 20;
+// A zstd chunk may decode to at most this many times its stored size (plus 4 KiB): real event and
+// table data compresses 2-50x; a "zip bomb" that expands a few bytes into many megabytes of
+// records is refused as damage rather than decoded.
+inline constexpr uint32_t kMaxCompressionRatio = 256;
 // Device ordinals above this are refused (they would size per-device tables).
 inline constexpr uint32_t kMaxDevice = 1u << 16;
 
