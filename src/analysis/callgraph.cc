@@ -22,16 +22,9 @@ struct EdgeData {
 using Graph = boost::adjacency_list<boost::setS, boost::vecS, boost::bidirectionalS, VertexData, EdgeData>;
 using Vertex = boost::graph_traits<Graph>::vertex_descriptor;
 
-// Frames that carry no attribution: the allocator, the dispatcher, interpreter glue.
-bool plumbing(const format::Snapshot& s, const format::Frame& f) {
-  if (isNoiseFrame(s, f)) return true;
-  std::string_view name = s.strings.get(f.name);
-  for (std::string_view p : {"c10::", "at::detail::", "at::_ops::", "c10::impl::", "at::empty",
-                             "at::(anonymous namespace)::", "torch::autograd::VariableType::"}) {
-    if (name.rfind(p, 0) == 0) return true;
-  }
-  return name.find("wrapper_") != std::string_view::npos;
-}
+// Frames that carry no attribution: the allocator, the dispatcher, interpreter glue (the same
+// frames userFrames() skips).
+bool plumbing(const format::Snapshot& s, const format::Frame& f) { return isNoiseFrame(s, f) || isPlumbingFrame(s, f); }
 
 FrameText textOf(const format::Snapshot& s, format::FrameId id) {
   const format::Frame& f = s.stacks.frame(id);

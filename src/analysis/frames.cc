@@ -51,6 +51,16 @@ bool isLibraryFrame(const format::Snapshot& s, const format::Frame& f) {
   return file.rfind("torch/", 0) == 0;
 }
 
+bool isPlumbingFrame(const format::Snapshot& s, const format::Frame& f) {
+  std::string_view name = s.strings.get(f.name);
+  for (std::string_view p : {"c10::", "at::detail::", "at::_ops::", "c10::impl::", "wrapper_",
+                             "at::(anonymous namespace)::", "at::TensorIteratorBase::",
+                             "torch::autograd::VariableType::", "at::empty", "at::meta::"}) {
+    if (name.rfind(p, 0) == 0 || (p == "wrapper_" && contains(name, p))) return true;
+  }
+  return false;
+}
+
 std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max) {
   std::vector<FrameText> out;
   if (stack == format::kNoStack) return out;
@@ -64,22 +74,13 @@ std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId sta
     }
   };
   take([&](const format::Frame& f) { return !isLibraryFrame(s, f); });
-  // C++-only stacks (e.g. allocations made by the autograd engine's thread): skip the allocator,
-  // tensor factory and dispatcher frames so the first frame shown is the operator that allocated.
-  auto plumbing = [&](const format::Frame& f) {
-    std::string_view name = s.strings.get(f.name);
-    for (std::string_view p : {"c10::", "at::detail::", "at::_ops::", "c10::impl::", "wrapper_",
-                               "at::(anonymous namespace)::", "at::TensorIteratorBase::",
-                               "torch::autograd::VariableType::", "at::empty", "at::meta::"}) {
-      if (name.rfind(p, 0) == 0 || (p == "wrapper_" && contains(name, p))) return true;
-    }
-    return false;
-  };
   if (out.empty()) {
     take([&](const format::Frame& f) { return endsWith(s.strings.get(f.filename), ".py"); });
   }
   if (out.empty()) {
-    take([&](const format::Frame& f) { return !isNoiseFrame(s, f) && !plumbing(f); });
+    // C++-only stacks (e.g. allocations made by the autograd engine's thread): skip the
+    // allocator, tensor factory and dispatcher frames so the first frame shown is the operator.
+    take([&](const format::Frame& f) { return !isNoiseFrame(s, f) && !isPlumbingFrame(s, f); });
   }
   if (out.empty()) take([&](const format::Frame& f) { return !isNoiseFrame(s, f); });
   return out;

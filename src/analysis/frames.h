@@ -23,6 +23,9 @@ struct FrameText {
 bool isNoiseFrame(const format::Snapshot& s, const format::Frame& f);
 // True for frames of PyTorch itself or of Python's runtime (not the user's code).
 bool isLibraryFrame(const format::Snapshot& s, const format::Frame& f);
+// C++ frames of the allocator, tensor factories and the dispatcher: between the operator that
+// allocated and the allocator, they say nothing about who allocated.
+bool isPlumbingFrame(const format::Snapshot& s, const format::Frame& f);
 
 // Up to `max` innermost frames worth showing for `stack`:
 //   1. Python frames (file ends in .py) outside torch/ and the standard library: the user's code;
