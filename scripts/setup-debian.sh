@@ -6,6 +6,8 @@ packages=(build-essential cmake ninja-build python3 libcli11-dev nlohmann-json3-
           libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev pkg-config time)
 # scripts/fuzz.sh: clang with libFuzzer and its sanitizer runtimes, llvm-symbolizer for reports.
 packages+=(clang libclang-rt-14-dev llvm)
+# tests/report/browser_test.py: the HTML report opened in headless Chromium through ChromeDriver.
+packages+=(chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

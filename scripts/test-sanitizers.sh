@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build-asan"
 "$root/scripts/setup-debian.sh"
-cmake -S "$root" -B "$build" -G Ninja -DMEMF_SANITIZERS=ON -DCMAKE_BUILD_TYPE=Debug \
+cmake -S "$root" -B "$build" -G Ninja -DMEMF_SANITIZERS=ON -DCMAKE_BUILD_TYPE=Debug -DMEMF_REQUIRE_BROWSER_TESTS=ON \
   "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" >/dev/null
 cmake --build "$build" -j"$(nproc)"
 # Exported, so the executable that cli_golden starts from Python inherits them too.

@@ -617,4 +617,20 @@ CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, 
   return out;
 }
 
+struct AllocationCategories::Impl {
+  Ctx c;
+};
+
+AllocationCategories::AllocationCategories(const format::Snapshot& snap, int64_t device)
+    : impl_(std::make_unique<Impl>(Impl{buildContext(snap, device)})) {}
+
+AllocationCategories::~AllocationCategories() = default;
+
+Category AllocationCategories::of(int64_t alloc_event, format::StackId stack) {
+  Ctx& c = impl_->c;
+  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= c.alloc_at.size()) return preTraceCategory(c, stack);
+  int32_t k = c.alloc_at[static_cast<size_t>(alloc_event)];
+  return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].cat;
+}
+
 }  // namespace memforensics::analysis

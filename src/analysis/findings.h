@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,5 +78,21 @@ std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceRe
 
 // Live requested bytes by category at event `event` (-1 = the start state), for reports.
 CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event);
+
+// The category of every allocation of one device (the same inference as the detectors'), for
+// colouring blocks: `of(alloc_event, stack)` for a live block; blocks alive before the trace
+// (alloc_event -1) are judged by their stack alone.
+class AllocationCategories {
+ public:
+  AllocationCategories(const format::Snapshot& snap, int64_t device);
+  ~AllocationCategories();
+  AllocationCategories(const AllocationCategories&) = delete;
+  AllocationCategories& operator=(const AllocationCategories&) = delete;
+  Category of(int64_t alloc_event, format::StackId stack);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace memforensics::analysis

@@ -8,7 +8,9 @@
 
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
+#include "cli/cmd_report.h"
 #include "cli/cmd_timeline.h"
+#include "cli/output.h"
 #include "cli/load_cli.h"
 #include "format/dump.h"
 #include "format/load.h"
@@ -94,25 +96,7 @@ std::optional<Target> targetFromPath(const std::string& path) {
   return std::nullopt;
 }
 
-// Writes through a temporary file renamed into place at the end ("-" = standard output), so a
-// failed conversion never leaves a partial file under the requested name.
-mf::Status writeOutput(const std::string& path, const std::function<mf::Status(std::ostream&)>& body) {
-  if (path == "-") {
-    mf::Status s = body(std::cout);
-    std::cout.flush();
-    if (s.ok() && !std::cout) return mf::Error{"cannot write to standard output", -1};
-    return s;
-  }
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  if (!f) return mf::Error{"cannot create " + tmp, -1};
-  mf::Status s = body(f);
-  f.close();
-  if (s.ok() && !f) s = mf::Error{"cannot write " + tmp + " (disk full?)", -1};
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) s = mf::Error{"cannot rename " + tmp + " to " + path, -1};
-  if (!s.ok()) std::remove(tmp.c_str());
-  return s;
-}
+using mf::cli::writeOutput;
 
 class OstreamSink : public mf::format::trace::ByteSink {
  public:
@@ -245,6 +229,7 @@ int main(int argc, char** argv) {
 
   auto* tl = mf::cli::addTimelineCommand(app);
   auto* bl = mf::cli::addBlocksCommand(app);
+  auto* rp = mf::cli::addReportCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -262,5 +247,6 @@ int main(int argc, char** argv) {
   if (cv->parsed()) return convert(conv);
   if (tl->parsed()) return mf::cli::runTimelineCommand();
   if (bl->parsed()) return mf::cli::runBlocksCommand();
+  if (rp->parsed()) return mf::cli::runReportCommand();
   return kExitUsage;
 }

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "report/json_analysis.h"
 #include "report/render.h"
 
 namespace memforensics::report {
@@ -35,7 +36,7 @@ void peak(json& j, const char* name, const replay::Peak& p) {
 }
 }  // namespace
 
-std::string renderJsonString(const analysis::AnalysisResult& r) {
+nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
   json doc;
   doc["schema_version"] = kJsonSchemaVersion;
   doc["tool"] = "memforensics";
@@ -154,8 +155,12 @@ std::string renderJsonString(const analysis::AnalysisResult& r) {
     devices.push_back(std::move(j));
   }
   doc["devices"] = std::move(devices);
+  return doc;
+}
+
+std::string renderJsonString(const analysis::AnalysisResult& r) {
   // Snapshot strings are not guaranteed to be UTF-8: replace bad bytes rather than fail.
-  return doc.dump(-1, ' ', false, json::error_handler_t::replace);
+  return analysisJson(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void renderJson(const analysis::AnalysisResult& r, std::ostream& out) {

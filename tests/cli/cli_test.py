@@ -304,5 +304,28 @@ check("timeline --csv --json exits 1", r.returncode == 1, r.stderr)
 r = run("timeline", os.path.join(ROOT, "no-such-file.pickle"))
 check("timeline missing file exits 2", r.returncode == 2, r.stderr)
 
+# `report`: the default output name, stdout, a missing device, unreadable input; the page's numbers
+# against a browser are in tests/report/browser_test.py.
+with tempfile.TemporaryDirectory() as td:
+    sample = os.path.join(ROOT, "snapshots", "sample_training.pickle")
+    r = run("report", sample, cwd=td)
+    out = os.path.join(td, "sample_training.html")
+    check("report writes FILE's name with .html by default", r.returncode == 0 and os.path.exists(out), r.stderr)
+    check("report says what it wrote", "wrote" in r.stderr and "keyframes" in r.stderr, r.stderr)
+    if os.path.exists(out):
+        page = open(out, encoding="utf-8").read()
+        check("report page is one self-contained file", page.startswith("<!doctype html>") and "MEMF_" not in page
+              and "https://" not in page and "http://" not in page, page[:200])
+        check("report leaves no temporary file", sorted(os.listdir(td)) == ["sample_training.html"], os.listdir(td))
+    r = run("report", sample, "-o", "-")
+    check("report -o - writes the page to stdout", r.returncode == 0 and r.stdout.startswith("<!doctype html>"), r.stderr)
+    r = run("report", sample, "--device", "7", "-o", os.path.join(td, "x.html"))
+    check("report --device absent exits 2 and writes nothing",
+          r.returncode == 2 and "no device 7" in r.stderr and not os.path.exists(os.path.join(td, "x.html")), r.stderr)
+    r = run("report", os.path.join(ROOT, "no-such-file.pickle"), "-o", os.path.join(td, "y.html"))
+    check("report missing file exits 2", r.returncode == 2 and not os.path.exists(os.path.join(td, "y.html")), r.stderr)
+    r = run("report", sample, "-o", os.path.join(td, "no-such-dir", "z.html"))
+    check("report to an unwritable place exits 1", r.returncode == 1 and "cannot create" in r.stderr, r.stderr)
+
 print(f"cli_test: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,0 +1,18 @@
+# embed_viz.cmake: writes a C++ source holding the report page assets (viz/) as string literals.
+# Run as: cmake -DOUT=file.cc -DASSETS="name=path;name=path" -P embed_viz.cmake
+set(body "// Generated from viz/ by cmake/embed_viz.cmake at build time. Do not edit.\n")
+string(APPEND body "namespace memforensics::report::viz {\n")
+foreach(pair IN LISTS ASSETS)
+  string(REPLACE "=" ";" kv "${pair}")
+  list(GET kv 0 name)
+  list(GET kv 1 path)
+  file(READ "${path}" content)
+  string(FIND "${content}" ")memfviz\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${path} contains the raw-string delimiter )memfviz\"")
+  endif()
+  string(APPEND body "extern const char ${name}[];\nconst char ${name}[] = R\"memfviz(${content})memfviz\";\n")
+endforeach()
+string(APPEND body "}  // namespace memforensics::report::viz\n")
+file(WRITE "${OUT}.tmp" "${body}")
+file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)

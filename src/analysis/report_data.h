@@ -1,0 +1,104 @@
+// report_data.h: everything the HTML report draws, computed here so the page never replays a trace.
+//
+// Per device: the downsampled watermark series (timeline.h), block-map keyframes (the exact layout
+// of every segment from DeviceAllocatorModel at a bounded set of moments: the peaks, each OOM and
+// evenly spaced events, in one forward pass), and an icicle tree of live bytes by stack at the
+// requested peak. Frames and stacks are shared tables so a block can name its stack.
+//
+// Everything is bounded by ReportDataOptions whatever the input: keyframes, blocks per report
+// (small neighbouring blocks of one state are merged into runs, and the run says how many it
+// holds), tree nodes and stacks. Every cap that cut something is listed in `caps`, so the page
+// can say what it does not show.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/findings.h"
+#include "analysis/frames.h"
+#include "analysis/timeline.h"
+#include "format/snapshot.h"
+#include "replay/allocator_model.h"
+#include "replay/replay.h"
+
+namespace memforensics::analysis {
+
+enum class MapState : uint8_t { Free = 0, Allocated = 1, PendingFree = 2 };
+
+struct MapBlock {
+  uint64_t size = 0;       // bytes (a run: the sum of its blocks)
+  uint64_t requested = 0;  // requested bytes of an allocated or pending-free block
+  MapState state = MapState::Free;
+  Category category = Category::Unknown;  // allocated and pending-free blocks only
+  int32_t stack = -1;                     // index into ReportData::stacks, -1 = none or capped
+  int64_t alloc_event = -1;               // -1: before the trace, free, or a run
+  uint32_t count = 1;        // > 1: a run of this many neighbouring small blocks, drawn as one
+  uint64_t free_bytes = 0;   // runs: how many of their bytes are free (state = the larger share)
+  uint64_t pending_bytes = 0;  // runs: how many are pending-free
+};
+
+struct MapSegment {
+  uint64_t address = 0;
+  uint64_t size = 0;
+  int64_t stream = 0;
+  std::string pool;  // "small", "large", or "private (a, b)"
+  bool expandable = false;
+  std::vector<MapBlock> blocks;  // address order, covering the segment
+};
+
+struct Keyframe {
+  int64_t event = -1;  // layout after this event (-1: the start state)
+  int64_t time_us = -1;
+  std::vector<std::string> labels;  // "requested peak", "OOM 1", ... (empty for evenly spaced ones)
+  replay::Counters at;               // model totals at this moment
+  size_t blocks_before_merge = 0;
+  std::vector<MapSegment> segments;
+};
+
+struct IcicleNode {
+  int32_t frame = -1;   // index into ReportData::frames; -1 for the root and "(no stack)"
+  int32_t parent = -1;  // index into the node list; -1 for the root
+  uint64_t bytes = 0;   // inclusive live requested bytes
+  uint64_t self = 0;    // bytes of blocks whose stack ends here
+  uint64_t blocks = 0;
+  std::string label;  // set instead of a frame for synthetic nodes ("all live memory", "(no stack)")
+};
+
+struct DeviceReportData {
+  int64_t device = 0;
+  DeviceTimeline timeline;
+  std::vector<Keyframe> keyframes;  // by event
+  replay::ModelCheck model;         // predictions checked up to the last keyframe
+  bool layout_exact = false;        // every prediction up to the last keyframe matched
+  int64_t icicle_event = -1;        // the requested peak
+  std::vector<IcicleNode> icicle;   // parents before children; node 0 is the root
+};
+
+struct ReportData {
+  std::vector<int64_t> summary_only;  // devices left without drawings (max_detail_devices)
+  std::vector<FrameText> frames;
+  std::vector<std::vector<int32_t>> stacks;  // frame indices, innermost first
+  std::vector<DeviceReportData> devices;
+  std::vector<std::string> caps;  // what a bound cut, in words
+};
+
+// Per-device bounds shrink as devices are added (see buildReportData), so that the whole report
+// stays within one budget.
+struct ReportDataOptions {
+  std::optional<int64_t> device;
+  size_t max_detail_devices = 16;  // devices drawn: those with OOMs first, then by peak reserved
+  size_t max_points = 1500;        // timeline buckets per device
+  size_t even_keyframes = 40;      // evenly spaced keyframes per device, besides peaks and OOMs
+  size_t max_oom_keyframes = 16;   // OOMs with a keyframe per device
+  size_t max_blocks = 120000;      // drawn blocks (a run counts 1) + 2 per segment, whole report
+  size_t max_icicle_nodes = 3000;  // per device
+  size_t max_stacks = 20000;       // stacks named by blocks, in the whole report
+  size_t max_frames_per_stack = 48;
+};
+
+ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});
+
+std::string_view mapStateName(MapState s);
+
+}  // namespace memforensics::analysis

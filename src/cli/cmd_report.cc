@@ -1,0 +1,133 @@
+// cmd_report.cc: `memforensics report FILE [-o report.html] [--device N] [--keyframes N] ...`.
+#include "cli/cmd_report.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "analysis/analyze.h"
+#include "analysis/report_data.h"
+#include "cli/load_cli.h"
+#include "cli/output.h"
+#include "common/format_bytes.h"
+#include "report/render_html.h"
+
+namespace memforensics::cli {
+
+namespace {
+
+struct ReportArgs {
+  std::string file;
+  std::string out;
+  std::optional<int64_t> device;
+  analysis::ReportDataOptions data;
+  bool salvage = false;
+};
+ReportArgs g_args;
+
+constexpr size_t kMaxReportBytes = 4'750'000;  // the budget is 5 MB; keep a margin
+
+std::string defaultOutput(const std::string& in) {
+  std::string base = in;
+  size_t slash = base.find_last_of('/');
+  if (slash != std::string::npos) base = base.substr(slash + 1);
+  size_t dot = base.find_last_of('.');
+  if (dot != std::string::npos && dot > 0) base = base.substr(0, dot);
+  return base + ".html";
+}
+
+}  // namespace
+
+CLI::App* addReportCommand(CLI::App& app) {
+  auto* r = app.add_subcommand("report", "Self-contained HTML report: summary and findings, timeline, block map, call tree");
+  r->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
+  r->add_option("-o,--output", g_args.out, "the .html file to write (default: FILE's name with .html, in this directory; - = stdout)");
+  r->add_option("--device", g_args.device, "only this CUDA device ordinal");
+  r->add_option("--max-points", g_args.data.max_points, "timeline buckets per device (min/max kept per bucket)")
+      ->check(CLI::Range(size_t{16}, size_t{20000}));
+  r->add_option("--keyframes", g_args.data.even_keyframes,
+                "evenly spaced block-map keyframes per device, besides the peaks and OOMs")
+      ->check(CLI::Range(size_t{0}, size_t{400}));
+  r->add_option("--max-blocks", g_args.data.max_blocks,
+                "blocks drawn in the whole report; beyond it small neighbouring blocks are merged into runs")
+      ->check(CLI::Range(size_t{1000}, size_t{400000}));
+  r->add_flag("--salvage", g_args.salvage, "read the intact part of a native trace that is damaged in the middle");
+  return r;
+}
+
+int runReportCommand() {
+  auto t0 = std::chrono::steady_clock::now();
+  auto snap = loadWithProgress(g_args.file, g_args.salvage);
+  if (!snap) {
+    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
+    return 2;
+  }
+  if (g_args.device) {
+    bool found = false;
+    for (int64_t d : snap->devices()) found |= d == *g_args.device;
+    if (!found) {
+      std::cerr << "memforensics: error: " << g_args.file << " has no device " << *g_args.device << "\n";
+      return 2;
+    }
+  }
+  std::cerr << "memforensics: analysing " << g_args.file << "...\n";
+  analysis::AnalyzeOptions aopt;
+  aopt.device = g_args.device;
+  aopt.top_frames = 10;
+  analysis::AnalysisResult result = analysis::analyzeSnapshot(*snap, aopt);
+  result.path = g_args.file;
+  std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
+  g_args.data.device = g_args.device;
+  // The page must stay under kMaxReportBytes whatever the input: the data's own bounds keep it
+  // there in practice; should a file still overflow them (say, tens of thousands of segments with
+  // long frame names), every bound is halved and the data rebuilt, and the page says so.
+  analysis::ReportDataOptions opt = g_args.data;
+  analysis::ReportData data;
+  std::string page;
+  for (int attempt = 0;; ++attempt) {
+    data = analysis::buildReportData(*snap, opt);
+    if (attempt > 0) {
+      data.caps.push_back("the report's bounds were halved " + std::to_string(attempt) +
+                          " time(s) to keep the page under 5 MB");
+    }
+    std::ostringstream html;
+    report::renderHtml(result, data, html);
+    page = std::move(html).str();
+    if (page.size() <= kMaxReportBytes || attempt == 4) break;
+    std::cerr << "memforensics: the report would be " << formatBytes(page.size()) << "; halving its bounds\n";
+    opt.max_points = std::max<size_t>(64, opt.max_points / 2);
+    opt.even_keyframes /= 2;
+    opt.max_blocks = std::max<size_t>(1000, opt.max_blocks / 2);
+    opt.max_icicle_nodes = std::max<size_t>(100, opt.max_icicle_nodes / 2);
+    opt.max_stacks = std::max<size_t>(100, opt.max_stacks / 2);
+    opt.max_frames_per_stack = std::max<size_t>(8, opt.max_frames_per_stack / 2);
+  }
+
+  std::string out = g_args.out.empty() ? defaultOutput(g_args.file) : g_args.out;
+  const uint64_t bytes = page.size();
+  Status s = writeOutput(out, [&](std::ostream& o) -> Status {
+    o << page;
+    return Status::Ok();
+  });
+  if (!s.ok()) {
+    std::cerr << "memforensics: error: " << s.error().describe() << "\n";
+    return 1;
+  }
+  size_t keyframes = 0;
+  for (const auto& d : data.devices) keyframes += d.keyframes.size();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (out != "-") {
+    char line[256];
+    std::snprintf(line, sizeof line, "memforensics: wrote %s (%s) for %zu device(s), %zu block-map keyframes, in %.2f s\n",
+                  out.c_str(), formatBytes(bytes).c_str(), data.devices.size(), keyframes, secs);
+    std::cerr << line;
+    for (const auto& c : data.caps) std::cerr << "memforensics: note: " << c << "\n";
+  }
+  return 0;
+}
+
+}  // namespace memforensics::cli

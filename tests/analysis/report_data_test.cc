@@ -1,0 +1,208 @@
+// report_data_test.cc: the HTML report's data set: keyframes at the right moments with the replayed
+// numbers, blocks covering their segments exactly (merged runs included), the icicle adding up to
+// the live bytes, and the bounds holding on inputs built to exceed them.
+#include "analysis/report_data.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "analysis/analyze.h"
+#include "fixtures/snapshot_builder.h"
+#include "format/load.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using memforensics::testing::buildSnapshot;
+using memforensics::testing::TEvent;
+using memforensics::testing::TFrame;
+using memforensics::testing::TSnapshot;
+
+constexpr uint64_t kB = 0x7f0000000000ULL;
+constexpr uint64_t kMiB = 1048576;
+
+const Keyframe* labelled(const DeviceReportData& d, const std::string& label) {
+  for (const auto& k : d.keyframes) {
+    if (std::find(k.labels.begin(), k.labels.end(), label) != k.labels.end()) return &k;
+  }
+  return nullptr;
+}
+
+size_t cost(const DeviceReportData& d) {
+  size_t n = 0;
+  for (const auto& k : d.keyframes) {
+    for (const auto& s : k.segments) n += 2 + s.blocks.size();
+  }
+  return n;
+}
+
+void expectBlocksCoverSegments(const DeviceReportData& d) {
+  for (const auto& k : d.keyframes) {
+    uint64_t reserved = 0;
+    for (const auto& s : k.segments) {
+      uint64_t sum = 0;
+      for (const auto& b : s.blocks) {
+        sum += b.size;
+        if (b.count > 1) EXPECT_LE(b.free_bytes + b.pending_bytes, b.size);
+      }
+      EXPECT_EQ(sum, s.size) << "segment 0x" << std::hex << s.address << " at event " << std::dec << k.event;
+      reserved += s.size;
+    }
+    EXPECT_EQ(reserved, k.at.reserved) << "event " << k.event;
+  }
+}
+
+TEST(ReportData, SampleKeyframesCarryTheReplayedPeaksAndTheOom) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap) << snap.error().describe();
+  AnalysisResult a = analyzeSnapshot(*snap);
+  ReportData r = buildReportData(*snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const DeviceReportData& d = r.devices[0];
+  const auto& sum = a.devices[0].summary;
+  ASSERT_TRUE(d.layout_exact);  // the sample is a complete history
+  const Keyframe* peak = labelled(d, "requested peak");
+  ASSERT_NE(peak, nullptr);
+  EXPECT_EQ(peak->event, sum.peak_requested.event);
+  EXPECT_EQ(peak->at.requested, sum.peak_requested.bytes);
+  const Keyframe* res = labelled(d, "reserved peak");
+  ASSERT_NE(res, nullptr);
+  EXPECT_EQ(res->at.reserved, sum.peak_reserved.bytes);
+  ASSERT_EQ(sum.ooms.size(), 1u);
+  const Keyframe* oom = labelled(d, "OOM 1");
+  ASSERT_NE(oom, nullptr);
+  EXPECT_EQ(oom->event, sum.ooms[0].event);
+  EXPECT_EQ(oom->at.allocated, sum.ooms[0].at.allocated);
+  EXPECT_TRUE(std::is_sorted(d.keyframes.begin(), d.keyframes.end(),
+                             [](const Keyframe& x, const Keyframe& y) { return x.event < y.event; }));
+  EXPECT_GT(d.keyframes.size(), 10u);  // evenly spaced ones besides the peaks
+  expectBlocksCoverSegments(d);
+  // Nothing was merged or dropped on a file this small: no caps but the timeline's, if any.
+  for (const auto& c : r.caps) EXPECT_EQ(c.rfind("timeline", 0), 0u) << c;
+  // Every allocated block names a stack with frames; the sample records them all.
+  for (const auto& s : peak->segments) {
+    for (const auto& b : s.blocks) {
+      if (b.state == MapState::Allocated) {
+        ASSERT_GE(b.stack, 0);
+        EXPECT_FALSE(r.stacks[static_cast<size_t>(b.stack)].empty());
+        EXPECT_NE(b.category, Category::Unknown);
+      }
+    }
+  }
+}
+
+TEST(ReportData, IcicleAddsUpToTheLiveBytesAtThePeak) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap);
+  ReportData r = buildReportData(*snap);
+  const auto& ic = r.devices[0].icicle;
+  ASSERT_GT(ic.size(), 3u);
+  replay::DeviceReplayer rep(*snap, 0);
+  rep.advanceTo(r.devices[0].icicle_event);
+  uint64_t live = 0;
+  rep.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+    if (!b.pending) live += b.requested;
+  });
+  EXPECT_EQ(ic[0].bytes, live);
+  EXPECT_EQ(ic[0].parent, -1);
+  std::vector<uint64_t> children(ic.size(), 0);
+  for (size_t i = 1; i < ic.size(); ++i) {
+    ASSERT_GE(ic[i].parent, 0);
+    ASSERT_LT(static_cast<size_t>(ic[i].parent), i);  // parents first
+    children[static_cast<size_t>(ic[i].parent)] += ic[i].bytes;
+  }
+  for (size_t i = 0; i < ic.size(); ++i) EXPECT_EQ(children[i] + ic[i].self, ic[i].bytes) << "node " << i;
+}
+
+// Many small live blocks in many segments: more than a small budget allows.
+format::Snapshot crowded(size_t segments, size_t blocks_per_segment) {
+  TSnapshot t;
+  std::vector<TEvent> ev;
+  int64_t time = 1;
+  for (size_t s = 0; s < segments; ++s) {
+    uint64_t base = kB + s * 2 * kMiB;
+    ev.push_back({"segment_alloc", base, 2 * kMiB, 0, time++});
+    for (size_t i = 0; i < blocks_per_segment; ++i) {
+      TEvent e{"alloc", base + i * 4096, 4096, 0, time++};
+      e.frames = {{"model.py", 10 + i % 7, "forward"}, {"train.py", 3, "main"}};
+      e.with_frames = true;
+      ev.push_back(e);
+    }
+    // every other block freed: the layout alternates allocated and free
+    for (size_t i = 0; i < blocks_per_segment; i += 2) {
+      ev.push_back({"free_requested", base + i * 4096, 4096, 0, time});
+      ev.push_back({"free_completed", base + i * 4096, 4096, 0, time++});
+    }
+  }
+  t.traces.push_back(std::move(ev));
+  return buildSnapshot(t);
+}
+
+TEST(ReportData, BlockBudgetMergesSmallBlocksIntoRunsThatKeepTheirBytes) {
+  format::Snapshot snap = crowded(8, 400);
+  ReportDataOptions opt;
+  opt.max_blocks = 1000;
+  opt.even_keyframes = 4;
+  ReportData r = buildReportData(snap, opt);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& d = r.devices[0];
+  expectBlocksCoverSegments(d);
+  bool any_run = false;
+  for (const auto& k : d.keyframes) {
+    for (const auto& s : k.segments) {
+      for (const auto& b : s.blocks) any_run |= b.count > 1;
+    }
+  }
+  EXPECT_TRUE(any_run);
+  EXPECT_LE(cost(d), 2 * opt.max_blocks);  // each keyframe may overshoot its share by a segment's runs
+  ASSERT_FALSE(r.caps.empty());
+  EXPECT_NE(r.caps[0].find("merged into runs"), std::string::npos) << r.caps[0];
+  // The same input with room for everything: no runs.
+  ReportData full = buildReportData(snap, ReportDataOptions{});
+  for (const auto& k : full.devices[0].keyframes) {
+    for (const auto& s : k.segments) {
+      for (const auto& b : s.blocks) EXPECT_EQ(b.count, 1u);
+    }
+  }
+}
+
+TEST(ReportData, ManySegmentsThinOutTheEvenlySpacedKeyframesButKeepThePeaks) {
+  format::Snapshot snap = crowded(300, 4);
+  ReportDataOptions opt;
+  opt.max_blocks = 6000;
+  ReportData r = buildReportData(snap, opt);
+  const auto& d = r.devices[0];
+  EXPECT_NE(labelled(d, "requested peak"), nullptr);
+  EXPECT_NE(labelled(d, "reserved peak"), nullptr);
+  EXPECT_LT(d.keyframes.size(), opt.even_keyframes);
+  EXPECT_LE(cost(d), opt.max_blocks + opt.max_blocks / 4);
+  bool said = false;
+  for (const auto& c : r.caps) said |= c.find("evenly spaced keyframes were left out") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(ReportData, DevicesBeyondTheDetailLimitKeepTheirSummaryOnly) {
+  TSnapshot t;
+  for (int dev = 0; dev < 3; ++dev) {
+    uint64_t base = kB + static_cast<uint64_t>(dev) * 1024 * kMiB;
+    std::vector<TEvent> ev = {{"segment_alloc", base, (4u + static_cast<uint64_t>(dev)) * 2 * kMiB, 0, 1},
+                              {"alloc", base, 2 * kMiB, 0, 2}};
+    if (dev == 0) ev.push_back({"oom", 64 * kMiB, 512 * kMiB, 0, 3});
+    t.traces.push_back(ev);
+  }
+  format::Snapshot snap = buildSnapshot(t);
+  ReportDataOptions opt;
+  opt.max_detail_devices = 2;
+  ReportData r = buildReportData(snap, opt);
+  ASSERT_EQ(r.devices.size(), 2u);
+  // device 0 has the OOM, device 2 the highest reserved peak; device 1 is left out
+  EXPECT_EQ(r.devices[0].device, 0);
+  EXPECT_EQ(r.devices[1].device, 2);
+  ASSERT_EQ(r.summary_only.size(), 1u);
+  EXPECT_EQ(r.summary_only[0], 1);
+}
+
+}  // namespace
+}  // namespace memforensics::analysis

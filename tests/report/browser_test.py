@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""The HTML report opened in a real browser: headless Chromium driven through ChromeDriver.
+
+For every input (the samples in snapshots/, the real snapshots in ../shared/snapshots-real/, and a
+hostile fixture made here) it runs `memforensics report` and `memforensics analyze --json`, opens the
+page from disk and checks, per device:
+  - the page draws (body[data-ready]) with no JavaScript error and no console error;
+  - the peak and count figures in the summary equal analyze --json's;
+  - the timeline, block-map and call-tree canvases are not blank;
+  - clicking the timeline far from the current moment changes the block map's moment;
+  - the report is under 5 MB.
+The hostile fixture puts markup such as </script><img src=x onerror=...> into frame names, file names
+and the snapshot's own path; the page must show it as text and run none of it.
+A screenshot of each report is kept in --artifacts. WebDriver is spoken over plain HTTP (urllib), so
+nothing but Debian's chromium and chromium-driver is needed.
+
+Usage: browser_test.py MEMFORENSICS SOURCE_DIR [REAL_SNAPSHOTS_DIR] --artifacts DIR
+"""
+import argparse
+import base64
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+MAX_REPORT_BYTES = 5_000_000
+XSS = '</script><img src=x onerror="window.__xss=1;alert(1)"><script>window.__xss=2</script>'
+
+
+class WebDriver:
+    def __init__(self, chromedriver, chromium, workdir):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = open(os.path.join(workdir, "chromedriver.log"), "w")
+        self.proc = subprocess.Popen([chromedriver, f"--port={self.port}", "--allowed-ips=127.0.0.1"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                self._call("GET", "/status")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("chromedriver did not start (see chromedriver.log)")
+                time.sleep(0.2)
+        args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-default-apps", "--disable-extensions", "--disable-dev-shm-usage",
+                "--allow-file-access-from-files", "--window-size=1400,2600",
+                f"--user-data-dir={os.path.join(workdir, 'profile')}"]
+        caps = {"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "unhandledPromptBehavior": "ignore",
+            "goog:chromeOptions": {"binary": chromium, "args": args},
+            "goog:loggingPrefs": {"browser": "ALL"}}}}
+        self.session = self._call("POST", "/session", caps)["sessionId"]
+
+    def _call(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read() or b"{}").get("value")
+        except urllib.error.HTTPError as e:
+            payload = json.loads(e.read() or b"{}").get("value", {})
+            raise WebDriverError(payload.get("error", str(e.code)), payload.get("message", ""))
+
+    def s(self, method, path, body=None):
+        return self._call(method, f"/session/{self.session}{path}", body)
+
+    def get(self, url):
+        self.s("POST", "/url", {"url": url})
+
+    def js(self, script, *args):
+        return self.s("POST", "/execute/sync", {"script": script, "args": list(args)})
+
+    def alert_text(self):
+        try:
+            return self.s("GET", "/alert/text")
+        except WebDriverError as e:
+            if e.error == "no such alert":
+                return None
+            raise
+
+    def browser_log(self):
+        try:
+            return self.s("POST", "/se/log", {"type": "browser"}) or []
+        except WebDriverError:
+            return []
+
+    def element(self, css):
+        v = self.s("POST", "/element", {"using": "css selector", "value": css})
+        return next(iter(v.values()))
+
+    def click_at(self, elem, x, y):
+        """A real pointer click at (x, y) from the element's centre (WebDriver actions)."""
+        origin = {"element-6066-11e4-a52e-4f735466cecf": elem}
+        self.s("POST", "/actions", {"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
+                                                 "actions": [{"type": "pointerMove", "origin": origin, "x": int(x), "y": int(y)},
+                                                             {"type": "pointerDown", "button": 0},
+                                                             {"type": "pointerUp", "button": 0}]}]})
+        self.s("DELETE", "/actions")
+
+    def screenshot(self, path):
+        png = base64.b64decode(self.s("GET", "/screenshot"))
+        with open(path, "wb") as f:
+            f.write(png)
+
+    def quit(self):
+        try:
+            self.s("DELETE", "")
+        except Exception:
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class WebDriverError(Exception):
+    def __init__(self, error, message):
+        super().__init__(f"{error}: {message}")
+        self.error = error
+
+
+# Fraction of sampled pixels of a canvas that are not white: > 0 means something was drawn.
+INK_JS = """
+const c = document.getElementById(arguments[0]);
+const g = c.getContext('2d');
+const d = g.getImageData(0, 0, c.width, c.height).data;
+let ink = 0, n = 0;
+for (let i = 0; i < d.length; i += 4 * 7) { n++; if (d[i] < 245 || d[i + 1] < 245 || d[i + 2] < 245) ink++; }
+return n ? ink / n : 0;
+"""
+
+STATS_JS = """
+const out = {};
+for (const e of document.querySelectorAll('#stats [data-stat]')) {
+  out[e.dataset.stat] = e.dataset.bytes !== undefined ? Number(e.dataset.bytes) : Number(e.dataset.value);
+}
+return out;
+"""
+
+
+def hostile_snapshot(path):
+    """A small PyTorch-style snapshot whose frame names, file names and annotations carry markup."""
+    frames = [{"filename": "evil" + XSS + ".py", "line": 7, "name": "forward" + XSS},
+              {"filename": "train.py", "line": 3, "name": "<module>"}]
+    mib = 1 << 20
+    base = 0x7F0000000000
+    trace = []
+    t = 1_700_000_000_000_000
+    for i in range(6):
+        trace.append({"action": "alloc", "addr": base + i * 2 * mib, "size": 2 * mib, "stream": 0,
+                      "time_us": t + i, "frames": frames})
+    for i in range(3):
+        trace.append({"action": "free_requested", "addr": base + i * 2 * mib, "size": 2 * mib, "stream": 0,
+                      "time_us": t + 10 + i, "frames": frames})
+        trace.append({"action": "free_completed", "addr": base + i * 2 * mib, "size": 2 * mib, "stream": 0,
+                      "time_us": t + 10 + i, "frames": frames})
+    blocks = []
+    for i in range(3):
+        blocks.append({"address": base + i * 2 * mib, "size": 2 * mib, "requested_size": 0, "state": "inactive",
+                       "frames": []})
+    for i in range(3, 6):
+        blocks.append({"address": base + i * 2 * mib, "size": 2 * mib, "requested_size": 2 * mib,
+                       "state": "active_allocated", "frames": frames})
+    seg = {"device": 0, "address": base, "total_size": 12 * mib, "stream": 0, "segment_type": "large",
+           "allocated_size": 6 * mib, "active_size": 6 * mib, "requested_size": 6 * mib,
+           "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": blocks}
+    trace_with_segment = [{"action": "segment_alloc", "addr": base, "size": 12 * mib, "stream": 0,
+                           "time_us": t - 1, "frames": frames}] + trace
+    snap = {"segments": [seg], "device_traces": [trace_with_segment],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": XSS},
+            "external_annotations": [{"device": 0, "name": "ProfilerStep#1" + XSS, "stage": "START", "time_us": t - 2},
+                                     {"device": 0, "name": "ProfilerStep#1" + XSS, "stage": "END", "time_us": t + 20}]}
+    with open(path, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+
+
+def check_report(wd, exe, src, workdir, artifacts, name, failures):
+    html = os.path.join(workdir, "report.html")
+    r = subprocess.run([exe, "report", src, "-o", html], capture_output=True, text=True)
+    if r.returncode != 0:
+        failures.append(f"{name}: report exited {r.returncode}: {r.stderr.strip()[-500:]}")
+        return
+    size = os.path.getsize(html)
+    if size >= MAX_REPORT_BYTES:
+        failures.append(f"{name}: report is {size} bytes (budget {MAX_REPORT_BYTES})")
+    with open(html, "rb") as f:
+        page = f.read()
+    if b"http://" in page.replace(b"http://www.w3.org", b"") or b"https://" in page:
+        failures.append(f"{name}: the page names a network location")
+    a = subprocess.run([exe, "analyze", "--json", src], capture_output=True, text=True)
+    if a.returncode != 0:
+        failures.append(f"{name}: analyze exited {a.returncode}")
+        return
+    expected = json.loads(a.stdout)
+    wd.get("file://" + html)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if wd.alert_text() is not None:
+            failures.append(f"{name}: an alert opened: {wd.alert_text()!r}")
+            return
+        if wd.js("return document.body && document.body.dataset.ready === '1'"):
+            break
+        if wd.js("return window.memfErrors && window.memfErrors.length"):
+            break
+        time.sleep(0.1)
+    else:
+        failures.append(f"{name}: the page did not finish drawing in 60 s")
+    errors = wd.js("return window.memfErrors || ['memfErrors missing']")
+    if errors:
+        failures.append(f"{name}: JavaScript errors: {errors}")
+    severe = [e["message"] for e in wd.browser_log() if e.get("level") == "SEVERE"]
+    if severe:
+        failures.append(f"{name}: console errors: {severe[:3]}")
+    if wd.js("return document.querySelectorAll('img').length") != 0:
+        failures.append(f"{name}: an <img> element exists in the page")
+    if wd.js("return window.__xss !== undefined"):
+        failures.append(f"{name}: injected script ran")
+    devices = expected["devices"]
+    n_options = wd.js("return document.querySelectorAll('#device option').length")
+    if n_options != len(devices):
+        failures.append(f"{name}: the device selector has {n_options} entries, analyze has {len(devices)} devices")
+    for i, dev in enumerate(devices):
+        wd.js("const s = document.getElementById('device'); s.value = String(arguments[0]);"
+              "s.dispatchEvent(new Event('change'));", i)
+        shown = wd.js(STATS_JS)
+        drawn = wd.js("return document.body.dataset.detail") == "1"
+        for key in ["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes", "peak_active_bytes",
+                    "final_reserved_bytes", "oom_count", "events"]:
+            if shown.get(key) != dev[key]:
+                failures.append(f"{name} device {dev['device']}: {key} shown {shown.get(key)} != analyze {dev[key]}")
+        texts = wd.js("return Array.from(document.querySelectorAll('#stats [data-stat] .exact')).map(e => e.textContent)")
+        for key, text in zip(["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes"], texts):
+            if f"{dev[key]:,} B" not in text:
+                failures.append(f"{name} device {dev['device']}: {key} text {text!r} lacks {dev[key]:,} B")
+        n_findings = wd.js("return document.querySelectorAll('#findings li[data-kind]').length")
+        if n_findings != len(dev["findings"]):
+            failures.append(f"{name} device {dev['device']}: {n_findings} findings shown, analyze has {len(dev['findings'])}")
+        if not drawn:
+            summary_only = sum(1 for x in devices if x) - wd.js("return JSON.parse(document.getElementById('memf-data').textContent).devices.length")
+            if summary_only <= 0:
+                failures.append(f"{name} device {dev['device']}: not drawn, though the report draws every device")
+            continue
+        for canvas in ["timeline", "blockmap", "icicle"]:
+            ink = wd.js(INK_JS, canvas)
+            if not ink or ink <= 0.001:
+                failures.append(f"{name} device {dev['device']}: the {canvas} canvas is blank (ink {ink})")
+        # Clicking the timeline near each end: the block map must move to another moment.
+        keyframe_events = wd.js("return Array.from(document.querySelectorAll('#keyframe option')).length")
+        if keyframe_events >= 2:
+            canvas = wd.element("#timeline")
+            width = wd.js("return document.getElementById('timeline').getBoundingClientRect().width")
+            before = wd.js("return document.getElementById('blockmap-caption').dataset.event")
+            moved = False
+            for frac in (0.06, 0.985):
+                x = (frac - 0.5) * width  # relative to the canvas centre
+                wd.click_at(canvas, x, 0)
+                after = wd.js("return document.getElementById('blockmap-caption').dataset.event")
+                if after != before:
+                    moved = True
+                    break
+            distinct = wd.js("const k = Array.from(document.querySelectorAll('#keyframe option')).map(o => o.textContent);"
+                             "return new Set(k).size")
+            if not moved and distinct >= 2:
+                failures.append(f"{name} device {dev['device']}: clicking the timeline did not change the block map")
+            if moved and wd.js(INK_JS, "blockmap") <= 0.001 and dev["final_reserved_bytes"] > 0:
+                failures.append(f"{name} device {dev['device']}: the block map is blank after the click")
+    if i_errors := wd.js("return window.memfErrors"):
+        failures.append(f"{name}: JavaScript errors after interaction: {i_errors}")
+    wd.js("window.scrollTo(0, 0)")
+    shot = os.path.join(artifacts, name + ".png")
+    wd.screenshot(shot)
+    print(f"ok   {name}: {size} bytes, {len(devices)} device(s), screenshot {shot}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("exe")
+    ap.add_argument("source_dir")
+    ap.add_argument("real_dir", nargs="?")
+    ap.add_argument("--artifacts", required=True)
+    ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    ap.add_argument("--chromedriver", default=shutil.which("chromedriver") or "/usr/bin/chromedriver")
+    ap.add_argument("--only", help="only inputs whose name contains this")
+    ap.add_argument("--input", action="append", default=[], help="one more input (bench/report_bench.sh)")
+    args = ap.parse_args()
+    os.makedirs(args.artifacts, exist_ok=True)
+    for tool in (args.chromium, args.chromedriver):
+        if not os.path.exists(tool):
+            print(f"missing {tool}: install Debian's chromium and chromium-driver (scripts/setup-debian.sh)")
+            print("0 passed, 1 failed")
+            return 1
+    workdir = tempfile.mkdtemp(prefix="memf-browser-")
+    inputs = [("sample_training", os.path.join(args.source_dir, "snapshots", "sample_training.pickle"))]
+    scen = os.path.join(args.source_dir, "snapshots", "scenarios")
+    for f in sorted(os.listdir(scen)):
+        if f.endswith(".pickle"):
+            inputs.append(("scenario_" + f[:-7], os.path.join(scen, f)))
+    if args.real_dir and os.path.isdir(args.real_dir):
+        for f in sorted(os.listdir(args.real_dir)):
+            if f.endswith(".pickle"):
+                inputs.append(("real_" + f[:-7], os.path.join(args.real_dir, f)))
+    hostile_dir = os.path.join(workdir, "x<img src=x onerror=alert(1)>")
+    os.makedirs(hostile_dir)
+    hostile = os.path.join(hostile_dir, "hostile" + XSS.replace("/", "_") + ".pickle")
+    hostile_snapshot(hostile)
+    inputs.append(("hostile_markup", hostile))
+    for extra in args.input:
+        inputs.append(("input_" + os.path.basename(extra).rsplit(".", 1)[0], extra))
+    if args.only:
+        inputs = [x for x in inputs if args.only in x[0]]
+
+    wd = WebDriver(args.chromedriver, args.chromium, workdir)
+    passed = failed = 0
+    try:
+        for name, path in inputs:
+            failures = []
+            try:
+                check_report(wd, args.exe, path, workdir, args.artifacts, name, failures)
+            except WebDriverError as e:
+                failures.append(f"{name}: WebDriver: {e}")
+            if name == "hostile_markup" and not failures:
+                # The markup must be on the page as text: in the file name and in a frame.
+                body = wd.js("return document.body.textContent")
+                if "onerror" not in body or "</script>" not in body:
+                    failures.append(f"{name}: the hostile names are not shown as text")
+                if wd.js("return document.getElementById('file').textContent") != hostile:
+                    failures.append(f"{name}: the file name is not shown verbatim")
+            if failures:
+                failed += 1
+                for f in failures:
+                    print("FAIL " + f, flush=True)
+            else:
+                passed += 1
+    finally:
+        wd.quit()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
