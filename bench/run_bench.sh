@@ -38,32 +38,9 @@ REAL_DIR=$(cd "$REAL_DIR" && pwd -P)
 PY=$(python3 -c 'import sys; print(sys.executable)')
 [ -x "$PY" ] || { echo "error: cannot resolve the python3 executable" >&2; exit 1; }
 
-# largest real snapshot (by size)
-LARGEST=""
-LARGEST_SIZE=0
-for f in "$REAL_DIR"/*.pickle; do
-    [ -f "$f" ] || continue
-    s=$(stat -c %s "$f")
-    if [ "$s" -gt "$LARGEST_SIZE" ]; then LARGEST=$f; LARGEST_SIZE=$s; fi
-done
-[ -n "$LARGEST" ] || { echo "error: no *.pickle in $REAL_DIR" >&2; exit 1; }
-
-# >= 300 MB file: N copies of the largest file's device 0 (copies come out a bit larger than
-# the source file, so ceil(300 MB / size) is normally enough; grow N if not)
-TARGET=300000000
-OUT_DIR="$REPO/bench/out"
-mkdir -p "$OUT_DIR"
-N=$(( (TARGET + LARGEST_SIZE - 1) / LARGEST_SIZE ))
-while :; do
-    LARGE="$OUT_DIR/$(basename "$LARGEST" .pickle)_x$N.pickle"
-    if [ ! -s "$LARGE" ] || [ "$LARGE" -ot "$LARGEST" ] || [ "$LARGE" -ot "$SCRIPT_DIR/make_large.py" ]; then
-        echo "building $LARGE ..." >&2
-        "$PY" "$SCRIPT_DIR/make_large.py" "$LARGEST" "$N" -o "$LARGE"
-    fi
-    LSIZE=$(stat -c %s "$LARGE")
-    [ "$LSIZE" -ge "$TARGET" ] && break
-    N=$(( N * TARGET / LSIZE + 1 ))
-done
+# the largest real snapshot and the >= 300 MB file built from it (bench/large_file.sh)
+source "$SCRIPT_DIR/large_file.sh"
+memf_large_file "$REAL_DIR" "$PY"
 
 TIME_BIN=""
 if [ -x /usr/bin/time ]; then TIME_BIN=/usr/bin/time; fi

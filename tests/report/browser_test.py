@@ -111,6 +111,12 @@ class WebDriver:
                                                              {"type": "pointerUp", "button": 0}]}]})
         self.s("DELETE", "/actions")
 
+    def hover_at(self, elem, x, y):
+        origin = {"element-6066-11e4-a52e-4f735466cecf": elem}
+        self.s("POST", "/actions", {"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
+                                                 "actions": [{"type": "pointerMove", "origin": origin, "x": int(x), "y": int(y)}]}]})
+        self.s("DELETE", "/actions")
+
     def screenshot(self, path):
         png = base64.b64decode(self.s("GET", "/screenshot"))
         with open(path, "wb") as f:
@@ -182,7 +188,22 @@ def hostile_snapshot(path):
            "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": blocks}
     trace_with_segment = [{"action": "segment_alloc", "addr": base, "size": 12 * mib, "stream": 0,
                            "time_us": t - 1, "frames": frames}] + trace
-    snap = {"segments": [seg], "device_traces": [trace_with_segment],
+    # A second device, so that the device selector and per-device checks are exercised.
+    base1 = 0x7E0000000000
+    trace1 = [{"action": "segment_alloc", "addr": base1, "size": 20 * mib, "stream": 0, "time_us": t, "frames": frames},
+              {"action": "alloc", "addr": base1, "size": 8 * mib, "stream": 0, "time_us": t + 1, "frames": frames},
+              {"action": "alloc", "addr": base1 + 8 * mib, "size": 4 * mib, "stream": 0, "time_us": t + 2, "frames": frames},
+              {"action": "free_requested", "addr": base1, "size": 8 * mib, "stream": 0, "time_us": t + 3, "frames": frames},
+              {"action": "free_completed", "addr": base1, "size": 8 * mib, "stream": 0, "time_us": t + 3, "frames": frames}]
+    seg1 = {"device": 1, "address": base1, "total_size": 20 * mib, "stream": 0, "segment_type": "large",
+            "allocated_size": 4 * mib, "active_size": 4 * mib, "requested_size": 4 * mib,
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
+            "blocks": [{"address": base1, "size": 8 * mib, "requested_size": 0, "state": "inactive", "frames": []},
+                       {"address": base1 + 8 * mib, "size": 4 * mib, "requested_size": 4 * mib,
+                        "state": "active_allocated", "frames": frames},
+                       {"address": base1 + 12 * mib, "size": 8 * mib, "requested_size": 0, "state": "inactive",
+                        "frames": []}]}
+    snap = {"segments": [seg, seg1], "device_traces": [trace_with_segment, trace1],
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": XSS},
             "external_annotations": [{"device": 0, "name": "ProfilerStep#1" + XSS, "stage": "START", "time_us": t - 2},
                                      {"device": 0, "name": "ProfilerStep#1" + XSS, "stage": "END", "time_us": t + 20}]}
@@ -336,9 +357,13 @@ def main():
                 failures.append(f"{name}: WebDriver: {e}")
             if name == "hostile_markup" and not failures:
                 # The markup must be on the page as text: in the file name and in a frame.
-                body = wd.js("return document.body.textContent")
-                if "onerror" not in body or "</script>" not in body:
-                    failures.append(f"{name}: the hostile names are not shown as text")
+                # Its frame, hovered in the call tree of device 0 (third row: root, <module>, the frame).
+                wd.js("const s = document.getElementById('device'); s.value = '0'; s.dispatchEvent(new Event('change'));")
+                height = wd.js("return document.getElementById('icicle').getBoundingClientRect().height")
+                wd.hover_at(wd.element("#icicle"), 0, 2 * 18 + 9 - height / 2)
+                shown = wd.js("return document.getElementById('icicle-readout').textContent")
+                if "forward" + XSS not in shown:
+                    failures.append(f"{name}: the hostile frame name is not shown as text: {shown!r}")
                 if wd.js("return document.getElementById('file').textContent") != hostile:
                     failures.append(f"{name}: the file name is not shown verbatim")
             if failures:
