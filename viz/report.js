@@ -170,7 +170,8 @@
     if (!fs.length) { ol.append(el("li", { text: "No findings on this device." })); return; }
     for (const f of fs) {
       const li = el("li", { "data-kind": f.kind, "data-severity": f.severity, "data-bytes": String(f.bytes) },
-        el("span", { cls: "sev " + f.severity, text: f.severity }), el("span", { cls: "finding-title", text: f.title }));
+        el("span", { cls: "sev " + f.severity, text: f.severity }), el("span", { cls: "bytes", text: fmtBytes(f.bytes) }),
+        el("span", { cls: "finding-title", text: f.title }));
       li.append(el("div", { cls: "fix", text: "Fix: " + f.fix }));
       if (f.where.length) li.append(el("div", { cls: "where", text: "Where: " + f.where.map(frameText).join("  ←  ") }));
       const ev = el("ul", { cls: "evidence" });

@@ -269,9 +269,11 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
         for key, text in zip(["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes"], texts):
             if f"{dev[key]:,} B" not in text:
                 failures.append(f"{name} device {dev['device']}: {key} text {text!r} lacks {dev[key]:,} B")
-        n_findings = wd.js("return document.querySelectorAll('#findings li[data-kind]').length")
-        if n_findings != len(dev["findings"]):
-            failures.append(f"{name} device {dev['device']}: {n_findings} findings shown, analyze has {len(dev['findings'])}")
+        shown_findings = wd.js("return Array.from(document.querySelectorAll('#findings li[data-kind]'))"
+                               ".map(e => [e.dataset.kind, e.dataset.severity, Number(e.dataset.bytes)])")
+        want_findings = [[f["kind"], f["severity"], f["bytes"]] for f in dev["findings"]]
+        if shown_findings != want_findings:
+            failures.append(f"{name} device {dev['device']}: findings shown {shown_findings} != analyze {want_findings}")
         if not drawn:
             summary_only = sum(1 for x in devices if x) - wd.js("return JSON.parse(document.getElementById('memf-data').textContent).devices.length")
             if summary_only <= 0:
