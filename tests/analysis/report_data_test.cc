@@ -45,7 +45,9 @@ void expectBlocksCoverSegments(const DeviceReportData& d) {
       uint64_t sum = 0;
       for (const auto& b : s.blocks) {
         sum += b.size;
-        if (b.count > 1) EXPECT_LE(b.free_bytes + b.pending_bytes, b.size);
+        if (b.count > 1) {
+          EXPECT_LE(b.free_bytes + b.pending_bytes, b.size);
+        }
       }
       EXPECT_EQ(sum, s.size) << "segment 0x" << std::hex << s.address << " at event " << std::dec << k.event;
       reserved += s.size;
