@@ -8,6 +8,7 @@
 
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
+#include "cli/cmd_record.h"
 #include "cli/cmd_report.h"
 #include "cli/cmd_timeline.h"
 #include "cli/output.h"
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
   auto* tl = mf::cli::addTimelineCommand(app);
   auto* bl = mf::cli::addBlocksCommand(app);
   auto* rp = mf::cli::addReportCommand(app);
+  auto* rec = mf::cli::addRecordCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -248,5 +250,6 @@ int main(int argc, char** argv) {
   if (tl->parsed()) return mf::cli::runTimelineCommand();
   if (bl->parsed()) return mf::cli::runBlocksCommand();
   if (rp->parsed()) return mf::cli::runReportCommand();
+  if (rec->parsed()) return mf::cli::runRecordCommand();
   return kExitUsage;
 }

@@ -1,0 +1,247 @@
+// torch_hook.cc: the LibTorch adapter of libmemforensics_torch.so. Everything else is plain C++
+// (recorder.h, torch_entry.h); this file only reads c10's TraceEntry and plugs into the caching
+// allocator. Built only against a CUDA LibTorch >= 2.2 (src/capture/CMakeLists.txt).
+//
+// c10 API used (checked against PyTorch 2.3's c10/cuda/CUDACachingAllocator.h and newer sources):
+//   CUDACachingAllocator::get()->initialized()
+//   CUDACachingAllocator::attachAllocatorTraceTracker(std::function<void(const TraceEntry&)>)  2.2+
+//   CUDACachingAllocator::attachOutOfMemoryObserver(std::function<void(int64_t, size/int64 x3)>)
+//   CUDACachingAllocator::snapshot() -> SnapshotInfo{segments: SegmentInfo{device, address,
+//       total_size, stream, is_large, is_expandable, owner_private_pool_id, blocks: BlockInfo{size,
+//       requested_size, allocated, active}}}
+//   TraceEntry{action_, device_, addr_, context_, stream_, size_, time_.approx_t_, mempool_ (2.8+)}
+//   c10::getApproximateTime(), c10::cuda::device_count()
+//   torch::CapturedTraceback, torch::symbolize -> SymbolizedTracebacks{all_frames, tracebacks}
+//
+// When the tracker is attached: the caching allocator registers trackers on the per-device
+// allocators that exist at call time (2.3+ refuses to attach before CUDA is initialized), so
+// start() attaches at once when the allocator is initialized and otherwise retries on every tick
+// of the writer thread (1 ms) until it is: allocator events between CUDA initialization and that
+// moment are missed and the trace then reads as one recorded late. Call torch.cuda.init() (or run
+// any CUDA op) before start() to miss nothing. There is no detach: after stop() the tracker stays
+// attached and returns at once.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/ApproximateClock.h>
+#include <torch/csrc/profiler/combined_traceback.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "capture/memforensics_capture.h"
+#include "capture/recorder.h"
+#include "capture/torch_entry.h"
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using namespace memforensics::capture;
+
+namespace {
+
+std::atomic<bool> g_attached{false};
+std::atomic<bool> g_stacks{true};
+
+// The fields of a TraceEntry, whatever its version: fields that appeared later are read only when
+// the type has them.
+template <typename E>
+TorchEntry fromC10(const E& te) {
+  TorchEntry t;
+  t.action = static_cast<int>(te.action_);
+  t.device = static_cast<int>(te.device_);
+  t.addr = static_cast<uint64_t>(te.addr_);
+  t.size = static_cast<uint64_t>(te.size_);
+  t.stream = static_cast<int64_t>(reinterpret_cast<intptr_t>(te.stream_));
+  t.time_ticks = static_cast<uint64_t>(te.time_.approx_t_);  // raw clock inside a tracker
+  if constexpr (requires { te.mempool_.first; te.mempool_.second; }) {
+    t.pool_a = static_cast<uint64_t>(te.mempool_.first);
+    t.pool_b = static_cast<uint64_t>(te.mempool_.second);
+  }
+  return t;
+}
+
+// The tracker: runs under the device's allocator mutex. Copies 64 bytes (and a shared_ptr when
+// PyTorch gathered a stack) and returns; never throws, never takes the GIL.
+void onTrace(const cca::TraceEntry& te) noexcept {
+  const CaptureRecord r = toRecord(fromC10(te));
+  if (te.context_ && g_stacks.load(std::memory_order_relaxed)) {
+    submit(r, std::shared_ptr<void>(te.context_));
+  } else if (r.action == 0 && nativeStacksOn()) {
+    submitNative(r);
+  } else {
+    submit(r);
+  }
+}
+
+uint64_t approxTicks() { return static_cast<uint64_t>(c10::getApproximateTime()); }
+
+// Ticks per ns measured over ~2 ms: the slope used until the writer's own calibration spans 10 ms.
+double measureNsPerTick() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t k0 = approxTicks();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2)) {
+  }
+  const uint64_t k1 = approxTicks();
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  return k1 > k0 ? ns / static_cast<double>(k1 - k0) : 1.0;
+}
+
+class TorchResolver : public StackResolver {
+ public:
+  void resolve(std::span<const std::shared_ptr<void>> contexts, FinishMode mode, std::vector<ResolvedFrame>& frames,
+               std::vector<std::vector<uint32_t>>& stacks) override {
+    // Symbolizing Python frames takes the GIL: not while another thread waits in a signal handler
+    // (it may hold the GIL), not at exit (Python may be finalized). Those events keep no stack.
+    if (mode != FinishMode::Stop) return;
+    std::vector<torch::CapturedTraceback*> tbs;
+    std::vector<int64_t> which(contexts.size(), -1);
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      auto* g = static_cast<c10::GatheredContext*>(contexts[i].get());
+      if (auto* tb = dynamic_cast<torch::CapturedTraceback*>(g)) {
+        which[i] = static_cast<int64_t>(tbs.size());
+        tbs.push_back(tb);
+      }
+    }
+    torch::SymbolizedTracebacks st = torch::symbolize(tbs);
+    frames.reserve(st.all_frames.size());
+    for (const auto& f : st.all_frames) frames.push_back(ResolvedFrame{f.filename, f.funcname, f.lineno});
+    stacks.assign(contexts.size(), {});
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      if (which[i] < 0) continue;
+      for (uint64_t idx : st.tracebacks[static_cast<size_t>(which[i])]) stacks[i].push_back(static_cast<uint32_t>(idx));
+    }
+  }
+};
+
+// The allocator's own end state (exact block sizes), when it is safe to ask for it.
+bool finalState(FinishMode mode, std::vector<FinalSegment>& out) {
+  if (mode != FinishMode::Stop || !g_attached.load()) return false;
+  cca::SnapshotInfo snap = cca::snapshot();
+  for (const auto& s : snap.segments) {
+    FinalSegment f;
+    f.device = static_cast<uint32_t>(s.device);
+    f.address = static_cast<uint64_t>(s.address);
+    f.total_size = static_cast<uint64_t>(s.total_size);
+    f.stream = static_cast<int64_t>(reinterpret_cast<intptr_t>(s.stream));
+    f.is_large = s.is_large;
+    f.is_expandable = s.is_expandable;
+    f.pool_a = static_cast<uint64_t>(s.owner_private_pool_id.first);
+    f.pool_b = static_cast<uint64_t>(s.owner_private_pool_id.second);
+    uint64_t a = f.address;  // blocks are contiguous, in address order
+    for (const auto& b : s.blocks) {
+      FinalBlock fb;
+      fb.address = a;
+      fb.size = static_cast<uint64_t>(b.size);
+      fb.requested_size = static_cast<uint64_t>(b.requested_size);
+      fb.state = b.allocated ? 0 : (b.active ? 1 : 2);
+      a += fb.size;
+      f.blocks.push_back(fb);
+    }
+    out.push_back(std::move(f));
+  }
+  return true;
+}
+
+bool tryAttachOnce() {
+  if (g_attached.load(std::memory_order_acquire)) return true;
+  static std::mutex m;  // start() and the writer thread's retries
+  std::lock_guard<std::mutex> lock(m);
+  if (g_attached.load(std::memory_order_acquire)) return true;
+  cca::CUDAAllocator* a = cca::get();
+  if (a == nullptr || !a->initialized()) return false;
+  cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) { onTrace(te); });
+  g_attached.store(true, std::memory_order_release);  // never twice, whatever happens below
+  // Called after the oom trace entry, with the allocator lock released, before the exception is
+  // thrown: the record already forced a flush; wait for it so that a process dying of the OOM
+  // keeps it (at most 2 s).
+  cca::attachOutOfMemoryObserver([](auto, auto, auto, auto) { memforensics::flush(2000); });
+  return true;
+}
+
+bool tryAttach() noexcept {
+  try {
+    return tryAttachOnce();
+  } catch (const std::exception& e) {  // c10::Error from a TORCH_CHECK
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator: %s\n", e.what());
+    return false;
+  }
+}
+
+class TorchBackend : public Backend {
+ public:
+  void configure(const memforensics::CaptureOptions& options, RecorderOptions& ro, RecorderHooks& hooks) override {
+    cca::CUDAAllocator* a = cca::get();
+    // device_count() initializes the driver: only asked once CUDA is up (16 rings otherwise).
+    ro.devices = a != nullptr && a->initialized() ? std::max<int>(1, c10::cuda::device_count()) : 16;
+    ro.now_ticks = &approxTicks;
+    ro.ns_per_tick_guess = measureNsPerTick();
+    ro.producer = "memforensics capture (libmemforensics_torch)";
+    g_stacks.store(options.stacks);
+    if (options.stacks) hooks.resolver = std::make_shared<TorchResolver>();
+    hooks.final_state = &finalState;
+    hooks.on_tick = [] { tryAttach(); };
+  }
+  void started(const memforensics::CaptureOptions&) override {
+    if (!tryAttach()) {
+      std::fprintf(stderr,
+                   "memforensics: CUDA is not initialized yet; the allocator hook attaches as soon as it is "
+                   "(allocations in between are missed: call torch.cuda.init() before starting)\n");
+    }
+  }
+};
+
+TorchBackend g_backend;
+
+bool startOp(std::string path, bool stacks, bool native_stacks) {
+  memforensics::CaptureOptions o;
+  o.stacks = stacks;
+  o.native_stacks = native_stacks;
+  memforensics::Status s = memforensics::start(path, o);
+  if (!s.ok()) std::fprintf(stderr, "memforensics: %s\n", s.error().describe().c_str());
+  return s.ok();
+}
+bool stopOp() {
+  memforensics::Status s = memforensics::stop();
+  if (!s.ok()) std::fprintf(stderr, "memforensics: %s\n", s.error().describe().c_str());
+  return s.ok();
+}
+bool flushOp() { return memforensics::flush(2000); }
+
+bool envFlag(const char* name, bool def) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return def;
+  return !(v[0] == '0' || v[0] == 'n' || v[0] == 'N' || v[0] == 'f' || v[0] == 'F');
+}
+
+// On load: register the backend; with MEMFORENSICS_OUT set, start recording right away.
+struct OnLoad {
+  OnLoad() {
+    setBackend(&g_backend);
+    const char* out = std::getenv("MEMFORENSICS_OUT");
+    if (out != nullptr && *out != 0) {
+      startOp(out, envFlag("MEMFORENSICS_STACKS", true), envFlag("MEMFORENSICS_NATIVE_STACKS", false));
+    }
+  }
+} g_on_load;
+
+}  // namespace
+
+// Python: torch.ops.load_library(path); torch.ops.memforensics.start("run.bin"); ...stop()
+TORCH_LIBRARY(memforensics, m) {
+  m.def("start(str path, bool stacks=True, bool native_stacks=False) -> bool", &startOp);
+  m.def("stop() -> bool", &stopOp);
+  m.def("flush() -> bool", &flushOp);
+}
+
+// C entry points (ctypes, dlsym).
+extern "C" {
+__attribute__((visibility("default"))) int memforensics_start(const char* path) {
+  return path != nullptr && startOp(path, true, false) ? 0 : -1;
+}
+__attribute__((visibility("default"))) int memforensics_stop(void) { return stopOp() ? 0 : -1; }
+__attribute__((visibility("default"))) int memforensics_flush(void) { return flushOp() ? 0 : -1; }
+}
