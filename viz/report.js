@@ -106,7 +106,8 @@
     const base = a.first_time_us;
     const span = a.first_time_us !== null && a.last_time_us !== null ? fmtTimeUs(a.last_time_us, a.first_time_us).slice(1) : "no times in the file";
     const rows = [
-      ["File", A.path], ["Format", inp.format + (inp.pickle_protocol ? " (protocol " + inp.pickle_protocol + ")" : "") + (inp.origin ? ", converted from " + inp.origin : "")],
+      ["File", A.path], ["Format", inp.format + (inp.pickle_protocol ? " (protocol " + inp.pickle_protocol + ")" : "") +
+        (inp.origin ? (inp.origin.startsWith("live capture") ? ", recorded by " : ", converted from ") + inp.origin : "")],
       ["Size", fmtBytes(inp.bytes)], ["PyTorch era", inp.pytorch_era],
       ["Devices", A.devices.map((x) => "cuda:" + x.device).join(", ")],
       ["Events on this device", Number(a.events).toLocaleString("en-US")], ["Time span", span],

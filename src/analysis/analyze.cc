@@ -52,7 +52,8 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   AnalysisResult res;
   res.source_format = std::string(format::sourceFormatName(snap.source));
   res.pickle_protocol = snap.pickle_protocol;
-  res.era = snap.traits.era();
+  // A live capture was written by memforensics, not by some PyTorch: it has no era to infer.
+  res.era = snap.live_capture ? "none (live capture)" : snap.traits.era();
   res.input_bytes = snap.input_bytes;
   res.strings = snap.strings.size();
   res.frames = snap.stacks.frameCount();
@@ -61,6 +62,7 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   res.host_trace_events = snap.host_trace_events;
   res.ignored_keys = snap.ignored_keys;
   res.origin = snap.origin;
+  res.live_capture = snap.live_capture;
   res.warnings = snap.load_warnings;
   for (int64_t d : snap.devices()) {
     if (opt.device && *opt.device != d) continue;

@@ -60,6 +60,7 @@ struct AnalysisResult {
   size_t host_trace_events = 0;
   std::vector<std::string> ignored_keys;
   std::string origin;                 // native traces: what they were converted from
+  bool live_capture = false;          // recorded by memforensics' capture (origin says by what)
   std::vector<std::string> warnings;  // from reading the file (e.g. a cut-off native trace)
   std::vector<DeviceAnalysis> devices;
 };

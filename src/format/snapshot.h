@@ -214,8 +214,9 @@ struct Snapshot {
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
   // Native traces: what the trace was converted from (e.g. "pickle, protocol 4, 3145433 bytes"),
-  // empty for a capture; and what the reader had to say (a cut-off file, dropped events...).
+  // or "live capture (PRODUCER)"; and what the reader had to say (a cut-off file, dropped events...).
   std::string origin;
+  bool live_capture = false;  // a native trace recorded by memforensics' capture (no PyTorch era)
   std::vector<std::string> load_warnings;
   size_t host_trace_events = 0;           // 2.14 pinned host traces: counted, not replayed
 

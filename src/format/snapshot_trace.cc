@@ -382,7 +382,11 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
       from = nl + 1;
     }
   }
-  if (!m.source_format.empty() && m.source_format != "native_trace") {
+  if (m.source_format == "capture") {
+    snap.live_capture = true;
+    snap.origin = "live capture";
+    if (!m.producer.empty()) snap.origin += " (" + std::string(m.producer) + ")";
+  } else if (!m.source_format.empty() && m.source_format != "native_trace") {
     snap.origin = std::string(m.source_format);
     if (m.pickle_protocol) snap.origin += ", protocol " + std::to_string(m.pickle_protocol);
     if (m.source_bytes) snap.origin += ", " + std::to_string(m.source_bytes) + " bytes";

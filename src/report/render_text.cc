@@ -34,9 +34,13 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
   out << "memforensics analyze: " << r.path << "\n";
   out << "  input: " << r.source_format;
   if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
-  out << ", " << formatBytes(r.input_bytes) << ", written by PyTorch " << r.era
-      << " (inferred from its fields)\n";
-  if (!r.origin.empty()) out << "  converted from: " << r.origin << "\n";
+  out << ", " << formatBytes(r.input_bytes);
+  if (r.live_capture) {
+    out << ", recorded live: " << r.origin << "\n";
+  } else {
+    out << ", written by PyTorch " << r.era << " (inferred from its fields)\n";
+    if (!r.origin.empty()) out << "  converted from: " << r.origin << "\n";
+  }
   for (const auto& w : r.warnings) out << "  WARNING: " << w << "\n";
   out << "  interned: " << r.strings << " strings, " << r.frames << " frames, " << r.stacks
       << " stacks; " << r.annotations << " annotations";
