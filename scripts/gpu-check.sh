@@ -26,12 +26,11 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, device: "
 sys.exit(0 if torch.cuda.is_available() and torch.version.cuda and v >= (2, 2) else 1)
 PY
 
-# Torch's CMake package stops the configuration with a fatal error when it finds no CUDA toolkit
-# (a pip-installed torch brings only the runtime): without nvcc the paths come from the python.
-torch_args=(-DMEMF_TORCH_PYTHON="$(command -v "$py")")
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  torch_args+=(-DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')")
-fi
+# The paths always come from the python (scripts/torch_build_flags.py), never from Torch's CMake
+# package: that one stops the configuration with a fatal error (QUIET or not) when it finds no
+# CUDA toolkit (a pip-installed torch brings only the runtime), and also with some toolkits that
+# are there (torch <= 2.4 with a CUDA 12 toolkit: "Failed to find nvToolsExt", pytorch#116242).
+torch_args=(-DMEMF_TORCH_PYTHON="$(command -v "$py")" -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON)
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMF_BUILD_TESTS=OFF \
   "${torch_args[@]}" -DMEMF_BUILD_TORCH_HOOK=ON
 cmake --build "$build" -j"$(nproc)" --target memforensics_torch memforensics

@@ -10,11 +10,12 @@ import torch
 
 root = os.path.dirname(torch.__file__)
 includes = [os.path.join(root, "include"), os.path.join(root, "include", "torch", "csrc", "api", "include")]
-# cuda_runtime_api.h: a CUDA toolkit, or the nvidia-cuda-runtime wheel that CUDA PyTorch depends on.
+# cuda_runtime_api.h: a CUDA toolkit, or the NVIDIA runtime wheel that CUDA PyTorch depends on:
+# site-packages/nvidia/cuda_runtime/include (CUDA 12 wheels) or nvidia/cu13/include (CUDA 13 wheels).
 cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
 includes += [p for p in [os.path.join(cuda_home, "include")] if os.path.exists(os.path.join(p, "cuda_runtime_api.h"))]
 for sp in sys.path:
-    includes += [os.path.dirname(h) for h in glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "include", "cuda_runtime_api.h"))]
+    includes += [os.path.dirname(h) for h in sorted(glob.glob(os.path.join(sp, "nvidia", "*", "include", "cuda_runtime_api.h")))]
 # Python.h: torch/csrc headers may include it.
 import sysconfig
 includes.append(sysconfig.get_paths()["include"])

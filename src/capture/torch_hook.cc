@@ -14,18 +14,26 @@
 //   torch::CapturedTraceback, torch::symbolize -> SymbolizedTracebacks{all_frames, tracebacks}
 //
 // When the tracker is attached: the caching allocator registers trackers on the per-device
-// allocators that exist at call time (2.3+ refuses to attach before CUDA is initialized), so
-// start() attaches at once when the allocator is initialized and otherwise retries on every tick
-// of the writer thread (1 ms) until it is: allocator events between CUDA initialization and that
-// moment are missed and the trace then reads as one recorded late. Call torch.cuda.init() (or run
-// any CUDA op) before start() to miss nothing. There is no detach: after stop() the tracker stays
-// attached and returns at once.
+// allocators that exist at call time; before CUDA is initialized there are none and an attach
+// silently registers nothing (NativeCachingAllocator::attachAllocatorTraceTracker loops over
+// device_allocator). So start() attaches at once when the allocator is initialized and otherwise
+// retries on every tick of the writer thread (1 ms) until it is: allocator events between CUDA
+// initialization and that moment are missed and the trace then reads as one recorded late. Call
+// torch.cuda.init() (or run any CUDA op) before start() to miss nothing. There is no detach: after
+// stop() the tracker stays attached and returns at once. Allocators without trackers
+// (backend:cudaMallocAsync, pluggable allocators) throw on attach: reported once, never retried.
+//
+// GIL: torch::symbolize takes the GIL itself for Python frames (PyTorch 2.1+), on the writer
+// thread. Whoever waits for the writer must not hold it: torch.ops calls release it
+// (invokeOperatorFromPython), ctypes.CDLL calls too; the OOM observer checks (see below).
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/ApproximateClock.h>
+#include <dlfcn.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -43,7 +51,42 @@ using namespace memforensics::capture;
 namespace {
 
 std::atomic<bool> g_attached{false};
+std::atomic<bool> g_attach_failed{false};  // the allocator refused a tracker: no more retries
+std::atomic<bool> g_multi_device{false};   // more than one CUDA device (set when attaching)
 std::atomic<bool> g_stacks{true};
+
+// Python's C API, looked up at run time: the library links no libpython and also serves LibTorch
+// programs without Python (then every pointer is null). All three may be called without the GIL.
+struct PyApi {
+  int (*is_initialized)() = nullptr;  // Py_IsInitialized
+  int (*is_finalizing)() = nullptr;   // Py_IsFinalizing (3.13+) or _Py_IsFinalizing (3.7-3.12)
+  int (*gil_check)() = nullptr;       // PyGILState_Check
+};
+const PyApi& pyApi() {
+  static const PyApi api = [] {
+    PyApi a;
+    a.is_initialized = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    void* fin = ::dlsym(RTLD_DEFAULT, "Py_IsFinalizing");
+    if (fin == nullptr) fin = ::dlsym(RTLD_DEFAULT, "_Py_IsFinalizing");
+    a.is_finalizing = reinterpret_cast<int (*)()>(fin);
+    a.gil_check = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+    return a;
+  }();
+  return api;
+}
+// Python is in the process but must not be entered: not initialized (any more), or finalizing. A
+// thread that asks for the GIL then is ended inside the request (pthread_exit through our frames)
+// or blocks for ever.
+bool pythonClosed() {
+  const PyApi& p = pyApi();
+  if (p.is_initialized == nullptr) return false;  // no Python: only C++/TorchScript frames
+  if (p.is_initialized() == 0) return true;
+  return p.is_finalizing != nullptr && p.is_finalizing() != 0;
+}
+bool thisThreadHoldsGil() {
+  const PyApi& p = pyApi();
+  return p.gil_check != nullptr && p.is_initialized != nullptr && p.is_initialized() != 0 && p.gil_check() != 0;
+}
 
 // The fields of a TraceEntry, whatever its version: fields that appeared later are read only when
 // the type has them.
@@ -66,6 +109,11 @@ TorchEntry fromC10(const E& te) {
 // The tracker: runs under the device's allocator mutex. Copies 64 bytes (and a shared_ptr when
 // PyTorch gathered a stack) and returns; never throws, never takes the GIL.
 void onTrace(const cca::TraceEntry& te) noexcept {
+  // snapshot() records its SNAPSHOT entries with device 0 whichever device's allocator (and lock)
+  // records them: with several devices they would land in device 0's ring from a second producer
+  // (the ring is single-producer) and be attributed to the wrong device. They only mark snapshot
+  // calls: dropped there.
+  if (te.action_ == cca::TraceEntry::SNAPSHOT && g_multi_device.load(std::memory_order_relaxed)) return;
   const CaptureRecord r = toRecord(fromC10(te));
   if (te.context_ && g_stacks.load(std::memory_order_relaxed)) {
     submit(r, std::shared_ptr<void>(te.context_));
@@ -93,9 +141,11 @@ class TorchResolver : public StackResolver {
  public:
   void resolve(std::span<const std::shared_ptr<void>> contexts, FinishMode mode, std::vector<ResolvedFrame>& frames,
                std::vector<std::vector<uint32_t>>& stacks) override {
-    // Symbolizing Python frames takes the GIL: not while another thread waits in a signal handler
-    // (it may hold the GIL), not at exit (Python may be finalized). Those events keep no stack.
-    if (mode != FinishMode::Stop) return;
+    // Symbolizing Python frames takes the GIL (torch::symbolize acquires it): not while another
+    // thread waits in a signal handler (it may hold the GIL), not at exit or once Python is
+    // finalizing (a periodic flush during interpreter teardown, e.g. with MEMFORENSICS_OUT and no
+    // stop()). Those events keep no stack.
+    if (mode != FinishMode::Stop || pythonClosed()) return;
     std::vector<torch::CapturedTraceback*> tbs;
     std::vector<int64_t> which(contexts.size(), -1);
     for (size_t i = 0; i < contexts.size(); ++i) {
@@ -105,7 +155,8 @@ class TorchResolver : public StackResolver {
         tbs.push_back(tb);
       }
     }
-    torch::SymbolizedTracebacks st = torch::symbolize(tbs);
+    torch::SymbolizedTracebacks st;
+    if (!tbs.empty()) st = torch::symbolize(tbs);
     frames.reserve(st.all_frames.size());
     for (const auto& f : st.all_frames) frames.push_back(ResolvedFrame{f.filename, f.funcname, f.lineno});
     stacks.assign(contexts.size(), {});
@@ -152,21 +203,34 @@ bool tryAttachOnce() {
   if (g_attached.load(std::memory_order_acquire)) return true;
   cca::CUDAAllocator* a = cca::get();
   if (a == nullptr || !a->initialized()) return false;
+  g_multi_device.store(c10::cuda::device_count() > 1, std::memory_order_relaxed);  // CUDA is up
   cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) { onTrace(te); });
   g_attached.store(true, std::memory_order_release);  // never twice, whatever happens below
   // Called after the oom trace entry, with the allocator lock released, before the exception is
   // thrown: the record already forced a flush; wait for it so that a process dying of the OOM
-  // keeps it (at most 2 s).
-  cca::attachOutOfMemoryObserver([](auto, auto, auto, auto) { memforensics::flush(2000); });
+  // keeps it (at most 2 s). Not when this thread holds the GIL and stacks are kept: the writer
+  // needs the GIL to symbolize that batch, so waiting would only stall for the whole timeout (the
+  // record still reaches the file once the GIL is released, or at exit).
+  cca::attachOutOfMemoryObserver([](auto, auto, auto, auto) {
+    const bool blocked = g_stacks.load(std::memory_order_relaxed) && thisThreadHoldsGil();
+    memforensics::flush(blocked ? 0 : 2000);
+  });
   return true;
 }
 
 bool tryAttach() noexcept {
+  if (g_attach_failed.load(std::memory_order_acquire)) return false;
   try {
     return tryAttachOnce();
-  } catch (const std::exception& e) {  // c10::Error from a TORCH_CHECK
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true)) std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator: %s\n", e.what());
+  } catch (const std::exception& e) {
+    // c10::Error from a TORCH_CHECK: an allocator without trace trackers (cudaMallocAsync, a
+    // pluggable allocator). It would throw again on every writer tick: given up for good.
+    if (!g_attach_failed.exchange(true)) {
+      std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator: %s\n", e.what());
+    }
+    return false;
+  } catch (...) {
+    if (!g_attach_failed.exchange(true)) std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator\n");
     return false;
   }
 }
@@ -186,7 +250,7 @@ class TorchBackend : public Backend {
     hooks.on_tick = [] { tryAttach(); };
   }
   void started(const memforensics::CaptureOptions&) override {
-    if (!tryAttach()) {
+    if (!tryAttach() && !g_attach_failed.load()) {
       std::fprintf(stderr,
                    "memforensics: CUDA is not initialized yet; the allocator hook attaches as soon as it is "
                    "(allocations in between are missed: call torch.cuda.init() before starting)\n");
