@@ -72,7 +72,7 @@ void onSignal(int sig, siginfo_t* info, void* uctx) {
       if (terminates) {
         r->finishFromSignal(kSignalWaitMs);
       } else {
-        r->flush(kSignalWaitMs);
+        r->flushFromSignal(kSignalWaitMs);
       }
     }
   }

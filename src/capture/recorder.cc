@@ -197,6 +197,13 @@ bool Recorder::flush(int timeout_ms) noexcept {
   return false;
 }
 
+bool Recorder::flushFromSignal(int timeout_ms) noexcept {
+  signal_flushes_.fetch_add(1, std::memory_order_acq_rel);
+  const bool ok = flush(timeout_ms);
+  signal_flushes_.fetch_sub(1, std::memory_order_acq_rel);
+  return ok;
+}
+
 bool Recorder::finishFromSignal(int timeout_ms) noexcept {
   uint8_t none = 0;
   finish_req_.compare_exchange_strong(none, static_cast<uint8_t>(FinishMode::Signal) + 1);
@@ -259,7 +266,9 @@ void Recorder::writerLoop() {
       return;
     }
     const bool due = now - last_flush >= interval_ns || req != flush_done_.load(std::memory_order_relaxed) || saw_oom_;
-    if (due || pending_.size() >= kMaxPending) processPending(FinishMode::Stop);
+    // A thread waiting in a signal handler may hold the GIL: resolve without it meanwhile.
+    const FinishMode mode = signal_flushes_.load(std::memory_order_acquire) > 0 ? FinishMode::Signal : FinishMode::Stop;
+    if (due || pending_.size() >= kMaxPending) processPending(mode);
     if (due) {
       if (error_.ok()) {
         Status s = writer_->flush();
@@ -275,6 +284,8 @@ void Recorder::writerLoop() {
     if (hooks_.on_tick) {
       try {
         hooks_.on_tick();
+      } catch (abi::__forced_unwind&) {
+        throw;
       } catch (...) {  // an adapter's failure must not end the writer (std::terminate)
       }
     }
@@ -362,6 +373,8 @@ void Recorder::processPending(FinishMode mode) {
   if (resolve) {
     try {
       hooks_.resolver->resolve(pending_ctx_, mode, resolved_frames_, resolved_stacks_);
+    } catch (abi::__forced_unwind&) {
+      throw;
     } catch (...) {
       resolved_stacks_.clear();
     }
@@ -407,6 +420,8 @@ void Recorder::buildFinalState(FinishMode mode) {
   if (hooks_.final_state) {
     try {
       exact = hooks_.final_state(mode, reported);
+    } catch (abi::__forced_unwind&) {
+      throw;
     } catch (...) {
       exact = false;
     }

@@ -133,6 +133,9 @@ class Recorder {
   // Wakes the writer and waits (at most timeout_ms) until everything recorded so far is in the
   // file. Async-signal-safe (atomics, write(2), nanosleep).
   bool flush(int timeout_ms = 2000) noexcept;
+  // The same from a signal handler (async-signal-safe): while it waits, the writer resolves stacks
+  // in FinishMode::Signal, since the interrupted thread may hold the GIL the resolver would need.
+  bool flushFromSignal(int timeout_ms) noexcept;
   // Asks the writer to finish the file (final state, trailer) and waits at most timeout_ms.
   // Async-signal-safe; used by the SIGTERM/SIGINT handler.
   bool finishFromSignal(int timeout_ms) noexcept;
@@ -190,6 +193,7 @@ class Recorder {
   int wake_[2] = {-1, -1};  // pipe: [0] read by the writer, [1] written by anyone
   std::atomic<uint64_t> flush_req_{0};
   std::atomic<uint64_t> flush_done_{0};
+  std::atomic<uint32_t> signal_flushes_{0};  // flushFromSignal calls waiting now
   std::atomic<uint8_t> finish_req_{0};  // 0 none, else FinishMode + 1
   std::atomic<bool> finished_{false};
   std::atomic<uint64_t> written_{0}, bytes_{0}, flushes_{0}, chunks_{0};

@@ -156,9 +156,10 @@ struct FakeContext {
 
 class FakeResolver : public mc::StackResolver {
  public:
-  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode, std::vector<mc::ResolvedFrame>& frames,
+  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode mode, std::vector<mc::ResolvedFrame>& frames,
                std::vector<std::vector<uint32_t>>& stacks) override {
     ++batches;
+    if (mode == mc::FinishMode::Signal) ++signal_batches;
     for (const auto& c : contexts) {
       auto* f = static_cast<FakeContext*>(c.get());
       std::vector<uint32_t> ids;
@@ -170,7 +171,33 @@ class FakeResolver : public mc::StackResolver {
     }
   }
   std::atomic<int> batches{0};
+  std::atomic<int> signal_batches{0};
 };
+
+// A flush asked for from a signal handler resolves its batch without what the interrupted thread
+// may hold (FinishMode::Signal: the torch resolver then skips the GIL); ordinary flushes do not.
+TEST(Recorder, FlushFromASignalResolvesInSignalMode) {
+  std::string path = tempPath("signal-flush.bin");
+  auto resolver = std::make_shared<FakeResolver>();
+  mc::RecorderHooks hooks;
+  hooks.resolver = resolver;
+  mc::RecorderOptions o;
+  o.flush_interval_ms = 600000;  // only the flushes below
+  auto r = mc::Recorder::create(path, o, hooks);
+  ASSERT_TRUE(r.ok());
+  auto ctx = [] { return std::make_shared<FakeContext>(FakeContext{{{"train.py", "main", 3}}}); };
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE((*r)->record(rec(0, 0x20000 + 512 * i, 64), ctx()));
+  ASSERT_TRUE((*r)->flushFromSignal(5000));
+  EXPECT_EQ(resolver->signal_batches.load(), 1);
+  for (int i = 10; i < 20; ++i) ASSERT_TRUE((*r)->record(rec(0, 0x20000 + 512 * i, 64), ctx()));
+  ASSERT_TRUE((*r)->flush(5000));
+  EXPECT_EQ(resolver->signal_batches.load(), 1);
+  EXPECT_EQ(resolver->batches.load(), 2);
+  ASSERT_TRUE((*r)->stop().ok());
+  auto back = readTrace(readBytes(path));
+  ASSERT_EQ(back.events.size(), 20u);
+  EXPECT_EQ(back.event_frames[0], (std::vector<std::string>{"train.py:main:3"}));
+}
 
 TEST(Recorder, StacksAreInternedOnce) {
   std::string path = tempPath("stacks.bin");
