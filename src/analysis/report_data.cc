@@ -240,8 +240,9 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device
     if (a.second.first != b.second.first) return a.second.first > b.second.first;
     return tables.framesOf(a.first) < tables.framesOf(b.first);
   });
-  for (const auto& [id, v] : stacks) {
-    const std::vector<int32_t>& fr = tables.framesOf(id);
+  for (const auto& entry : stacks) {
+    const auto& v = entry.second;  // not a structured binding: clang 14 cannot capture those in a lambda
+    const std::vector<int32_t>& fr = tables.framesOf(entry.first);
     nodes[0].bytes += v.first;
     nodes[0].blocks += v.second;
     int32_t cur = 0;
