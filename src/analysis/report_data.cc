@@ -91,30 +91,41 @@ size_t blockCount(const std::vector<replay::ModelSegment>& layout) {
   return n;
 }
 
-// Blocks of one segment with neighbours smaller than `threshold` merged into runs (a run closes
-// when it reaches the threshold). threshold 0 keeps every block.
-size_t mergedCount(const replay::ModelSegment& seg, uint64_t threshold) {
-  size_t n = 0;
+// What is drawn of a segment: a block of at least `threshold` bytes alone, neighbouring smaller
+// ones as one run that closes once it reaches the threshold (threshold 0: every block alone).
+// Calls f(first, last) per piece, [first, last) indexing seg.blocks. Counting and building the
+// pieces share this, so the cap is met by what is built.
+template <typename F>
+void forEachPiece(const replay::ModelSegment& seg, uint64_t threshold, F&& f) {
+  const auto& bl = seg.blocks;
+  size_t start = 0;
   uint64_t run = 0;
   bool in_run = false;
-  for (const auto& b : seg.blocks) {
-    if (b.size >= threshold) {
-      n += 1 + (in_run ? 1 : 0);
+  for (size_t i = 0; i < bl.size(); ++i) {
+    if (threshold == 0 || bl[i].size >= threshold) {
+      if (in_run) f(start, i);
       in_run = false;
-      run = 0;
+      f(i, i + 1);
       continue;
     }
     if (!in_run) {
       in_run = true;
+      start = i;
       run = 0;
     }
-    run += b.size;
+    run += bl[i].size;
     if (run >= threshold) {
-      ++n;
+      f(start, i + 1);
       in_run = false;
     }
   }
-  return n + (in_run ? 1 : 0);
+  if (in_run) f(start, bl.size());
+}
+
+size_t pieceCount(const replay::ModelSegment& seg, uint64_t threshold) {
+  size_t n = 0;
+  forEachPiece(seg, threshold, [&](size_t, size_t) { ++n; });
+  return n;
 }
 
 class KeyframeBuilder {
@@ -135,7 +146,7 @@ class KeyframeBuilder {
       // A segment is drawn even when all of it is one run, so the cap may stay out of reach.
       while (true) {
         size_t n = 0;
-        for (const auto& s : layout) n += mergedCount(s, threshold);
+        for (const auto& s : layout) n += pieceCount(s, threshold);
         if (n <= cap || threshold > reserved) break;
         threshold *= 2;
       }
@@ -147,44 +158,27 @@ class KeyframeBuilder {
       ms.stream = s.stream;
       ms.pool = poolName(s);
       ms.expandable = s.is_expandable;
-      MapBlock run;
-      bool in_run = false;
-      auto close = [&]() {
-        if (!in_run) return;
+      forEachPiece(s, threshold, [&](size_t first, size_t last) {
+        if (last - first == 1) {
+          ms.blocks.push_back(convert(s.blocks[first]));
+          return;
+        }
+        // A run of several blocks names no single allocation: it keeps bytes by state.
+        MapBlock run;
+        run.count = static_cast<uint32_t>(last - first);
+        for (size_t i = first; i < last; ++i) {
+          MapBlock mb = convert(s.blocks[i]);
+          run.size += mb.size;
+          run.requested += mb.requested;
+          if (mb.state == MapState::Free) run.free_bytes += mb.size;
+          if (mb.state == MapState::PendingFree) run.pending_bytes += mb.size;
+        }
         uint64_t alloc = run.size - run.free_bytes - run.pending_bytes;
         run.state = run.free_bytes >= alloc && run.free_bytes >= run.pending_bytes ? MapState::Free
                     : alloc >= run.pending_bytes                                  ? MapState::Allocated
                                                                                   : MapState::PendingFree;
-        if (run.count == 1) run.free_bytes = run.pending_bytes = 0;
         ms.blocks.push_back(run);
-        in_run = false;
-      };
-      for (const auto& b : s.blocks) {
-        MapBlock mb = convert(b);
-        if (threshold == 0 || b.size >= threshold) {
-          close();
-          ms.blocks.push_back(mb);
-          continue;
-        }
-        if (!in_run) {
-          run = mb;
-          run.free_bytes = mb.state == MapState::Free ? mb.size : 0;
-          run.pending_bytes = mb.state == MapState::PendingFree ? mb.size : 0;
-          in_run = true;
-        } else {
-          // A run of several blocks names no single allocation.
-          run.size += mb.size;
-          run.requested += mb.requested;
-          run.count += 1;
-          run.stack = -1;
-          run.alloc_event = -1;
-          run.category = Category::Unknown;
-          if (mb.state == MapState::Free) run.free_bytes += mb.size;
-          if (mb.state == MapState::PendingFree) run.pending_bytes += mb.size;
-        }
-        if (run.size >= threshold) close();
-      }
-      close();
+      });
       for (const auto& b : s.blocks) {
         if (b.state == format::BlockState::ActiveAllocated) {
           k.at.allocated += b.size;
