@@ -35,8 +35,7 @@ void Converter::noteDevice(uint32_t device) {
   if (device < 32) stats_.devices_seen_mask |= 1u << device;
 }
 
-void Converter::emitAlloc(std::vector<TimedEvent>& out, uint64_t ts, uint32_t device, uint64_t addr,
-                          const Live& l, uint32_t stack, uint8_t segment_action) {
+ft::TraceEvent Converter::eventFor(uint64_t ts, uint32_t device, uint64_t addr, const Live& l, uint32_t stack) const {
   ft::TraceEvent e;
   e.device = device;
   e.addr = addr;
@@ -44,6 +43,12 @@ void Converter::emitAlloc(std::vector<TimedEvent>& out, uint64_t ts, uint32_t de
   e.time_us = timeUs(ts);
   e.stack = stack;
   e.pool = l.pool;
+  return e;
+}
+
+void Converter::emitAlloc(std::vector<TimedEvent>& out, uint64_t ts, uint32_t device, uint64_t addr,
+                          const Live& l, uint32_t stack, uint8_t segment_action) {
+  ft::TraceEvent e = eventFor(ts, device, addr, l, stack);
   e.action = segment_action;
   e.size = l.segment;
   push(out, ts, e);
@@ -57,13 +62,7 @@ void Converter::emitAlloc(std::vector<TimedEvent>& out, uint64_t ts, uint32_t de
 
 void Converter::emitFree(std::vector<TimedEvent>& out, uint64_t ts, uint32_t device, uint64_t addr,
                          const Live& l, uint32_t stack, uint8_t segment_action) {
-  ft::TraceEvent e;
-  e.device = device;
-  e.addr = addr;
-  e.stream = l.stream;
-  e.time_us = timeUs(ts);
-  e.stack = stack;
-  e.pool = l.pool;
+  ft::TraceEvent e = eventFor(ts, device, addr, l, stack);
   e.size = l.bytes;
   e.action = kFreeRequested;
   push(out, ts, e);
