@@ -1,7 +1,12 @@
 // trace_reader.cc: see trace_reader.h; the byte layout is in trace_format.h.
 #include "format/trace_reader.h"
 
+#ifndef MEMF_HAVE_ZSTD  // cmake/MemfZstd.cmake sets 0 for capture-only builds without libzstd
+#define MEMF_HAVE_ZSTD 1
+#endif
+#if MEMF_HAVE_ZSTD
 #include <zstd.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -78,10 +83,14 @@ Status readTlv(std::span<const uint8_t> p, F&& f) {
 
 }  // namespace
 
+#if MEMF_HAVE_ZSTD
 struct TraceReader::ZstdContext {
   ZSTD_DCtx* ctx = ZSTD_createDCtx();
   ~ZstdContext() { ZSTD_freeDCtx(ctx); }
 };
+#else
+struct TraceReader::ZstdContext {};
+#endif
 
 TraceReader::TraceReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
 TraceReader::~TraceReader() = default;
@@ -209,6 +218,9 @@ bool TraceReader::next() {
     payload = stored;
     c.raw_size = c.stored_size;
   } else if (c.codec == static_cast<uint8_t>(Codec::Zstd)) {
+#if !MEMF_HAVE_ZSTD
+    return stop(false, name + " is zstd-compressed and this build has no zstd (capture-only build without libzstd)");
+#else
     unsigned long long raw = ZSTD_getFrameContentSize(stored.data(), stored.size());
     if (raw == ZSTD_CONTENTSIZE_UNKNOWN || raw == ZSTD_CONTENTSIZE_ERROR || raw > kMaxChunkBytes) {
       return stop(false, name + ": zstd frame without a valid decoded size (damaged file)");
@@ -226,6 +238,7 @@ bool TraceReader::next() {
     }
     payload = raw_;
     c.raw_size = static_cast<uint32_t>(raw);
+#endif
   } else {
     return stop(false, name + " uses unknown compression codec " + std::to_string(c.codec));
   }

@@ -3,7 +3,12 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#ifndef MEMF_HAVE_ZSTD  // cmake/MemfZstd.cmake sets 0 for capture-only builds without libzstd
+#define MEMF_HAVE_ZSTD 1
+#endif
+#if MEMF_HAVE_ZSTD
 #include <zstd.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -81,17 +86,23 @@ constexpr size_t kCountRoom = 10;  // the Events chunk's count varint is written
 
 }  // namespace
 
+#if MEMF_HAVE_ZSTD
 struct TraceWriter::ZstdContext {
   ZSTD_CCtx* ctx = ZSTD_createCCtx();
   ~ZstdContext() { ZSTD_freeCCtx(ctx); }
 };
+#else
+struct TraceWriter::ZstdContext {};  // without zstd every chunk is stored (Codec::None)
+#endif
 
 TraceWriter::TraceWriter(ByteSink& sink, const WriterOptions& options) : sink_(sink), options_(options) {
   options_.chunk_bytes = std::clamp<uint32_t>(options_.chunk_bytes, 4096, kMaxChunkBytes / 2);
   buf_.resize(kCountRoom + options_.chunk_bytes + 2 * kMaxRecord);
   used_ = kCountRoom;
   strings_.emplace("", 0);
+#if MEMF_HAVE_ZSTD
   if (options_.zstd_level > 0) zstd_ = std::make_unique<ZstdContext>();
+#endif
 }
 
 TraceWriter::~TraceWriter() = default;
@@ -234,6 +245,7 @@ Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload)
   // Tables are written once and read on every load: they get a stronger level than events.
   int level = type == ChunkType::Events ? options_.zstd_level : std::max(options_.zstd_level, 19);
   // The trailer stays uncompressed: readers peek at it through the end mark (peekTrailer).
+#if MEMF_HAVE_ZSTD
   if (zstd_ && payload.size() >= 64 && type != ChunkType::Trailer) {
     size_t bound = ZSTD_compressBound(payload.size());
     scratch_.resize(kChunkHeaderSize + bound);
@@ -247,6 +259,9 @@ Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload)
       scratch_.resize(kChunkHeaderSize);
     }
   }
+#else
+  (void)level;
+#endif
   uint8_t* h = scratch_.data();
   h[0] = static_cast<uint8_t>(type);
   h[1] = codec;
