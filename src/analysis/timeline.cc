@@ -50,6 +50,60 @@ std::vector<size_t> keptPoints(const std::vector<Counters>& all, size_t bucket, 
   return keep;
 }
 
+// First index of the maximum of v over [lo, hi] (inclusive), in O(kBlock) per query after an
+// O(n) build: a sparse table over the maxima of blocks of kBlock values, scans inside the two end
+// blocks. Memory: n / kBlock * log2(n / kBlock) indices, so a phase's peak costs no scan of its
+// range (100,000 nested annotation ranges over 100,000 events took minutes that way).
+class RangeMax {
+ public:
+  static constexpr size_t kBlock = 64;
+
+  explicit RangeMax(std::vector<uint64_t> v) : v_(std::move(v)) {
+    const size_t blocks = (v_.size() + kBlock - 1) / kBlock;
+    if (blocks == 0) return;
+    std::vector<size_t> best(blocks);
+    for (size_t b = 0; b < blocks; ++b) best[b] = scan(b * kBlock, std::min(v_.size(), (b + 1) * kBlock) - 1);
+    table_.push_back(std::move(best));
+    for (size_t width = 2; width <= blocks; width *= 2) {
+      const std::vector<size_t>& prev = table_.back();
+      std::vector<size_t> next(blocks - width + 1);
+      for (size_t b = 0; b + width <= blocks; ++b) next[b] = better(prev[b], prev[b + width / 2]);
+      table_.push_back(std::move(next));
+    }
+  }
+
+  // Requires lo <= hi < size().
+  size_t query(size_t lo, size_t hi) const {
+    const size_t bl = lo / kBlock, bh = hi / kBlock;
+    if (bh - bl <= 1) return scan(lo, hi);
+    size_t i = better(scan(lo, (bl + 1) * kBlock - 1), scan(bh * kBlock, hi));
+    const size_t first = bl + 1, count = bh - first;  // whole blocks in between, count >= 1
+    size_t k = 0;
+    while ((size_t{2} << k) <= count) ++k;
+    i = better(i, table_[k][first]);
+    i = better(i, table_[k][bh - (size_t{1} << k)]);
+    return i;
+  }
+  uint64_t value(size_t i) const { return v_[i]; }
+  size_t size() const { return v_.size(); }
+
+ private:
+  size_t better(size_t a, size_t b) const {
+    if (v_[a] != v_[b]) return v_[a] > v_[b] ? a : b;
+    return std::min(a, b);  // ties: the first event reaching the value, as a forward scan finds it
+  }
+  size_t scan(size_t lo, size_t hi) const {
+    size_t best = lo;
+    for (size_t i = lo + 1; i <= hi; ++i) {
+      if (v_[i] > v_[best]) best = i;
+    }
+    return best;
+  }
+
+  std::vector<uint64_t> v_;
+  std::vector<std::vector<size_t>> table_;  // table_[k][b]: best over blocks [b, b + 2^k)
+};
+
 void updPeak(Peak& p, uint64_t v, int64_t event, int64_t time) {
   if (v > p.bytes) {
     p.bytes = v;
@@ -129,7 +183,24 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
     // Breakdowns, when there is more than one stream / pool. The start share is what the file's
     // final state holds for that stream/pool minus the trace's changes (exact whenever replay
     // ends at the file's final state; clamped at 0 otherwise).
-    auto breakdown = [&](auto& sums, auto segKey, auto eventKey, auto setKey, std::vector<TimelineBreakdown>& out) {
+    // One pass over the events serves every stream / pool at once (a pass per key was quadratic
+    // in streams x events): first the exact peaks of every key (a key's counters only change at
+    // its own events), then the sampled series of the opt.max_breakdowns keys with the highest
+    // peak reserved (then requested), in key order; the others are counted in *_omitted.
+    auto counts = [&](size_t i) {
+      return ev[i].action != format::Action::Oom && ev[i].action != format::Action::Snapshot &&
+             ev[i].action != format::Action::Unknown;
+    };
+    auto snapshotOf = [](const Signed& s) {
+      Counters c;
+      c.reserved = clamp0(s.reserved);
+      c.requested = clamp0(s.requested);
+      c.allocated = clamp0(s.allocated);
+      c.pending = clamp0(s.pending);
+      return c;
+    };
+    auto breakdown = [&](auto& sums, auto segKey, auto eventKey, auto setKey, std::vector<TimelineBreakdown>& out,
+                         size_t& omitted) {
       if (sums.size() < 2) return;
       using Key = typename std::decay_t<decltype(sums)>::key_type;
       std::map<Key, Signed> final_share;
@@ -143,75 +214,109 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
           (b.state == format::BlockState::ActivePendingFree ? f.pending : f.allocated) += static_cast<int64_t>(b.size);
         }
       }
+      std::map<Key, size_t> index;
+      std::vector<TimelineBreakdown> all_keys;
+      std::vector<Signed> start, cur;
       for (const auto& [key, delta] : sums) {
+        index.emplace(key, all_keys.size());
         TimelineBreakdown tb;
         setKey(tb, key);
-        Signed cur;
         const Signed& fin = final_share[key];
-        cur.reserved = fin.reserved - delta.reserved;
-        cur.requested = fin.requested - delta.requested;
-        cur.allocated = fin.allocated - delta.allocated;
-        cur.pending = fin.pending - delta.pending;
-        auto snapshotOf = [&](const Signed& s) {
-          Counters c;
-          c.reserved = clamp0(s.reserved);
-          c.requested = clamp0(s.requested);
-          c.allocated = clamp0(s.allocated);
-          c.pending = clamp0(s.pending);
-          return c;
-        };
-        size_t next_keep = 0;
-        auto visit = [&](size_t point) {
-          Counters c = snapshotOf(cur);
-          const int64_t event = static_cast<int64_t>(point) - 1;
-          updPeak(tb.peak_reserved, c.reserved, event, timeOf(point));
-          updPeak(tb.peak_requested, c.requested, event, timeOf(point));
-          updPeak(tb.peak_allocated, c.allocated, event, timeOf(point));
-          updPeak(tb.peak_pending, c.pending, event, timeOf(point));
-          if (next_keep < keep.size() && keep[next_keep] == point) {
-            tb.points.push_back({event, timeOf(point), c});
-            ++next_keep;
-          }
-        };
+        Signed s0;
+        s0.reserved = fin.reserved - delta.reserved;
+        s0.requested = fin.requested - delta.requested;
+        s0.allocated = fin.allocated - delta.allocated;
+        s0.pending = fin.pending - delta.pending;
         // The start state is the first candidate for a peak, as for the device peaks.
-        Counters c0 = snapshotOf(cur);
+        const Counters c0 = snapshotOf(s0);
         tb.peak_reserved = {c0.reserved, -1, -1};
         tb.peak_requested = {c0.requested, -1, -1};
         tb.peak_allocated = {c0.allocated, -1, -1};
         tb.peak_pending = {c0.pending, -1, -1};
-        visit(0);
-        for (size_t i = 0; i < ev.size(); ++i) {
-          if (eventKey(i) == key && ev[i].action != format::Action::Oom && ev[i].action != format::Action::Snapshot &&
-              ev[i].action != format::Action::Unknown) {
-            cur.add(all[i + 1], all[i]);
-          }
-          visit(i + 1);
-        }
-        out.push_back(std::move(tb));
+        all_keys.push_back(std::move(tb));
+        start.push_back(s0);
       }
+      cur = start;
+      for (size_t i = 0; i < ev.size(); ++i) {
+        if (!counts(i)) continue;
+        const size_t k = index.at(eventKey(i));
+        cur[k].add(all[i + 1], all[i]);
+        const Counters c = snapshotOf(cur[k]);
+        const auto event = static_cast<int64_t>(i);
+        TimelineBreakdown& tb = all_keys[k];
+        updPeak(tb.peak_reserved, c.reserved, event, timeOf(i + 1));
+        updPeak(tb.peak_requested, c.requested, event, timeOf(i + 1));
+        updPeak(tb.peak_allocated, c.allocated, event, timeOf(i + 1));
+        updPeak(tb.peak_pending, c.pending, event, timeOf(i + 1));
+      }
+      std::vector<size_t> chosen(all_keys.size());
+      for (size_t k = 0; k < chosen.size(); ++k) chosen[k] = k;
+      if (chosen.size() > opt.max_breakdowns) {
+        std::stable_sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
+          const auto& x = all_keys[a];
+          const auto& y = all_keys[b];
+          if (x.peak_reserved.bytes != y.peak_reserved.bytes) return x.peak_reserved.bytes > y.peak_reserved.bytes;
+          return x.peak_requested.bytes > y.peak_requested.bytes;
+        });
+        omitted = chosen.size() - opt.max_breakdowns;
+        chosen.resize(opt.max_breakdowns);
+        std::sort(chosen.begin(), chosen.end());
+      }
+      std::vector<int64_t> slot(all_keys.size(), -1);
+      for (size_t j = 0; j < chosen.size(); ++j) slot[chosen[j]] = static_cast<int64_t>(j);
+      cur = start;
+      size_t next_keep = 0;
+      auto visit = [&](size_t point) {
+        if (next_keep >= keep.size() || keep[next_keep] != point) return;
+        ++next_keep;
+        for (size_t k : chosen) {
+          all_keys[k].points.push_back({static_cast<int64_t>(point) - 1, timeOf(point), snapshotOf(cur[k])});
+        }
+      };
+      visit(0);
+      for (size_t i = 0; i < ev.size(); ++i) {
+        if (counts(i)) {
+          const size_t k = index.at(eventKey(i));
+          if (slot[k] >= 0) cur[k].add(all[i + 1], all[i]);
+        }
+        visit(i + 1);
+      }
+      for (size_t k : chosen) out.push_back(std::move(all_keys[k]));
     };
     breakdown(
         by_stream, [](const format::Segment& s) { return s.stream; }, [&](size_t i) { return keys[i].first; },
-        [](TimelineBreakdown& tb, int64_t k) { tb.stream = k; }, dt.streams);
+        [](TimelineBreakdown& tb, int64_t k) { tb.stream = k; }, dt.streams, dt.streams_omitted);
     breakdown(
         by_pool, [](const format::Segment& s) { return std::pair<uint64_t, uint64_t>{s.pool_a, s.pool_b}; },
         [&](size_t i) { return keys[i].second; },
-        [](TimelineBreakdown& tb, const std::pair<uint64_t, uint64_t>& k) { tb.pool = k; }, dt.pools);
+        [](TimelineBreakdown& tb, const std::pair<uint64_t, uint64_t>& k) { tb.pool = k; }, dt.pools,
+        dt.pools_omitted);
 
     // Phases with the peaks inside them (the state after each event of the range).
-    for (auto& p : detectPhases(snap, d)) {
-      PhaseStats ps;
-      ps.phase = std::move(p);
-      for (int64_t i = std::max<int64_t>(0, ps.phase.first_event); i <= ps.phase.last_event && i < static_cast<int64_t>(ev.size()); ++i) {
-        const Counters& c = all[static_cast<size_t>(i) + 1];
-        if (ps.peak_requested.event < 0 || c.requested > ps.peak_requested.bytes) {
-          ps.peak_requested = {c.requested, i, ev[i].time_us};
-        }
-        if (ps.peak_reserved.event < 0 || c.reserved > ps.peak_reserved.bytes) {
-          ps.peak_reserved = {c.reserved, i, ev[i].time_us};
-        }
+    // Range-maximum queries over the state after each event: O(1) blocks per phase, however many
+    // phases nest over however many events.
+    std::vector<Phase> phases = detectPhases(snap, d);
+    if (!phases.empty()) {
+      std::vector<uint64_t> req(ev.size()), res(ev.size());
+      for (size_t i = 0; i < ev.size(); ++i) {
+        req[i] = all[i + 1].requested;
+        res[i] = all[i + 1].reserved;
       }
-      dt.phases.push_back(std::move(ps));
+      const RangeMax req_max(std::move(req)), res_max(std::move(res));
+      const auto n = static_cast<int64_t>(ev.size());
+      for (auto& p : phases) {
+        PhaseStats ps;
+        ps.phase = std::move(p);
+        const int64_t lo = std::max<int64_t>(0, ps.phase.first_event);
+        const int64_t hi = std::min<int64_t>(ps.phase.last_event, n - 1);
+        if (lo <= hi) {
+          const size_t iq = req_max.query(static_cast<size_t>(lo), static_cast<size_t>(hi));
+          const size_t is = res_max.query(static_cast<size_t>(lo), static_cast<size_t>(hi));
+          ps.peak_requested = {req_max.value(iq), static_cast<int64_t>(iq), ev[iq].time_us};
+          ps.peak_reserved = {res_max.value(is), static_cast<int64_t>(is), ev[is].time_us};
+        }
+        dt.phases.push_back(std::move(ps));
+      }
     }
 
     // Sparkline columns: the maximum requested bytes over each equal slice of the full series.

@@ -55,6 +55,8 @@ struct DeviceTimeline {
   std::vector<replay::OomEvent> ooms;
   std::vector<TimelineBreakdown> streams;  // empty unless the trace uses more than one stream
   std::vector<TimelineBreakdown> pools;    // empty unless it uses more than one pool
+  size_t streams_omitted = 0;  // streams beyond TimelineOptions::max_breakdowns, not broken down
+  size_t pools_omitted = 0;    // pools beyond it
   std::vector<PhaseStats> phases;
   std::vector<uint64_t> requested_columns;  // max requested bytes per equal slice of the trace
 };
@@ -64,10 +66,15 @@ struct TimelineResult {
   std::vector<DeviceTimeline> devices;
 };
 
+// Streams (and, separately, pools) with their own series per device: those with the highest peak
+// reserved bytes. Each costs one sampled series, so a file naming 100,000 streams stays linear.
+constexpr size_t kMaxBreakdowns = 64;
+
 struct TimelineOptions {
   std::optional<int64_t> device;  // only this device
   size_t max_points = 2000;       // buckets at most (>= 1)
   size_t columns = 64;            // width of requested_columns (the sparkline)
+  size_t max_breakdowns = kMaxBreakdowns;  // streams and pools broken down per device
 };
 
 TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& options = {});

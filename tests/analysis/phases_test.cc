@@ -330,5 +330,50 @@ TEST(Phases, RealSnapshots) {
   }
 }
 
+// Random overlapping steps and ranges: each range's step is the innermost enclosing one (the
+// enclosing step that starts last), as a scan of every step finds it.
+TEST(Phases, EnclosingStepEqualsANaiveScan) {
+  TraceBuilder b;
+  b.time = 0;
+  auto st = stackAt("/home/u/model.py", 10, "forward");
+  for (int i = 0; i < 400; ++i) b.alloc(1024, st);  // t = 10 .. 4000
+  TSnapshot t;
+  t.traces.push_back(b.ev);
+  auto snap = buildSnapshot(t);
+  uint64_t seed = 99;
+  auto next = [&](int64_t mod) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int64_t>((seed >> 33) % static_cast<uint64_t>(mod));
+  };
+  for (int k = 0; k < 300; ++k) {
+    const bool step = k % 3 == 0;
+    const int64_t a = 2 * k + 1;  // distinct START times
+    const int64_t e = a + 1 + next(step ? 2000 : 400);
+    const std::string name = step ? "ProfilerStep#" + std::to_string(k) : "r" + std::to_string(k);
+    annotate(snap, 0, a, name, "START");
+    annotate(snap, 0, e, name, "END");
+  }
+  std::stable_sort(snap.annotations.begin(), snap.annotations.end(),
+                   [](const auto& x, const auto& y) { return x.time_us < y.time_us; });
+  auto ps = detectPhases(snap, 0);
+  auto steps = ofKind(ps, PhaseKind::Iteration);
+  ASSERT_EQ(steps.size(), 100u);
+  size_t inside = 0;
+  for (const auto& p : ps) {
+    if (p.kind == PhaseKind::Iteration) continue;
+    int want = -1;
+    int64_t best_start = -1;
+    for (const auto& s : steps) {
+      if (s.start_us <= p.start_us && p.end_us <= s.end_us && s.start_us > best_start) {
+        best_start = s.start_us;
+        want = s.iteration;
+      }
+    }
+    inside += want >= 0;
+    EXPECT_EQ(p.iteration, want) << p.name;
+  }
+  EXPECT_GT(inside, 50u);  // the test covers ranges inside steps, not only outside them
+}
+
 }  // namespace
 }  // namespace memforensics::analysis

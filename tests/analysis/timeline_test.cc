@@ -153,5 +153,116 @@ TEST(Timeline, PerStreamBreakdownWhenSeveralStreams) {
   EXPECT_TRUE(d.pools.empty());
 }
 
+// Many streams: only max_breakdowns of them get a series (those with the highest peak reserved),
+// the others are counted; the series that are kept equal those of an unbounded run.
+TEST(Timeline, BreakdownsAreBoundedAndExact) {
+  TSnapshot t;
+  std::vector<TEvent> tr;
+  for (int s = 0; s < 5; ++s) {
+    const uint64_t base = kBase + static_cast<uint64_t>(s) * 0x10000000ULL;
+    const uint64_t seg = k20M * static_cast<uint64_t>(s + 1);
+    tr.push_back(ev("segment_alloc", base, seg, s));
+    tr.push_back(ev("alloc", base, 1000u * static_cast<uint64_t>(s + 1), s));
+    tr.push_back(ev("free_requested", base, 1000u * static_cast<uint64_t>(s + 1), s));
+    tr.push_back(ev("free_completed", base, 1000u * static_cast<uint64_t>(s + 1), s));
+    tr.push_back(ev("segment_free", base, seg, s));
+  }
+  t.traces.push_back(tr);
+  auto snap = buildSnapshot(t);
+  TimelineOptions all;
+  auto full = computeTimeline(snap, all);
+  TimelineOptions two;
+  two.max_breakdowns = 2;
+  auto cut = computeTimeline(snap, two);
+  ASSERT_EQ(full.devices[0].streams.size(), 5u);
+  EXPECT_EQ(full.devices[0].streams_omitted, 0u);
+  const auto& d = cut.devices[0];
+  ASSERT_EQ(d.streams.size(), 2u);
+  EXPECT_EQ(d.streams_omitted, 3u);
+  // The two largest (streams 3 and 4, by peak reserved), in stream order, as in the full run.
+  EXPECT_EQ(d.streams[0].stream, 3);
+  EXPECT_EQ(d.streams[1].stream, 4);
+  for (size_t k = 0; k < 2; ++k) {
+    const auto& a = d.streams[k];
+    const auto& b = full.devices[0].streams[3 + k];
+    EXPECT_EQ(a.peak_reserved.bytes, b.peak_reserved.bytes);
+    EXPECT_EQ(a.peak_reserved.event, b.peak_reserved.event);
+    EXPECT_EQ(a.peak_requested.bytes, b.peak_requested.bytes);
+    EXPECT_EQ(a.peak_requested.event, b.peak_requested.event);
+    ASSERT_EQ(a.points.size(), b.points.size());
+    for (size_t i = 0; i < a.points.size(); ++i) {
+      EXPECT_EQ(a.points[i].event, b.points[i].event);
+      EXPECT_EQ(a.points[i].at.reserved, b.points[i].at.reserved);
+      EXPECT_EQ(a.points[i].at.requested, b.points[i].at.requested);
+    }
+  }
+}
+
+// A saw-tooth of `n` alloc/free pairs with times 1..2n and `ranges` nested annotation ranges
+// (range k: START at k, END at 2n + 1 - k, so each holds the next) plus a few disjoint ones.
+format::Snapshot nestedRanges(size_t n, size_t ranges) {
+  TSnapshot t;
+  t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
+  std::vector<TEvent> tr = {ev("segment_alloc", kBase, k20M, 0, 0)};
+  uint64_t seed = 12345;
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    const uint64_t size = 512 * (1 + (seed >> 33) % 64);
+    const auto t1 = static_cast<int64_t>(2 * i + 1);
+    tr.push_back(ev("alloc", kBase, size, 0, t1));
+    tr.push_back(ev("free_requested", kBase, size, 0, t1 + 1));
+    tr.push_back(ev("free_completed", kBase, size, 0, t1 + 1));
+  }
+  t.traces.push_back(tr);
+  auto snap = buildSnapshot(t);
+  const auto end = static_cast<int64_t>(2 * n + 1);
+  auto mark = [&](int64_t time, const std::string& name, const char* stage) {
+    snap.annotations.push_back({0, time, snap.strings.intern(name), snap.strings.intern(stage)});
+  };
+  for (size_t k = 0; k < ranges; ++k) mark(static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "START");
+  for (size_t k = ranges; k-- > 0;) mark(end - static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "END");
+  for (int64_t k = 0; k < 20; ++k) {  // disjoint short ranges, some steps
+    const int64_t a = 1 + k * end / 20;
+    mark(a, k % 2 ? "ProfilerStep#" + std::to_string(k) : "d" + std::to_string(k), "START");
+    mark(a + 7, k % 2 ? "ProfilerStep#" + std::to_string(k) : "d" + std::to_string(k), "END");
+  }
+  snap.traits.has_annotations_key = true;
+  return snap;
+}
+
+TEST(Timeline, PhasePeaksEqualANaiveScan) {
+  auto snap = nestedRanges(700, 150);
+  TimelineOptions o;
+  o.max_points = 100000;  // every point kept, so the naive scan below sees them all
+  auto r = computeTimeline(snap, o);
+  const auto& d = r.devices[0];
+  ASSERT_FALSE(d.downsampled);
+  ASSERT_EQ(d.phases.size(), 170u);
+  for (const auto& ps : d.phases) {
+    replay::Peak req, res;  // the first event reaching the maximum after an event of the range
+    for (const auto& p : d.points) {
+      if (p.event < ps.phase.first_event || p.event > ps.phase.last_event) continue;
+      if (req.event < 0 || p.at.requested > req.bytes) req = {p.at.requested, p.event, p.time_us};
+      if (res.event < 0 || p.at.reserved > res.bytes) res = {p.at.reserved, p.event, p.time_us};
+    }
+    SCOPED_TRACE(ps.phase.name);
+    EXPECT_EQ(ps.peak_requested.bytes, req.bytes);
+    EXPECT_EQ(ps.peak_requested.event, req.event);
+    EXPECT_EQ(ps.peak_requested.time_us, req.time_us);
+    EXPECT_EQ(ps.peak_reserved.bytes, res.bytes);
+    EXPECT_EQ(ps.peak_reserved.event, res.event);
+  }
+}
+
+// 100,000 nested ranges over 100,000 events: a scan per phase is 5 * 10^9 steps (minutes); range
+// maximum queries finish at once. No clock here: ctest's timeout is the guard.
+TEST(Timeline, HundredThousandNestedRangesFinish) {
+  auto snap = nestedRanges(33334, 100000);
+  auto r = computeTimeline(snap);
+  const auto& d = r.devices[0];
+  ASSERT_EQ(d.phases.size(), 100020u);
+  EXPECT_EQ(d.phases.front().peak_requested.bytes, d.peak_requested.bytes);  // the outermost range
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
