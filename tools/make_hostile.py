@@ -627,7 +627,13 @@ def c6_shapes(out, E):
         write(out, name, py_pickle(s))
         E.append(Entry(name, 6, note, W))
 
-    one("c6_negative_size.pickle", "alloc of size -100", snap([], [[ev("segment_alloc", base, 2 * MiB, 1), ev("alloc", base, -100, 2)]]))
+    # Each shape is otherwise consistent (the final state matches the trace), so that only the
+    # number under test can make analyze say something.
+    one("c6_negative_size.pickle", "alloc, free of size -100 inside a segment that is then freed",
+        snap([], [[ev("segment_alloc", base, 2 * MiB, 1), ev("alloc", base, -100, 2), ev("free_requested", base, -100, 3),
+                   ev("free_completed", base, -100, 4), ev("segment_free", base, 2 * MiB, 5)]]))
+    one("c6_negative_size_open.pickle", "alloc of size -100 left live (issue 11's shape)",
+        snap([], [[ev("segment_alloc", base, 2 * MiB, 1), ev("alloc", base, -100, 2)]]))
     one("c6_negative_addr_segment.pickle", "segment at address -4096, block size -1",
         snap([seg(-4096, 2 * MiB, [blk(-4096, -1)])], [[]]))
     one("c6_two_allocs_2p63.pickle", "two allocs of 2^63 bytes (counters wrap)",
@@ -636,8 +642,10 @@ def c6_shapes(out, E):
         snap([], [[ev("segment_alloc", 0, U64, 1), ev("segment_alloc", 1, U64, 2)]]))
     one("c6_requested_gt_size.pickle", "10^12 requested bytes in a 512-byte block",
         snap([seg(base, 2 * MiB, [blk(base, 512, requested=10 ** 12), blk(base + 512, 2 * MiB - 512, "inactive", 0, [])])], [[]]))
-    one("c6_block_sizes_wrap.pickle", "blocks of 2^64-1 and 1025 bytes in a 1 KiB segment",
-        snap([seg(base, KiB, [blk(base, U64), blk(base + 1, 1025)])], [[]]))
+    sg = seg(base, KiB, [blk(base, U64), blk(base + 1, 1025)])
+    sg["allocated_size"] = sg["active_size"] = sg["requested_size"] = (U64 + 1025) % (1 << 64)  # = 1024
+    one("c6_block_sizes_wrap.pickle", "blocks of 2^64-1 and 1025 bytes in a 1 KiB segment (sums wrap to 1024)",
+        {"segments": [sg]})
     one("c6_overlapping_segments.pickle", "two 2 MiB segments overlapping by 1 MiB",
         snap([seg(base, 2 * MiB, [blk(base, 2 * MiB)]), seg(base + MiB, 2 * MiB, [blk(base + MiB, 2 * MiB)])], [[]]))
     one("c6_segment_wraps.pickle", "a segment whose address + size wraps 2^64",

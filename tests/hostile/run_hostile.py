@@ -51,20 +51,42 @@ PAGE_LIMIT = 5_000_000
 CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 
 PY_CHECK = r"""
-import pickle, sys
-p = sys.argv[1]
-with open(p, 'rb') as f:
-    s = pickle.load(f)
-if isinstance(s, dict):
+import json, pickle, sys
+
+def viz_problem(s):
+    # What PyTorch's memory_viz needs: device_traces a list of lists, one for every segment's device.
+    if not isinstance(s, dict):
+        return None
     dt = s.get('device_traces', [])
     if not isinstance(dt, list) or not all(isinstance(t, list) for t in dt):
-        sys.exit('device_traces is not a list of lists')
+        return 'device_traces is not a list of lists'
     for i, sg in enumerate(s.get('segments', [])):
-        d = sg.get('device', 0)
+        d = sg.get('device', 0) if isinstance(sg, dict) else 0
         if not isinstance(d, int) or d < 0 or d >= len(dt):
-            sys.exit('segments[%d] is on device %r but there are %d device traces '
-                     '(memory_viz: snapshot.device_traces[device] is not iterable)' % (i, d, len(dt)))
+            return ('segments[%d] is on device %r but there are %d device traces '
+                    '(memory_viz: snapshot.device_traces[device] is not iterable)' % (i, d, len(dt)))
+    return None
+
+with open(sys.argv[1], 'rb') as f:
+    out = pickle.load(f)
+problem = viz_problem(out)
+if problem and len(sys.argv) > 2:
+    # Not the writer's fault when the input already had the problem.
+    try:
+        with open(sys.argv[2], 'rb') as f:
+            head = f.read(1)
+            f.seek(0)
+            src = pickle.load(f) if head == b'\x80' else json.load(f) if head in b'{[' else None
+        if src is not None and viz_problem(src):
+            problem = None
+    except Exception:
+        pass
+if problem:
+    sys.exit(problem)
 """
+# Python's own unpickler may need a lot of memory on a hostile input (a memo index of 2^32 is
+# an array of 2^32 slots): the check runs under this address-space cap.
+PY_CHECK_AS = 6 << 30
 
 
 def is_asan(binary):
@@ -224,13 +246,20 @@ class Runner:
             return f"cannot read: {e}"
         return None
 
-    def py_check(self, res, path, what):
+    def py_check(self, res, path, what, original=None):
         size = os.path.getsize(path)
         if size > (1 << 30):
             res.why.append(f"{what}: {size} bytes, not loaded in Python")
             return
+
+        def cap():
+            resource.setrlimit(resource.RLIMIT_AS, (PY_CHECK_AS, PY_CHECK_AS))
+
+        argv = [sys.executable, "-c", PY_CHECK, path]
+        if original and os.path.isfile(original) and os.path.getsize(original) < (256 << 20):
+            argv.append(original)
         try:
-            p = subprocess.run([sys.executable, "-c", PY_CHECK, path], capture_output=True, timeout=300)
+            p = subprocess.run(argv, capture_output=True, timeout=300, preexec_fn=cap)
         except subprocess.TimeoutExpired:
             res.fail(f"{what}: Python's pickle.load did not finish in 300 s")
             return
@@ -307,12 +336,12 @@ def post_bin(r, res, w, inp, flags):
     if rc != 0:
         sub.fail(f"convert of the written trace to pickle exits {rc}")
     else:
-        r.py_check(sub, os.path.join(w, "back.pickle"), "pickle written from the trace")
+        r.py_check(sub, os.path.join(w, "back.pickle"), "pickle written from the trace", inp.get("origin", inp["path"]))
     r.record(sub)
 
 
 def post_pickle(r, res, w, inp, flags):
-    r.py_check(res, os.path.join(w, "out.pickle"), "written pickle")
+    r.py_check(res, os.path.join(w, "out.pickle"), "written pickle", inp.get("origin", inp["path"]))
 
 
 COMMANDS = [
@@ -359,7 +388,9 @@ def output_checks(r, sample, html_input, work_root):
 
     for label, args in (("analyze", ["analyze", "{IN}"]), ("analyze --json", ["analyze", "{IN}", "--json"]),
                         ("dump", ["dump", "{IN}"]), ("timeline --csv", ["timeline", "{IN}", "--csv"]),
-                        ("blocks", ["blocks", "{IN}"]), ("convert -o -", ["convert", "{IN}", "-o", "-"])):
+                        ("blocks", ["blocks", "{IN}"]), ("report -o -", ["report", "{IN}", "-o", "-"]),
+                        ("convert --to pickle -o -", ["convert", "{IN}", "--to", "pickle", "-o", "-"]),
+                        ("convert --to collapsed -o -", ["convert", "{IN}", "--to", "collapsed", "-o", "-"])):
         tasks.append(full(label, args))
 
     def same(label, args, src, name):
@@ -445,33 +476,34 @@ def main():
     ap.add_argument("--only", action="append", help="only inputs whose name contains this (repeatable)")
     a = ap.parse_args()
 
-    sys.path.insert(0, os.path.join(a.src_dir, "tools"))
-    import make_hostile
-
     r = Runner(a)
     tmp = tempfile.mkdtemp(prefix="memf-hostile-")
     try:
         corpus = a.corpus or os.path.join(tmp, "corpus")
         t0 = time.monotonic()
-        if a.corpus and os.path.exists(os.path.join(corpus, "MANIFEST.tsv")):
-            entries = []
-            with open(os.path.join(corpus, "MANIFEST.tsv")) as f:
-                for line in f:
-                    name, cls, flags, note = line.rstrip("\n").split("\t", 3)
-                    entries.append(make_hostile.Entry(name, int(cls), note, [x for x in flags.split(",") if x]))
-            print(f"corpus: {len(entries)} files reused from {corpus}", flush=True)
+        manifest = os.path.join(corpus, "MANIFEST.tsv")
+        if a.corpus and os.path.exists(manifest):
+            print(f"corpus: reused {corpus}", flush=True)
         else:
-            entries = make_hostile.generate(corpus)
-            print(f"corpus: {len(entries)} files generated in {time.monotonic() - t0:.1f} s into {corpus}", flush=True)
+            # In a process of its own: the generator holds hundreds of MB for a few seconds, and a
+            # child's ru_maxrss starts from the RSS of the process it was forked from.
+            subprocess.run([sys.executable, os.path.join(a.src_dir, "tools", "make_hostile.py"), corpus],
+                           check=True, stdout=subprocess.DEVNULL)
+            print(f"corpus: generated in {time.monotonic() - t0:.1f} s into {corpus}", flush=True)
+        entries = []
+        with open(manifest) as f:
+            for line in f:
+                name, cls, flags, note = line.rstrip("\n").split("\t", 3)
+                entries.append((name, [x for x in flags.split(",") if x]))
         print(f"binary: {r.binary}{' (sanitizer build: RSS measured, no address-space cap)' if r.asan else ''}", flush=True)
         work = os.path.join(tmp, "work")
         os.makedirs(work)
         inputs = []
-        for e in entries:
-            if a.only and not any(o in e.name for o in a.only):
+        for name, flags in entries:
+            if a.only and not any(o in name for o in a.only):
                 continue
-            p = os.path.join(corpus, e.name)
-            inputs.append({"name": e.name, "path": p, "bytes": os.path.getsize(p), "flags": e.flags})
+            p = os.path.join(corpus, name)
+            inputs.append({"name": name, "path": p, "bytes": os.path.getsize(p), "flags": flags})
         # Derived inputs: the native traces memforensics itself writes from the replay shapes.
         derived = os.path.join(tmp, "derived")
         os.makedirs(derived)
@@ -485,7 +517,8 @@ def main():
                 continue
             if p.returncode == 0 and os.path.exists(out):
                 flags = [f for f in inp["flags"] if f != "derive_bin"]
-                inputs.append({"name": os.path.basename(out), "path": out, "bytes": os.path.getsize(out), "flags": flags})
+                inputs.append({"name": os.path.basename(out), "path": out, "bytes": os.path.getsize(out), "flags": flags,
+                               "origin": inp["path"]})
         fifo = os.path.join(tmp, "fifo_no_writer")
         os.mkfifo(fifo)
         specials = [{"name": "/dev/zero", "path": "/dev/zero", "bytes": 0, "flags": []},
