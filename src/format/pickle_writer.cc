@@ -1,7 +1,9 @@
 // pickle_writer.cc: the opcode emitter.
 #include "format/pickle_writer.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 namespace memforensics::format {
 
@@ -62,13 +64,94 @@ void PickleWriter::tuple2() {
   maybeFlush();
 }
 
-void PickleWriter::str(std::string_view s) {
+namespace {
+
+// The allowed range of the second byte after lead byte c (RFC 3629: no overlong forms, no UTF-16
+// surrogates, nothing above U+10FFFF), and the sequence length; 0 for a byte that cannot lead.
+size_t utf8Lead(uint8_t c, uint8_t& lo, uint8_t& hi) {
+  lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) return 2;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    return 4;
+  }
+  return 0;
+}
+
+// The number of bytes of s[i...] that belong to the sequence started at i: all of it when it is
+// well formed (valid = true), else its maximal ill-formed subpart (at least 1 byte).
+size_t utf8Sequence(std::string_view s, size_t i, bool& valid) {
+  const uint8_t c = static_cast<uint8_t>(s[i]);
+  valid = c < 0x80;
+  if (valid) return 1;
+  uint8_t lo, hi;
+  const size_t need = utf8Lead(c, lo, hi);
+  size_t j = i + 1;
+  while (need > 0 && j < s.size() && j - i < need) {
+    const uint8_t b = static_cast<uint8_t>(s[j]);
+    if (j == i + 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
+    ++j;
+  }
+  valid = need > 0 && j - i == need;
+  return j - i;
+}
+
+bool isValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<uint8_t>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    bool valid;
+    i += utf8Sequence(s, i, valid);
+    if (!valid) return false;
+  }
+  return true;
+}
+
+// One U+FFFD per maximal ill-formed subpart, the Unicode standard's recommended practice (and
+// what Python's bytes.decode("utf-8", "replace") gives).
+std::string replaceInvalidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (size_t i = 0; i < s.size();) {
+    bool valid;
+    size_t n = utf8Sequence(s, i, valid);
+    if (valid) out.append(s.substr(i, n));
+    else out.append("\xEF\xBF\xBD");
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+void PickleWriter::str(std::string_view text) {
+  // BINUNICODE holds UTF-8 that Python decodes strictly (a bad byte fails the whole load): text
+  // that is not well-formed UTF-8 (a binary frame name, a cut multi-byte character) is written
+  // with each ill-formed part replaced by U+FFFD. See pickle_writer.h.
+  std::string replaced;
+  std::string_view s = text;
+  if (!isValidUtf8(text)) {
+    replaced = replaceInvalidUtf8(text);
+    s = replaced;
+  }
   if (s.size() < 256 && protocol_ >= 4) {
     out_.push_back(0x8c);
     out_.push_back(static_cast<uint8_t>(s.size()));
-  } else {
+  } else if (s.size() <= UINT32_MAX || protocol_ < 4) {
     out_.push_back('X');
-    putLE<uint32_t>(out_, static_cast<uint32_t>(s.size()));
+    putLE<uint32_t>(out_, static_cast<uint32_t>(std::min<size_t>(s.size(), UINT32_MAX)));
+    if (s.size() > UINT32_MAX) s = s.substr(0, UINT32_MAX);  // protocol < 4 has no longer string
+  } else {
+    out_.push_back(0x8d);  // BINUNICODE8
+    putLE<uint64_t>(out_, s.size());
   }
   out_.insert(out_.end(), s.begin(), s.end());
   maybeFlush();

@@ -36,6 +36,11 @@ class PickleWriter {
   // Inside a list: APPENDS for the items so far and a new MARK. Python batches every 1000 items;
   // memory_viz's reader spreads an APPENDS batch into a JavaScript call, so huge batches break it.
   void listBatch();
+  // SHORT_BINUNICODE / BINUNICODE / BINUNICODE8. Python decodes these as strict UTF-8 and fails
+  // the whole load on one bad byte, so text that is not well-formed UTF-8 (RFC 3629: overlong
+  // forms, UTF-16 surrogates, code points above U+10FFFF and stray bytes are not) is written with
+  // each maximal ill-formed part replaced by U+FFFD, as Python's "replace" error handler does.
+  // Valid text is written byte for byte.
   void str(std::string_view s);
   void integer(int64_t v);
   void uinteger(uint64_t v);
