@@ -59,6 +59,11 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
   wo.zstd_level = options.zstd_level;
   wo.checkpoint_every = options.checkpoint_every;
   wo.chunk_bytes = options.chunk_bytes;
+  if (s.traceCount() > trace::kMaxDevice) {
+    return Error{"the snapshot has " + std::to_string(s.traceCount()) + " device traces; a native trace holds at most " +
+                     std::to_string(trace::kMaxDevice),
+                 -1};
+  }
   trace::TraceWriter w(sink, wo);
 
   std::string source_format(sourceFormatName(s.source));
@@ -140,7 +145,7 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
   blocks.reserve(s.blocks.size());
   for (const Segment& g : s.segments) {
     trace::TraceSegment t;
-    t.device = static_cast<uint32_t>(g.device);
+    t.device = g.device;
     t.address = g.address;
     t.total_size = g.total_size;
     t.allocated_size = g.allocated_size;
@@ -164,6 +169,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
     segs.push_back(t);
   }
   w.setFinalState(std::move(segs), std::move(blocks));
+  // Empty device traces (PyTorch's device_traces [[]]) have no events to imply them.
+  w.setDeviceTraceCount(s.traceCount());
   return w.close();
 }
 
@@ -264,11 +271,28 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   std::vector<uint32_t> frame_map;
   std::vector<uint32_t> stack_map;
   std::vector<FrameId> frames_tmp;
+  // A stack trie node becomes a frame list only when something refers to it, once; the frames of
+  // all of them are bounded by the stack frame budget (trace_format.h), checked before expanding.
+  std::vector<uint32_t> depth{0, 0};  // of each trie node, computed as the table grows
+  const uint64_t frame_budget = trace::stackFrameBudget(bytes.size());
+  uint64_t expanded = 0;
+  std::string stack_error;
   auto stack = [&](uint32_t id) -> StackId {
     if (id == trace::kTraceNoStack) return kNoStack;
     if (id == trace::kTraceRootStack) return snap.stacks.internStack({});
     if (id >= stack_map.size()) stack_map.resize(r.stacks().size(), kUnmapped);
     if (stack_map[id] != kUnmapped) return stack_map[id];
+    for (size_t n = depth.size(); n < r.stacks().size(); ++n) depth.push_back(depth[r.stacks()[n].parent] + 1);
+    if (depth[id] > frame_budget - expanded) {
+      if (stack_error.empty()) {
+        stack_error = "native trace: its stacks expand to more than " + std::to_string(frame_budget) +
+                      " frames, the budget for a file of " + std::to_string(bytes.size()) +
+                      " bytes (stack " + std::to_string(id) + " is " + std::to_string(depth[id]) +
+                      " frames deep; a hostile stack trie?)";
+      }
+      return kNoStack;
+    }
+    expanded += depth[id];
     frames_tmp.clear();
     if (frame_map.size() < r.frames().size()) frame_map.resize(r.frames().size(), kUnmapped);
     for (uint32_t n = id; n != trace::kTraceRootStack; n = r.stacks()[n].parent) {
@@ -293,10 +317,8 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   std::vector<size_t> begin_of{0};  // fast path: trace_begin so far
   int64_t cur_device = 0;
   bool interleaved = false;
-  if (auto t = trace::peekTrailer(bytes)) {
-    // A hint only: capped so that a forged count cannot reserve absurd amounts.
-    reserveHuge(snap.events, static_cast<size_t>(std::min<uint64_t>(t->events, bytes.size() * 64)));
-  }
+  // No reservation from the trailer's event count: it is not checked until the end, and a forged
+  // count must not allocate. The array grows as events are actually decoded.
   auto toEvent = [&](const trace::TraceEvent& t) {
     Event e;
     e.addr = t.addr;
@@ -312,7 +334,7 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
     return e;
   };
   uint64_t next_progress = 0;
-  while (r.next()) {
+  while (stack_error.empty() && r.next()) {
     const auto& c = r.chunk();
     if (options.progress && c.offset >= next_progress) {
       options.progress(c.offset, bytes.size());
@@ -346,6 +368,7 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
       }
     }
   }
+  if (!stack_error.empty()) return Error{stack_error, static_cast<int64_t>(r.chunk().offset)};
   const trace::TraceEnd& end = r.end();
   if (end.damaged && !options.salvage) {
     return Error{"native trace damaged: " + end.reason + "; " + std::to_string(r.eventsRead()) +
@@ -393,10 +416,22 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   }
 
   // Events, device by device (trace index = device ordinal, as device_traces is).
+  // The trailer of a 1.1 file counts the device traces, empty ones included (device_traces [[]]);
+  // the reader has checked that it covers every event's device.
+  const bool counted = r.trailer().present && r.trailer().has_device_traces;
+  const size_t counted_traces = counted ? static_cast<size_t>(r.trailer().device_traces) : 0;
   if (!interleaved) {
-    snap.trace_begin = std::move(begin_of);
-    if (!snap.events.empty() || snap.trace_begin.size() > 1) snap.trace_begin.push_back(snap.events.size());
+    snap.trace_begin = std::move(begin_of);  // one entry per device trace the events imply
+    size_t traces = !snap.events.empty() || snap.trace_begin.size() > 1 ? snap.trace_begin.size() : 0;
+    if (counted) traces = counted_traces;  // never fewer than the events imply
+    if (traces == 0) {
+      snap.trace_begin.clear();
+    } else {
+      while (snap.trace_begin.size() < traces) snap.trace_begin.push_back(snap.events.size());
+      snap.trace_begin.push_back(snap.events.size());
+    }
   } else {
+    if (counted && per_device.size() < counted_traces) per_device.resize(counted_traces);
     size_t total = 0;
     for (const auto& v : per_device) total += v.size();
     snap.trace_begin.assign(1, 0);

@@ -1,4 +1,4 @@
-// trace_format.h: the native trace format (`snapshot.bin`), version 1.0. docs/trace-format.md is
+// trace_format.h: the native trace format (`snapshot.bin`), version 1.1. docs/trace-format.md is
 // the prose form of this header; the two must say the same thing and carry the same version.
 //
 // A file is a 32-byte header followed by self-delimiting chunks:
@@ -30,20 +30,56 @@ namespace memforensics::format::trace {
 inline constexpr uint8_t kMagic[8] = {0x89, 'M', 'F', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr uint8_t kEndMagic[8] = {'M', 'F', 'T', 'R', 'E', 'N', 'D', 0};
 inline constexpr uint16_t kVersionMajor = 1;  // readers refuse a larger major
-inline constexpr uint16_t kVersionMinor = 0;  // readers accept any minor: unknown chunks are skipped
+inline constexpr uint16_t kVersionMinor = 1;  // readers accept any minor: unknown chunks are skipped
 inline constexpr uint32_t kHeaderSize = 32;
 inline constexpr uint32_t kChunkHeaderSize = 12;
 inline constexpr uint32_t kEndMarkSize = 16;
-// Upper bound a reader accepts for one chunk's stored or raw size: a hostile size field must not
-// make it allocate gigabytes. Writers stay far below (about 1 MiB of events per chunk; a
-// checkpoint of a million live blocks is about 10 MiB).
+// ---------------------------------------------------------------------------------------------
+// Limits. Writer and reader share these: the writer never produces a file that breaks one (it
+// splits table chunks, stores a chunk uncompressed, or refuses with a clear error before a file
+// exists), and the reader refuses a file that breaks one as damaged or hostile, before allocating.
+// docs/trace-format.md ("Limits") lists them with their reasons.
+//
+// One chunk's stored size and decoded size are at most this: a hostile size field must not make a
+// reader allocate gigabytes. Writers stay far below (about 1 MiB of events per chunk; tables are
+// split into chunks of at most kTableChunkBytes).
 inline constexpr uint32_t kMaxChunkBytes = 64u << 20;
-// A zstd chunk may decode to at most this many times its stored size (plus 4 KiB): real event and
-// table data compresses 2-50x; a "zip bomb" that expands a few bytes into many megabytes of
-// records is refused as damage rather than decoded.
-inline constexpr uint32_t kMaxCompressionRatio = 256;
-// Device ordinals above this are refused (they would size per-device tables).
-inline constexpr uint32_t kMaxDevice = 1u << 16;
+// Tables (strings, frames, stacks, pools) are written in chunks of about this many payload bytes.
+inline constexpr uint32_t kTableChunkBytes = 4u << 20;
+// The zstd chunks of a file decode to at most decodedBudget(file size) bytes in total: 16 MiB, or
+// 16 times the file's size when that is more. Real snapshots decode to 2-17 times their stored
+// size per chunk and to at most 11 times the file's size overall. A "zip bomb" (a few bytes that
+// expand into megabytes of 4-byte records, each becoming a 56-byte event) is refused before it is
+// decoded: a file of F bytes yields at most about 16 * F / 4 events from zstd chunks. A writer
+// whose data compress better than that (a repetitive alloc/free loop) stores some chunks
+// uncompressed, which keeps its file within the budget it will be read with. Chunks stored
+// uncompressed are bounded by the file itself and do not count.
+inline constexpr uint64_t kDecodedBudgetFloor = 16u << 20;
+inline constexpr uint64_t kDecodedBytesPerFileByte = 16;
+inline constexpr uint64_t decodedBudget(uint64_t file_bytes) {
+  if (file_bytes > ~uint64_t{0} / kDecodedBytesPerFileByte) return ~uint64_t{0};
+  return file_bytes > kDecodedBudgetFloor / kDecodedBytesPerFileByte ? file_bytes * kDecodedBytesPerFileByte
+                                                                     : kDecodedBudgetFloor;
+}
+// Reading a trace turns each stack trie node that an event, segment or block refers to into a
+// full frame list (the Snapshot model keeps a stack as its frames). The frames of all the distinct
+// stacks referred to are at most stackFrameBudget(file size): 16 M frames (64 MiB of frame ids),
+// or 64 per byte of the file when that is more. A trie is a compression of its stacks: a chain of
+// 100,000 nodes, each referred to by an event, is 782 KB in a file and 5 * 10^9 frames expanded.
+// The writer counts the same figure and refuses (before the trailer) a file that would exceed it;
+// real snapshots come nowhere near (their model holds every referred stack expanded anyway).
+inline constexpr uint64_t kStackFrameBudgetFloor = 16u << 20;
+inline constexpr uint64_t kStackFramesPerFileByte = 64;
+inline constexpr uint64_t stackFrameBudget(uint64_t file_bytes) {
+  if (file_bytes > ~uint64_t{0} / kStackFramesPerFileByte) return ~uint64_t{0};
+  return file_bytes > kStackFrameBudgetFloor / kStackFramesPerFileByte ? file_bytes * kStackFramesPerFileByte
+                                                                       : kStackFrameBudgetFloor;
+}
+// An event's device is the index of its per-device trace (PyTorch's `device_traces` list), so it
+// sizes per-device tables: ordinals of events and the trailer's device trace count are below
+// this (2^20; the Snapshot model then holds an 8 MiB index). Segments and annotations carry any
+// int64 device, as the model does.
+inline constexpr uint32_t kMaxDevice = 1u << 20;
 
 enum class ChunkType : uint8_t {
   Meta = 1,         // where the content came from: source format, PyTorch traits, tool version
@@ -165,7 +201,7 @@ struct TraceBlock {
 };
 
 struct TraceSegment {
-  uint32_t device = 0;
+  int64_t device = 0;  // stored as the varint of its two's complement (non-negative: the plain value)
   uint64_t address = 0;
   uint64_t total_size = 0;
   uint64_t allocated_size = 0;

@@ -17,34 +17,54 @@ namespace {
 
 // Bounds-checked reading of a payload. Errors are sticky: check ok() after a group of reads.
 struct Cursor {
+  const uint8_t* begin;
   const uint8_t* p;
   const uint8_t* end;
   bool ok = true;
+  // Where the first failure happened (payload offset) and what it was, for the error message.
+  size_t fail_at = 0;
+  bool overlong = false;  // a varint of more than 10 bytes or 64 bits (otherwise: cut short)
 
-  explicit Cursor(std::span<const uint8_t> b) : p(b.data()), end(b.data() + b.size()) {}
+  explicit Cursor(std::span<const uint8_t> b) : begin(b.data()), p(b.data()), end(b.data() + b.size()) {}
+  void fail(bool too_long) {
+    if (ok) {
+      fail_at = static_cast<size_t>(p - begin);
+      overlong = too_long;
+    }
+    ok = false;
+    p = end;
+  }
   uint64_t var() {
     uint64_t v = 0;
     const uint8_t* q = getVarint(p, end, v);
     if (q == nullptr) {
-      ok = false;
-      p = end;
+      // Cut short when every byte up to the end has its continuation bit set (and fewer than
+      // 10 bytes were there); otherwise too long or more than 64 bits.
+      size_t n = static_cast<size_t>(end - p);
+      bool cut = n < 10 && std::all_of(p, end, [](uint8_t b) { return b & 0x80; });
+      fail(!cut);
       return 0;
     }
     p = q;
     return v;
   }
+  // What went wrong, for messages: "a varint at payload byte 17 is longer than 10 bytes ...".
+  std::string failure() const {
+    return overlong ? "the varint at payload byte " + std::to_string(fail_at) +
+                          " is longer than 10 bytes or overflows 64 bits"
+                    : "the payload is cut short at byte " + std::to_string(fail_at);
+  }
   int64_t svar() { return unzigzag(var()); }
   uint8_t byte() {
     if (p >= end) {
-      ok = false;
+      fail(false);
       return 0;
     }
     return *p++;
   }
   std::string_view bytes(uint64_t n) {
     if (n > static_cast<uint64_t>(end - p)) {
-      ok = false;
-      p = end;
+      fail(false);
       return {};
     }
     std::string_view s(reinterpret_cast<const char*>(p), n);
@@ -225,10 +245,15 @@ bool TraceReader::next() {
     if (raw == ZSTD_CONTENTSIZE_UNKNOWN || raw == ZSTD_CONTENTSIZE_ERROR || raw > kMaxChunkBytes) {
       return stop(false, name + ": zstd frame without a valid decoded size (damaged file)");
     }
-    if (raw > uint64_t{c.stored_size} * kMaxCompressionRatio + 4096) {
-      return stop(false, name + ": " + std::to_string(c.stored_size) + " bytes claim to decode to " +
-                             std::to_string(raw) + " (an implausible ratio; damaged or hostile file)");
+    // The budget of decoded bytes for the whole file (trace_format.h), checked before decoding.
+    const uint64_t budget = decodedBudget(bytes_.size());
+    if (raw > budget - std::min(budget, zstd_decoded_)) {
+      return stop(false, name + ": its " + std::to_string(c.stored_size) + " bytes decode to " + std::to_string(raw) +
+                             ", past the budget of " + std::to_string(budget) +
+                             " decoded bytes for a file of this size (" + std::to_string(zstd_decoded_) +
+                             " decoded so far; damaged or hostile file)");
     }
+    zstd_decoded_ += raw;
     if (!zstd_) zstd_ = std::make_unique<ZstdContext>();
     raw_.resize(raw);
     size_t n = ZSTD_decompressDCtx(zstd_->ctx, raw_.data(), raw_.size(), stored.data(), stored.size());
@@ -274,7 +299,13 @@ Status TraceReader::decode(ChunkType type, std::span<const uint8_t> p) {
 Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
   Cursor c(payload);
   uint64_t count = c.var();
-  if (!c.ok || count > c.left() / 4 + 1) return bad("event count " + std::to_string(count) + " does not fit the chunk");
+  if (!c.ok) return bad("event count: " + c.failure());
+  // A record takes at least 4 bytes (head, addr, size, time), so the count is checked against the
+  // bytes present before anything is allocated.
+  if (count > c.left() / 4) {
+    return bad("event count " + std::to_string(count) + " does not fit the chunk's " + std::to_string(c.left()) +
+               " bytes of records");
+  }
   events_.resize(count);
   const uint64_t nstrings = skip_tables_ ? ~uint64_t{0} : string_views_.size();
   const uint64_t nstacks = skip_tables_ ? ~uint64_t{0} : stacks_.size();
@@ -323,7 +354,7 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
     addr += static_cast<uint64_t>(c.svar());
     uint64_t size = c.var();
     t += static_cast<uint64_t>(c.svar());
-    if (!c.ok) return bad("event " + std::to_string(i) + " of " + std::to_string(count) + " is cut short");
+    if (!c.ok) return bad("event " + std::to_string(i) + " of " + std::to_string(count) + ": " + c.failure());
     TraceEvent& e = events_[i];
     e.addr = addr;
     e.size = size;
@@ -346,7 +377,7 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
 Status TraceReader::decodeStrings(std::span<const uint8_t> p) {
   Cursor c(p);
   uint64_t first = c.var(), count = c.var();
-  if (!c.ok) return bad("malformed header");
+  if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != string_views_.size()) {
     return bad("strings start at id " + std::to_string(first) + ", expected " + std::to_string(string_views_.size()));
   }
@@ -358,7 +389,7 @@ Status TraceReader::decodeStrings(std::span<const uint8_t> p) {
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t n = c.var();
     std::string_view s = c.bytes(n);
-    if (!c.ok) return bad("string " + std::to_string(first + i) + " is cut short");
+    if (!c.ok) return bad("string " + std::to_string(first + i) + ": " + c.failure());
     std::memcpy(block.get() + used, s.data(), s.size());
     spans.emplace_back(used, s.size());
     used += s.size();
@@ -372,7 +403,7 @@ Status TraceReader::decodeStrings(std::span<const uint8_t> p) {
 Status TraceReader::decodeFrames(std::span<const uint8_t> p) {
   Cursor c(p);
   uint64_t first = c.var(), count = c.var();
-  if (!c.ok) return bad("malformed header");
+  if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != frames_.size()) {
     return bad("frames start at id " + std::to_string(first) + ", expected " + std::to_string(frames_.size()));
   }
@@ -400,7 +431,7 @@ Status TraceReader::decodeFrames(std::span<const uint8_t> p) {
 Status TraceReader::decodeStacks(std::span<const uint8_t> p) {
   Cursor c(p);
   uint64_t first = c.var(), count = c.var();
-  if (!c.ok) return bad("malformed header");
+  if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != stacks_.size()) {
     return bad("stacks start at id " + std::to_string(first) + ", expected " + std::to_string(stacks_.size()));
   }
@@ -430,13 +461,13 @@ Status TraceReader::decodeStacks(std::span<const uint8_t> p) {
 Status TraceReader::decodePools(std::span<const uint8_t> p) {
   Cursor c(p);
   uint64_t first = c.var(), count = c.var();
-  if (!c.ok) return bad("malformed header");
+  if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != pools_.size()) return bad("pools start at id " + std::to_string(first) + ", expected " + std::to_string(pools_.size()));
   if (count > c.left() / 2) return bad("pool count does not fit the chunk");
   std::vector<std::pair<uint64_t, uint64_t>> add;
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t a = c.var(), b = c.var();
-    if (!c.ok) return bad("pool " + std::to_string(first + i) + " is cut short");
+    if (!c.ok) return bad("pool " + std::to_string(first + i) + ": " + c.failure());
     add.emplace_back(a, b);
   }
   if (!c.done()) return bad("bytes after the last pool");
@@ -536,9 +567,7 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
   for (uint64_t i = 0; i < nseg; ++i) {
     const std::string which = "segment " + std::to_string(i);
     TraceSegment g;
-    uint64_t dev = c.var();
-    if (dev >= kMaxDevice) return bad(which + " names device " + std::to_string(dev));
-    g.device = static_cast<uint32_t>(dev);
+    g.device = static_cast<int64_t>(c.var());  // any int64, as in the model
     g.address = c.var();
     g.total_size = c.var();
     g.allocated_size = c.var();
@@ -551,7 +580,7 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
     uint8_t flags = c.byte();
     uint64_t type = (flags & 4) ? 0 : c.var();
     uint64_t count = c.var();
-    if (!c.ok) return bad(which + " is cut short");
+    if (!c.ok) return bad(which + ": " + c.failure());
     if (stack >= stacks_.size() || type >= string_views_.size()) return bad(which + " refers to an undefined stack or string");
     if (count > nblk - blocks.size()) return bad(which + " has more blocks than the chunk declares");
     g.stack = static_cast<uint32_t>(stack);
@@ -579,7 +608,7 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
         b.requested_size = (f & 16) ? b.size - r : r;
       }
       uint64_t bstack = c.var();
-      if (!c.ok) return bad(which + " block " + std::to_string(k) + " is cut short");
+      if (!c.ok) return bad(which + " block " + std::to_string(k) + ": " + c.failure());
       if (bstack >= stacks_.size()) return bad(which + " block " + std::to_string(k) + " refers to an undefined stack");
       b.stack = static_cast<uint32_t>(bstack);
       cursor = b.address + b.size;
@@ -668,11 +697,25 @@ Status TraceReader::decodeTrailer(std::span<const uint8_t> p) {
         break;
       }
       case 10: t.has_final_state = v != 0; break;
+      case 11:
+        t.has_device_traces = true;
+        t.device_traces = v;
+        break;
       default: break;
     }
   });
   if (!s.ok()) return s;
   if (!per_ok) return bad("malformed per-device event counts");
+  if (t.has_device_traces) {
+    if (t.device_traces > kMaxDevice) {
+      return bad("the trailer counts " + std::to_string(t.device_traces) + " device traces, more than the " +
+                 std::to_string(kMaxDevice) + " the format allows");
+    }
+    if (!device_events_read_.empty() && device_events_read_.rbegin()->first >= t.device_traces) {
+      return bad("the trailer counts " + std::to_string(t.device_traces) + " device traces, but events name device " +
+                 std::to_string(device_events_read_.rbegin()->first));
+    }
+  }
   // The trailer restates what was written: any difference means chunks went missing or changed.
   if (t.events != events_read_) {
     return bad("the trailer counts " + std::to_string(t.events) + " events, the file holds " + std::to_string(events_read_));

@@ -48,6 +48,10 @@ struct TrailerInfo {
   uint64_t dropped = 0, checkpoints = 0;
   bool has_final_state = false;
   std::map<uint32_t, uint64_t> device_events;
+  // Number of per-device traces, empty ones included (format 1.1; absent in 1.0 files and in
+  // captures, where the events' devices imply it).
+  bool has_device_traces = false;
+  uint64_t device_traces = 0;
 };
 
 struct FrameRec {
@@ -138,6 +142,7 @@ class TraceReader {
   std::vector<uint8_t> raw_;  // decompressed payload
   struct ZstdContext;
   std::unique_ptr<ZstdContext> zstd_;
+  uint64_t zstd_decoded_ = 0;  // bytes decoded from zstd chunks so far (against decodedBudget)
 
   std::vector<TraceEvent> events_;
   uint64_t events_read_ = 0;

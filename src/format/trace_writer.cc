@@ -145,6 +145,7 @@ uint32_t TraceWriter::string(std::string_view s) {
     ++string_count_;
     ++pending_string_count_;
     putBytes(pending_strings_, s);
+    tablesGrew(pending_strings_.size());
   }
   return it->second;
 }
@@ -160,6 +161,7 @@ uint32_t TraceWriter::frame(uint32_t filename, uint32_t name, uint64_t line) {
     putVar(pending_frames_, line + 1);  // the unknown line (2^64-1) becomes 0
     prev_frame_file_ = filename;
     prev_frame_name_ = name;
+    tablesGrew(pending_frames_.size());
   }
   return it->second;
 }
@@ -174,17 +176,38 @@ uint32_t TraceWriter::stack(uint32_t parent, uint32_t frame) {
   putVar(pending_stacks_, id - parent);
   putVar(pending_stacks_, zigzag(static_cast<int64_t>(frame) - static_cast<int64_t>(prev_stack_frame_)));
   prev_stack_frame_ = frame;
+  stack_depth_.push_back(parent < stack_depth_.size() ? stack_depth_[parent] + 1 : 1);
+  stack_referred_.push_back(false);
+  tablesGrew(pending_stacks_.size());
   return id;
 }
 
 uint32_t TraceWriter::pool(uint64_t a, uint64_t b) {
   if (a == 0 && b == 0) return 0;
   auto [it, fresh] = pool_index_.try_emplace({a, b}, static_cast<uint32_t>(pools_.size()));
-  if (fresh) pools_.emplace_back(a, b);
+  if (fresh) {
+    pools_.emplace_back(a, b);
+    tablesGrew((pools_.size() - pending_pool_from_) * 20);
+  }
   return it->second;
 }
 
+void TraceWriter::tablesGrew(size_t pending_bytes) {
+  // Tables may be written at any time before the Events chunk that first uses them; writing them
+  // in pieces keeps every table chunk far below kMaxChunkBytes however many entries come at once
+  // (a 30-million-frame stack). The events buffered so far go in a later chunk, after their ids.
+  if (pending_bytes >= kTableChunkBytes && begun_ && !closed_ && failed_.ok()) (void)writeTables();
+}
+
+void TraceWriter::referStack(uint32_t id) {
+  if (id < stack_referred_.size() && !stack_referred_[id]) {
+    stack_referred_[id] = true;
+    expanded_frames_ += stack_depth_[id];
+  }
+}
+
 void TraceWriter::encode(const TraceEvent& e) {
+  referStack(e.stack);
   uint8_t* base = buf_.data();
   uint8_t* p = base + used_;
   uint8_t* head = p++;
@@ -237,7 +260,10 @@ Status TraceWriter::makeRoom() { return flush(); }
 Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload) {
   if (!failed_.ok()) return failed_;
   if (payload.size() > kMaxChunkBytes) {
-    return failed_ = Error{"chunk of " + std::to_string(payload.size()) + " bytes exceeds the format's limit", -1};
+    return failed_ = Error{"a native trace " + std::string(chunkTypeName(static_cast<uint8_t>(type))) + " chunk of " +
+                               std::to_string(payload.size()) + " bytes would exceed the format's limit of " +
+                               std::to_string(kMaxChunkBytes) + " bytes per chunk",
+                           -1};
   }
   uint8_t codec = 0;
   std::span<const uint8_t> stored = payload;
@@ -251,7 +277,13 @@ Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload)
     scratch_.resize(kChunkHeaderSize + bound);
     size_t n = ZSTD_compressCCtx(zstd_->ctx, scratch_.data() + kChunkHeaderSize, bound, payload.data(),
                                  payload.size(), level);
-    if (!ZSTD_isError(n) && n < payload.size()) {
+    // The reader allows the zstd chunks of a file decodedBudget(file size) decoded bytes in all:
+    // a chunk that compresses so well that it would pass the budget for the file written so far
+    // (which only grows) is stored as it is instead.
+    const uint64_t file_after = offset_ + kChunkHeaderSize + n;
+    const bool within_budget = zstd_decoded_ + payload.size() <= decodedBudget(file_after);
+    if (!ZSTD_isError(n) && n < payload.size() && within_budget) {
+      zstd_decoded_ += payload.size();
       codec = static_cast<uint8_t>(Codec::Zstd);
       scratch_.resize(kChunkHeaderSize + n);
       stored = {scratch_.data() + kChunkHeaderSize, n};
@@ -398,6 +430,9 @@ Status TraceWriter::writeCheckpoint() {
       prev_addr = a;
     }
   }
+  // A checkpoint is an index, not content: one too large for a chunk (millions of live blocks) is
+  // left out, and a reader finds the state from an earlier checkpoint or the start instead.
+  if (p.size() > kMaxChunkBytes) return Status::Ok();
   Status s = writeChunk(ChunkType::Checkpoint, p);
   if (s.ok()) ++stats_.checkpoints;
   return s;
@@ -412,6 +447,8 @@ void TraceWriter::setSettings(const TraceSettings& s, std::string conf_storage) 
 
 void TraceWriter::setFinalState(std::vector<TraceSegment> segments, std::vector<TraceBlock> blocks) {
   has_final_state_ = true;
+  for (const auto& g : segments) referStack(g.stack);
+  for (const auto& b : blocks) referStack(b.stack);
   segments_ = std::move(segments);
   blocks_ = std::move(blocks);
 }
@@ -448,19 +485,29 @@ Status TraceWriter::close() {
     p.clear();
   }
   if (!annotations_.empty()) {
-    putVar(p, annotations_.size());
-    for (const auto& a : annotations_) {
-      putVar(p, zigzag(a.device));
-      putVar(p, zigzag(a.time_us));
-      putVar(p, a.name);
-      putVar(p, a.stage);
-    }
     // Annotation names may have been interned after the last flush.
     s = writeTables();
     if (!s.ok()) return s;
-    s = writeChunk(ChunkType::Annotations, p);
-    if (!s.ok()) return s;
-    p.clear();
+    // Readers append the annotations of every chunk: pieces of about kTableChunkBytes.
+    std::vector<uint8_t> body;
+    size_t in_body = 0;
+    for (size_t i = 0; i < annotations_.size(); ++i) {
+      const auto& a = annotations_[i];
+      putVar(body, zigzag(a.device));
+      putVar(body, zigzag(a.time_us));
+      putVar(body, a.name);
+      putVar(body, a.stage);
+      ++in_body;
+      if (body.size() >= kTableChunkBytes || i + 1 == annotations_.size()) {
+        putVar(p, in_body);
+        p.insert(p.end(), body.begin(), body.end());
+        s = writeChunk(ChunkType::Annotations, p);
+        if (!s.ok()) return s;
+        p.clear();
+        body.clear();
+        in_body = 0;
+      }
+    }
   }
   if (has_final_state_) {
     s = writeTables();
@@ -468,7 +515,7 @@ Status TraceWriter::close() {
     putVar(p, segments_.size());
     putVar(p, blocks_.size());
     for (const auto& g : segments_) {
-      putVar(p, g.device);
+      putVar(p, static_cast<uint64_t>(g.device));  // two's complement: any int64 device
       putVar(p, g.address);
       putVar(p, g.total_size);
       putVar(p, g.allocated_size);
@@ -502,6 +549,25 @@ Status TraceWriter::close() {
     if (!s.ok()) return s;
     p.clear();
   }
+  // What a reader will refuse is refused here, before the trailer makes the file complete.
+  if (expanded_frames_ > stackFrameBudget(offset_)) {
+    return failed_ = Error{"the stacks referred to expand to " + std::to_string(expanded_frames_) +
+                               " frames, more than a native trace of " + std::to_string(offset_) +
+                               " bytes may expand to (" + std::to_string(stackFrameBudget(offset_)) +
+                               ": stack frame budget, trace_format.h)",
+                           -1};
+  }
+  if (has_device_traces_) {
+    uint64_t highest = 0;
+    for (size_t d = 0; d < device_events_.size(); ++d) {
+      if (device_events_[d] > 0) highest = d + 1;
+    }
+    if (device_traces_ > kMaxDevice || device_traces_ < highest) {
+      return failed_ = Error{"device trace count " + std::to_string(device_traces_) + " is not between " +
+                                 std::to_string(highest) + " (the events' devices) and " + std::to_string(kMaxDevice),
+                             -1};
+    }
+  }
   uint64_t trailer_offset = offset_;
   tlvVar(p, 1, stats_.events);
   tlvVar(p, 2, stats_.chunks);
@@ -518,6 +584,7 @@ Status TraceWriter::close() {
     tlvBytes(p, 9, {reinterpret_cast<const char*>(per.data()), per.size()});
   }
   if (has_final_state_) tlvVar(p, 10, 1);
+  if (has_device_traces_) tlvVar(p, 11, device_traces_);
   s = writeChunk(ChunkType::Trailer, p);
   if (!s.ok()) return s;
   uint8_t end[kEndMarkSize];

@@ -85,7 +85,9 @@ class TraceWriter {
 
   Status event(const TraceEvent& e) {
     if (e.device >= kMaxDevice) {
-      return Error{"device " + std::to_string(e.device) + " is not a device ordinal", -1};
+      return Error{"device " + std::to_string(e.device) + " is not a device ordinal (a native trace holds traces of devices 0 to " +
+                       std::to_string(kMaxDevice - 1) + ")",
+                   -1};
     }
     if (buf_.size() - used_ < kMaxRecord) {
       Status s = makeRoom();
@@ -108,6 +110,13 @@ class TraceWriter {
   void setSettings(const TraceSettings& s, std::string conf_storage);
   void addAnnotation(const TraceAnnotation& a) { annotations_.push_back(a); }
   void setFinalState(std::vector<TraceSegment> segments, std::vector<TraceBlock> blocks);
+  // The number of per-device traces, empty ones included (PyTorch's `device_traces` may end with
+  // devices that recorded nothing). Written to the trailer; at least the highest event device + 1
+  // and at most kMaxDevice. Without it a reader infers the count from the events' devices.
+  void setDeviceTraceCount(uint64_t n) {
+    has_device_traces_ = true;
+    device_traces_ = n;
+  }
 
   // Flushes, writes the final sections and the trailer. The writer is unusable afterwards.
   Status close();
@@ -120,6 +129,8 @@ class TraceWriter {
   Status writeChunk(ChunkType type, std::span<const uint8_t> payload);
   Status writeTables();
   Status writeCheckpoint();
+  void tablesGrew(size_t pending_bytes);  // writes the tables when their pending bytes reach kTableChunkBytes
+  void referStack(uint32_t id);           // counts the frames a reader expands for stack `id`
 
   ByteSink& sink_;
   WriterOptions options_;
@@ -154,6 +165,11 @@ class TraceWriter {
   std::vector<uint8_t> pending_stacks_;
   uint32_t pending_stack_count_ = 0;
   uint32_t prev_stack_frame_ = 0;
+  // For the stack frame budget (trace_format.h): each node's depth, whether something refers to
+  // it, and the frames of all referred nodes (what a reader expands).
+  std::vector<uint32_t> stack_depth_{0, 0};
+  std::vector<bool> stack_referred_{true, true};
+  uint64_t expanded_frames_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> pools_{{0, 0}};
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   uint32_t pending_pool_from_ = 1;
@@ -177,6 +193,8 @@ class TraceWriter {
   TraceSettings settings_;
   std::string settings_conf_;
   std::vector<TraceAnnotation> annotations_;
+  bool has_device_traces_ = false;
+  uint64_t device_traces_ = 0;
   bool has_final_state_ = false;
   std::vector<TraceSegment> segments_;
   std::vector<TraceBlock> blocks_;
@@ -185,6 +203,7 @@ class TraceWriter {
   struct ZstdContext;
   std::unique_ptr<ZstdContext> zstd_;
   uint64_t offset_ = 0;           // bytes written so far
+  uint64_t zstd_decoded_ = 0;     // decoded size of the zstd chunks written (against decodedBudget)
 };
 
 }  // namespace memforensics::format::trace
