@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Proves the capture-only build (docs/capture.md, "Capture-only build"): -DMEMF_CAPTURE_ONLY=ON
-# configures and builds the capture libraries with find_package() of CLI11, nlohmann_json, Boost
-# and GTest disabled, once with zstd and once without (-DCMAKE_DISABLE_FIND_PACKAGE_zstd=ON), and
-# the traces these builds write are read by the full build's memforensics (the normal reader):
+# Proves the capture-only build (docs/capture.md, "Building on a machine with only a compiler and
+# CUDA"): -DMEMF_CAPTURE_ONLY=ON configures and builds the capture libraries with find_package() of
+# CLI11, nlohmann_json, Boost and GTest disabled, once with zstd and once without
+# (-DCMAKE_DISABLE_FIND_PACKAGE_zstd=ON), and the traces these builds write are read by the full
+# build's memforensics (the normal reader):
 #   * capture_only_probe (tests/capture-only): the capture core records a fixed stream, reads it
 #     back itself (all chunks stored without zstd) and prints what analyze must report;
 #   * libmemforensics_cupti.so driven by the stand-in libcupti (tests/capture/cupti_inject_sim.cc):
 #     the events of its "normal" run.
 # libmemforensics_torch.so is built too when the configure finds a CUDA torch (not in CI).
-# Only the capture targets are built (about a minute per tree on 2 cores). Called from .ci/run.
+# Only the capture targets are built (75 s to 2 min per tree on 2 cores). Called from .ci/run.
 #
 #   scripts/capture-only-build.sh [--reader PATH/TO/memforensics] [--dir BASE] [-j N]
 #
