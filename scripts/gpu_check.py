@@ -292,6 +292,7 @@ def compare(args):
     native = os.path.join(args.out, "hook.bin")
     theirs = os.path.join(args.out, "pytorch.pickle")
     torch.cuda.init()
+    warm = torch.empty(1, device="cuda")  # the allocator exists: the hook attaches at once  # noqa: F841
     record_history(1_000_000)
     torch.ops.load_library(args.lib)
     assert torch.ops.memforensics.start(native, True, False), "start() failed"
@@ -362,6 +363,7 @@ def oom_child(args):
     native = os.path.join(args.out, "oom_child.bin")
     theirs = os.path.join(args.out, "oom_child.pickle")
     torch.cuda.init()
+    warm = torch.empty(1, device="cuda")  # the allocator exists: the hook attaches at once  # noqa: F841
     record_history(1_000_000)
     torch.ops.load_library(args.lib)
     assert torch.ops.memforensics.start(native, True, False), "start() failed"
