@@ -28,6 +28,15 @@
 #include "format/trace_reader.h"
 #include "format/trace_writer.h"
 
+// AddressSanitizer builds (gcc defines __SANITIZE_ADDRESS__, clang has __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define MEMF_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MEMF_TEST_ASAN 1
+#endif
+#endif
+
 namespace memforensics {
 namespace {
 
@@ -518,7 +527,7 @@ TEST(TraceHostile, StackTrieChainIsRefusedByTheWriterAndTheReader) {
 }
 
 TEST(TraceHostile, ForgedTrailerEventCountReservesNothing) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(MEMF_TEST_ASAN)
   GTEST_SKIP() << "RLIMIT_AS does not work with ASan's shadow memory";
 #else
   // A 2 MB trace whose trailer (valid CRC, reachable through the end mark) claims 2^40 events:
@@ -659,7 +668,7 @@ TEST(PickleWriterUtf8, PythonLoadsAConvertedSnapshotWithHostileNames) {
 // an empty device trace and device 65536), native with zstd level 1 and stored; then
 // pickle -> native -> pickle on the same content at 200 k events.
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(MEMF_TEST_ASAN)
 constexpr size_t kScaleEvents = 600'000;  // ASan: a tenth, to stay within CI's time
 #else
 constexpr size_t kScaleEvents = 5'100'000;
