@@ -6,7 +6,9 @@
 #include <string>
 
 #include "analysis/blocks.h"
+#include "cli/diagnostics.h"
 #include "cli/load_cli.h"
+#include "cli/options.h"
 #include "format/load.h"
 #include "report/render_blocks.h"
 
@@ -31,7 +33,7 @@ CLI::App* addBlocksCommand(CLI::App& app) {
   bl->add_option("--at", g_args.at,
                  "peak (requested-bytes peak, default), oom (the first OOM), an event index (-1 = start state), "
                  "or tTIME_US (the last event at or before that time)");
-  bl->add_option("--device", g_args.device, "CUDA device ordinal (default: the first with a trace)");
+  bl->add_option("--device", g_args.device, "CUDA device ordinal (default: the first with a trace)")->check(kInt64Option);
   bl->add_flag("--json", g_args.json, "one JSON document (schema in docs/cli.md)");
   bl->add_flag("--salvage", g_args.salvage, "read the intact part of a native trace that is damaged in the middle");
   return bl;
@@ -40,23 +42,26 @@ CLI::App* addBlocksCommand(CLI::App& app) {
 int runBlocksCommand() {
   auto at = analysis::parseBlocksAt(g_args.at);
   if (!at) {
-    std::cerr << "memforensics: error: " << at.error().describe() << "\n";
-    return 1;
+    printError(at.error().describe());
+    return kExitUsage;
   }
   auto snap = loadWithProgress(g_args.file, g_args.salvage);
   if (!snap) {
-    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-    return 2;
+    printError(snap.error().describe());
+    return kExitError;
   }
+  setActivity("computing the block layout of " + g_args.file);
+  // Its errors are about the arguments: no such device, no OOM for --at oom, an event index or
+  // time outside the trace.
   auto r = analysis::computeBlocks(*snap, g_args.device, *at);
   if (!r) {
-    std::cerr << "memforensics: error: " << g_args.file << ": " << r.error().describe() << "\n";
-    return 1;
+    printError(g_args.file + ": " + r.error().describe());
+    return kExitUsage;
   }
   r->path = g_args.file;
   if (g_args.json) report::renderBlocksJson(*r, std::cout);
   else report::renderBlocksText(*r, std::cout);
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace memforensics::cli

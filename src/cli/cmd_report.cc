@@ -11,9 +11,12 @@
 
 #include "analysis/analyze.h"
 #include "analysis/report_data.h"
+#include "cli/diagnostics.h"
 #include "cli/load_cli.h"
+#include "cli/options.h"
 #include "cli/output.h"
 #include "common/format_bytes.h"
+#include "common/text_escape.h"
 #include "report/render_html.h"
 
 namespace memforensics::cli {
@@ -46,7 +49,7 @@ CLI::App* addReportCommand(CLI::App& app) {
   auto* r = app.add_subcommand("report", "Self-contained HTML report: summary and findings, timeline, block map, call tree");
   r->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
   r->add_option("-o,--output", g_args.out, "the .html file to write (default: FILE's name with .html, in this directory; - = stdout)");
-  r->add_option("--device", g_args.device, "only this CUDA device ordinal");
+  r->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
   r->add_option("--max-points", g_args.data.max_points, "timeline buckets per device (min/max kept per bucket)")
       ->check(CLI::Range(size_t{16}, size_t{20000}));
   r->add_option("--keyframes", g_args.data.even_keyframes,
@@ -61,20 +64,28 @@ CLI::App* addReportCommand(CLI::App& app) {
 
 int runReportCommand() {
   auto t0 = std::chrono::steady_clock::now();
+  // Checked before reading: the default name (FILE's base name with .html, in this directory) can
+  // be the input itself (`report snap.html`).
+  const std::string out = g_args.out.empty() ? defaultOutput(g_args.file) : g_args.out;
+  if (auto same = checkNotAnInput(out, {g_args.file}); !same.ok()) {
+    printError(same.error().describe());
+    return kExitError;
+  }
   auto snap = loadWithProgress(g_args.file, g_args.salvage);
   if (!snap) {
-    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-    return 2;
+    printError(snap.error().describe());
+    return kExitError;
   }
   if (g_args.device) {
     bool found = false;
     for (int64_t d : snap->devices()) found |= d == *g_args.device;
     if (!found) {
-      std::cerr << "memforensics: error: " << g_args.file << " has no device " << *g_args.device << "\n";
-      return 2;
+      printError(g_args.file + " has no device " + std::to_string(*g_args.device));
+      return kExitUsage;
     }
   }
-  std::cerr << "memforensics: analysing " << g_args.file << "...\n";
+  setActivity("building the report of " + g_args.file);
+  std::cerr << "memforensics: analysing " << escapeText(g_args.file) << "...\n";
   analysis::AnalyzeOptions aopt;
   aopt.device = g_args.device;
   aopt.top_frames = 10;
@@ -88,15 +99,15 @@ int runReportCommand() {
   analysis::ReportDataOptions opt = g_args.data;
   analysis::ReportData data;
   std::string page;
+  std::vector<std::string> page_notes;  // what the page's own bounds cut
   for (int attempt = 0;; ++attempt) {
     data = analysis::buildReportData(*snap, opt);
     if (attempt > 0) {
       data.caps.push_back("the report's bounds were halved " + std::to_string(attempt) +
                           " time(s) to keep the page under 5 MB");
     }
-    std::ostringstream html;
-    report::renderHtml(result, data, html);
-    page = std::move(html).str();
+    // The last attempt drops sections until the page fits (report::renderHtmlWithin).
+    page = report::renderHtmlWithin(result, data, attempt == 4 ? kMaxReportBytes : SIZE_MAX, &page_notes);
     if (page.size() <= kMaxReportBytes || attempt == 4) break;
     std::cerr << "memforensics: the report would be " << formatBytes(page.size()) << "; halving its bounds\n";
     opt.max_points = std::max<size_t>(64, opt.max_points / 2);
@@ -106,28 +117,29 @@ int runReportCommand() {
     opt.max_stacks = std::max<size_t>(100, opt.max_stacks / 2);
     opt.max_frames_per_stack = std::max<size_t>(8, opt.max_frames_per_stack / 2);
   }
+  data.caps.insert(data.caps.end(), page_notes.begin(), page_notes.end());
 
-  std::string out = g_args.out.empty() ? defaultOutput(g_args.file) : g_args.out;
+  setActivity("writing " + out);
   const uint64_t bytes = page.size();
   Status s = writeOutput(out, [&](std::ostream& o) -> Status {
     o << page;
     return Status::Ok();
   });
   if (!s.ok()) {
-    std::cerr << "memforensics: error: " << s.error().describe() << "\n";
-    return 1;
+    printError(s.error().describe());
+    return kExitError;
   }
   size_t keyframes = 0;
   for (const auto& d : data.devices) keyframes += d.keyframes.size();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (out != "-") {
-    char line[256];
-    std::snprintf(line, sizeof line, "memforensics: wrote %s (%s) for %zu device(s), %zu block-map keyframes, in %.2f s\n",
-                  out.c_str(), formatBytes(bytes).c_str(), data.devices.size(), keyframes, secs);
-    std::cerr << line;
-    for (const auto& c : data.caps) std::cerr << "memforensics: note: " << c << "\n";
+    char secs_text[32];
+    std::snprintf(secs_text, sizeof secs_text, "%.2f", secs);
+    std::cerr << "memforensics: wrote " << escapeText(out) << " (" << formatBytes(bytes) << ") for " << data.devices.size()
+              << " device(s), " << keyframes << " block-map keyframes, in " << secs_text << " s\n";
+    for (const auto& c : data.caps) std::cerr << "memforensics: note: " << escapeText(c) << "\n";
   }
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace memforensics::cli

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "analysis/timeline.h"
+#include "cli/diagnostics.h"
 #include "cli/load_cli.h"
+#include "cli/options.h"
 #include "format/load.h"
 #include "report/render_timeline.h"
 
@@ -29,7 +31,7 @@ TimelineArgs g_args;
 CLI::App* addTimelineCommand(CLI::App& app) {
   auto* tl = app.add_subcommand("timeline", "Watermark series (reserved, allocated, requested, pending-free) with peaks and phases");
   tl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
-  tl->add_option("--device", g_args.device, "only this CUDA device ordinal");
+  tl->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
   auto* csv = tl->add_flag("--csv", g_args.csv, "one CSV row per kept point: device,event,time_us,reserved,allocated,requested,pending_free");
   auto* json = tl->add_flag("--json", g_args.json, "one JSON document (schema in docs/cli.md)");
   csv->excludes(json);
@@ -42,17 +44,19 @@ CLI::App* addTimelineCommand(CLI::App& app) {
 int runTimelineCommand() {
   auto snap = loadWithProgress(g_args.file, g_args.salvage);
   if (!snap) {
-    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-    return 2;
+    printError(snap.error().describe());
+    return kExitError;
   }
+  setActivity("computing the timeline of " + g_args.file);
   analysis::TimelineOptions opt;
   opt.device = g_args.device;
   opt.max_points = g_args.max_points;
   auto result = analysis::computeTimeline(*snap, opt);
   result.path = g_args.file;
   if (g_args.device && result.devices.empty()) {
-    std::cerr << "memforensics: warning: " << g_args.file << " has no device " << *g_args.device << "\n";
+    printWarning(g_args.file + " has no device " + std::to_string(*g_args.device));
   }
+  setActivity("writing the timeline of " + g_args.file);
   if (g_args.json) {
     report::renderTimelineJson(result, std::cout);
   } else if (g_args.csv) {
@@ -60,7 +64,7 @@ int runTimelineCommand() {
   } else {
     report::renderTimelineText(result, std::cout);
   }
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace memforensics::cli

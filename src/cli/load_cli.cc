@@ -1,14 +1,14 @@
 // load_cli.cc: see load_cli.h.
 #include "cli/load_cli.h"
 
-#include <iostream>
-
+#include "cli/diagnostics.h"
 #include "cli/progress.h"
 #include "format/load.h"
 
 namespace memforensics::cli {
 
 Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage) {
+  setActivity("reading " + path);
   ProgressBar bar("reading " + path);
   format::LoadOptions opt;
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
@@ -16,7 +16,7 @@ Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvag
   auto snap = format::loadSnapshotFile(path, opt);
   bar.finish();
   if (snap) {
-    for (const auto& w : snap->load_warnings) std::cerr << "memforensics: warning: " << path << ": " << w << "\n";
+    for (const auto& w : snap->load_warnings) printWarning(path + ": " + w);
   }
   return snap;
 }

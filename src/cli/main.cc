@@ -1,18 +1,29 @@
-// main.cc: the memforensics command line. Exit codes: 0 ok, 1 bad usage, 2 unreadable input.
+// main.cc: the memforensics command line.
+//
+// Exit codes, the same for every command (docs/cli.md "Exit codes"; constants in cli/diagnostics.h):
+//   0  success
+//   1  bad usage: an unknown option, a missing argument, a number out of range, --at oom without OOM
+//   2  an input could not be read or is not a valid snapshot, an output could not be written (also
+//      standard output: "cannot write to standard output: ..."), an output that is an input, out of
+//      memory, or any other failure
+// `record` exits with the recorded command's status instead (cmd_record.h): 128 + N for signal N,
+// 127 not found, 126 not executable, 2 when its output cannot be created.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <optional>
-#include <unistd.h>
 
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
 #include "cli/cmd_record.h"
 #include "cli/cmd_report.h"
 #include "cli/cmd_timeline.h"
-#include "cli/output.h"
+#include "cli/diagnostics.h"
 #include "cli/load_cli.h"
+#include "cli/options.h"
+#include "cli/output.h"
 #include "format/dump.h"
 #include "format/load.h"
 #include "format/snapshot_pickle.h"
@@ -24,9 +35,11 @@ namespace mf = memforensics;
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitUsage = 1;
-constexpr int kExitInput = 2;
+using mf::cli::kExitError;
+using mf::cli::kExitOk;
+using mf::cli::kExitUsage;
+using mf::cli::printError;
+using mf::cli::printWarning;
 
 bool g_salvage = false;  // --salvage: read the intact prefix of a damaged native trace
 
@@ -39,10 +52,11 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
   for (const auto& path : files) {
     auto snap = load(path);
     if (!snap) {
-      std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-      rc = kExitInput;
+      printError(snap.error().describe());
+      rc = kExitError;
       continue;
     }
+    mf::cli::setActivity("analyzing " + path);
     mf::analysis::AnalyzeOptions opt;
     opt.device = device;
     opt.top = top;
@@ -50,8 +64,9 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
     auto result = mf::analysis::analyzeSnapshot(*snap, opt);
     result.path = path;
     if (device && result.devices.empty()) {
-      std::cerr << "memforensics: warning: " << path << " has no device " << *device << "\n";
+      printWarning(path + " has no device " + std::to_string(*device));
     }
+    mf::cli::setActivity("writing the analysis of " + path);
     if (json) {
       mf::report::renderJson(result, std::cout);
     } else {
@@ -59,6 +74,7 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
       mf::report::renderText(result, std::cout);
     }
     first = false;
+    if (!mf::cli::flushStdout().ok()) break;  // reported by finishStdout
   }
   return rc;
 }
@@ -66,9 +82,10 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
 int dump(const std::string& path, bool stacks) {
   auto snap = load(path);
   if (!snap) {
-    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-    return kExitInput;
+    printError(snap.error().describe());
+    return kExitError;
   }
+  mf::cli::setActivity("dumping " + path);
   mf::format::DumpOptions opt;
   opt.stacks = stacks;
   mf::format::dumpSnapshot(*snap, std::cout, opt);
@@ -124,18 +141,21 @@ struct ConvertArgs {
 int convert(const ConvertArgs& a) {
   std::optional<Target> target = a.to.empty() ? targetFromPath(a.out) : targetFromName(a.to);
   if (!target) {
-    std::cerr << "memforensics: error: "
-              << (a.to.empty() ? "cannot tell the output format from '" + a.out +
-                                     "': name it *.bin, *.pickle, *.perfetto.json or *.folded, or pass --to"
-                               : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)")
-              << "\n";
+    printError(a.to.empty() ? "cannot tell the output format from '" + a.out +
+                                  "': name it *.bin, *.pickle, *.perfetto.json or *.folded, or pass --to"
+                            : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)");
     return kExitUsage;
+  }
+  if (auto same = mf::cli::checkNotAnInput(a.out, {a.in}); !same.ok()) {
+    printError(same.error().describe());
+    return kExitError;
   }
   auto snap = load(a.in);
   if (!snap) {
-    std::cerr << "memforensics: error: " << snap.error().describe() << "\n";
-    return kExitInput;
+    printError(snap.error().describe());
+    return kExitError;
   }
+  mf::cli::setActivity("converting " + a.in + " to " + a.out);
   mf::Status s;
   switch (*target) {
     case Target::Native: {
@@ -173,16 +193,17 @@ int convert(const ConvertArgs& a) {
     }
   }
   if (!s.ok()) {
-    std::cerr << "memforensics: error: " << a.out << ": " << s.error().describe() << "\n";
-    return kExitInput;
+    printError(s.error().describe());
+    return kExitError;
   }
   return kExitOk;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::ios::sync_with_stdio(false);
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"memforensics: GPU memory forensics for PyTorch CUDA memory snapshots"};
   app.set_version_flag("--version", "memforensics 0.1.0");
   app.require_subcommand(1);
@@ -192,7 +213,7 @@ int main(int argc, char** argv) {
   an->add_option("FILE", files, "snapshot files (pickle, memory_viz HTML, JSON or native trace; detected by content)")
       ->required();
   std::optional<int64_t> device;
-  an->add_option("--device", device, "only this CUDA device ordinal");
+  an->add_option("--device", device, "only this CUDA device ordinal")->check(mf::cli::kInt64Option);
   bool json = false;
   an->add_flag("--json", json, "machine-readable output: one JSON document per file, one per line");
   size_t top = 10;
@@ -219,7 +240,7 @@ int main(int argc, char** argv) {
   cv->add_option("--checkpoint-every", conv.checkpoint_every,
                  "native: events between checkpoints (random access to the state at an event); 0 = none")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
-  cv->add_option("--device", conv.device, "perfetto/collapsed: only this device");
+  cv->add_option("--device", conv.device, "perfetto/collapsed: only this device")->check(mf::cli::kInt64Option);
   cv->add_option("--value", conv.value, "collapsed: requested (at the requested peak) or allocated (at the allocated peak)")
       ->check(CLI::IsMember({"requested", "allocated"}));
   cv->add_flag("--user-frames", conv.user_frames_only, "collapsed: keep only user frames (drop framework plumbing)");
@@ -252,4 +273,22 @@ int main(int argc, char** argv) {
   if (rp->parsed()) return mf::cli::runReportCommand();
   if (rec->parsed()) return mf::cli::runRecordCommand();
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(false);
+  mf::cli::installStdout();
+  int rc = kExitError;
+  // Memory running out anywhere (a hostile input the budgets did not stop, a real file larger than
+  // the machine) and any other exception end here as exit 2 with a message, never as an abort.
+  try {
+    rc = run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    printError("out of memory while " + mf::cli::activity());
+  } catch (const std::exception& e) {
+    printError(std::string(e.what()) + " (while " + mf::cli::activity() + ")");
+  }
+  return mf::cli::finishStdout(rc);
 }

@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "common/text_escape.h"
+
 namespace memforensics::format {
 
 namespace {
@@ -14,24 +16,8 @@ std::string hex(uint64_t v) {
   std::snprintf(b, sizeof b, "0x%" PRIx64, v);
   return b;
 }
-// Quotes a string so that the line stays one line and parseable: \" \\ \n and non-printables.
-std::string quoted(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20 || c == 0x7f) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  out.push_back('"');
-  return out;
-}
+// Quotes a string so that the line stays one line and parseable (common/text_escape.h).
+std::string quoted(std::string_view s) { return quoteText(s); }
 std::string stackRef(StackId s) {
   if (s == kNoStack) return "-";
   if (s == kEmptyStack) return "[]";
@@ -75,7 +61,8 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       const Event& e = tr[i];
       out << d << ":" << i << " ";
       if (e.time_us >= 0) out << "t=" << e.time_us << " ";
-      out << (e.action == Action::Unknown ? s.strings.get(e.action_name) : actionName(e.action));
+      if (e.action == Action::Unknown) out << escapeText(s.strings.get(e.action_name));
+      else out << actionName(e.action);
       if (e.action == Action::Oom) out << " size=" << e.size << " device_free=" << e.addr;
       else out << " addr=" << hex(e.addr) << " size=" << e.size;
       out << " stream=" << e.stream << " stack=" << use(e.stack);
@@ -86,7 +73,7 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
     }
   }
   for (const auto& a : s.annotations) {
-    out << "annotation device=" << a.device << " t=" << a.time_us << " stage=" << s.strings.get(a.stage)
+    out << "annotation device=" << a.device << " t=" << a.time_us << " stage=" << escapeText(s.strings.get(a.stage))
         << " name=" << quoted(s.strings.get(a.name)) << "\n";
   }
   if (opt.stacks) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/format_bytes.h"
+#include "common/text_escape.h"
 #include "report/render.h"
 
 namespace memforensics::report {
@@ -31,24 +32,24 @@ void counterRow(std::ostream& out, const char* label, uint64_t start, const repl
 }  // namespace
 
 void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
-  out << "memforensics analyze: " << r.path << "\n";
-  out << "  input: " << r.source_format;
+  out << "memforensics analyze: " << escapeText(r.path) << "\n";
+  out << "  input: " << escapeText(r.source_format);
   if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
   out << ", " << formatBytes(r.input_bytes);
   if (r.live_capture) {
-    out << ", recorded live: " << r.origin << "\n";
+    out << ", recorded live: " << escapeText(r.origin) << "\n";
   } else {
-    out << ", written by PyTorch " << r.era << " (inferred from its fields)\n";
-    if (!r.origin.empty()) out << "  converted from: " << r.origin << "\n";
+    out << ", written by PyTorch " << escapeText(r.era) << " (inferred from its fields)\n";
+    if (!r.origin.empty()) out << "  converted from: " << escapeText(r.origin) << "\n";
   }
-  for (const auto& w : r.warnings) out << "  WARNING: " << w << "\n";
+  for (const auto& w : r.warnings) out << "  WARNING: " << escapeText(w) << "\n";
   out << "  interned: " << r.strings << " strings, " << r.frames << " frames, " << r.stacks
       << " stacks; " << r.annotations << " annotations";
   if (r.host_trace_events > 0) out << "; " << r.host_trace_events << " host trace events (not replayed)";
   out << "\n";
   if (!r.ignored_keys.empty()) {
     out << "  ignored top-level keys:";
-    for (const auto& k : r.ignored_keys) out << " " << k;
+    for (const auto& k : r.ignored_keys) out << " " << escapeText(k);
     out << "\n";
   }
   if (r.devices.empty()) out << "\n  no device has segments or trace events\n";
@@ -84,6 +85,11 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
       out << "  (est.) block sizes of allocations freed before the end are PyTorch's rounding of the\n"
              "  request; large-pool blocks may hold up to 1 MiB more that the file does not record.\n";
     }
+    if (!s.consistent) {
+      out << "  UNTRUSTED: the trace cannot lead to the file's final state (see the anomalies); not exact:";
+      for (auto n : replay::untrustedNames(s.untrusted)) out << " " << n;
+      out << "\n";
+    }
     if (s.live_at_start > 0 && s.events > 0) {
       out << "  " << s.live_at_start << " blocks were already live when the trace starts";
       if (s.freed_before_start > 0) {
@@ -100,7 +106,7 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
           << " failed with " << formatBytes(o.oom.device_free) << " free on the device; reserved "
           << formatBytesShort(o.oom.at.reserved) << ", requested " << formatBytesShort(o.oom.at.requested)
           << "\n";
-      for (const auto& f : o.frames) out << "        at " << f.display() << "\n";
+      for (const auto& f : o.frames) out << "        at " << escapeText(f.display()) << "\n";
     }
 
     out << "\n  largest live allocations at the requested peak";
@@ -122,9 +128,9 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
         out << "   (stack has no user frames)\n";
         continue;
       }
-      out << "   " << g.frames[0].display() << "\n";
+      out << "   " << escapeText(g.frames[0].display()) << "\n";
       for (size_t k = 1; k < g.frames.size(); ++k) {
-        out << pad("", 31) << "<- " << g.frames[k].display() << "\n";
+        out << pad("", 31) << "<- " << escapeText(g.frames[k].display()) << "\n";
       }
     }
 
@@ -135,12 +141,12 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
       out << "):\n    inclusive   self\n";
       for (const auto& f : g.top_inclusive) {
         out << "    " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << pad(formatBytesShort(f.self_bytes), 11)
-            << " " << f.frame.display() << "\n";
+            << " " << escapeText(f.frame.display()) << "\n";
       }
       if (!g.hot_path.empty()) {
         out << "    hot path:\n";
         for (const auto& f : g.hot_path) {
-          out << "      " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << f.frame.display() << "\n";
+          out << "      " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << escapeText(f.frame.display()) << "\n";
         }
       }
     }
@@ -149,10 +155,10 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     if (d.findings.empty()) out << "none\n";
     else out << "\n";
     for (const auto& f : d.findings) {
-      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << f.title << "\n";
+      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title) << "\n";
       if (!f.where.empty()) {
-        out << "        at " << f.where[0].display() << "\n";
-        for (size_t k = 1; k < f.where.size(); ++k) out << "        <- " << f.where[k].display() << "\n";
+        out << "        at " << escapeText(f.where[0].display()) << "\n";
+        for (size_t k = 1; k < f.where.size(); ++k) out << "        <- " << escapeText(f.where[k].display()) << "\n";
       }
       size_t shown = 0;
       for (const auto& e : f.evidence) {
@@ -160,23 +166,23 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
           out << "        ... " << (f.evidence.size() - 6) << " more in --json\n";
           break;
         }
-        out << "        - " << e.text;
+        out << "        - " << escapeText(e.text);
         if (e.bytes > 0) out << ": " << formatBytesShort(e.bytes);
         if (e.event >= 0) out << " (event " << e.event << ")";
-        if (!e.frames.empty()) out << " at " << e.frames[0].display();
+        if (!e.frames.empty()) out << " at " << escapeText(e.frames[0].display());
         out << "\n";
       }
-      out << "        fix: " << f.fix << "\n";
-      if (!f.basis.empty()) out << "        basis: " << f.basis << "\n";
+      out << "        fix: " << escapeText(f.fix) << "\n";
+      if (!f.basis.empty()) out << "        basis: " << escapeText(f.basis) << "\n";
     }
 
     out << "\n  anomalies: ";
     if (d.anomalies.empty()) out << "none\n";
     else out << "\n";
     for (const auto& a : d.anomalies) {
-      out << "    [" << replay::severityName(a.severity) << "] " << a.id << " x" << a.count;
+      out << "    [" << replay::severityName(a.severity) << "] " << escapeText(a.id) << " x" << a.count;
       if (a.first_event >= 0) out << " (first at event " << a.first_event << ")";
-      out << ": " << a.description << "\n";
+      out << ": " << escapeText(a.description) << "\n";
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/format_bytes.h"
+#include "common/text_escape.h"
 #include "report/render.h"
 
 namespace memforensics::report {
@@ -60,7 +61,7 @@ std::string eventText(int64_t e) { return e < 0 ? std::string("start") : "#" + s
 }  // namespace
 
 void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
-  out << "memforensics timeline: " << r.path << "\n";
+  out << "memforensics timeline: " << escapeText(r.path) << "\n";
   for (const auto& d : r.devices) {
     out << "\ndevice " << d.device << ": " << d.events << " events";
     if (!d.has_times) out << " (no times in the file: event index only)";
@@ -98,8 +99,10 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
                   "peak requested", "peak reserved");
     out << line;
     for (const auto& p : d.phases) {
-      std::string name = p.phase.name;
-      if (name.size() > 36) name = name.substr(0, 33) + "...";
+      // Annotation names come from the file: escaped, then cut without splitting an escape or a
+      // UTF-8 character.
+      std::string name = escapeText(p.phase.name);
+      if (name.size() > 36) name = name.substr(0, escapedPrefixLength(name, 33)) + "...";
       std::string range = p.phase.last_event < p.phase.first_event
                               ? std::string("(empty)")
                               : std::to_string(p.phase.first_event) + ".." + std::to_string(p.phase.last_event);
@@ -118,6 +121,7 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
   }
 }
 
+// Every column is a number (or empty): nothing from the file needs CSV quoting.
 void renderTimelineCsv(const analysis::TimelineResult& r, std::ostream& out, bool header) {
   if (header) out << "device,event,time_us,reserved,allocated,requested,pending_free\n";
   for (const auto& d : r.devices) {

@@ -7,6 +7,9 @@ Usage: cli_test.py MEMFORENSICS_BINARY REPO_ROOT REAL_SNAPSHOTS_DIR
   for byte with tests/golden/expected/ (MEMF_UPDATE_GOLDEN=1 rewrites them);
 * the sample pickle is what tools/snapshot_fixture.py makes from its .fixture (no stale sample);
 * exit codes: 0 ok, 1 bad usage, 2 unreadable or hostile input, with a message naming the problem;
+* output safety: standard output write errors are exit 2, `-o` never replaces a device or FIFO
+  nor overwrites an input; text output escapes control characters and invalid UTF-8 and JSON
+  stays valid; numbers out of range are usage errors; out of memory is exit 2 with a message;
 * `analyze --json` peaks equal tools/ref_replay.py's independent replay on every real snapshot.
 * `convert`: pickle -> native trace -> pickle gives identical `analyze --json` figures on every
   real snapshot; Perfetto and collapsed exports agree with `analyze`; cut and damaged native
@@ -15,9 +18,14 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 """
 import json
 import os
+import pickle
+import resource
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 BIN, ROOT, REAL = sys.argv[1], sys.argv[2], sys.argv[3]
 UPDATE = os.environ.get("MEMF_UPDATE_GOLDEN") == "1"
@@ -320,12 +328,208 @@ with tempfile.TemporaryDirectory() as td:
     r = run("report", sample, "-o", "-")
     check("report -o - writes the page to stdout", r.returncode == 0 and r.stdout.startswith("<!doctype html>"), r.stderr)
     r = run("report", sample, "--device", "7", "-o", os.path.join(td, "x.html"))
-    check("report --device absent exits 2 and writes nothing",
-          r.returncode == 2 and "no device 7" in r.stderr and not os.path.exists(os.path.join(td, "x.html")), r.stderr)
+    check("report --device absent exits 1 (as blocks) and writes nothing",
+          r.returncode == 1 and "no device 7" in r.stderr and not os.path.exists(os.path.join(td, "x.html")), r.stderr)
     r = run("report", os.path.join(ROOT, "no-such-file.pickle"), "-o", os.path.join(td, "y.html"))
     check("report missing file exits 2", r.returncode == 2 and not os.path.exists(os.path.join(td, "y.html")), r.stderr)
     r = run("report", sample, "-o", os.path.join(td, "no-such-dir", "z.html"))
-    check("report to an unwritable place exits 1", r.returncode == 1 and "cannot create" in r.stderr, r.stderr)
+    check("report to an unwritable place exits 2", r.returncode == 2 and "cannot create" in r.stderr, r.stderr)
+
+# Output safety, checked standard output, escaping, out-of-range numbers, out of memory (issue 11).
+def runb(*args, cwd=None, stdout=subprocess.PIPE, preexec_fn=None, timeout=60):
+    return subprocess.run([BIN, *args], stdout=stdout, stderr=subprocess.PIPE, cwd=cwd, preexec_fn=preexec_fn,
+                          timeout=timeout)
+
+
+def terminal_safe(data):
+    """Valid UTF-8 without C0 controls (newline aside), DEL or C1 controls."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8: {e}"
+    bad = [hex(ord(c)) for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f)]
+    return f"control characters {bad[:5]}" if bad else ""
+
+
+sample = os.path.join(ROOT, "snapshots", "sample_training.pickle")
+if os.path.exists("/dev/full"):
+    # Every write to standard output is checked: a full disk is exit 2 with the reason.
+    for args in (["analyze", sample], ["analyze", "--json", sample], ["dump", "--stacks", sample],
+                 ["timeline", sample], ["timeline", "--csv", sample], ["timeline", "--json", sample],
+                 ["blocks", sample], ["blocks", "--json", sample], ["convert", sample, "-o", "-", "--to", "pickle"],
+                 ["convert", sample, "-o", "-", "--to", "collapsed"], ["convert", sample, "-o", "/dev/stdout", "--to", "native"],
+                 ["report", sample, "-o", "-"]):
+        with open("/dev/full", "wb") as full:
+            r = runb(*args, stdout=full)
+        err = r.stderr.decode(errors="replace")
+        check(f"{' '.join(args[:1] + [a for a in args[1:] if a.startswith('-')])} > /dev/full exits 2 with the reason",
+              r.returncode == 2 and "memforensics: error: cannot write to standard output: No space left on device" in err,
+              f"rc={r.returncode} {err}")
+
+with tempfile.TemporaryDirectory() as tmp:
+    with open(sample, "rb") as f:
+        sample_bytes = f.read()
+    ref = runb("convert", sample, "-o", "-", "--to", "pickle").stdout
+    # A character device is written through, never replaced by a renamed temporary file.
+    node = os.path.join(tmp, "null")
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError:
+        node = None
+    if node:
+        for args in (["convert", sample, "-o", node, "--to", "pickle"], ["report", sample, "-o", node]):
+            r = runb(*args)
+            check(f"{args[0]} -o a character device writes through it",
+                  r.returncode == 0 and stat.S_ISCHR(os.lstat(node).st_mode), f"rc={r.returncode} {r.stderr}")
+    else:
+        print("note: mknod not permitted; the character-device check uses /dev/null itself")
+    r = runb("convert", sample, "-o", "/dev/null", "--to", "pickle")
+    check("convert -o /dev/null", r.returncode == 0 and stat.S_ISCHR(os.stat("/dev/null").st_mode), r.stderr)
+    # A FIFO with a reader gets the output, one without a reader is refused (no hang).
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    time.sleep(0.2)
+    r = runb("convert", sample, "-o", fifo, "--to", "pickle")
+    reader.join(30)
+    check("convert -o FIFO writes through it", r.returncode == 0 and got == [ref] and stat.S_ISFIFO(os.lstat(fifo).st_mode),
+          f"rc={r.returncode} {r.stderr} {len(got[0]) if got else None} vs {len(ref)}")
+    r = runb("convert", sample, "-o", fifo, "--to", "pickle", timeout=30)
+    check("convert -o FIFO without a reader exits 2", r.returncode == 2 and b"no reader" in r.stderr, r.stderr)
+    r = runb("convert", sample, "-o", tmp, "--to", "pickle")
+    check("convert -o DIRECTORY exits 2", r.returncode == 2 and b"directory" in r.stderr, r.stderr)
+    # An output that is an input is refused (also through a hard link or a symlink) and the input survives.
+    inp = os.path.join(tmp, "in.pickle")
+    with open(inp, "wb") as f:
+        f.write(sample_bytes)
+    os.link(inp, os.path.join(tmp, "hard.pickle"))
+    os.symlink("in.pickle", os.path.join(tmp, "sym.pickle"))
+    snap_html = os.path.join(tmp, "snap.html")
+    with open(snap_html, "wb") as f:
+        f.write(sample_bytes)
+    for args, cwd in ((["convert", inp, "-o", inp], None), (["convert", "hard.pickle", "-o", "sym.pickle"], tmp),
+                      (["convert", inp, "-o", os.path.join(tmp, "sym.pickle"), "--to", "native"], None),
+                      (["report", inp, "-o", inp], None), (["report", "snap.html"], tmp)):
+        r = runb(*args, cwd=cwd)
+        with open(inp, "rb") as a, open(snap_html, "rb") as b:
+            intact = a.read() == sample_bytes and b.read() == sample_bytes
+        check(f"{' '.join(args)}: the output is the input, refused (exit 2), input intact",
+              r.returncode == 2 and b"is the input" in r.stderr and intact, f"rc={r.returncode} {r.stderr}")
+    # A symlink as output: the file it points at is replaced (permissions kept), the link stays.
+    target = os.path.join(tmp, "target.pickle")
+    with open(target, "wb") as f:
+        f.write(b"old")
+    os.chmod(target, 0o640)
+    os.symlink("target.pickle", os.path.join(tmp, "link.pickle"))
+    r = runb("convert", sample, "-o", os.path.join(tmp, "link.pickle"))
+    with open(target, "rb") as f:
+        written = f.read()
+    check("convert -o SYMLINK replaces its target and keeps the link and the mode",
+          r.returncode == 0 and os.path.islink(os.path.join(tmp, "link.pickle")) and written == ref
+          and stat.S_IMODE(os.stat(target).st_mode) == 0o640, f"rc={r.returncode} {r.stderr}")
+    check("no temporary files left behind (output safety)", not [f for f in os.listdir(tmp) if ".tmp-" in f],
+          str(os.listdir(tmp)))
+
+    # Terminal injection: strings from the file (frame names and file names, annotations, settings,
+    # keys, compile context) with ESC ]0; BEL, ESC [2J, CR, NUL, a C1 CSI and invalid UTF-8.
+    EVIL = "E\x1b]0;pwned\x07\x1b[2J\rX\x00Y\x9bZ" + "QQINVALIDQQ"
+    A = 0x7f0000000000
+    T0 = 1767225600000000
+
+    def fr(n):
+        return [{"name": EVIL + n, "filename": EVIL + "file.py", "line": 7}]
+    hostile = {
+        "segments": [{"device": 0, "address": A, "total_size": 2097152, "allocated_size": 0, "active_size": 0,
+                      "requested_size": 0, "stream": 0, "segment_type": "small", "segment_pool_id": (0, 0),
+                      "is_expandable": False, "frames": fr("s"),
+                      "blocks": [{"address": A, "size": 2097152, "requested_size": 0, "state": "inactive",
+                                  "frames": []}]}],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": A, "size": 2097152, "stream": 0, "time_us": T0, "frames": fr("a")},
+            {"action": "alloc", "addr": A, "size": 1048576, "stream": 0, "time_us": T0 + 10, "frames": fr("b"),
+             "compile_context": EVIL, "user_metadata": EVIL},
+            {"action": "free_requested", "addr": A, "size": 1048576, "stream": 0, "time_us": T0 + 20, "frames": fr("b")},
+            {"action": "free_completed", "addr": A, "size": 1048576, "stream": 0, "time_us": T0 + 20, "frames": fr("b")},
+            {"action": "oom", "addr": 0, "size": 1 << 40, "stream": 0, "time_us": T0 + 30, "frames": fr("c")}]],
+        "external_annotations": [{"stage": "START", "name": "ProfilerStep#1" + EVIL, "device": 0, "time_us": T0 + 5},
+                                 {"stage": "END", "name": "ProfilerStep#1" + EVIL, "device": 0, "time_us": T0 + 25}],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": EVIL, "max_split_size": -1,
+                               "garbage_collection_threshold": 0.0, "expandable_segments": False},
+        EVIL + "key": 1,
+    }
+    # Python cannot hold invalid UTF-8 in a str: patch the bytes in (same length, so the pickle's
+    # string lengths stay right). Malformed: 0xff 0xfe, 0xc3 '(', truncated 0xe2 0x82, overlong, surrogate.
+    blob = pickle.dumps(hostile, protocol=4).replace(b"QQINVALIDQQ", b"\xff\xfe\xc3(\xe2\x82\xc0\xaf\xed\xa0\x80")
+    # The file name itself is hostile too.
+    evil_path = os.path.join(tmp.encode(), b"e\xff\x1b]0;x\x07\x1b[2J.pickle")
+    with open(evil_path, "wb") as f:
+        f.write(blob)
+    for args in (["analyze"], ["timeline"], ["timeline", "--csv"], ["blocks"], ["blocks", "--at", "oom"], ["dump", "--stacks"]):
+        r = runb(*args, evil_path)
+        problem = terminal_safe(r.stdout) or terminal_safe(r.stderr)
+        check(f"{' '.join(args)}: hostile strings escaped", r.returncode == 0 and not problem,
+              f"rc={r.returncode} {problem} {r.stderr[:200]}")
+        if args[0] != "blocks" and args[-1] != "--csv":
+            # (timeline's phase table cuts names at 36 characters)
+            shown = b"E\\x1b]0;pwned\\x07" if args[0] == "timeline" else b"E\\x1b]0;pwned\\x07\\x1b[2J\\x0dX\\x00Y\\xc2\\x9bZ\\xff\\xfe"
+            check(f"{' '.join(args)}: escapes shown as \\xNN", shown in r.stdout, r.stdout[:300])
+    for args in (["analyze", "--json"], ["timeline", "--json"], ["blocks", "--json"]):
+        r = runb(*args, evil_path)
+        try:
+            doc = json.loads(r.stdout.decode("utf-8"))
+            ok = r.returncode == 0 and doc["path"].startswith(tmp)
+        except (ValueError, KeyError) as e:
+            ok, doc = False, e
+        check(f"{' '.join(args)}: valid JSON despite invalid UTF-8 in the file and its name", ok,
+              f"rc={r.returncode} {doc} {r.stderr[:200]}")
+    r = runb("analyze", os.path.join(tmp.encode(), b"missing\x1b[2J\xff.pickle"))
+    check("error messages escape the file name", r.returncode == 2 and not terminal_safe(r.stderr)
+          and b"missing\\x1b[2J\\xff" in r.stderr, r.stderr)
+    r = runb("report", evil_path, "-o", os.path.join(tmp, "evil.html"))
+    check("report on hostile strings: stderr escaped", r.returncode == 0 and not terminal_safe(r.stderr), r.stderr[:300])
+
+    # Out of memory anywhere is exit 2 with a message, never an abort: an ordinary 200,000-event
+    # file read under a 48 MiB address-space limit (it needs about 100 MB).
+    limit = 48 << 20
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    probe = runb("--version", preexec_fn=cap)
+    if probe.returncode != 0:
+        print("note: the executable does not start under a 48 MiB address-space limit (sanitizer build?): "
+              "out-of-memory check skipped")
+    else:
+        big = os.path.join(tmp, "big.pickle")
+        frames = [{"name": "f", "filename": "x.py", "line": 1}]
+        trace = [{"action": "segment_alloc", "addr": A, "size": 1 << 30, "stream": 0, "frames": frames}]
+        for i in range(200000):
+            trace.append({"action": "alloc", "addr": A + 512 * (i % 1000), "size": 512, "stream": 0,
+                          "frames": [{"name": "f%d" % i, "filename": "x.py", "line": i}]})
+            trace.append({"action": "free_completed", "addr": A + 512 * (i % 1000), "size": 512, "stream": 0,
+                          "frames": frames})
+        with open(big, "wb") as f:
+            pickle.dump({"segments": [], "device_traces": [trace]}, f, protocol=4)
+        del trace
+        for args in (["analyze"], ["convert", "-o", os.path.join(tmp, "big.bin"), "--in"]):
+            argv = [args[0], big] + [a for a in args[1:] if a != "--in"]
+            r = runb(*argv, preexec_fn=cap)
+            err = r.stderr.decode(errors="replace")
+            check(f"{args[0]} out of memory: exit 2 with a message", r.returncode == 2 and "out of memory while" in err,
+                  f"rc={r.returncode} {err[-300:]}")
+
+# Numbers out of range are usage errors (CLI11 saturated --device 2^64 to INT64_MAX silently).
+for args in (["analyze", sample, "--device", "18446744073709551616"], ["analyze", sample, "--device", "9223372036854775808"],
+             ["analyze", sample, "--device", "-9223372036854775809"], ["timeline", sample, "--device", "18446744073709551616"],
+             ["blocks", sample, "--device", "18446744073709551616"], ["report", sample, "--device", "18446744073709551616", "-o", "-"],
+             ["convert", sample, "-o", "-", "--to", "collapsed", "--device", "18446744073709551616"],
+             ["blocks", sample, "--at", "9223372036854775808"], ["blocks", sample, "--at", "t99999999999999999999"],
+             ["analyze", sample, "--top", "18446744073709551616"], ["convert", sample, "-o", "-", "--zstd-level", "4294967299"],
+             ["convert", sample, "-o", "-", "--checkpoint-every", "18446744073709551617"],
+             ["timeline", sample, "--max-points", "18446744073709551617"]):
+    r = runb(*args)
+    check(f"{args[0]} {' '.join(args[2:])}: out of range, exit 1", r.returncode == 1 and not r.stdout, f"rc={r.returncode}")
 
 print(f"cli_test: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
