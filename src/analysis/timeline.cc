@@ -2,6 +2,7 @@
 #include "analysis/timeline.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 namespace memforensics::analysis {
@@ -11,19 +12,29 @@ namespace {
 using replay::Counters;
 using replay::Peak;
 
+// A stream's or pool's share is a running sum of signed changes of uint64 counters, which a hostile
+// file can put anywhere up to 2^64-1: in int64 the sums overflowed (undefined behaviour, seen with
+// sizes near 2^63). 128 bits hold any sum of fewer than 2^63 such changes exactly.
+__extension__ typedef __int128 Wide;
+
 // Signed running sums: a stream's or pool's share follows the device counters' changes at the
 // events of that stream or pool (PyTorch records a free with the block's own stream and pool).
 struct Signed {
-  int64_t reserved = 0, requested = 0, allocated = 0, pending = 0;
+  Wide reserved = 0, requested = 0, allocated = 0, pending = 0;
   void add(const Counters& after, const Counters& before) {
-    reserved += static_cast<int64_t>(after.reserved) - static_cast<int64_t>(before.reserved);
-    requested += static_cast<int64_t>(after.requested) - static_cast<int64_t>(before.requested);
-    allocated += static_cast<int64_t>(after.allocated) - static_cast<int64_t>(before.allocated);
-    pending += static_cast<int64_t>(after.pending) - static_cast<int64_t>(before.pending);
+    reserved += Wide{after.reserved} - Wide{before.reserved};
+    requested += Wide{after.requested} - Wide{before.requested};
+    allocated += Wide{after.allocated} - Wide{before.allocated};
+    pending += Wide{after.pending} - Wide{before.pending};
   }
 };
 
-uint64_t clamp0(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
+// A share as a counter: below 0 (a trace that does not lead to the file's state) is 0, above what
+// a counter holds is 2^64-1.
+uint64_t clamp0(Wide v) {
+  if (v < 0) return 0;
+  return v > Wide{UINT64_MAX} ? UINT64_MAX : static_cast<uint64_t>(v);
+}
 
 // Kept point indices (into the full series, 0 = start state): per bucket of `bucket` consecutive
 // points, the first point where requested bytes take their bucket minimum and their maximum, and
@@ -207,11 +218,11 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       for (const auto& seg : snap.segments) {
         if (seg.device != d) continue;
         Signed& f = final_share[segKey(seg)];
-        f.reserved += static_cast<int64_t>(seg.total_size);
+        f.reserved += seg.total_size;
         for (const auto& b : snap.blocksOf(seg)) {
           if (!b.isActive()) continue;
-          f.requested += static_cast<int64_t>(b.requested_size);
-          (b.state == format::BlockState::ActivePendingFree ? f.pending : f.allocated) += static_cast<int64_t>(b.size);
+          f.requested += b.requested_size;
+          (b.state == format::BlockState::ActivePendingFree ? f.pending : f.allocated) += b.size;
         }
       }
       std::map<Key, size_t> index;

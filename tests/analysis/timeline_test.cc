@@ -153,6 +153,32 @@ TEST(Timeline, PerStreamBreakdownWhenSeveralStreams) {
   EXPECT_TRUE(d.pools.empty());
 }
 
+// Found by fuzz_pipeline: a stream's share of two segments of 2^63 - 4096 bytes each overflowed the
+// int64 running sums (undefined behaviour; in practice it wrapped below 0 and showed 0 bytes).
+TEST(Timeline, StreamSharesNearTwoToThe63DoNotOverflow) {
+  const uint64_t huge = (uint64_t{1} << 63) - 4096;
+  TSnapshot t;
+  t.segments.push_back({0, 0x1000, 7, "large", {{huge, 0, "inactive", {}}}});
+  t.segments.push_back({0, 0x1000 + huge, 7, "large", {{huge, 0, "inactive", {}}}});
+  t.traces.push_back({
+      ev("alloc", 0x1000, 512, 7),
+      ev("free_requested", 0x1000, 512, 7),
+      ev("free_completed", 0x1000, 512, 7),
+      ev("alloc", 0x1000 + 512, 512, 0),
+      ev("free_requested", 0x1000 + 512, 512, 0),
+      ev("free_completed", 0x1000 + 512, 512, 0),
+  });
+  auto snap = buildSnapshot(t);
+  auto r = computeTimeline(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& d = r.devices[0];
+  ASSERT_EQ(d.streams.size(), 2u);
+  EXPECT_EQ(d.streams[1].stream, 7);
+  EXPECT_EQ(d.streams[1].peak_reserved.bytes, 2 * huge);
+  EXPECT_EQ(d.streams[1].peak_requested.bytes, 512u);
+  EXPECT_EQ(d.streams[0].peak_reserved.bytes, 0u);
+}
+
 // Many streams: only max_breakdowns of them get a series (those with the highest peak reserved),
 // the others are counted; the series that are kept equal those of an unbounded run.
 TEST(Timeline, BreakdownsAreBoundedAndExact) {
