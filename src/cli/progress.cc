@@ -6,11 +6,12 @@
 #include <cstdio>
 
 #include "common/format_bytes.h"
+#include "common/text_escape.h"
 
 namespace memforensics::cli {
 
 ProgressBar::ProgressBar(std::string label)
-    : label_(std::move(label)), start_(std::chrono::steady_clock::now()), enabled_(isatty(2) == 1) {}
+    : label_(escapeText(label)), start_(std::chrono::steady_clock::now()), enabled_(isatty(2) == 1) {}
 
 ProgressBar::~ProgressBar() { finish(); }
 
