@@ -8,7 +8,8 @@ Prints one JSON object:
     {"devices": [{"device": d, "events": n,
                   "peak_reserved_bytes": ..., "peak_requested_bytes": ...,
                   "final_reserved_bytes": ..., "final_requested_bytes": ...,
-                  "start_reserved_bytes": ..., "start_requested_bytes": ...}, ...]}
+                  "start_reserved_bytes": ..., "start_requested_bytes": ...,
+                  "consistent": true, "untrusted": []}, ...]}
 for every device that has segments or a non-empty trace, sorted by device.
 
 Method (deliberately unlike a live-block replay): arithmetic on totals only.
@@ -21,6 +22,12 @@ Method (deliberately unlike a live-block replay): arithmetic on totals only.
     free_requested events but no free_completed at all (skip_actions) and the final state has
     no pending-free blocks, free_requested takes the role of free_completed.
   * Walk forward from the start totals; peak = max(start, every running value).
+  * Consistency: a total that goes below zero anywhere on the way back (at the start or after
+    any event) means the trace cannot have led to the final state (e.g. the trace stops before
+    the segments were taken: allocs that the final state never shows freed). Then the start and
+    the peaks are unknowable: "consistent": false, "untrusted": ["start", "peaks"], and the
+    start_* and peak_* figures are null (never a negative byte count). The final_* figures are
+    the file's own and stay.
 
 The file is loaded with an Unpickler whose find_class always raises, so a pickle that tries to
 import anything (i.e. run code) is rejected instead of executed.
@@ -86,11 +93,14 @@ def replay_device(device, segments, trace):
         return 0, 0
 
     reserved, requested = final_reserved, final_requested
+    lowest = min(reserved, requested)
     for entry in reversed(trace):
         dr, dq = deltas(entry)
         reserved -= dr
         requested -= dq
+        lowest = min(lowest, reserved, requested)
     start_reserved, start_requested = reserved, requested
+    consistent = lowest >= 0
 
     peak_reserved, peak_requested = reserved, requested
     for entry in trace:
@@ -100,15 +110,20 @@ def replay_device(device, segments, trace):
         peak_reserved = max(peak_reserved, reserved)
         peak_requested = max(peak_requested, requested)
 
+    def known(v):
+        return v if consistent else None
+
     return {
         "device": device,
         "events": len(trace),
-        "peak_reserved_bytes": peak_reserved,
-        "peak_requested_bytes": peak_requested,
+        "peak_reserved_bytes": known(peak_reserved),
+        "peak_requested_bytes": known(peak_requested),
         "final_reserved_bytes": final_reserved,
         "final_requested_bytes": final_requested,
-        "start_reserved_bytes": start_reserved,
-        "start_requested_bytes": start_requested,
+        "start_reserved_bytes": known(start_reserved),
+        "start_requested_bytes": known(start_requested),
+        "consistent": consistent,
+        "untrusted": [] if consistent else ["start", "peaks"],
     }
 
 

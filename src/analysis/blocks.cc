@@ -69,11 +69,20 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
   BlocksResult r;
   r.device = d;
   r.events = events.size();
+  replay::DeviceReplayer rep(snap, d);
+  const replay::DeviceSummary summary = replay::summarizeDevice(rep);
+  r.consistent = summary.consistent;
+  r.untrusted = summary.untrusted;
+  for (size_t k = 0; k < replay::kAnomalyKinds; ++k) {
+    const auto kind = static_cast<replay::AnomalyKind>(k);
+    const auto& a = summary.anomalies[k];
+    if (a.count == 0 || replay::anomalySeverity(kind) != replay::Severity::Error) continue;
+    r.errors.push_back({std::string(replay::anomalyId(kind)), a.count, a.first_event});
+  }
   switch (at.kind) {
     case BlocksAt::Kind::Peak: {
-      replay::DeviceReplayer rep(snap, d);
       r.at = "peak";
-      r.event = replay::summarizeDevice(rep).peak_requested.event;
+      r.event = summary.peak_requested.event;
       break;
     }
     case BlocksAt::Kind::Oom: {
@@ -109,7 +118,7 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
   replay::DeviceAllocatorModel model(snap, d);
   model.advanceTo(r.event);
   r.model = model.check();
-  r.layout_exact = r.model.complete();
+  r.layout_exact = r.model.complete() && (r.untrusted & replay::kUntrustedBlockLayout) == 0;
 
   std::map<std::string, FreeSpace> pools;
   std::map<int64_t, FreeSpace> streams;

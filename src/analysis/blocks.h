@@ -65,6 +65,13 @@ struct OomVerdict {
   bool fragmentation = false;  // fits_total && !fits_block: enough free bytes, no block to hold them
 };
 
+// An error-severity replay anomaly of the device (replay/replay.h MEMF_ANOMALIES).
+struct BlocksError {
+  std::string id;
+  uint64_t count = 0;
+  int64_t first_event = -1;
+};
+
 struct BlocksResult {
   std::string path;
   int64_t device = 0;
@@ -73,7 +80,12 @@ struct BlocksResult {
   int64_t time_us = -1;
   size_t events = 0;
   replay::ModelCheck model;  // predictions checked on events [0, event]
-  bool layout_exact = false; // every prediction up to `event` matched
+  bool layout_exact = false; // every prediction up to `event` matched, and the history is consistent
+  // false when the trace cannot lead to the file's final state: `untrusted` (replay::UntrustedFigure
+  // bits) then includes the block layout.
+  bool consistent = true;
+  uint8_t untrusted = 0;
+  std::vector<BlocksError> errors;  // the device's error-severity replay anomalies
   std::vector<SegmentBlocks> segments;
   uint64_t reserved_bytes = 0, allocated_bytes = 0, pending_bytes = 0, requested_bytes = 0;
   uint64_t free_bytes = 0, largest_free = 0, free_blocks = 0, internal_waste = 0;

@@ -18,6 +18,9 @@ namespace {
 // find_expandable_block reserves 1.125 x the device memory): large enough never to run out.
 constexpr uint64_t kReservationBytes = uint64_t{1} << 44;
 
+// Bytes of a reservation at `address`: kReservationBytes, less where it would pass 2^64.
+uint64_t reservationAt(uint64_t address) { return std::min(kReservationBytes, ~uint64_t{0} - address); }
+
 std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
@@ -385,7 +388,25 @@ std::optional<Request> nextRequest(const Impl& m, size_t i) {
   return r;
 }
 
+// A segment event the model ignores: size 0 or an end past 2^64 (replay counts InvalidSegmentRange).
+bool rejectInvalidRange(size_t i, const Event& e, ModelCheck* c) {
+  if (validRange(e.addr, e.size)) return false;
+  if (c != nullptr) {
+    ++c->segment_events;
+    addMismatch(c, i, e.action, e.addr, 0, "the range is empty or passes 2^64 (ignored)");
+  }
+  return true;
+}
+
+// True when [addr, addr + size) overlaps a segment of the model.
+bool overlapsModel(const Impl& m, uint64_t addr, uint64_t size) {
+  if (m.segAt(addr) != nullptr) return true;
+  auto nx = m.segs.upper_bound(addr);
+  return nx != m.segs.end() && nx->first - addr < size;
+}
+
 void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
+  if (rejectInvalidRange(i, e, c)) return;
   auto r = nextRequest(m, i);
   if (c != nullptr) {
     ++c->segment_events;
@@ -407,7 +428,7 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       addMismatch(c, i, Action::SegmentAlloc, e.addr, 0, why);
     }
   }
-  if (m.segAt(e.addr) != nullptr || e.size == 0) return;  // overlaps the model: it drifted
+  if (overlapsModel(m, e.addr, e.size)) return;  // overlaps the model: it drifted
   Seg s;
   s.address = e.addr;
   s.size = e.size;
@@ -432,6 +453,7 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
 }
 
 void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
+  if (rejectInvalidRange(i, e, c)) return;
   auto it = m.segs.find(e.addr);
   if (c != nullptr) {
     ++c->segment_events;
@@ -456,6 +478,7 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
 }
 
 void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
+  if (rejectInvalidRange(i, e, c)) return;
   auto r = nextRequest(m, i);
   std::string why;
   uint64_t expect = 0;
@@ -501,7 +524,7 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     // A new reservation (CCA find_expandable_block: one ExpandableSegment per pool and stream).
     Seg ns;
     ns.address = e.addr;
-    ns.size = kReservationBytes;
+    ns.size = reservationAt(e.addr);
     if (auto nx = m.segs.upper_bound(e.addr); nx != m.segs.end()) ns.size = std::min(ns.size, nx->first - e.addr);
     ns.stream = e.stream;
     ns.expandable = true;
@@ -534,9 +557,10 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
 }
 
 void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
+  if (rejectInvalidRange(i, e, c)) return;
   Seg* s = m.segAt(e.addr);
   ModelBlock* b = s && s->expandable ? Impl::blockAt(*s, e.addr) : nullptr;
-  const bool ok = b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;
+  const bool ok = b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;  // no wrap: valid
   if (c != nullptr) {
     ++c->segment_events;
     if (ok) {
@@ -630,8 +654,9 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
   std::map<uint64_t, Seg> fixed;  // non-expandable, blocks filled later
   std::map<uint64_t, ExpRange> exp;
   bool any_final_pending = false;
-  for (const auto& fs : snap.segments) {
-    if (fs.device != device) continue;
+  const FinalState fin = validateFinalState(snap, device);  // the segments replay accepts
+  for (const auto& fseg : fin.segments) {
+    const auto& fs = snap.segments[fseg.index];
     PoolId pool{fs.pool_a, fs.pool_b};
     m.final_kind[fs.address] = {pool, fs.is_large};
     for (const auto& b : snap.blocksOf(fs)) any_final_pending |= b.state == BlockState::ActivePendingFree;
@@ -652,6 +677,9 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     const Event& e = events_[k];
     n_req += e.action == Action::FreeRequested;
     n_comp += e.action == Action::FreeCompleted;
+    const bool segment_event = e.action == Action::SegmentAlloc || e.action == Action::SegmentFree ||
+                               e.action == Action::SegmentMap || e.action == Action::SegmentUnmap;
+    if (segment_event && !validRange(e.addr, e.size)) continue;  // ignored forward too
     switch (e.action) {
       case Action::SegmentAlloc:
         fixed.erase(e.addr);
@@ -702,7 +730,7 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
   for (auto& [key, ranges] : groups) {
     Seg s;
     s.address = ranges.front().first;
-    s.size = kReservationBytes;
+    s.size = reservationAt(s.address);
     if (auto nx = m.start.upper_bound(s.address); nx != m.start.end()) s.size = std::min(s.size, nx->first - s.address);
     s.size = std::max(s.size, ranges.back().second - s.address);
     std::tie(s.pool, s.stream, s.is_large) = key;
@@ -737,6 +765,28 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
       f.address = s.address;
       f.size = s.size;
       s.blocks.emplace(f.address, f);
+    }
+  }
+  // Start segments never overlap (hostile traces can make them: undone segment_free events over
+  // final segments, interleaved expandable ranges): an expandable reservation's unmapped tail is
+  // cut at the next segment; any other overlapping segment is dropped.
+  for (auto it = m.start.begin(); it != m.start.end();) {
+    auto nx = std::next(it);
+    if (nx == m.start.end()) break;
+    Seg& s = it->second;
+    const uint64_t end = s.address + s.size;  // every start segment has a valid range
+    if (nx->first >= end) {
+      it = nx;
+      continue;
+    }
+    auto last = std::prev(s.blocks.end());
+    if (s.expandable && !last->second.mapped && last->first <= nx->first) {
+      last->second.size = nx->first - last->first;
+      if (last->second.size == 0) s.blocks.erase(last);
+      s.size = nx->first - s.address;
+      it = nx;
+    } else {
+      m.start.erase(nx);
     }
   }
 

@@ -9,13 +9,18 @@ namespace {
 
 constexpr uint64_t kMinBlockSize = 512;
 
+constexpr uint64_t kMaxBytes = ~uint64_t{0};
+
+// Rounding saturates at 2^64-1: a block is never smaller than its request.
 uint64_t roundUpPower2Division(uint64_t size, uint64_t divisions) {
   if ((size & (size - 1)) == 0) return size;  // already a power of two
   uint64_t floor2 = uint64_t{1} << (63 - __builtin_clzll(size));
   uint64_t step = floor2 / divisions;
-  if (step == 0) return floor2 << 1;
+  if (step == 0) return floor2 == uint64_t{1} << 63 ? kMaxBytes : floor2 << 1;
   uint64_t down = size & ~(step - 1);
-  return down == size ? size : down + step;
+  uint64_t up;
+  if (down == size) return size;
+  return __builtin_add_overflow(down, step, &up) ? kMaxBytes : up;
 }
 
 inline uint64_t subSat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
@@ -73,7 +78,8 @@ bool inRanges(const Ranges& r, uint64_t a) {
 
 uint64_t rangesBytes(const Ranges& r) {
   uint64_t t = 0;
-  for (auto [b, e] : r) t += e - b;
+  bool overflow = false;  // disjoint ranges below 2^64 cannot sum past it
+  for (auto [b, e] : r) t = addSat(t, e - b, &overflow);
   return t;
 }
 
@@ -87,6 +93,7 @@ uint64_t roundSize(uint64_t size, const uint32_t divisions[16]) {
   if (div > 1 && size > kMinBlockSize * div && (div & (div - 1)) == 0) {
     return roundUpPower2Division(size, div);
   }
+  if (size > kMaxBytes - (kMinBlockSize - 1)) return kMaxBytes;
   return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
 }
 
@@ -139,6 +146,59 @@ std::string_view anomalyDescription(AnomalyKind k) {
   return kAnomalyInfo[static_cast<size_t>(k)].description;
 }
 
+std::vector<std::string_view> untrustedNames(uint8_t mask) {
+  std::vector<std::string_view> out;
+  if (mask & kUntrustedStart) out.push_back("start");
+  if (mask & kUntrustedPeaks) out.push_back("peaks");
+  if (mask & kUntrustedFinalReplayed) out.push_back("final_replayed");
+  if (mask & kUntrustedBlockLayout) out.push_back("block_layout");
+  return out;
+}
+
+FinalState validateFinalState(const Snapshot& snap, int64_t device) {
+  FinalState f;
+  std::vector<uint32_t> order;
+  for (size_t i = 0; i < snap.segments.size(); ++i) {
+    const auto& seg = snap.segments[i];
+    if (seg.device != device) continue;
+    if (!validRange(seg.address, seg.total_size)) {
+      ++f.invalid_segments;
+      continue;
+    }
+    order.push_back(static_cast<uint32_t>(i));
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t x, uint32_t y) { return snap.segments[x].address < snap.segments[y].address; });
+  uint64_t prev_end = 0;
+  bool any = false;
+  for (uint32_t i : order) {
+    const auto& seg = snap.segments[i];
+    if (any && seg.address < prev_end) {
+      ++f.overlapping_segments;
+      continue;
+    }
+    any = true;
+    const uint64_t end = seg.address + seg.total_size;  // validRange: no wrap
+    prev_end = end;
+    FinalSegment fs;
+    fs.index = i;
+    uint64_t cursor = seg.address;
+    const auto blocks = snap.blocksOf(seg);
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      const auto& b = blocks[j];
+      if (!validRange(b.address, b.size) || b.address < cursor || b.address + b.size > end) {
+        ++f.bad_blocks;
+        continue;
+      }
+      cursor = b.address + b.size;
+      if (b.isActive() && b.requested_size > b.size) ++f.requested_over_size;
+      fs.blocks.push_back(seg.first_block + static_cast<uint32_t>(j));
+    }
+    f.segments.push_back(std::move(fs));
+  }
+  return f;
+}
+
 DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
     : snap_(snap), device_(device) {
   if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
@@ -153,16 +213,26 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
   }
   request_on_complete_ = n_comp > 0 && n_req == 0;
 
-  // The file's final state for this device.
+  // The file's final state for this device, validated (sizes, wraps, overlaps, blocks outside).
   bool any_final_pending = false;
-  for (const auto& seg : snap.segments) {
-    if (seg.device != device) continue;
-    addRange(final_ranges_, seg.address, seg.address + seg.total_size);
-    file_final_.reserved += seg.total_size;
-    for (const auto& b : snap.blocksOf(seg)) {
+  for (const auto& seg : snap.segments) has_final_state_ = has_final_state_ || seg.device == device;
+  const FinalState fin = validateFinalState(snap, device);
+  auto count = [&](AnomalyKind k, uint64_t n) {
+    if (n > 0) anomalies_[static_cast<size_t>(k)].count += n;
+  };
+  count(AnomalyKind::InvalidSegmentRange, fin.invalid_segments);
+  count(AnomalyKind::OverlappingSegments, fin.overlapping_segments);
+  count(AnomalyKind::BlockOutsideSegment, fin.bad_blocks);
+  count(AnomalyKind::RequestedExceedsBlock, fin.requested_over_size);
+  for (const auto& fs : fin.segments) {
+    const auto& seg = snap.segments[fs.index];
+    (void)addRange(final_ranges_, seg.address, seg.address + seg.total_size);
+    add(file_final_.reserved, seg.total_size, -1);
+    for (uint32_t bi : fs.blocks) {
+      const auto& b = snap.blocks[bi];
       if (!b.isActive()) continue;
       LiveBlock lb;
-      lb.requested = b.requested_size;
+      lb.requested = std::min(b.requested_size, b.size);
       lb.size = b.size;
       lb.stream = seg.stream;
       lb.stack = b.stack;
@@ -170,8 +240,8 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
       lb.size_exact = true;
       final_live_.insert(b.address, lb);
       any_final_pending = any_final_pending || lb.pending;
-      file_final_.requested += lb.requested;
-      (lb.pending ? file_final_.pending : file_final_.allocated) += lb.size;
+      add(file_final_.requested, lb.requested, -1);
+      add(lb.pending ? file_final_.pending : file_final_.allocated, lb.size, -1);
     }
   }
   // skip_actions=["free_completed"] leaves free_requested as the only free. A trace with no
@@ -188,6 +258,29 @@ void DeviceReplayer::note(AnomalyKind k, int64_t event) {
   if (a.count++ == 0) a.first_event = event;
 }
 
+void DeviceReplayer::contradiction(size_t event) {
+  if (!has_final_state_) return;
+  auto& a = anomalies_[static_cast<size_t>(AnomalyKind::HistoryContradictsFinalState)];
+  ++a.count;
+  a.first_event = static_cast<int64_t>(event);  // walked backward: the last one set is the earliest
+}
+
+void DeviceReplayer::add(uint64_t& c, uint64_t v, int64_t event) {
+  bool overflow = false;
+  c = addSat(c, v, &overflow);
+  if (overflow) note(AnomalyKind::CounterOverflow, event);
+}
+
+uint8_t DeviceReplayer::untrusted() const {
+  auto n = [&](AnomalyKind k) { return anomalies_[static_cast<size_t>(k)].count > 0; };
+  uint8_t m = 0;
+  if (n(AnomalyKind::HistoryContradictsFinalState) || (has_final_state_ && n(AnomalyKind::FinalStateMismatch))) {
+    m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed | kUntrustedBlockLayout;
+  }
+  if (n(AnomalyKind::CounterOverflow)) m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed;
+  return m;
+}
+
 void DeviceReplayer::backward() {
   const auto& ev = events_;
   alloc_block_size_.assign(ev.size(), 0);
@@ -196,6 +289,10 @@ void DeviceReplayer::backward() {
   Ranges ranges = final_ranges_;
   // Blocks re-inserted by undoing a free carry from_free (in `stream` we keep the real stream).
   U64Map<uint8_t> from_free;
+  // Undoing an event must find the state it produced; where it cannot (an alloc whose block is
+  // neither freed later nor alive at the end, a free of a block that is alive afterwards without a
+  // later alloc, a segment event the later reserved ranges contradict), the trace cannot lead to
+  // the final state: HistoryContradictsFinalState.
   for (size_t k = ev.size(); k-- > 0;) {
     const Event& e = ev[k];
     switch (e.action) {
@@ -207,11 +304,13 @@ void DeviceReplayer::backward() {
           from_free.erase(e.addr);
         } else {
           alloc_block_size_[k] = roundSize(e.size, divisions_);
+          contradiction(k);
         }
         break;
       }
       case Action::FreeRequested: {
         LiveBlock* b = w.find(e.addr);
+        if (b != nullptr && (complete_on_request_ || !b->pending)) contradiction(k);
         if (complete_on_request_ || b == nullptr) {
           if (b == nullptr) {
             LiveBlock nb;
@@ -228,6 +327,7 @@ void DeviceReplayer::backward() {
         break;
       }
       case Action::FreeCompleted: {
+        if (w.find(e.addr) != nullptr) contradiction(k);
         if (w.find(e.addr) == nullptr) {
           LiveBlock nb;
           nb.requested = e.size;
@@ -242,11 +342,13 @@ void DeviceReplayer::backward() {
       }
       case Action::SegmentAlloc:
       case Action::SegmentMap:
-        (void)removeRange(ranges, e.addr, e.addr + e.size);
+        if (!validRange(e.addr, e.size)) break;  // counted and ignored forward
+        if (!removeRange(ranges, e.addr, e.addr + e.size)) contradiction(k);
         break;
       case Action::SegmentFree:
       case Action::SegmentUnmap:
-        (void)addRange(ranges, e.addr, e.addr + e.size);
+        if (!validRange(e.addr, e.size)) break;
+        if (!addRange(ranges, e.addr, e.addr + e.size)) contradiction(k);
         break;
       default:
         break;
@@ -257,8 +359,8 @@ void DeviceReplayer::backward() {
   start_ = Counters{};
   start_.reserved = rangesBytes(start_ranges_);
   start_live_.forEach([&](uint64_t addr, const LiveBlock& b) {
-    start_.requested += b.requested;
-    (b.pending ? start_.pending : start_.allocated) += b.size;
+    add(start_.requested, b.requested, -1);
+    add(b.pending ? start_.pending : start_.allocated, b.size, -1);
     if (!b.size_exact) allocated_exact_ = false;
     if (from_free.find(addr) != nullptr) {
       ++freed_before_start_;
@@ -317,10 +419,14 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
       b.alloc_event = idx;
       b.stream = e.stream;
       b.stack = e.stack;
+      if (b.requested > b.size) {
+        note(AnomalyKind::RequestedExceedsBlock, idx);
+        b.requested = b.size;
+      }
       if (!b.size_exact) allocated_exact_ = false;
       live_.insert(e.addr, b);
-      cur_.requested += b.requested;
-      cur_.allocated += b.size;
+      add(cur_.requested, b.requested, idx);
+      add(cur_.allocated, b.size, idx);
       break;
     }
     case Action::FreeRequested: {
@@ -340,7 +446,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
       } else {
         b->pending = true;
         cur_.allocated = subSat(cur_.allocated, b->size);
-        cur_.pending += b->size;
+        add(cur_.pending, b->size, idx);
       }
       break;
     }
@@ -363,11 +469,19 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
     }
     case Action::SegmentAlloc:
     case Action::SegmentMap:
+      if (!validRange(e.addr, e.size)) {
+        note(AnomalyKind::InvalidSegmentRange, idx);
+        break;
+      }
       if (!addRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentOverlap, idx);
-      cur_.reserved += e.size;
+      add(cur_.reserved, e.size, idx);
       break;
     case Action::SegmentFree:
     case Action::SegmentUnmap:
+      if (!validRange(e.addr, e.size)) {
+        note(AnomalyKind::InvalidSegmentRange, idx);
+        break;
+      }
       if (!removeRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentNotMapped, idx);
       cur_.reserved = subSat(cur_.reserved, e.size);
       break;
@@ -449,6 +563,8 @@ DeviceSummary summarizeDevice(DeviceReplayer& r) {
   r.checkFinalState();
   s.final_replayed = r.counters();
   s.allocated_exact = r.allocatedExact();
+  s.untrusted = r.untrusted();
+  s.consistent = s.untrusted == 0;
   s.anomalies = r.anomalies();
   s.live_blocks_final = r.live().size();
   return s;

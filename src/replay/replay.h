@@ -68,6 +68,22 @@ std::string_view severityName(Severity s);
   X(SnapshotMismatch, Error, "`snapshot` event size differs from the replayed active bytes")        \
   X(FinalStateMismatch, Error,                                                                     \
     "forward replay does not end at the file's final segment state")                               \
+  X(HistoryContradictsFinalState, Error,                                                           \
+    "the trace cannot lead to the file's final state (e.g. the trace stops before the segments "   \
+    "were taken): an alloc whose block is never freed and not alive at the end, a free of a block " \
+    "alive at the end, a segment event the final segments contradict; start state, peaks, "        \
+    "replayed final state and block layout cannot be trusted")                                     \
+  X(CounterOverflow, Error,                                                                        \
+    "a byte counter would pass 2^64-1 (it saturates there; the figures are not exact)")            \
+  X(RequestedExceedsBlock, Error,                                                                  \
+    "an allocation requests more bytes than its block holds (counted as the block's size)")        \
+  X(InvalidSegmentRange, Error,                                                                    \
+    "a segment or segment event of size 0 or whose address + size passes 2^64 (ignored)")         \
+  X(OverlappingSegments, Error,                                                                    \
+    "a segment of the file's final state overlaps an earlier one (the later one is ignored)")      \
+  X(BlockOutsideSegment, Error,                                                                    \
+    "a block of the file's final state is empty, lies outside its segment, or does not start "     \
+    "where the previous block ends (checked sums; the block is ignored)")                          \
   X(TimeRegression, Info, "time_us decreases between consecutive events")                          \
   X(UnknownAction, Info, "trace entries with an action this version does not know (ignored)")
 
@@ -82,6 +98,52 @@ std::string_view anomalyId(AnomalyKind k);  // snake_case id, e.g. "double_alloc
 Severity anomalySeverity(AnomalyKind k);
 std::string_view anomalyDescription(AnomalyKind k);
 
+// Checked arithmetic for sizes, addresses and counters that the input controls.
+// [address, address + size) is a usable range: not empty, and its end does not pass 2^64.
+inline bool validRange(uint64_t address, uint64_t size) {
+  uint64_t end;
+  return size > 0 && !__builtin_add_overflow(address, size, &end);
+}
+// a + b, or 2^64-1 when that overflows (*overflowed set, never cleared).
+inline uint64_t addSat(uint64_t a, uint64_t b, bool* overflowed) {
+  uint64_t r;
+  if (__builtin_add_overflow(a, b, &r)) {
+    *overflowed = true;
+    return ~uint64_t{0};
+  }
+  return r;
+}
+
+// The file's final state of one device, validated. Segments of size 0, segments whose end passes
+// 2^64 and segments that overlap one at a lower address are dropped (InvalidSegmentRange,
+// OverlappingSegments); a block that is empty, lies (partly) outside its segment or overlaps the
+// previous block is dropped (BlockOutsideSegment); an active block that requests more than its
+// size counts as requesting its size (RequestedExceedsBlock). Replay and the allocator model both
+// read the final state through this, so they see the same segments and blocks.
+struct FinalSegment {
+  uint32_t index = 0;            // into Snapshot::segments
+  std::vector<uint32_t> blocks;  // kept blocks, indices into Snapshot::blocks, address order
+};
+struct FinalState {
+  std::vector<FinalSegment> segments;  // address order, disjoint
+  uint64_t invalid_segments = 0, overlapping_segments = 0, bad_blocks = 0, requested_over_size = 0;
+};
+FinalState validateFinalState(const Snapshot& snap, int64_t device);
+
+// Figures a replay cannot vouch for (DeviceSummary::untrusted), as bits. When the trace cannot
+// lead to the file's final state (HistoryContradictsFinalState, FinalStateMismatch) the start state
+// derived backward from that final state is wrong, and so are the peaks and the replayed final
+// state computed from it, and the block layout seeded from it; a saturated counter
+// (CounterOverflow) spoils the byte figures.
+enum UntrustedFigure : uint8_t {
+  kUntrustedStart = 1,
+  kUntrustedPeaks = 2,
+  kUntrustedFinalReplayed = 4,
+  kUntrustedBlockLayout = 8,
+};
+// Names of the set bits, in this order: "start", "peaks", "final_replayed", "block_layout".
+std::vector<std::string_view> untrustedNames(uint8_t mask);
+
 struct AnomalyStat {
   uint64_t count = 0;
   int64_t first_event = -1;  // index of the first event it was seen at, -1 when not tied to one
@@ -92,7 +154,10 @@ struct Counters {
   uint64_t requested = 0;
   uint64_t allocated = 0;
   uint64_t pending = 0;  // pending-free block bytes
-  uint64_t active() const { return allocated + pending; }
+  uint64_t active() const {  // saturates, as every counter does
+    uint64_t r;
+    return __builtin_add_overflow(allocated, pending, &r) ? ~uint64_t{0} : r;
+  }
 };
 
 // A running maximum and the first event after which it was reached (-1 = the start state).
@@ -154,9 +219,16 @@ class DeviceReplayer {
   // Compares the current live set and counters with the file's final state; only meaningful after
   // the last step. Counts FinalStateMismatch when they differ.
   void checkFinalState();
+  // The figures that cannot be trusted given the anomalies counted so far (UntrustedFigure bits;
+  // complete after checkFinalState()). 0: the replay is consistent with the file.
+  uint8_t untrusted() const;
 
  private:
   void note(AnomalyKind k, int64_t event);
+  // Counts HistoryContradictsFinalState during the backward pass (first_event = the earliest).
+  void contradiction(size_t event);
+  // c += v, saturating at 2^64-1 with a CounterOverflow anomaly.
+  void add(uint64_t& c, uint64_t v, int64_t event);
   void backward();
   void apply(size_t i, const Event& e);
 
@@ -187,6 +259,9 @@ class DeviceReplayer {
   U64Map<LiveBlock> final_live_;
   std::array<AnomalyStat, kAnomalyKinds> anomalies_{};
   bool allocated_exact_ = true;
+  // The file has at least one segment of this device. Without any, there is no final state to
+  // contradict (trace-only files: fabricated tests, a cut native trace): nothing is marked untrusted.
+  bool has_final_state_ = false;
   size_t live_at_start_ = 0;
   size_t freed_before_start_ = 0;
 };
@@ -203,6 +278,10 @@ struct DeviceSummary {
   Counters final_file;
   Peak peak_reserved, peak_requested, peak_allocated, peak_active;
   bool allocated_exact = true;
+  // false when the trace cannot lead to the file's final state (or a counter saturated): then
+  // `untrusted` (UntrustedFigure bits) names the figures that are not exact.
+  bool consistent = true;
+  uint8_t untrusted = 0;
   std::vector<OomEvent> ooms;
   size_t segments = 0;
   size_t live_blocks_final = 0;

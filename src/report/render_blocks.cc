@@ -1,10 +1,12 @@
 // render_blocks.cc: `memforensics blocks` output, text maps and JSON (schema in docs/cli.md).
 #include "report/render_blocks.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "common/format_bytes.h"
+#include "common/text_escape.h"
 
 namespace memforensics::report {
 
@@ -54,15 +56,21 @@ json freeSpaceJson(const analysis::FreeSpace& f) {
 std::string blocksMap(const replay::ModelSegment& s, int width) {
   // Each cell shows the state that covers most of its bytes, so the map is to scale; a segment
   // with any allocated block shows at least one '#'.
+  if (width <= 0) return "";
   std::string out(static_cast<size_t>(width), '.');
   if (s.size == 0) return out;
   const double cell = static_cast<double>(s.size) / width;
   std::vector<double> cover[3];
   for (auto& c : cover) c.assign(static_cast<size_t>(width), 0.0);
   for (const auto& b : s.blocks) {
+    // The model keeps every block inside its segment; one that is not (or is empty) is left out
+    // rather than drawn at an index outside the map.
+    if (b.size == 0 || b.address < s.address) continue;
+    const uint64_t off = b.address - s.address;
+    if (off >= s.size || b.size > s.size - off) continue;
     int k = b.state == BlockState::ActiveAllocated ? 0 : b.state == BlockState::ActivePendingFree ? 1 : 2;
-    double lo = static_cast<double>(b.address - s.address) / cell;
-    double hi = static_cast<double>(b.address + b.size - s.address) / cell;
+    const double lo = std::clamp(static_cast<double>(off) / cell, 0.0, static_cast<double>(width));
+    const double hi = std::clamp(static_cast<double>(off + b.size) / cell, lo, static_cast<double>(width));
     for (int i = static_cast<int>(lo); i < width && i < hi; ++i) {
       cover[k][static_cast<size_t>(i)] += std::min<double>(hi, i + 1) - std::max<double>(lo, i);
     }
@@ -83,7 +91,7 @@ std::string blocksMap(const replay::ModelSegment& s, int width) {
 }
 
 void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
-  if (!r.path.empty()) out << r.path << "\n";
+  if (!r.path.empty()) out << escapeText(r.path) << "\n";
   out << "device " << r.device << " at " << r.at << ": ";
   if (r.event < 0) out << "start state (before event 0)";
   else out << "after event " << r.event << " of " << r.events;
@@ -92,6 +100,16 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
   out << "layout: " << (r.layout_exact ? "exact" : "approximate") << " (allocator model predicted "
       << r.model.alloc_matches << "/" << r.model.allocs << " alloc addresses, " << r.model.segment_matches << "/"
       << r.model.segment_events << " segment events)\n";
+  if (!r.consistent) {
+    out << "UNTRUSTED: the trace cannot lead to the file's final state; not exact:";
+    for (auto n : replay::untrustedNames(r.untrusted)) out << " " << n;
+    out << "\n";
+  }
+  for (const auto& a : r.errors) {
+    out << "[error] " << a.id << " x" << a.count;
+    if (a.first_event >= 0) out << " (first at event " << a.first_event << ")";
+    out << "\n";
+  }
   out << "legend: '#' allocated  '+' pending-free  '.' free   (" << kBlocksMapWidth << " characters = one segment)\n\n";
   for (const auto& sb : r.segments) {
     const auto& s = sb.segment;
@@ -146,6 +164,17 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   doc["events"] = r.events;
   doc["time_us"] = r.time_us < 0 ? json(nullptr) : json(r.time_us);
   doc["layout_exact"] = r.layout_exact;
+  doc["consistent"] = r.consistent;
+  json untrusted = json::array();
+  for (auto n : replay::untrustedNames(r.untrusted)) untrusted.push_back(std::string(n));
+  doc["untrusted"] = std::move(untrusted);
+  json errors = json::array();
+  for (const auto& a : r.errors) {
+    errors.push_back({{"id", a.id},
+                      {"count", a.count},
+                      {"first_event", a.first_event < 0 ? json(nullptr) : json(a.first_event)}});
+  }
+  doc["errors"] = std::move(errors);
   json mm = json::array();
   for (const auto& m : r.model.first_mismatches) {
     mm.push_back({{"event", m.event},
@@ -211,7 +240,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   } else {
     doc["oom"] = nullptr;
   }
-  out << doc.dump() << "\n";
+  out << doc.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";  // a path need not be UTF-8
 }
 
 }  // namespace memforensics::report

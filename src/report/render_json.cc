@@ -72,6 +72,10 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     peak(j, "allocated", s.peak_allocated);
     peak(j, "active", s.peak_active);
     j["allocated_exact"] = s.allocated_exact;
+    j["consistent"] = s.consistent;  // false: the trace cannot lead to the file's final state
+    json untrusted = json::array();
+    for (auto n : replay::untrustedNames(s.untrusted)) untrusted.push_back(std::string(n));
+    j["untrusted"] = std::move(untrusted);
     j["start_reserved_bytes"] = s.start.reserved;
     j["start_requested_bytes"] = s.start.requested;
     j["final_reserved_bytes"] = s.final_replayed.reserved;

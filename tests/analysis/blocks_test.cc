@@ -4,13 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "fixtures/snapshot_builder.h"
+#include "report/render_blocks.h"
 
 namespace memforensics::analysis {
 namespace {
 
 using memforensics::testing::buildSnapshot;
+using memforensics::testing::TBlock;
 using memforensics::testing::TEvent;
+using memforensics::testing::TSegment;
 using memforensics::testing::TSnapshot;
 
 constexpr uint64_t kB = 0x7f0000000000ULL;
@@ -119,6 +124,95 @@ TEST(Blocks, OomIsAnErrorWithoutOne) {
   t.traces.push_back({{"segment_alloc", kB, 2 * kMiB, 0, 1}, {"alloc", kB, 512, 0, 2}});
   auto r = computeBlocks(buildSnapshot(t), std::nullopt, {BlocksAt::Kind::Oom, 0});
   EXPECT_FALSE(r.ok());
+}
+
+// Renders `blocks` (text and JSON) at the start state and after every event; the sums of every
+// segment must be its size. Returns the results for further checks.
+std::vector<BlocksResult> blocksEverywhere(const format::Snapshot& snap) {
+  std::vector<BlocksResult> out;
+  const auto n = static_cast<int64_t>(snap.trace(0).size());
+  for (int64_t i = -1; i < n; ++i) {
+    auto r = computeBlocks(snap, 0, {BlocksAt::Kind::Event, i});
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) continue;
+    std::ostringstream text, json;
+    report::renderBlocksText(*r, text);
+    report::renderBlocksJson(*r, json);
+    EXPECT_NE(text.str().find("legend:"), std::string::npos);
+    for (const auto& sb : r->segments) {
+      EXPECT_EQ(sb.allocated_bytes + sb.pending_bytes + sb.free_bytes, sb.segment.size) << "event " << i;
+    }
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+// issue 11 class 1: each of these made `blocks` segfault in report::blocksMap (an index outside
+// the segment, from a block the model had laid out outside it).
+TEST(BlocksHostile, EmptyAndWrappingUnmapsDoNotCrash) {
+  TSnapshot t;
+  t.traces.push_back({{"segment_unmap", 0, 0}, {"segment_unmap", kB, 1}});
+  auto rs = blocksEverywhere(buildSnapshot(t));
+  ASSERT_EQ(rs.size(), 3u);
+  ASSERT_FALSE(rs[0].errors.empty());
+  EXPECT_EQ(rs[0].errors[0].id, "invalid_segment_range");
+  EXPECT_EQ(rs[0].errors[0].first_event, 0);
+
+  TSnapshot e;
+  e.segments.push_back(TSegment{0, kB, 0, "small", {TBlock{2 * kMiB, 0, "inactive", {}}}});
+  e.traces.push_back({{"segment_unmap", 0, 0}});
+  auto snap = buildSnapshot(e);
+  snap.segments[0].is_expandable = true;
+  for (const auto& r : blocksEverywhere(snap)) {
+    ASSERT_EQ(r.segments.size(), 1u);
+    EXPECT_EQ(r.reserved_bytes, 2 * kMiB);
+  }
+  snap.events[snap.trace_begin[0]].addr = kB;
+  snap.events[snap.trace_begin[0]].size = ~uint64_t{0} - kB + 4097;  // addr + size wraps 2^64
+  for (const auto& r : blocksEverywhere(snap)) EXPECT_EQ(r.reserved_bytes, 2 * kMiB);
+}
+
+TEST(BlocksHostile, BlocksMapClampsBlocksOutsideTheSegment) {
+  replay::ModelSegment s;
+  s.address = kB;
+  s.size = 2 * kMiB;
+  s.blocks.push_back({kB, kMiB, 512, format::kNoStack, -1, format::BlockState::ActiveAllocated});
+  s.blocks.push_back({kB + kMiB, kMiB, 0, format::kNoStack, -1, format::BlockState::Inactive});
+  s.blocks.push_back({0, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});  // before it
+  s.blocks.push_back({kB + 2 * kMiB, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});
+  s.blocks.push_back({kB + kMiB, ~uint64_t{0}, 1, format::kNoStack, -1, format::BlockState::ActivePendingFree});
+  EXPECT_EQ(report::blocksMap(s, 8), "####....");
+  EXPECT_EQ(report::blocksMap(s, 0), "");
+}
+
+TEST(BlocksHostile, OverlappingSegmentsAreCountedOnce) {
+  TSnapshot t;
+  t.segments.push_back(TSegment{0, kB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
+  t.segments.push_back(TSegment{0, kB + kMiB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
+  auto r = computeBlocks(buildSnapshot(t), 0, {BlocksAt::Kind::Event, -1});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->segments.size(), 1u);
+  EXPECT_EQ(r->reserved_bytes, 2 * kMiB);
+  EXPECT_EQ(r->allocated_bytes, 2 * kMiB);
+  ASSERT_EQ(r->errors.size(), 1u);
+  EXPECT_EQ(r->errors[0].id, "overlapping_segments");
+}
+
+TEST(BlocksHostile, ATraceThatCannotReachTheFinalStateMarksTheLayoutUntrusted) {
+  TSnapshot t;
+  t.segments.push_back(TSegment{0, kB, 0, "small", {TBlock{2 * kMiB, 0, "inactive", {}}}});
+  t.traces.push_back({{"segment_alloc", kB, 2 * kMiB}, {"alloc", kB, 4096}});
+  auto r = computeBlocks(buildSnapshot(t), 0, {BlocksAt::Kind::Event, 1});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->consistent);
+  EXPECT_FALSE(r->layout_exact);
+  EXPECT_TRUE(r->untrusted & replay::kUntrustedBlockLayout);
+  std::ostringstream text, json;
+  report::renderBlocksText(*r, text);
+  report::renderBlocksJson(*r, json);
+  EXPECT_NE(text.str().find("UNTRUSTED"), std::string::npos) << text.str();
+  EXPECT_NE(json.str().find("\"consistent\":false"), std::string::npos);
+  EXPECT_NE(json.str().find("\"block_layout\""), std::string::npos);
 }
 
 }  // namespace
