@@ -418,6 +418,13 @@ def c1_shapes(out, E):
           ev("alloc", base + MiB, 4096, 4)]
     write(out, "c1_unmap_wraps.pickle", py_pickle(snap([seg(base, 2 * MiB, blocks, expandable=True)], [tr])))
     E.append(Entry("c1_unmap_wraps.pickle", 1, "segment_unmap whose addr+size wraps 2^64", ["derive_bin"]))
+    # The same two with the segment only in the final state and the unmap as the whole trace.
+    s = snap([seg(base, 2 * MiB, expandable=True)], [[ev("segment_unmap", 0, 0, 1, [])]])
+    write(out, "c1_expandable_final_unmap_zero.pickle", py_pickle(s))
+    E.append(Entry("c1_expandable_final_unmap_zero.pickle", 1, "final state: one expandable 2 MiB segment; trace: segment_unmap addr 0 size 0", ["derive_bin"]))
+    s = snap([seg(base, 2 * MiB, expandable=True)], [[ev("segment_unmap", base + MiB, U64 - base - MiB + 2, 1, [])]])
+    write(out, "c1_expandable_final_unmap_wraps.pickle", py_pickle(s))
+    E.append(Entry("c1_expandable_final_unmap_wraps.pickle", 1, "final state: one expandable 2 MiB segment; trace: an unmap from its middle whose end wraps 2^64", ["derive_bin"]))
     # Unmap of the middle of a live block, then allocs into the hole.
     tr = [ev("segment_map", base, 4 * MiB, 1), ev("alloc", base, 3 * MiB, 2), ev("segment_unmap", base + MiB, MiB, 3),
           ev("alloc", base + MiB, 512, 4), ev("segment_unmap", base, 4 * MiB, 5), ev("segment_unmap", base, 4 * MiB, 6)]
