@@ -196,6 +196,15 @@ int runRecordCommand() {
   // (A second early: file times come from a coarser clock.)
   auto start_time = fs::file_time_type::clock::now() - std::chrono::seconds(1);
   auto prepare = [&](const std::string& path) -> bool {
+    // Only a regular file (or a link) is replaced: removing a device node, a FIFO or a directory
+    // entry to make room for the trace would destroy it (`record -o /dev/null` as root).
+    struct stat existing {};
+    if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) && !S_ISLNK(existing.st_mode)) {
+      std::cerr << "memforensics: error: " << path
+                << " is not a regular file: record writes a new native trace file there and does not replace "
+                   "devices, FIFOs or directories\n";
+      return false;
+    }
     std::error_code ec;
     fs::remove(path, ec);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

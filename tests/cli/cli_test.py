@@ -416,6 +416,17 @@ with tempfile.TemporaryDirectory() as tmp:
     check("convert -o FIFO without a reader exits 2", r.returncode == 2 and b"no reader" in r.stderr, r.stderr)
     r = runb("convert", sample, "-o", tmp, "--to", "pickle")
     check("convert -o DIRECTORY exits 2", r.returncode == 2 and b"directory" in r.stderr, r.stderr)
+    # `record` removed its output before the run to let the capture create it: a device node, a FIFO or
+    # an empty directory given as -o was deleted.
+    empty_dir = os.path.join(tmp, "empty-dir")
+    os.mkdir(empty_dir)
+    for what, path, kind in (("a character device", node, stat.S_ISCHR), ("a FIFO", fifo, stat.S_ISFIFO),
+                             ("an empty directory", empty_dir, stat.S_ISDIR)):
+        if path is None:
+            continue
+        r = runb("record", "-o", path, "--", "true")
+        check(f"record -o {what} exits 2 and leaves it", r.returncode == 2 and os.path.lexists(path)
+              and kind(os.lstat(path).st_mode), f"rc={r.returncode} {r.stderr}")
     # An output that is an input is refused (also through a hard link or a symlink) and the input survives.
     inp = os.path.join(tmp, "in.pickle")
     with open(inp, "wb") as f:
