@@ -2,11 +2,15 @@
 #include "format/load.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -70,6 +74,130 @@ bool emitJson(const nlohmann::json& j, PickleWriter& w, int depth = 0) {
     default: w.none(); break;
   }
   return true;
+}
+
+// Walks pickle opcodes without building anything, to know where a pickle read from a stream ends
+// (a pickle followed by zeros forever, `cat snap.pickle /dev/zero`, stops at its STOP). Only the
+// opcodes the reader accepts are walked; any other byte ends the walk, and the reader then reports
+// it with its offset. Incremental: feed() continues from where the last call stopped.
+class PickleExtent {
+ public:
+  enum class State { NeedMore, Stop, Invalid };
+  State feed(std::span<const uint8_t> b) {
+    while (pos_ < b.size()) {
+      uint8_t op = b[pos_];
+      uint64_t fixed = 0;  // operand bytes after the opcode
+      int len_bytes = 0;   // or: a little-endian length of this many bytes, then that many bytes
+      switch (op) {
+        case '.': pos_ += 1; return State::Stop;
+        case '(': case '0': case '1': case '2': case 'N': case 'a': case 'd': case '}': case 'e':
+        case 'l': case ']': case 's': case 't': case ')': case 'u': case 0x85: case 0x86: case 0x87:
+        case 0x88: case 0x89: case 0x94: fixed = 0; break;
+        case 'K': case 'h': case 'q': case 0x80: fixed = 1; break;
+        case 'M': fixed = 2; break;
+        case 'J': case 'j': case 'r': fixed = 4; break;
+        case 'G': case 0x95: fixed = 8; break;  // BINFLOAT; FRAME's length (its content is opcodes)
+        case 0x8c: case 0x8a: len_bytes = 1; break;  // SHORT_BINUNICODE, LONG1
+        case 'X': case 0x8b: len_bytes = 4; break;   // BINUNICODE, LONG4
+        case 0x8d: len_bytes = 8; break;              // BINUNICODE8
+        default: return State::Invalid;
+      }
+      uint64_t need = 1 + fixed;
+      if (len_bytes > 0) {
+        if (b.size() - pos_ < 1 + static_cast<uint64_t>(len_bytes)) return State::NeedMore;
+        uint64_t n = 0;
+        std::memcpy(&n, b.data() + pos_ + 1, static_cast<size_t>(len_bytes));  // little-endian host
+        if (op == 0x8b && (n >> 31) != 0) return State::Invalid;                // negative LONG4
+        if (n > kMaxStreamInputBytes) return State::Invalid;  // the reader reports the truncation
+        need = 1 + static_cast<uint64_t>(len_bytes) + n;
+      }
+      if (b.size() - pos_ < need) return State::NeedMore;
+      pos_ += need;
+    }
+    return State::NeedMore;
+  }
+
+ private:
+  uint64_t pos_ = 0;
+};
+
+constexpr long kPipefsMagic = 0x50495045;  // statfs f_type of anonymous pipes ("PIPE")
+
+// Reads a pipe, FIFO or character device into memory, bounded: sniffed first, at most
+// kMaxStreamInputBytes, a pickle only up to its STOP, and a named FIFO or terminal that has nothing
+// to read within options.stream_wait_ms is an error rather than a wait forever.
+Expected<std::vector<uint8_t>> readStream(int fd, const struct stat& st, const std::string& path,
+                                          const LoadOptions& options) {
+  struct statfs fs {};
+  bool anonymous_pipe = S_ISFIFO(st.st_mode) && ::fstatfs(fd, &fs) == 0 && fs.f_type == kPipefsMagic;
+  bool may_never_write = (S_ISFIFO(st.st_mode) && !anonymous_pipe) || ::isatty(fd) == 1;
+  if (may_never_write) {
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, options.stream_wait_ms);
+    if (r == 0) {
+      return Error{"nothing to read from '" + path + "' within " +
+                       std::to_string(options.stream_wait_ms / 1000.0).substr(0, 4) +
+                       " s (a FIFO with no writer, or a terminal?)",
+                   -1};
+    }
+  }
+  // Blocking reads from here on: data is there, or a writer is (a pipe's writer may be slow).
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::vector<uint8_t> buf;
+  bool sniffed = false;
+  Kind kind = Kind::Unknown;
+  PickleExtent extent;
+  for (;;) {
+    if (buf.size() >= kMaxStreamInputBytes) {
+      return Error{"'" + path + "' is a stream (not a regular file) longer than " +
+                       std::to_string(kMaxStreamInputBytes >> 30) +
+                       " GiB, the most read into memory; save it to a file and open that",
+                   -1};
+    }
+    size_t want = std::min<uint64_t>(sniffed ? std::max<size_t>(buf.size(), 1 << 20) : kStreamSniffBytes,
+                                     kMaxStreamInputBytes - buf.size());
+    size_t old = buf.size();
+    buf.resize(old + want);
+    ssize_t n = ::read(fd, buf.data() + old, want);
+    if (n < 0 && errno == EINTR) {
+      buf.resize(old);
+      continue;
+    }
+    if (n < 0) {
+      int e = errno;
+      return Error{"cannot read '" + path + "': " + std::strerror(e), static_cast<int64_t>(old)};
+    }
+    buf.resize(old + static_cast<size_t>(n));
+    bool eof = n == 0;
+    if (!sniffed && (buf.size() >= kStreamSniffBytes || eof)) {
+      sniffed = true;
+      if (buf.empty()) break;
+      kind = sniff(buf);
+      if (kind == Kind::Unknown) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%02x", buf[0]);
+        return Error{"'" + path + "' is not a snapshot: unrecognized content (first byte " + hex +
+                         ") in a stream that is not a regular file; stopped reading after " +
+                         std::to_string(buf.size()) + " bytes",
+                     0};
+      }
+      if ((kind == Kind::Json || kind == Kind::Html) && std::memchr(buf.data(), 0, buf.size()) != nullptr) {
+        return Error{"'" + path + "' is not a snapshot: it starts like " +
+                         std::string(kind == Kind::Json ? "JSON" : "HTML") +
+                         " but has binary (NUL) bytes in its first " + std::to_string(buf.size()) +
+                         " bytes; stopped reading",
+                     0};
+      }
+    }
+    if (sniffed && kind == Kind::Pickle && !buf.empty()) {
+      auto state = extent.feed(buf);
+      if (state != PickleExtent::State::NeedMore) break;  // STOP, or a byte the reader will report
+    }
+    if (eof) break;
+  }
+  buf.shrink_to_fit();
+  return buf;
 }
 
 }  // namespace
@@ -179,7 +307,9 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
 }
 
 Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& options) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO that has no writer would otherwise block forever (readStream waits
+  // a bounded time for data instead). It changes nothing for regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Error{"cannot open '" + path + "': " + std::strerror(errno), -1};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -192,14 +322,18 @@ Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& 
     return Error{"'" + path + "' is a directory", -1};
   }
   if (!S_ISREG(st.st_mode) || st.st_size == 0) {
-    // Pipes and special files: read everything into memory.
-    std::vector<uint8_t> buf;
-    uint8_t tmp[1 << 16];
-    ssize_t n;
-    while ((n = ::read(fd, tmp, sizeof tmp)) > 0) buf.insert(buf.end(), tmp, tmp + n);
+    // Pipes, FIFOs, character devices (and /proc files, whose size reads 0): into memory, bounded.
+    auto buf = readStream(fd, st, path, options);
     ::close(fd);
-    if (buf.empty()) return Error{"'" + path + "' is empty", -1};
-    return loadSnapshotBytes(buf, options);
+    if (!buf) return buf.error();
+    if (buf->empty()) return Error{"'" + path + "' is empty", -1};
+    auto result = loadSnapshotBytes(*buf, options);
+    if (!result) {
+      Error e = result.error();
+      e.message = path + ": " + e.message;
+      return e;
+    }
+    return result;
   }
   size_t size = static_cast<size_t>(st.st_size);
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);

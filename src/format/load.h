@@ -15,9 +15,21 @@
 
 namespace memforensics::format {
 
+// Inputs that are not regular files (pipes, FIFOs, character devices such as /dev/zero) cannot be
+// mapped: they are read into memory, at most this many bytes; a larger stream is refused ("save it
+// to a file"). docs/fuzzing.md lists the budgets.
+inline constexpr uint64_t kMaxStreamInputBytes = uint64_t{4} << 30;
+// A stream's first bytes are sniffed before more is read: content that is no snapshot kind, or
+// text-looking content (JSON, HTML) with a NUL byte in it, is refused after this many bytes.
+inline constexpr size_t kStreamSniffBytes = size_t{64} << 10;
+// A named FIFO or a terminal with nothing to read: how long to wait for the first byte before
+// giving up ("nothing to read; a FIFO with no writer?"), so that it never blocks forever.
+inline constexpr int kStreamFirstByteWaitMs = 10000;
+
 struct LoadOptions {
   ProgressFn progress;  // optional: consumed/total input bytes
   bool salvage = false;  // native traces: read the intact prefix of a file damaged in the middle
+  int stream_wait_ms = kStreamFirstByteWaitMs;  // see kStreamFirstByteWaitMs (tests shorten it)
 };
 
 Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& options = {});
