@@ -11,11 +11,13 @@
 
 #include "common/memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace memforensics::format {
@@ -80,12 +82,15 @@ struct Value {
 };
 static_assert(sizeof(Value) == 16);
 
-enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, Event };
+// OpenStack: a list holding only frames, still being filled (its FrameIds in open_stacks_[ref]);
+// it becomes an interned Stack when something first references it as `frames`.
+enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, OpenStack, Event };
 
 // 8 bytes per container. Generic containers (List/Dict/Tuple) keep their items in store_[ref]
 // (allocated on first fill; kNoStore while empty); reduced ones keep their id in ref.
 struct Node {
-  uint32_t ref = 0;  // List/Dict/Tuple: store index; Frame: FrameId; Stack: StackId; Event: index
+  uint32_t ref = 0;  // List/Dict/Tuple: store index; Frame: FrameId; Stack: StackId;
+                     // OpenStack: index into open_stacks_; Event: index
   NK kind = NK::List;
 };
 static_assert(sizeof(Node) == 8);
@@ -107,23 +112,25 @@ struct Where {
   }
 };
 
-const char* kindName(const Value& v, const std::vector<Node>& nodes) {
+// What a value is, with its article, for messages: "an int", "a list", "None".
+const char* aKind(const Value& v, const std::vector<Node>& nodes) {
   switch (v.kind) {
     case VK::None: return "None";
-    case VK::Bool: return "bool";
+    case VK::Bool: return "a bool";
     case VK::Int:
-    case VK::UInt:
-    case VK::BigInt: return "int";
-    case VK::Float: return "float";
-    case VK::Str: return "str";
+    case VK::UInt: return "an int";
+    case VK::BigInt: return "an int out of the 64-bit range";
+    case VK::Float: return "a float";
+    case VK::Str: return "a str";
     case VK::Node:
       switch (nodes[v.id].kind) {
-        case NK::List: return "list";
-        case NK::Dict: return "dict";
-        case NK::Tuple: return "tuple";
-        case NK::Frame: return "frame dict";
-        case NK::Stack: return "frames list";
-        case NK::Event: return "trace entry dict";
+        case NK::List: return "a list";
+        case NK::Dict: return "a dict";
+        case NK::Tuple: return "a tuple";
+        case NK::Frame: return "a frame dict";
+        case NK::Stack:
+        case NK::OpenStack: return "a frames list";
+        case NK::Event: return "a trace entry dict";
       }
   }
   return "?";
@@ -137,7 +144,8 @@ class ValueStack {
   ~ValueStack() { std::free(data_); }
   ValueStack(const ValueStack&) = delete;
   ValueStack& operator=(const ValueStack&) = delete;
-  inline void push_back(const Value& v) {
+  // By value: DUP pushes the stack's own last item, which a grow() would free under a reference.
+  inline void push_back(Value v) {
     if (__builtin_expect(size_ == cap_, 0)) grow(cap_ * 2);
     data_[size_++] = v;
   }
@@ -166,6 +174,21 @@ class ValueStack {
   size_t size_ = 0;
   size_t cap_ = 0;
 };
+
+// Room for one more element in one of the big arrays (nodes, memo, events). They grow
+// geometrically from what was parsed, never reserved from the input's size; a large new buffer gets
+// the huge-page hint before the old elements are copied in, so filling it takes few page faults.
+template <typename T>
+inline void makeRoom(std::vector<T>& v, size_t need = 1) {
+  if (v.capacity() - v.size() >= need) return;
+  std::vector<T> bigger;
+  bigger.reserve(std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096)));
+  if (bigger.capacity() * sizeof(T) >= (size_t{8} << 20)) {
+    adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
+  }
+  bigger.insert(bigger.end(), v.begin(), v.end());
+  v.swap(bigger);
+}
 
 // Opcode bytes (pickle protocol 0-5).
 enum Op : uint8_t {
@@ -264,6 +287,7 @@ class Machine {
     return m;
   }
   uint32_t newNode(NK kind) {
+    makeRoom(nodes_);
     nodes_.push_back(Node{kNoStore, kind});
     return static_cast<uint32_t>(nodes_.size() - 1);
   }
@@ -301,6 +325,12 @@ class Machine {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
                    std::to_string(memo_.size()) + " entries stored so far");
       }
+      if (idx >= memo_budget_) {
+        return err("memo index " + std::to_string(idx) + " far beyond the " +
+                   std::to_string(memo_budget_) + " entries an input of " +
+                   std::to_string(snap_.input_bytes) + " bytes can store");
+      }
+      makeRoom(memo_, idx + 1 - memo_.size());
       memo_.resize(idx + 1, 0);
     }
     memo_[idx] = memoEncode(stack_.back());
@@ -334,6 +364,29 @@ class Machine {
   Status makeEvent(uint32_t n, const Value* kv, size_t count);
   Expected<StackId> stackOf(const Value& v, const Where& where);
   Expected<uint32_t> targetContainer(size_t below, NK want);
+  Status chargeFrames(uint64_t n) {
+    if (n > frames_budget_) {
+      return err("the frames lists expand to more stack frames than an input of " +
+                 std::to_string(snap_.input_bytes) + " bytes can hold (a budget of " +
+                 std::to_string(kStackFramesPerInputByte * snap_.input_bytes + kBudgetSlack) +
+                 "; is one frames list appended to after each use?)");
+    }
+    frames_budget_ -= n;
+    return Status::Ok();
+  }
+  // Conversion: n more records (segments, blocks, entries, dict items read); refused past the budget.
+  Status chargeRecords(uint64_t n, const std::string& where) {
+    if (n > records_budget_) {
+      return Error{where + ": the input expands to more than " +
+                       std::to_string(kRecordsPerInputByte * snap_.input_bytes + kBudgetSlack) +
+                       " records (segments, blocks, trace entries and their fields), more than an input of " +
+                       std::to_string(snap_.input_bytes) +
+                       " bytes holds unless one memoized list or dict is referenced many times; refused",
+                   -1};
+    }
+    records_budget_ -= n;
+    return Status::Ok();
+  }
 
   // -- conversion (section 3)
   Status convert(const Value& root);
@@ -366,7 +419,12 @@ class Machine {
   std::vector<Items> store_;
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   std::vector<Event> events_;
-  std::vector<FrameId> scratch_;
+  std::vector<std::vector<FrameId>> open_stacks_;  // frames of OpenStack nodes
+  uint64_t memo_budget_ = 0;     // kMemoEntriesPerInputByte
+  uint64_t frames_budget_ = 0;   // kStackFramesPerInputByte: frames left to intern
+  uint64_t records_budget_ = 0;  // kRecordsPerInputByte: records left to convert
+  uint64_t bad_time_us_ = 0;     // trace entries / annotations whose time_us is out of range
+  std::unordered_set<StrId> ignored_seen_;
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
 };
@@ -424,13 +482,14 @@ Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
   }
   const Value& t = stack_[below - 1];
   if (t.kind != VK::Node) {
-    return err(std::string(pickleOpcodeName(op_)) + " targets a " + kindName(t, nodes_) +
+    return err(std::string(pickleOpcodeName(op_)) + " targets " + aKind(t, nodes_) +
                ", expected a " + (want == NK::Dict ? "dict" : "list"));
   }
   NK k = nodes_[t.id].kind;
-  bool ok = k == want || (want == NK::List && k == NK::Stack) || (want == NK::Dict && (k == NK::Frame || k == NK::Event));
+  bool ok = k == want || (want == NK::List && (k == NK::Stack || k == NK::OpenStack)) ||
+            (want == NK::Dict && (k == NK::Frame || k == NK::Event));
   if (!ok) {
-    return err(std::string(pickleOpcodeName(op_)) + " targets a " + kindName(t, nodes_) +
+    return err(std::string(pickleOpcodeName(op_)) + " targets " + aKind(t, nodes_) +
                ", expected a " + (want == NK::Dict ? "dict" : "list"));
   }
   return t.id;
@@ -438,17 +497,27 @@ Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
 
 Expected<StackId> Machine::stackOf(const Value& v, const Where& where) {
   if (v.kind == VK::Node) {
-    const Node& n = nodes_[v.id];
+    Node& n = nodes_[v.id];
     if (n.kind == NK::Stack) return StackId{n.ref};
+    if (n.kind == NK::OpenStack) {  // first reference: intern it now, once
+      std::vector<FrameId>& frames = open_stacks_[n.ref];
+      Status s = chargeFrames(frames.size());
+      if (!s.ok()) return s.error();
+      n.kind = NK::Stack;
+      n.ref = snap_.stacks.internStack(frames);
+      std::vector<FrameId>().swap(frames);
+      return StackId{n.ref};
+    }
     if (n.kind == NK::List && itemsEmpty(v.id)) return kEmptyStack;
   }
   if (v.kind == VK::None) return kNoStack;
-  return err(where.str() + ": `frames` is a " + kindName(v, nodes_) +
+  return err(where.str() + ": `frames` is " + aKind(v, nodes_) +
              ", expected a list of {filename, line, name} dicts");
 }
 
-// APPEND / APPENDS: move stack_[from..] into the list. A list that holds only frames becomes an
-// interned stack right away; every other list stays generic.
+// APPEND / APPENDS: move stack_[from..] into the list. A list that holds only frames collects
+// FrameIds (an OpenStack, however many APPEND/APPENDS fill it) and is interned once, when first
+// referenced (stackOf); every other list stays generic.
 Status Machine::appendItems(uint32_t list, size_t from) {
   size_t count = stack_.size() - from;
   Node& n = nodes_[list];
@@ -458,18 +527,24 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     const Value& v = stack_[k];
     all_frames = v.kind == VK::Node && nodes_[v.id].kind == NK::Frame;
   }
-  if (n.kind == NK::Stack || (all_frames && fresh)) {
+  if (n.kind == NK::Stack || n.kind == NK::OpenStack || (all_frames && fresh)) {
     if (!all_frames && count > 0) {
-      return err("a frames list gets a non-frame element (" + std::string(kindName(stack_[from], nodes_)) + ")");
+      return err("a frames list gets a non-frame element (" + std::string(aKind(stack_[from], nodes_)) + ")");
     }
-    scratch_.clear();
-    if (n.kind == NK::Stack) {  // a second batch (lists over 1000 frames): extend
-      auto old = snap_.stacks.stack(n.ref);
-      scratch_.assign(old.begin(), old.end());
+    if (n.kind != NK::OpenStack) {
+      uint32_t open = static_cast<uint32_t>(open_stacks_.size());
+      open_stacks_.emplace_back();
+      if (n.kind == NK::Stack) {  // appended to after a reference interned it: copy it out again
+        auto old = snap_.stacks.stack(n.ref);
+        Status s = chargeFrames(old.size());
+        if (!s.ok()) return s;
+        open_stacks_.back().assign(old.begin(), old.end());
+      }
+      n.kind = NK::OpenStack;
+      n.ref = open;
     }
-    for (size_t k = from; k < stack_.size(); ++k) scratch_.push_back(nodes_[stack_[k].id].ref);
-    n.kind = NK::Stack;
-    n.ref = snap_.stacks.internStack(scratch_);
+    std::vector<FrameId>& frames = open_stacks_[n.ref];
+    for (size_t k = from; k < stack_.size(); ++k) frames.push_back(nodes_[stack_[k].id].ref);
   } else {
     Items& items = itemsOf(list);
     items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
@@ -492,7 +567,7 @@ Status Machine::setItems(uint32_t dict, size_t from) {
   if (nodes_[dict].kind == NK::Dict) {
     for (size_t k = from; k < stack_.size(); k += 2) {
       if (stack_[k].kind == VK::Node) {
-        return err(std::string("dict key is a ") + kindName(stack_[k], nodes_) + " (unsupported)");
+        return err(std::string("dict key is ") + aKind(stack_[k], nodes_) + " (unsupported)");
       }
     }
     Items& items = itemsOf(dict);
@@ -530,12 +605,17 @@ Status Machine::reduceDict(uint32_t n, const Value* kv, size_t count) {
 
 Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   Event e;
+  // Integers must fit their field: a negative size or address is refused, never wrapped to 2^64-n.
   auto asU64 = [&](const Value& v, const char* key, uint64_t& out) -> Status {
-    if (v.kind == VK::Int || v.kind == VK::UInt) {
+    if (v.kind == VK::UInt || (v.kind == VK::Int && v.i >= 0)) {
       out = static_cast<uint64_t>(v.i);
       return Status::Ok();
     }
-    return err(std::string("trace entry `") + key + "` is a " + kindName(v, nodes_) + ", expected an int");
+    if (v.kind == VK::Int) {
+      return err(std::string("trace entry `") + key + "` is negative (" + std::to_string(v.i) + ")");
+    }
+    return err(std::string("trace entry `") + key + "` is " + aKind(v, nodes_) +
+               ", expected a non-negative int");
   };
   bool have_action = false;
   for (size_t k = 0; k + 1 < count; k += 2) {
@@ -558,13 +638,21 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
     } else if (id == keys_.size) {
       s = asU64(v, "size", e.size);
     } else if (id == keys_.stream) {
-      uint64_t u = 0;
-      s = asU64(v, "stream", u);
-      e.stream = static_cast<int64_t>(u);
+      if (v.kind != VK::Int) {  // a signed 64-bit cudaStream_t
+        return err(std::string("trace entry `stream` is ") + aKind(v, nodes_) +
+                   (v.kind == VK::UInt ? " beyond the signed 64-bit range" : ", expected an int"));
+      }
+      e.stream = v.i;
     } else if (id == keys_.time_us) {
       uint64_t u = 0;
-      s = asU64(v, "time_us", u);
-      e.time_us = static_cast<int64_t>(u);
+      if (v.kind == VK::Int && v.i < 0) {
+        ++bad_time_us_;  // kept as "no time" (-1), and counted in a load warning
+      } else if (v.kind == VK::UInt) {
+        ++bad_time_us_;
+      } else {
+        s = asU64(v, "time_us", u);
+        e.time_us = static_cast<int64_t>(u);
+      }
       snap_.traits.has_time_us = true;
     } else if (id == keys_.frames) {
       auto st = stackOf(v, Where{"trace entry"});
@@ -595,19 +683,19 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   if (!have_action) return err("trace entry without an action");
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
+  makeRoom(events_);
   events_.push_back(e);
   return Status::Ok();
 }
 
 Expected<Snapshot> Machine::run() {
   snap_.input_bytes = static_cast<uint64_t>(end_ - begin_);
+  memo_budget_ = kMemoEntriesPerInputByte * snap_.input_bytes;
+  frames_budget_ = kStackFramesPerInputByte * snap_.input_bytes + kBudgetSlack;
+  records_budget_ = kRecordsPerInputByte * snap_.input_bytes + kBudgetSlack;
   uint64_t next_progress = opt_.progress_interval;
-  // Reserve from the input size so large files never regrow (a regrowth copies and touches every
-  // page twice). Every container costs at least 2 input bytes, a memo entry 1, a trace entry ~40;
-  // reserved but untouched pages are not resident, so generous bounds cost no memory.
-  reserveHuge(nodes_, snap_.input_bytes / 8);
-  reserveHuge(memo_, snap_.input_bytes / 8);
-  reserveHuge(events_, snap_.input_bytes / 40);
+  // Nothing is reserved from the input's size (a valid pickle padded with 1 GB of zeros is 1 GB
+  // long): the big arrays grow geometrically from what was parsed, with huge pages once large.
   bool stopped = false;
   while (!stopped) {
     if (p_ >= end_) {
@@ -637,6 +725,11 @@ Expected<Snapshot> Machine::run() {
       }
       case MEMOIZE: {
         if (stack_.size() <= markBase()) return err("MEMOIZE with an empty stack");
+        if (memo_.size() >= memo_budget_) {
+          return err("MEMOIZE beyond the " + std::to_string(memo_budget_) + " memo entries an input of " +
+                     std::to_string(snap_.input_bytes) + " bytes can store");
+        }
+        makeRoom(memo_);
         memo_.push_back(memoEncode(stack_.back()));
         break;
       }
@@ -838,8 +931,14 @@ Expected<Snapshot> Machine::run() {
       }
     }
   }
-  if (stack_.size() != 1 || !marks_.empty()) {
-    return err("STOP with " + std::to_string(stack_.size()) + " objects on the stack (expected 1)");
+  if (!marks_.empty()) {
+    return err("STOP with " + std::to_string(marks_.size()) +
+               (marks_.size() == 1 ? " unclosed MARK" : " unclosed MARKs") +
+               " (a MARK that no APPENDS, SETITEMS, TUPLE, LIST, DICT or POP_MARK closed)");
+  }
+  if (stack_.size() != 1) {
+    return err("STOP with " + std::to_string(stack_.size()) +
+               (stack_.size() == 1 ? " object" : " objects") + " on the stack (expected exactly 1)");
   }
   if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);
   Value root = stack_.back();
@@ -867,8 +966,12 @@ Expected<uint64_t> Machine::getU64(const Items& dict, StrId key, const Where& wh
     return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is negative (" +
                      std::to_string(v->i) + ")", -1};
   }
+  if (v->kind == VK::BigInt) {
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) +
+                     " is an int out of the 64-bit range (at most 2^64-1)", -1};
+  }
   if (v->kind != VK::Int && v->kind != VK::UInt) {
-    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " + aKind(*v, nodes_) +
                      ", expected a non-negative int", -1};
   }
   return static_cast<uint64_t>(v->i);
@@ -883,8 +986,12 @@ Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& whe
     }
     return dflt;
   }
-  if (v->kind != VK::Int && v->kind != VK::UInt) {
-    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is a " + kindName(*v, nodes_) +
+  if (v->kind == VK::UInt || v->kind == VK::BigInt) {
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) +
+                     " is an int out of the signed 64-bit range", -1};
+  }
+  if (v->kind != VK::Int) {
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " + aKind(*v, nodes_) +
                      ", expected an int", -1};
   }
   return v->i;
@@ -897,7 +1004,7 @@ Status Machine::convert(const Value& root) {
   }
   const Items* top = asNode(root, NK::Dict);
   if (top == nullptr) {
-    return Error{std::string("the pickle holds a ") + kindName(root, nodes_) +
+    return Error{std::string("the pickle holds ") + aKind(root, nodes_) +
                      ", expected a snapshot dict or a list of segments",
                  -1};
   }
@@ -911,7 +1018,10 @@ Status Machine::convert(const Value& root) {
     else if (k.id == keys_.device_traces) traces = &v;
     else if (k.id == keys_.allocator_settings) {
       snap_.traits.has_allocator_settings = true;
-      Status s = convertSettings(v);
+      const Items* sd = asNode(v, NK::Dict);
+      Status s = chargeRecords(1 + (sd ? sd->size() / 2 : 0), "allocator_settings");
+      if (!s.ok()) return s;
+      s = convertSettings(v);
       if (!s.ok()) return s;
     } else if (k.id == keys_.external_annotations) {
       snap_.traits.has_annotations_key = true;
@@ -922,7 +1032,7 @@ Status Machine::convert(const Value& root) {
       if (const Items* n = asNode(v, NK::List)) snap_.host_trace_events = n->size();
     } else if (k.id == keys_.host_segments) {
       snap_.traits.has_host_traces = true;
-    } else {
+    } else if (ignored_seen_.insert(k.id).second) {  // a key repeated in the dict is kept once
       snap_.ignored_keys.emplace_back(snap_.strings.get(k.id));
     }
   }
@@ -936,21 +1046,28 @@ Status Machine::convert(const Value& root) {
   }
   events_.clear();
   events_.shrink_to_fit();
+  if (bad_time_us_ > 0) {
+    snap_.load_warnings.push_back(
+        std::to_string(bad_time_us_) +
+        " time_us value(s) negative or beyond 2^63-1 (trace entries and annotations): read as "
+        "'no time recorded'");
+  }
   return Status::Ok();
 }
 
 Status Machine::convertSegments(const Value& v, const char* name) {
   const Items* list = asNode(v, NK::List);
   if (list == nullptr) {
-    return Error{std::string("'") + name + "' is a " + kindName(v, nodes_) + ", expected a list", -1};
+    return Error{std::string("'") + name + "' is " + aKind(v, nodes_) + ", expected a list", -1};
   }
-  snap_.segments.reserve(list->size());
   for (size_t si = 0; si < list->size(); ++si) {
     const Where path{name, static_cast<int64_t>(si)};
     const Items* d = asNode((*list)[si], NK::Dict);
     if (d == nullptr) {
-      return Error{path.str() + " is a " + std::string(kindName((*list)[si], nodes_)) + ", expected a dict", -1};
+      return Error{path.str() + " is " + std::string(aKind((*list)[si], nodes_)) + ", expected a dict", -1};
     }
+    Status charged = chargeRecords(1 + d->size() / 2, path.str());
+    if (!charged.ok()) return charged;
     Segment seg;
     auto dev = getI64(*d, keys_.device, path, false, 0);
     if (!dev) return dev.error();
@@ -1005,6 +1122,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
       const Where bpath{name, static_cast<int64_t>(si), static_cast<int64_t>(bi)};
       const Items* bd = asNode((*blocks)[bi], NK::Dict);
       if (bd == nullptr) return Error{bpath.str() + " is not a dict", -1};
+      Status bcharged = chargeRecords(1 + bd->size() / 2, bpath.str());
+      if (!bcharged.ok()) return bcharged;
       Block b;
       auto size = getU64(*bd, keys_.size, bpath, true);
       if (!size) return size.error();
@@ -1041,6 +1160,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
         const Items* hl = asNode(*h, NK::List);
         const Items* h0 = hl && !hl->empty() ? asNode((*hl)[0], NK::Dict) : nullptr;
         if (h0 != nullptr) {
+          Status hcharged = chargeRecords(h0->size() / 2, bpath.str() + ".history[0]");
+          if (!hcharged.ok()) return hcharged;
           if (b.stack == kNoStack) {
             if (const Value* f = field(*h0, keys_.frames)) {
               auto st = stackOf(*f, Where{name, bpath.seg, bpath.block, ".history[0]"});
@@ -1073,7 +1194,7 @@ Status Machine::convertSegments(const Value& v, const char* name) {
 Status Machine::convertTraces(const Value& v) {
   const Items* outer = asNode(v, NK::List);
   if (outer == nullptr) {
-    return Error{std::string("'device_traces' is a ") + kindName(v, nodes_) + ", expected a list", -1};
+    return Error{std::string("'device_traces' is ") + aKind(v, nodes_) + ", expected a list", -1};
   }
   // Validate, and find out whether the lists reference events_ in file order with no sharing (what
   // every writer produces): then events_ moves into the snapshot without a copy.
@@ -1082,15 +1203,18 @@ Status Machine::convertTraces(const Value& v) {
   for (size_t d = 0; d < outer->size(); ++d) {
     const Items* inner = asNode((*outer)[d], NK::List);
     if (inner == nullptr) {
-      return Error{"device_traces[" + std::to_string(d) + "] is a " +
-                       kindName((*outer)[d], nodes_) + ", expected a list",
+      return Error{"device_traces[" + std::to_string(d) + "] is " +
+                       aKind((*outer)[d], nodes_) + ", expected a list",
                    -1};
     }
+    // Before the entries are looked at or copied: a list referenced from many devices counts each time.
+    Status charged = chargeRecords(1 + inner->size(), "device_traces[" + std::to_string(d) + "]");
+    if (!charged.ok()) return charged;
     for (size_t i = 0; i < inner->size(); ++i) {
       const Value& ev = (*inner)[i];
       if (ev.kind != VK::Node || nodes_[ev.id].kind != NK::Event) {
-        return Error{"device_traces[" + std::to_string(d) + "][" + std::to_string(i) + "] is a " +
-                         kindName(ev, nodes_) + ", expected a trace entry dict with an 'action'",
+        return Error{"device_traces[" + std::to_string(d) + "][" + std::to_string(i) + "] is " +
+                         aKind(ev, nodes_) + ", expected a trace entry dict with an 'action'",
                      -1};
       }
       in_order = in_order && nodes_[ev.id].ref == expect++;
@@ -1157,12 +1281,19 @@ Status Machine::convertSettings(const Value& v) {
 Status Machine::convertAnnotations(const Value& v) {
   const Items* list = asNode(v, NK::List);
   if (list == nullptr) return Status::Ok();
+  Status charged = chargeRecords(list->size(), "external_annotations");
+  if (!charged.ok()) return charged;
   for (const Value& item : *list) {
     const Items* d = asNode(item, NK::Dict);
     if (d == nullptr) continue;
+    charged = chargeRecords(d->size() / 2, "external_annotations");
+    if (!charged.ok()) return charged;
     Annotation a;
     if (const Value* x = field(*d, keys_.device); x && x->kind == VK::Int) a.device = x->i;
-    if (const Value* x = field(*d, keys_.time_us); x && (x->kind == VK::Int || x->kind == VK::UInt)) a.time_us = x->i;
+    if (const Value* x = field(*d, keys_.time_us); x && (x->kind == VK::Int || x->kind == VK::UInt)) {
+      if (x->kind == VK::Int && x->i >= 0) a.time_us = x->i;
+      else ++bad_time_us_;  // negative or beyond 2^63-1: no time, counted in a load warning
+    }
     if (const Value* x = field(*d, keys_.name); x && x->kind == VK::Str) a.name = x->id;
     if (const Value* x = field(*d, keys_.stage); x && x->kind == VK::Str) a.stage = x->id;
     snap_.annotations.push_back(a);

@@ -27,6 +27,25 @@ namespace memforensics::format {
 // progress bar and release pages of a mapped file that were already read.
 using ProgressFn = std::function<void(uint64_t consumed, uint64_t total)>;
 
+// Budgets: what one input can make the reader build, each bounded by the input's own size (checked
+// before anything is allocated), so memory and time stay proportional to the file whatever it
+// holds. A file pickle.dump wrote never comes near them: each unit they count costs at least one
+// opcode byte of the file, unless the file references one memoized object many times (which
+// PyTorch's writer never does). docs/fuzzing.md lists them.
+//
+// Memo entries: every memo store is an opcode of at least one byte, so a memo index is below the
+// input's size; LONG_BINPUT strides cannot grow the memo past it.
+inline constexpr uint64_t kMemoEntriesPerInputByte = 1;
+// Frames copied into interned stacks (a frames list is interned once, when it is first referenced;
+// appending to a list after that copies it again and counts again).
+inline constexpr uint64_t kStackFramesPerInputByte = 1;
+// Records the conversion materializes: segments, blocks, trace entries, annotations, and the dict
+// entries read to build them, counted once per reference. A memoized list or dict referenced many
+// times (1,000 references to one trace list) is refused with "expands to more than N records".
+inline constexpr uint64_t kRecordsPerInputByte = 1;
+// Added to the two per-byte budgets above so tiny hand-written inputs are never refused.
+inline constexpr uint64_t kBudgetSlack = 1u << 16;
+
 struct PickleReadOptions {
   ProgressFn progress;              // optional
   uint64_t progress_interval = 8u << 20;

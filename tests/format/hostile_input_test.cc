@@ -114,7 +114,7 @@ TEST(HostileInput, BadMemoAndStackReferencesAreErrors) {
       {{0x80, 4, '.'}, "STOP with 0 objects"},
       {{0x80, 9, '.'}, "protocol 9"},
       {{0x80, 4, 'N', 'N', '.'}, "STOP with 2 objects"},
-      {{0x80, 4, 'K', 1, '.'}, "the pickle holds a int"},
+      {{0x80, 4, 'K', 1, '.'}, "the pickle holds an int"},
       {{0x80, 4, '}', '(', ']', 'K', 1, 'u', '.'}, "dict key is a list"},
   };
   for (const auto& [bytes, expect] : cases) {
