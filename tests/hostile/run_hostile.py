@@ -520,6 +520,10 @@ def main():
                 continue
             if p.returncode == 0 and os.path.exists(out):
                 flags = [f for f in inp["flags"] if f != "derive_bin"]
+                if b"warning" in p.stderr:
+                    # convert already said what was wrong with the value (e.g. a negative time_us
+                    # read as "no time"): the trace it wrote holds the corrected value.
+                    flags = [f for f in flags if f != "flag_wrong"]
                 inputs.append({"name": os.path.basename(out), "path": out, "bytes": os.path.getsize(out), "flags": flags,
                                "origin": inp["path"]})
         fifo = os.path.join(tmp, "fifo_no_writer")
