@@ -24,7 +24,12 @@
     while (v >= 1024 && u < UNITS.length - 1) { v /= 1024; u++; }
     return (n < 0 ? "-" : "") + (u === 0 ? String(v) : v.toFixed(2)) + " " + UNITS[u];
   }
-  const exact = (n) => Number(n).toLocaleString("en-US") + " B";
+  // Byte counts above 2^53 arrive as decimal strings (exact); a number beyond 2^53 (drawing data)
+  // is not exact in JavaScript, so it is shown as an estimate.
+  const exact = (n) => {
+    if (typeof n === "string") return n.replace(/\B(?=(\d{3})+(?!\d))/g, ",") + " B";
+    return (Number.isFinite(n) && !Number.isSafeInteger(n) ? "≈ " : "") + Number(n).toLocaleString("en-US") + " B";
+  };
   function fmtTimeUs(us, base) {
     if (us === null || us === undefined || us < 0) return "";
     const d = us - base;

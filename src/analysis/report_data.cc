@@ -339,7 +339,8 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
   const size_t max_points = std::max<size_t>(64, static_cast<size_t>(static_cast<double>(opt.max_points) * share));
   const size_t even_keyframes = static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
   const size_t max_icicle_nodes = std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
-  uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0, keyframes_dropped = 0;
+  uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0, keyframes_dropped = 0,
+           phases_cut = 0;
   for (int64_t d : devices) {
     DeviceReportData dr;
     dr.device = d;
@@ -348,6 +349,21 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     topt.max_points = max_points;
     TimelineResult tl = computeTimeline(snap, topt);
     if (!tl.devices.empty()) dr.timeline = std::move(tl.devices.front());
+    if (dr.timeline.phases.size() > opt.max_phases) {
+      // The longest ranges (steps before what they hold), back in their order.
+      auto& ph = dr.timeline.phases;
+      std::vector<size_t> idx(ph.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      auto len = [&](size_t i) { return ph[i].phase.last_event - ph[i].phase.first_event; };
+      std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return len(a) > len(b); });
+      idx.resize(opt.max_phases);
+      std::sort(idx.begin(), idx.end());
+      std::vector<PhaseStats> kept;
+      kept.reserve(idx.size());
+      for (size_t i : idx) kept.push_back(std::move(ph[i]));
+      phases_cut += ph.size() - kept.size();
+      ph = std::move(kept);
+    }
     const DeviceTimeline& t = dr.timeline;
     const int64_t n = static_cast<int64_t>(t.events);
 
@@ -441,6 +457,10 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
   if (icicle_cut > 0) {
     out.caps.push_back("call tree: " + fmtCount(icicle_cut) + " small nodes left out (at most " +
                        fmtCount(max_icicle_nodes) + " per device); their bytes stay in their parents");
+  }
+  if (phases_cut > 0) {
+    out.caps.push_back("timeline: " + fmtCount(phases_cut) + " phases not drawn (at most " + fmtCount(opt.max_phases) +
+                       " per device, the longest; `timeline` lists them all)");
   }
   if (tables.stacksCapped() > 0) {
     out.caps.push_back("stacks: " + fmtCount(tables.stacksCapped()) + " stacks beyond the first " +

@@ -95,6 +95,7 @@ struct ReportDataOptions {
   size_t max_icicle_nodes = 3000;  // per device
   size_t max_stacks = 20000;       // stacks named by blocks, in the whole report
   size_t max_frames_per_stack = 48;
+  size_t max_phases = 1000;        // phases drawn per device: the longest, in their order
 };
 
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});

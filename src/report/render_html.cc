@@ -6,6 +6,8 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <sstream>
+#include <vector>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -173,13 +175,148 @@ std::string escapeForScript(const std::string& s) {
   return out;
 }
 
-}  // namespace
+// ---- Bounds of the page (render_html.h) --------------------------------------------------------
 
-std::string htmlDataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data) {
+struct PageLimits {
+  size_t string_bytes = kPageStringBytes;
+  size_t frames_per_list = kPageFramesPerList;
+  size_t max_list = SIZE_MAX;  // every list of the analysis document (levels 2 and up)
+};
+
+struct Cuts {
+  size_t strings = 0;
+  size_t frame_lists = 0;
+  uint64_t frames_omitted = 0;
+  size_t lists = 0;
+  size_t big_numbers = 0;
+};
+
+constexpr uint64_t kSafeInteger = uint64_t{1} << 53;  // JavaScript numbers are exact up to 2^53
+
+void cutString(std::string& s, size_t max, Cuts& c) {
+  if (s.size() <= max) return;
+  size_t keep = max;
+  while (keep > 0 && (static_cast<unsigned char>(s[keep]) & 0xC0) == 0x80) --keep;  // a UTF-8 boundary
+  const size_t cut = s.size() - keep;
+  s.resize(keep);
+  s += "\xE2\x80\xA6 [+" + std::to_string(cut) + " bytes]";
+  ++c.strings;
+}
+
+// Every string (values and object keys) cut to the limit.
+void boundStrings(json& j, size_t max, Cuts& c) {
+  if (j.is_string()) {
+    cutString(j.get_ref<std::string&>(), max, c);
+  } else if (j.is_array()) {
+    for (auto& v : j) boundStrings(v, max, c);
+  } else if (j.is_object()) {
+    bool long_key = false;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      long_key |= it.key().size() > max;
+      boundStrings(it.value(), max, c);
+    }
+    if (long_key) {
+      json o = json::object();
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        std::string k = it.key();
+        cutString(k, max, c);
+        o[k] = std::move(it.value());
+      }
+      j = std::move(o);
+    }
+  }
+}
+
+bool isFrameListKey(std::string_view k) { return k == "frames" || k == "where" || k == "hot_path"; }
+
+// The entry standing for the frames left out of a list, shaped like the list's own entries.
+json omittedEntry(const json& like, uint64_t n) {
+  const std::string text = "\xE2\x80\xA6 " + std::to_string(n) + " frames omitted";
+  json frame = {{"filename", ""}, {"name", text}, {"line", nullptr}};
+  if (like.is_object() && like.contains("frame")) {
+    json row = like;
+    for (auto it = row.begin(); it != row.end(); ++it) {
+      if (it.value().is_number()) it.value() = 0;
+    }
+    row["frame"] = frame;
+    return row;
+  }
+  if (like.is_object()) return frame;
+  return text;
+}
+
+// In the analysis document: lists of frames keep their innermost and outermost entries; byte
+// counts above 2^53 become exact decimal strings; every list is cut to max_list entries.
+void boundAnalysis(json& j, const PageLimits& lim, Cuts& c) {
+  if (j.is_array()) {
+    if (j.size() > lim.max_list) {
+      j.erase(j.begin() + static_cast<std::ptrdiff_t>(lim.max_list), j.end());
+      ++c.lists;
+    }
+    for (auto& v : j) boundAnalysis(v, lim, c);
+    return;
+  }
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    json& v = it.value();
+    if (isFrameListKey(k) && v.is_array() && v.size() > lim.frames_per_list && lim.frames_per_list >= 2) {
+      const size_t head = lim.frames_per_list / 2, tail = lim.frames_per_list - head;
+      const uint64_t omitted = v.size() - head - tail;
+      json kept = json::array();
+      for (size_t i = 0; i < head; ++i) kept.push_back(std::move(v[i]));
+      kept.push_back(omittedEntry(kept.front(), omitted));
+      for (size_t i = v.size() - tail; i < v.size(); ++i) kept.push_back(std::move(v[i]));
+      v = std::move(kept);
+      ++c.frame_lists;
+      c.frames_omitted += omitted;
+    }
+    const bool bytes_key = k == "bytes" || (k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0);
+    if (bytes_key && v.is_number_integer()) {
+      const bool big = v.is_number_unsigned() ? v.get<uint64_t>() > kSafeInteger
+                                              : (v.get<int64_t>() > static_cast<int64_t>(kSafeInteger) ||
+                                                 v.get<int64_t>() < -static_cast<int64_t>(kSafeInteger));
+      if (big) {
+        v = v.is_number_unsigned() ? std::to_string(v.get<uint64_t>()) : std::to_string(v.get<int64_t>());
+        ++c.big_numbers;
+      }
+      continue;
+    }
+    boundAnalysis(v, lim, c);
+  }
+}
+
+std::vector<std::string> cutNotes(const Cuts& c, const PageLimits& lim) {
+  std::vector<std::string> notes;
+  if (c.strings > 0) {
+    notes.push_back("page: " + std::to_string(c.strings) + " strings truncated to " + std::to_string(lim.string_bytes) +
+                    " bytes (marked \xE2\x80\xA6 [+N bytes]; `analyze --json` has them in full)");
+  }
+  if (c.frame_lists > 0) {
+    notes.push_back("page: " + std::to_string(c.frame_lists) + " stacks show their " +
+                    std::to_string(lim.frames_per_list / 2) + " innermost and " +
+                    std::to_string(lim.frames_per_list - lim.frames_per_list / 2) + " outermost frames (" +
+                    std::to_string(c.frames_omitted) + " frames omitted in all)");
+  }
+  if (c.lists > 0) {
+    notes.push_back("page: " + std::to_string(c.lists) + " lists of the analysis cut to their first " +
+                    std::to_string(lim.max_list) + " entries");
+  }
+  if (c.big_numbers > 0) {
+    notes.push_back("page: " + std::to_string(c.big_numbers) +
+                    " byte counts above 2^53 are carried as exact text (the drawings round them)");
+  }
+  return notes;
+}
+
+std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
+                     const std::vector<std::string>& level_notes, std::vector<std::string>* notes_out = nullptr) {
+  Cuts cuts;
   json doc;
   doc["format"] = "memforensics-report";
   doc["version"] = 1;
   doc["analysis"] = analysisJson(analysis);
+  boundAnalysis(doc["analysis"], lim, cuts);
   json frames = json::array();
   for (const auto& f : data.frames) frames.push_back({f.filename, f.name, f.line});
   doc["frames"] = frames;
@@ -192,10 +329,89 @@ std::string htmlDataJson(const analysis::AnalysisResult& analysis, const analysi
   json devs = json::array();
   for (const auto& d : data.devices) devs.push_back(deviceJson(d));
   doc["devices"] = devs;
+  boundStrings(doc, lim.string_bytes, cuts);
+  std::vector<std::string> notes = cutNotes(cuts, lim);
+  notes.insert(notes.end(), level_notes.begin(), level_notes.end());
+  for (const auto& n : notes) doc["caps"].push_back(n);
+  if (notes_out) *notes_out = std::move(notes);
   return escapeForScript(doc.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
+void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
+                const std::vector<std::string>& level_notes, std::ostream& out,
+                std::vector<std::string>* notes_out = nullptr);
+
+}  // namespace
+
+std::string htmlDataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data) {
+  return dataJson(analysis, data, PageLimits{}, {});
+}
+
 void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, std::ostream& out) {
+  renderPage(analysis, data, PageLimits{}, {}, out);
+}
+
+std::string renderHtmlWithin(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                             size_t max_bytes, std::vector<std::string>* notes_out) {
+  std::vector<std::string> sink;
+  std::vector<std::string>& out_notes = notes_out ? *notes_out : sink;
+  auto render = [&](const analysis::ReportData& d, const PageLimits& lim, const std::vector<std::string>& level) {
+    std::ostringstream o;
+    out_notes.clear();
+    renderPage(analysis, d, lim, level, o, &out_notes);
+    return std::move(o).str();
+  };
+  std::string page = render(data, PageLimits{}, {});
+  if (page.size() <= max_bytes) return page;
+  const std::string why = " to keep the page under " + std::to_string(max_bytes) + " bytes";
+  analysis::ReportData cut = data;
+  PageLimits lim;
+  std::vector<std::string> notes;
+  for (int level = 1; level <= 4; ++level) {
+    if (level == 1) {
+      size_t keyframes = 0, phases = 0, nodes = 0;
+      for (auto& d : cut.devices) {
+        const size_t k0 = d.keyframes.size();
+        std::erase_if(d.keyframes, [](const analysis::Keyframe& k) { return k.labels.empty(); });
+        keyframes += k0 - d.keyframes.size();
+        if (d.timeline.phases.size() > 100) {
+          phases += d.timeline.phases.size() - 100;
+          d.timeline.phases.resize(100);
+        }
+        if (d.icicle.size() > 500) {  // parents come before children: a prefix is a tree
+          nodes += d.icicle.size() - 500;
+          d.icicle.resize(500);
+        }
+      }
+      notes.push_back("page still too large: " + std::to_string(keyframes) + " evenly spaced keyframes, " +
+                      std::to_string(phases) + " phases beyond the first 100 per device and " + std::to_string(nodes) +
+                      " call-tree nodes beyond 500 per device dropped" + why);
+    } else if (level == 2) {
+      lim.max_list = 100;
+      lim.string_bytes = 128;
+      notes.push_back("page still too large: analysis lists cut to 100 entries and strings to 128 bytes" + why);
+    } else if (level == 3) {
+      for (const auto& d : cut.devices) cut.summary_only.push_back(d.device);
+      cut.devices.clear();
+      cut.frames.clear();
+      cut.stacks.clear();
+      lim.max_list = 10;
+      notes.push_back("page still too large: no device is drawn (summary and findings only), analysis lists cut to 10 entries" + why);
+    } else {
+      lim.max_list = 1;
+      lim.string_bytes = 32;
+      notes.push_back("page still too large: analysis lists cut to 1 entry and strings to 32 bytes" + why);
+    }
+    page = render(cut, lim, notes);
+    if (page.size() <= max_bytes) return page;
+  }
+  return page;  // not reached for any input the analysis can describe (see render_html.h)
+}
+
+namespace {
+
+void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
+                const std::vector<std::string>& level_notes, std::ostream& out, std::vector<std::string>* notes_out) {
   // The template's three placeholders are filled in the order they appear; the data is never
   // searched for placeholders.
   // A fresh nonce per report: only the page's own two scripts may run (Content-Security-Policy), so
@@ -222,10 +438,12 @@ void renderHtml(const analysis::AnalysisResult& analysis, const analysis::Report
     out << page.substr(pos, p.at - pos);
     if (p.mark == "/*MEMF_STYLE*/") out << viz::kStyle;
     if (p.mark == "/*MEMF_SCRIPT*/") out << viz::kScript;
-    if (p.mark == "\"MEMF_DATA\"") out << htmlDataJson(analysis, data);
+    if (p.mark == "\"MEMF_DATA\"") out << dataJson(analysis, data, lim, level_notes, notes_out);
     pos = p.at + p.mark.size();
   }
   out << page.substr(pos);
 }
+
+}  // namespace
 
 }  // namespace memforensics::report

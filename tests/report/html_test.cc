@@ -4,11 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/phases.h"
 #include "analysis/report_data.h"
 #include "fixtures/snapshot_builder.h"
 #include "report/render.h"
@@ -102,6 +105,219 @@ TEST(Html, TheEmbeddedAnalysisIsAnalyzeJson) {
   EXPECT_EQ(doc["analysis"], expected);
   ASSERT_EQ(doc["devices"].size(), 1u);
   EXPECT_EQ(doc["devices"][0]["peaks"]["requested"]["bytes"], expected["devices"][0]["peak_requested_bytes"]);
+}
+
+// ---- The page bound holds for any input, and its notes are true ------------------------------
+
+constexpr size_t kCliBound = 4'750'000;  // what `report` asks renderHtmlWithin for (cmd_report.cc)
+const std::string kEllipsis = "\xE2\x80\xA6";
+
+struct Bounded {
+  std::string html;
+  nlohmann::json doc;
+  std::vector<std::string> caps;
+};
+
+std::string dataOf(const std::string& html) {
+  const std::string open = "<script id=\"memf-data\" type=\"application/json\">";
+  size_t a = html.find(open);
+  size_t b = a == std::string::npos ? a : html.find("</script>", a);
+  if (a == std::string::npos || b == std::string::npos) return "";
+  return html.substr(a + open.size(), b - a - open.size());
+}
+
+Bounded renderBounded(const format::Snapshot& snap, size_t max_bytes, const analysis::ReportDataOptions& o = {}) {
+  Bounded b;
+  analysis::AnalyzeOptions ao;
+  ao.top_frames = 10;  // as `report` asks (cmd_report.cc): the call graph at the peak is in the page
+  auto a = analysis::analyzeSnapshot(snap, ao);
+  a.path = "hostile.pickle";
+  auto data = analysis::buildReportData(snap, o);
+  b.html = renderHtmlWithin(a, data, max_bytes);
+  b.doc = nlohmann::json::parse(dataOf(b.html));
+  for (const auto& c : b.doc["caps"]) b.caps.push_back(c.get<std::string>());
+  return b;
+}
+
+// The number N in the first note containing `what` ("... N <what> ..."), -1 when there is none.
+int64_t noteCount(const std::vector<std::string>& caps, const std::string& what, const std::string& prefix) {
+  for (const auto& c : caps) {
+    size_t at = c.find(what);
+    if (at == std::string::npos || c.rfind(prefix, 0) != 0) continue;
+    return std::stoll(c.substr(prefix.size()));
+  }
+  return -1;
+}
+
+void forEachString(const nlohmann::json& j, const std::function<void(const std::string&)>& f) {
+  if (j.is_string()) f(j.get<std::string>());
+  if (j.is_array() || j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (j.is_object()) f(it.key());
+      forEachString(it.value(), f);
+    }
+  }
+}
+
+TEST(HtmlBound, LongFrameNamesAreTruncatedAndCounted) {
+  TSnapshot t;
+  std::vector<TEvent> tr = {{"segment_alloc", 0x7f0000000000ULL, 1ULL << 30, 0, 1}};
+  for (int i = 0; i < 21; ++i) {  // 21 frame names of 1 MiB, each live at the peak
+    TEvent al{"alloc", 0x7f0000000000ULL + static_cast<uint64_t>(i) * 4096, 4096, 0, 2 + i};
+    al.frames = {{"f" + std::to_string(i) + ".py", 1, std::string(1 << 20, static_cast<char>('A' + i))},
+                 {"train.py", 1, "<module>"}};
+    al.with_frames = true;
+    tr.push_back(al);
+  }
+  t.traces.push_back(tr);
+  Bounded b = renderBounded(buildSnapshot(t), kCliBound);
+  EXPECT_LT(b.html.size(), 5'000'000u);
+  size_t marked = 0, longest = 0;
+  nlohmann::json data = b.doc;
+  data.erase("caps");  // the notes themselves name the marker
+  forEachString(data, [&](const std::string& s) {
+    if (s.find(kEllipsis + " [+") != std::string::npos) ++marked;
+    longest = std::max(longest, s.size());
+  });
+  EXPECT_GT(marked, 20u);
+  EXPECT_LE(longest, kPageStringBytes + 32);  // the limit and its marker
+  EXPECT_EQ(noteCount(b.caps, "strings truncated to 1024 bytes", "page: "), static_cast<int64_t>(marked));
+}
+
+TEST(HtmlBound, DeepStacksKeepTheirEndsAndCountWhatIsLeftOut) {
+  std::vector<memforensics::testing::TFrame> deep;
+  for (int i = 0; i < 100000; ++i) deep.push_back({"m.py", static_cast<uint64_t>(i + 1), "f" + std::to_string(i)});
+  TSnapshot t;
+  t.segments.push_back(
+      {0, 0x7f0000000000ULL, 0, "large", {{4096, 4096, "active_allocated", deep}, {2097152 - 4096, 0, "inactive", {}}}});
+  TEvent seg{"segment_alloc", 0x7f0000000000ULL, 2097152, 0, 1};
+  TEvent al{"alloc", 0x7f0000000000ULL, 4096, 0, 2};
+  al.frames = deep;
+  al.with_frames = true;
+  t.traces.push_back({seg, al});
+  auto snap = buildSnapshot(t);
+  Bounded b = renderBounded(snap, kCliBound);
+  EXPECT_LT(b.html.size(), 5'000'000u);
+  // Every list of frames in the analysis holds the 24 innermost, one marker, the 24 outermost.
+  uint64_t omitted = 0;
+  size_t lists = 0;
+  std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& j) {
+    if (j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if ((it.key() == "frames" || it.key() == "where" || it.key() == "hot_path") && it.value().is_array()) {
+          EXPECT_LE(it.value().size(), kPageFramesPerList + 1) << it.key();
+          for (const auto& f : it.value()) {
+            const auto& fr = f.contains("frame") ? f["frame"] : f;
+            std::string name = fr.is_object() ? fr.value("name", "") : "";
+            if (name.rfind(kEllipsis + " ", 0) == 0) {
+              omitted += std::stoull(name.substr(kEllipsis.size() + 1));
+              ++lists;
+            }
+          }
+        }
+        walk(it.value());
+      }
+    } else if (j.is_array()) {
+      for (const auto& v : j) walk(v);
+    }
+  };
+  walk(b.doc["analysis"]);
+  EXPECT_GT(lists, 0u);
+  const std::string prefix = "page: " + std::to_string(lists) + " stacks show their 24 innermost and 24 outermost frames (";
+  bool noted = false;
+  for (const auto& c : b.caps) {
+    if (c.rfind(prefix, 0) == 0) {
+      noted = true;
+      EXPECT_EQ(std::stoull(c.substr(prefix.size())), omitted) << c;
+    }
+  }
+  EXPECT_TRUE(noted);
+  // The innermost frame survives.
+  EXPECT_NE(dataOf(b.html).find("\"f0\""), std::string::npos);
+  EXPECT_NE(dataOf(b.html).find("\"f99999\""), std::string::npos);
+}
+
+format::Snapshot manyRanges(size_t ranges) {
+  TSnapshot t;
+  std::vector<TEvent> tr = {{"segment_alloc", 0x7f0000000000ULL, 1ULL << 30, 0, 0}};
+  for (size_t i = 0; i < ranges; ++i) {
+    const auto t1 = static_cast<int64_t>(2 * i + 1);
+    tr.push_back({"alloc", 0x7f0000000000ULL, 512 * (1 + i % 7), 0, t1});
+    tr.push_back({"free_requested", 0x7f0000000000ULL, 512 * (1 + i % 7), 0, t1 + 1});
+    tr.push_back({"free_completed", 0x7f0000000000ULL, 512 * (1 + i % 7), 0, t1 + 1});
+  }
+  t.traces.push_back(tr);
+  auto snap = buildSnapshot(t);
+  for (size_t k = 0; k < ranges; ++k) {
+    const std::string name = "range " + std::to_string(k);
+    snap.annotations.push_back({0, static_cast<int64_t>(k), snap.strings.intern(name), snap.strings.intern("START")});
+    snap.annotations.push_back(
+        {0, static_cast<int64_t>(2 * ranges + 1 - k), snap.strings.intern(name), snap.strings.intern("END")});
+  }
+  snap.traits.has_annotations_key = true;
+  return snap;
+}
+
+TEST(HtmlBound, HundredThousandRangesDrawAThousandAndSaySo) {
+  auto snap = manyRanges(100000);
+  Bounded b = renderBounded(snap, kCliBound);
+  EXPECT_LT(b.html.size(), 5'000'000u);
+  ASSERT_EQ(b.doc["devices"].size(), 1u);
+  const size_t drawn = b.doc["devices"][0]["phases"].size();
+  EXPECT_EQ(drawn, 1000u);
+  const size_t all = analysis::detectPhases(snap, 0).size();
+  EXPECT_EQ(noteCount(b.caps, "phases not drawn", "timeline: "), static_cast<int64_t>(all - drawn));
+}
+
+// Below what the data's bounds reach, sections are dropped until the page fits, and each note
+// says what went: a note about the bound is never false.
+TEST(HtmlBound, SectionsAreDroppedUntilThePageFitsAndTheNotesSayWhich) {
+  auto snap = manyRanges(3000);
+  Bounded full = renderBounded(snap, SIZE_MAX);
+  ASSERT_GT(full.html.size(), 300'000u);
+  for (size_t budget : {full.html.size() - 1, size_t{250'000}, size_t{120'000}}) {
+    SCOPED_TRACE(budget);
+    Bounded b = renderBounded(snap, budget);
+    EXPECT_LE(b.html.size(), budget);
+    bool no_device = false, lists10 = false;
+    for (const auto& c : b.caps) {
+      no_device |= c.find("no device is drawn") != std::string::npos;
+      lists10 |= c.find("analysis lists cut to 10 entries") != std::string::npos;
+    }
+    EXPECT_EQ(no_device, b.doc["devices"].empty());
+    if (lists10) {
+      std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& j) {
+        if (j.is_array()) EXPECT_LE(j.size(), 49u);  // frame lists: 48 and a marker; others 10
+        if (j.is_array() || j.is_object()) {
+          for (const auto& v : j) walk(v);
+        }
+      };
+      walk(b.doc["analysis"]);
+    }
+    if (b.html.size() < full.html.size()) EXPECT_FALSE(b.caps.empty());
+  }
+}
+
+// Byte counts above 2^53 are not exact as JavaScript numbers: the page carries them as decimal
+// strings (the page formats them as text), equal to analyze --json's numbers.
+TEST(HtmlBound, ByteCountsAbove2To53TravelAsExactStrings) {
+  const uint64_t big = (uint64_t{1} << 54) + 1;  // not a double
+  TSnapshot t;
+  TEvent seg{"segment_alloc", 0x100000000000ULL, uint64_t{1} << 55, 0, 1};
+  TEvent al{"alloc", 0x100000000000ULL, big, 0, 2};
+  t.traces.push_back({seg, al});
+  auto snap = buildSnapshot(t);
+  Bounded b = renderBounded(snap, kCliBound);
+  auto expected = nlohmann::json::parse(renderJsonString(analysis::analyzeSnapshot(snap)));
+  ASSERT_EQ(expected["devices"][0]["peak_requested_bytes"].get<uint64_t>(), big);
+  const auto& dev = b.doc["analysis"]["devices"][0];
+  ASSERT_TRUE(dev["peak_requested_bytes"].is_string());
+  EXPECT_EQ(dev["peak_requested_bytes"].get<std::string>(), std::to_string(big));
+  EXPECT_TRUE(dev["events"].is_number());  // counts that are not bytes stay numbers
+  EXPECT_GT(noteCount(b.caps, "byte counts above 2^53", "page: "), 0);
+  // Small values stay numbers: the page of an ordinary snapshot is analyze --json's document.
+  Bounded small = renderBounded(hostile(), kCliBound);
+  EXPECT_TRUE(small.doc["analysis"]["devices"][0]["peak_requested_bytes"].is_number());
 }
 
 }  // namespace
