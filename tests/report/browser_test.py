@@ -154,7 +154,7 @@ return n ? ink / n : 0;
 STATS_JS = """
 const out = {};
 for (const e of document.querySelectorAll('#stats [data-stat]')) {
-  out[e.dataset.stat] = e.dataset.bytes !== undefined ? Number(e.dataset.bytes) : Number(e.dataset.value);
+  out[e.dataset.stat] = e.dataset.bytes !== undefined ? e.dataset.bytes : e.dataset.value;  // text: exact above 2^53
 }
 return out;
 """
@@ -263,7 +263,7 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
         drawn = wd.js("return document.body.dataset.detail") == "1"
         for key in ["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes", "peak_active_bytes",
                     "final_reserved_bytes", "oom_count", "events"]:
-            if shown.get(key) != dev[key]:
+            if shown.get(key) is None or int(shown.get(key)) != dev[key]:
                 failures.append(f"{name} device {dev['device']}: {key} shown {shown.get(key)} != analyze {dev[key]}")
         texts = wd.js("return Array.from(document.querySelectorAll('#stats [data-stat] .exact')).map(e => e.textContent)")
         for key, text in zip(["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes"], texts):
