@@ -76,6 +76,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
   meta.traits = traitsToBits(s.traits);
   meta.host_trace_events = s.host_trace_events;
   meta.ignored_keys = ignored;
+  std::string warnings = joinKeys(s.load_warnings);
+  meta.source_warnings = warnings;
   Status st = w.begin(meta);
   if (!st.ok()) return st;
 
@@ -402,6 +404,16 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
       size_t nl = m.ignored_keys.find('\n', from);
       if (nl == std::string_view::npos) nl = m.ignored_keys.size();
       snap.ignored_keys.emplace_back(m.ignored_keys.substr(from, nl - from));
+      from = nl + 1;
+    }
+  }
+  if (!m.source_warnings.empty()) {
+    size_t from = 0;
+    while (from < m.source_warnings.size()) {
+      size_t nl = m.source_warnings.find('\n', from);
+      if (nl == std::string_view::npos) nl = m.source_warnings.size();
+      snap.load_warnings.push_back("source " + std::string(m.source_format) + ": " +
+                                   std::string(m.source_warnings.substr(from, nl - from)));
       from = nl + 1;
     }
   }

@@ -244,6 +244,9 @@ struct TraceMeta {
   uint64_t traits = 0;             // FormatTraits as a bit set (see snapshot_trace.cc)
   uint64_t host_trace_events = 0;
   std::string_view ignored_keys;   // top-level keys of the source that were not kept, '\n'-joined
+  // What the reader of the source said about it (load warnings, e.g. out-of-range time_us values
+  // read as "no time"), '\n'-joined, so that a converted file keeps saying it (format 1.1).
+  std::string_view source_warnings;
   int64_t created_unix_us = 0;
 };
 

@@ -79,6 +79,10 @@ Error bad(std::string what) { return Error{std::move(what), -1}; }
 
 std::string at(uint64_t offset) { return " at byte " + std::to_string(offset); }
 
+// A chunk header of zeros starts a zero-filled tail (a crash) when the bytes after it are zero:
+// at most this many are checked, so that a huge sparse tail is not paged in to prove it.
+constexpr uint64_t kZeroTailScanBytes = 16u << 20;
+
 // Reads tag-length-value fields, calling f(tag, value, bytes) for each.
 template <typename F>
 Status readTlv(std::span<const uint8_t> p, F&& f) {
@@ -196,10 +200,16 @@ bool TraceReader::next() {
   }
   if (size - pos_ < kChunkHeaderSize) return stop(true, "the file ends inside a chunk header" + at(pos_));
   const uint8_t* h = base + pos_;
-  if (std::all_of(h, h + kChunkHeaderSize, [](uint8_t b) { return b == 0; }) &&
-      std::all_of(h, base + size, [](uint8_t b) { return b == 0; })) {
-    // File systems can leave a zero-filled tail after a crash: that is a cut, not damage.
-    return stop(true, "zero bytes from" + at(pos_) + " to the end (an unfinished write)");
+  if (std::all_of(h, h + kChunkHeaderSize, [](uint8_t b) { return b == 0; })) {
+    // File systems can leave a zero-filled tail after a crash: that is a cut, not damage. The
+    // scan is bounded (kZeroTailScanBytes): a 1 GiB sparse tail must not be paged in.
+    const uint64_t left = size - pos_;
+    const uint64_t scan = std::min<uint64_t>(left, kZeroTailScanBytes);
+    if (std::all_of(h, h + scan, [](uint8_t b) { return b == 0; })) {
+      if (scan == left) return stop(true, "zero bytes" + at(pos_) + " and after, to the end (an unfinished write)");
+      return stop(true, "zero bytes" + at(pos_) + " and after (the first " + std::to_string(scan) + " of the " +
+                            std::to_string(left) + " bytes left were checked; an unfinished write?)");
+    }
   }
   ChunkRef c;
   c.offset = pos_;
@@ -477,7 +487,7 @@ Status TraceReader::decodePools(std::span<const uint8_t> p) {
 
 Status TraceReader::decodeMeta(std::span<const uint8_t> p) {
   TraceMeta m;
-  std::string storage[3];
+  std::string storage[4];
   Status s = readTlv(p, [&](uint64_t tag, uint64_t v, std::string_view b) {
     switch (tag) {
       case 1: storage[0] = b; break;
@@ -487,14 +497,16 @@ Status TraceReader::decodeMeta(std::span<const uint8_t> p) {
       case 5: m.traits = v; break;
       case 6: m.host_trace_events = v; break;
       case 7: storage[2] = b; break;
+      case 8: storage[3] = b; break;
       default: break;  // fields of newer minor versions
     }
   });
   if (!s.ok()) return s;
-  for (int i = 0; i < 3; ++i) meta_storage_[i] = std::move(storage[i]);
+  for (int i = 0; i < 4; ++i) meta_storage_[i] = std::move(storage[i]);
   m.producer = meta_storage_[0];
   m.source_format = meta_storage_[1];
   m.ignored_keys = meta_storage_[2];
+  m.source_warnings = meta_storage_[3];
   meta_ = m;
   return Status::Ok();
 }

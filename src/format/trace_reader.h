@@ -149,7 +149,7 @@ class TraceReader {
   std::map<uint32_t, uint64_t> device_events_read_;
   uint64_t checkpoints_read_ = 0;
   std::vector<std::pair<uint32_t, DeviceTraceState>> checkpoint_;
-  std::string meta_storage_[3];
+  std::string meta_storage_[4];
   TraceMeta meta_;
   std::vector<std::unique_ptr<char[]>> string_blocks_;
   std::vector<std::string_view> string_views_{std::string_view{}};

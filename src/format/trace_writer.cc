@@ -136,6 +136,7 @@ Status TraceWriter::begin(const TraceMeta& meta) {
   if (meta.traits) tlvVar(m, 5, meta.traits);
   if (meta.host_trace_events) tlvVar(m, 6, meta.host_trace_events);
   if (!meta.ignored_keys.empty()) tlvBytes(m, 7, meta.ignored_keys);
+  if (!meta.source_warnings.empty()) tlvBytes(m, 8, meta.source_warnings);
   return writeChunk(ChunkType::Meta, m);
 }
 

@@ -578,6 +578,52 @@ TEST(TraceHostile, ForgedTrailerEventCountReservesNothing) {
 #endif
 }
 
+TEST(TraceHostile, HugeZeroTailIsACutCheckedOnlyInPart) {
+  // A trace without trailer followed by 64 MiB of zeros (a 1 GiB sparse tail in the hostile
+  // corpus paged in the whole GiB): the reader checks kZeroTailScanBytes of it and says so.
+  VectorSink sink;
+  TraceWriter w(sink);
+  ASSERT_TRUE(w.begin(TraceMeta{}).ok());
+  TraceEvent e;
+  e.action = 0;
+  e.size = 512;
+  ASSERT_TRUE(w.event(e).ok());
+  ASSERT_TRUE(w.flush().ok());
+  const size_t good = sink.data.size();
+  std::vector<uint8_t> b = sink.data;
+  b.resize(good + (64u << 20), 0);
+  auto r = TraceReader::open(b);
+  ASSERT_TRUE(r.ok());
+  while ((*r)->next()) {
+  }
+  EXPECT_TRUE((*r)->end().truncated);
+  EXPECT_EQ((*r)->end().good_bytes, good);
+  EXPECT_NE((*r)->end().reason.find("the first 16777216 of the 67108864 bytes left were checked"),
+            std::string::npos)
+      << (*r)->end().reason;
+  // A short zero tail is still checked to its end.
+  b.resize(good + 4096);
+  auto r2 = TraceReader::open(b);
+  ASSERT_TRUE(r2.ok());
+  while ((*r2)->next()) {
+  }
+  EXPECT_NE((*r2)->end().reason.find("to the end"), std::string::npos) << (*r2)->end().reason;
+}
+
+TEST(TraceLimits, SourceWarningsSurviveConversion) {
+  // A pickle whose time_us values are out of range is read with a warning; the converted trace
+  // keeps saying it (the hostile corpus's c6_time_negative_and_max.converted.bin was silent).
+  Gen g;
+  g.loop(0, 1ull << 40, 4, {g.stack(0, 1)}, 1);
+  Snapshot s = g.finish(1);
+  s.load_warnings.push_back("3 time_us value(s) negative or beyond 2^63-1: read as no time");
+  auto r = readSnapshotTrace(toTrace(s, 3));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->load_warnings.size(), 1u);
+  EXPECT_NE(r->load_warnings[0].find("3 time_us value(s) negative"), std::string::npos)
+      << r->load_warnings[0];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Class 9: an over-long varint is named as such, with its offset.
 
