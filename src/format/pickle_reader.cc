@@ -364,6 +364,18 @@ class Machine {
   Status makeEvent(uint32_t n, const Value* kv, size_t count);
   Expected<StackId> stackOf(const Value& v, const Where& where);
   Expected<uint32_t> targetContainer(size_t below, NK want);
+  // A frames list stored into a parent container is complete (the pickler writes a child before
+  // its parent's SETITEMS/APPENDS): intern it now, so stacks are numbered in file order.
+  Status sealOpenStacks(size_t from) {
+    for (size_t k = from; k < stack_.size(); ++k) {
+      const Value& v = stack_[k];
+      if (v.kind == VK::Node && nodes_[v.id].kind == NK::OpenStack) {
+        auto st = stackOf(v, Where{"frames list"});
+        if (!st) return st.error();
+      }
+    }
+    return Status::Ok();
+  }
   Status chargeFrames(uint64_t n) {
     if (n > frames_budget_) {
       return err("the frames lists expand to more stack frames than an input of " +
@@ -420,6 +432,7 @@ class Machine {
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   std::vector<Event> events_;
   std::vector<std::vector<FrameId>> open_stacks_;  // frames of OpenStack nodes
+  std::vector<FrameId> scratch_;
   uint64_t memo_budget_ = 0;     // kMemoEntriesPerInputByte
   uint64_t frames_budget_ = 0;   // kStackFramesPerInputByte: frames left to intern
   uint64_t records_budget_ = 0;  // kRecordsPerInputByte: records left to convert
@@ -515,9 +528,10 @@ Expected<StackId> Machine::stackOf(const Value& v, const Where& where) {
              ", expected a list of {filename, line, name} dicts");
 }
 
-// APPEND / APPENDS: move stack_[from..] into the list. A list that holds only frames collects
-// FrameIds (an OpenStack, however many APPEND/APPENDS fill it) and is interned once, when first
-// referenced (stackOf); every other list stays generic.
+// APPEND / APPENDS: move stack_[from..] into the list. A list that holds only frames is interned
+// when its first batch arrives; a second batch turns it into an OpenStack that collects FrameIds
+// (however many APPEND/APPENDS follow) and is interned once more, when first referenced or stored
+// in a parent (stackOf, sealOpenStacks), never once per APPEND. Other lists stay generic.
 Status Machine::appendItems(uint32_t list, size_t from) {
   size_t count = stack_.size() - from;
   Node& n = nodes_[list];
@@ -531,10 +545,22 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     if (!all_frames && count > 0) {
       return err("a frames list gets a non-frame element (" + std::string(aKind(stack_[from], nodes_)) + ")");
     }
+    if (fresh) {
+      // The first batch is interned at once, as it always was: a list that one APPENDS fills (any
+      // list under 1000 frames) keeps its stack id in file order. Later batches collect.
+      scratch_.clear();
+      for (size_t k = from; k < stack_.size(); ++k) scratch_.push_back(nodes_[stack_[k].id].ref);
+      Status s = chargeFrames(scratch_.size());
+      if (!s.ok()) return s;
+      n.kind = NK::Stack;
+      n.ref = snap_.stacks.internStack(scratch_);
+      stack_.resize(from);
+      return Status::Ok();
+    }
     if (n.kind != NK::OpenStack) {
       uint32_t open = static_cast<uint32_t>(open_stacks_.size());
       open_stacks_.emplace_back();
-      if (n.kind == NK::Stack) {  // appended to after a reference interned it: copy it out again
+      if (n.kind == NK::Stack) {  // a second batch, or appended to after a use: copy it out again
         auto old = snap_.stacks.stack(n.ref);
         Status s = chargeFrames(old.size());
         if (!s.ok()) return s;
@@ -546,6 +572,8 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     std::vector<FrameId>& frames = open_stacks_[n.ref];
     for (size_t k = from; k < stack_.size(); ++k) frames.push_back(nodes_[stack_[k].id].ref);
   } else {
+    Status sealed = sealOpenStacks(from);
+    if (!sealed.ok()) return sealed;
     Items& items = itemsOf(list);
     items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
   }
@@ -558,6 +586,8 @@ Status Machine::appendItems(uint32_t list, size_t from) {
 Status Machine::setItems(uint32_t dict, size_t from) {
   size_t count = stack_.size() - from;
   if (count % 2 != 0) return err("SETITEMS with an odd number of stack items");
+  Status sealed = sealOpenStacks(from);
+  if (!sealed.ok()) return sealed;
   Node& n = nodes_[dict];
   if (n.kind != NK::Dict) return err("a frame or trace entry dict is filled twice (unsupported)");
   if (itemsEmpty(dict)) {
@@ -841,6 +871,8 @@ Expected<Snapshot> Machine::run() {
           if (stack_.size() < markBase() + k) return err(std::string(pickleOpcodeName(op_)) + " with too few stack items");
           from = stack_.size() - k;
         }
+        Status sealed = sealOpenStacks(from);
+        if (!sealed.ok()) return sealed.error();
         uint32_t n = newNode(NK::Tuple);
         if (from < stack_.size()) itemsOf(n).assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
         stack_.resize(from);
