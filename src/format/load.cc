@@ -45,36 +45,59 @@ int b64value(uint8_t c) {
   return -1;
 }
 
-// JSON value -> pickle opcodes, so the JSON form shares every check of the pickle path. False when
-// nested deeper than a snapshot ever is, before the recursion can exhaust the stack.
+// JSON -> pickle opcodes, so the JSON form shares every check and budget of the pickle path.
+// Streamed from the parser's events (no JSON document in memory: a 40 MB input took 1.5 GB as a
+// nlohmann::json tree); keys stay in file order. Nesting deeper than a snapshot ever is stops the
+// parse at once.
 constexpr int kMaxJsonDepth = 256;
-bool emitJson(const nlohmann::json& j, PickleWriter& w, int depth = 0) {
-  if (depth > kMaxJsonDepth) return false;
-  switch (j.type()) {
-    case nlohmann::json::value_t::object:
-      w.beginDict();
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        w.str(it.key());
-        if (!emitJson(it.value(), w, depth + 1)) return false;
-      }
-      w.endDict();
-      break;
-    case nlohmann::json::value_t::array:
-      w.beginList();
-      for (const auto& x : j) {
-        if (!emitJson(x, w, depth + 1)) return false;
-      }
-      w.endList();
-      break;
-    case nlohmann::json::value_t::string: w.str(j.get_ref<const std::string&>()); break;
-    case nlohmann::json::value_t::boolean: w.boolean(j.get<bool>()); break;
-    case nlohmann::json::value_t::number_integer: w.integer(j.get<int64_t>()); break;
-    case nlohmann::json::value_t::number_unsigned: w.uinteger(j.get<uint64_t>()); break;
-    case nlohmann::json::value_t::number_float: w.floating(j.get<double>()); break;
-    default: w.none(); break;
+class JsonToPickle {
+ public:
+  explicit JsonToPickle(PickleWriter& w) : w_(w) {}
+  bool null() { return scalar() && (w_.none(), true); }
+  bool boolean(bool b) { return scalar() && (w_.boolean(b), true); }
+  bool number_integer(int64_t v) { return scalar() && (w_.integer(v), true); }
+  bool number_unsigned(uint64_t v) { return scalar() && (w_.uinteger(v), true); }
+  bool number_float(double v, const std::string&) { return scalar() && (w_.floating(v), true); }
+  bool string(std::string& v) { return scalar() && (w_.str(v), true); }
+  bool binary(nlohmann::json::binary_t&) { return scalar() && (w_.none(), true); }
+  bool start_object(std::size_t) { return open() && (w_.beginDict(), true); }
+  bool key(std::string& k) { return (w_.str(k), true); }
+  bool end_object() { return close() && (w_.endDict(), true); }
+  bool start_array(std::size_t) { return open() && (w_.beginList(), true); }
+  bool end_array() { return close() && (w_.endList(), true); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) {
+    error_ = std::string("invalid JSON: ") + ex.what();
+    // a syntax error has its byte; out_of_range (a number beyond a double, 1e400) has none
+    const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&ex);
+    error_offset_ = pe ? static_cast<int64_t>(pe->byte) : -1;
+    (void)position;
+    return false;
   }
-  return true;
-}
+  bool tooDeep() const { return too_deep_; }
+  const std::string& error() const { return error_; }
+  int64_t errorOffset() const { return error_offset_; }
+
+ private:
+  // A value at depth d has d containers around it; deeper than kMaxJsonDepth is refused.
+  bool scalar() {
+    if (depth_ > kMaxJsonDepth) too_deep_ = true;
+    return !too_deep_;
+  }
+  bool open() {
+    if (!scalar()) return false;
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+  PickleWriter& w_;
+  int depth_ = 0;
+  bool too_deep_ = false;
+  std::string error_;
+  int64_t error_offset_ = -1;
+};
 
 // Walks pickle opcodes without building anything, to know where a pickle read from a stream ends
 // (a pickle followed by zeros forever, `cat snap.pickle /dev/zero`, stops at its STOP). Only the
@@ -248,21 +271,22 @@ Expected<std::vector<uint8_t>> extractHtmlPickle(std::span<const uint8_t> b) {
 }
 
 Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes, const LoadOptions& options) {
-  nlohmann::json j;
+  PickleWriter w(4);
+  JsonToPickle sax(w);
+  bool parsed = false;
   try {
-    j = nlohmann::json::parse(bytes.begin(), bytes.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    return Error{std::string("invalid JSON: ") + e.what(), static_cast<int64_t>(e.byte)};
-  } catch (const nlohmann::json::exception& e) {  // out_of_range: a number beyond a double (1e400)
+    parsed = nlohmann::json::sax_parse(bytes.begin(), bytes.end(), &sax);
+  } catch (const nlohmann::json::exception& e) {
     return Error{std::string("invalid JSON: ") + e.what(), -1};
   }
-  PickleWriter w(4);
-  if (!emitJson(j, w)) {
+  if (sax.tooDeep()) {
     return Error{"JSON nested more than " + std::to_string(kMaxJsonDepth) +
                      " levels deep: not a memory snapshot",
                  -1};
   }
-  j = nullptr;
+  if (!parsed) {
+    return Error{sax.error().empty() ? std::string("invalid JSON") : sax.error(), sax.errorOffset()};
+  }
   std::vector<uint8_t> pk = w.finish();
   PickleReadOptions po;
   auto snap = readSnapshotPickle(pk, po);
