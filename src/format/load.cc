@@ -239,7 +239,8 @@ Expected<std::vector<uint8_t>> extractHtmlPickle(std::span<const uint8_t> b) {
     return Error{"HTML file: malformed \"base64\" field", static_cast<int64_t>(key)};
   }
   std::vector<uint8_t> out;
-  out.reserve((text.size() - q) / 4 * 3);
+  // Grows with what is decoded: the string may end long before the file does (a page padded
+  // with 1 GB of zeros reserved 750 MB here).
   uint32_t acc = 0;
   int bits = 0;
   size_t i = q + 1;

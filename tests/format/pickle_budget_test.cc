@@ -261,6 +261,21 @@ int loadUnderAddressLimit(const std::string& path, uint64_t extra) {
   return snap.ok() && snap->events.size() == 1 ? 0 : 3;
 }
 
+// In a death-test child: like loadUnderAddressLimit, 0 when the load failed with `expect` in its
+// message (rather than running out of memory).
+int failsUnderAddressLimit(const std::string& path, uint64_t extra, const std::string& expect) {
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + extra;
+  rlimit lim{limit, limit};
+  ::setrlimit(RLIMIT_AS, &lim);
+  auto snap = loadSnapshotFile(path);
+  return !snap.ok() && snap.error().message.find(expect) != std::string::npos ? 0 : 3;
+}
+
 TEST(PickleBudget, ZeroPaddedPickleReservesNothingFromTheFileSize) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
@@ -285,6 +300,31 @@ TEST(PickleBudget, ZeroPaddedPickleReservesNothingFromTheFileSize) {
   fs::resize_file(path, padded);
   EXPECT_EXIT(std::_Exit(loadUnderAddressLimit(path.string(), padded + (uint64_t{768} << 20))),
               ::testing::ExitedWithCode(0), "");
+  fs::remove(path);
+}
+
+TEST(PickleBudget, HtmlPagePaddedWithZerosReservesNothingFromTheFileSize) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+  GTEST_SKIP() << "address-space limits do not apply under a sanitizer";
+#endif
+#endif
+  // A memory_viz page whose base64 string ends early, in a 2 GiB (sparse) file: the decoder
+  // reserved 3/4 of the file size before decoding.
+  namespace fs = std::filesystem;
+  fs::path path =
+      fs::temp_directory_path() / ("memf_padded_" + std::to_string(::getpid()) + ".html");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "<html><script>const snapshot = {\"base64\": \"gASV\"};</script></html>";
+  }
+  const uint64_t padded = uint64_t{2} << 30;
+  fs::resize_file(path, padded);
+  EXPECT_EXIT(
+      std::_Exit(failsUnderAddressLimit(path.string(), padded + (uint64_t{768} << 20), "HTML")),
+      ::testing::ExitedWithCode(0), "");
   fs::remove(path);
 }
 
@@ -364,21 +404,6 @@ TEST(PickleBudget, OutOfRangeTimesAreCountedInAWarning) {
   ASSERT_EQ(snap->load_warnings.size(), 1u);
   EXPECT_NE(snap->load_warnings[0].find("2 time_us value(s)"), std::string::npos)
       << snap->load_warnings[0];
-}
-
-// In a death-test child: like loadUnderAddressLimit, 0 when the load failed with `expect` in its
-// message (rather than running out of memory).
-int failsUnderAddressLimit(const std::string& path, uint64_t extra, const std::string& expect) {
-  long pages = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
-    std::fclose(f);
-  }
-  rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + extra;
-  rlimit lim{limit, limit};
-  ::setrlimit(RLIMIT_AS, &lim);
-  auto snap = loadSnapshotFile(path);
-  return !snap.ok() && snap.error().message.find(expect) != std::string::npos ? 0 : 3;
 }
 
 TEST(JsonInput, DeepNestingIsRefusedWithoutBuildingADocument) {
