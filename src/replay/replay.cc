@@ -473,7 +473,10 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         note(AnomalyKind::InvalidSegmentRange, idx);
         break;
       }
-      if (!addRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentOverlap, idx);
+      if (!addRange(ranges_, e.addr, e.addr + e.size)) {
+        note(AnomalyKind::SegmentOverlap, idx);  // ignored, as the model does: bytes counted once
+        break;
+      }
       add(cur_.reserved, e.size, idx);
       break;
     case Action::SegmentFree:

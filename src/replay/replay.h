@@ -63,7 +63,8 @@ std::string_view severityName(Severity s);
     "free_completed without a preceding free_requested (action skipped or overwritten)")          \
   X(FreeRequestedTwice, Error, "free_requested of a block already waiting for free_completed")     \
   X(SegmentNotMapped, Error, "segment_free/segment_unmap of a range that is not reserved")         \
-  X(SegmentOverlap, Error, "segment_alloc/segment_map of a range that is already reserved")        \
+  X(SegmentOverlap, Error,                                                                         \
+    "segment_alloc/segment_map of a range that is already reserved (ignored)")                      \
   X(AllocOutsideSegments, Error, "alloc at an address outside every reserved segment")             \
   X(SnapshotMismatch, Error, "`snapshot` event size differs from the replayed active bytes")        \
   X(FinalStateMismatch, Error,                                                                     \
