@@ -780,7 +780,12 @@ void roundTrips(const Snapshot& gen, FuzzedDataProvider& p) {
     if (!s3) writtenButRefused();
     checkSame(*s2, *s3, /*native=*/false);
   }
-  std::vector<uint8_t> twice = format::snapshotToPickle(*s1);
+  std::vector<uint8_t> twice;  // streamed, as convert --to pickle writes it
+  auto sinkTo = [&](std::span<const uint8_t> b) -> Status {
+    twice.insert(twice.end(), b.begin(), b.end());
+    return Status::Ok();
+  };
+  if (!format::writeSnapshotPickle(*s1, sinkTo).ok()) writtenButRefused();
   auto s4 = format::loadSnapshotBytes(twice);
   if (!s4) writtenButRefused();
   checkSame(*s1, *s4, /*native=*/false);
@@ -824,19 +829,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // dump --stacks
   format::dumpSnapshot(s, out, format::DumpOptions{.stacks = true});
 
-  // blocks --at peak|oom|EVENT|tTIME [--device N] [--json]
+  // blocks --at peak|oom|EVENT|tTIME [--device N] [--json], the --at text parsed as the command
+  // does
   {
     const int64_t n = static_cast<int64_t>(s.events.size());
-    const analysis::BlocksAt ats[] = {
-        {analysis::BlocksAt::Kind::Peak, 0},
-        {analysis::BlocksAt::Kind::Oom, 0},
-        {analysis::BlocksAt::Kind::Event, p.ConsumeIntegralInRange<int64_t>(-2, n + 1)},
-        {analysis::BlocksAt::Kind::Time, p.ConsumeBool()
-                                             ? p.ConsumeIntegral<int64_t>()
-                                             : 1700000000000000 + p.ConsumeIntegral<uint16_t>()},
+    const std::string ats[] = {
+        "peak",
+        "oom",
+        std::to_string(p.ConsumeIntegralInRange<int64_t>(-2, n + 1)),
+        "t" + std::to_string(p.ConsumeBool() ? p.ConsumeIntegral<int64_t>()
+                                             : 1700000000000000 + p.ConsumeIntegral<uint16_t>()),
+        p.ConsumeRandomLengthString(12),
     };
-    for (const auto& at : ats) {
-      auto r = analysis::computeBlocks(s, pickDevice(p, s), at);
+    for (const auto& text : ats) {
+      auto at = analysis::parseBlocksAt(text);
+      if (!at) continue;
+      auto r = analysis::computeBlocks(s, pickDevice(p, s), *at);
       if (!r) continue;
       report::renderBlocksText(*r, out);
       report::renderBlocksJson(*r, out);
@@ -872,7 +880,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       dopt.max_frames_per_stack = 8;
     }
     analysis::ReportData data = analysis::buildReportData(s, dopt);
-    report::renderHtml(rr, data, out);
+    // Unbounded as cmd_report.cc's first attempts, or within a budget as its last one (which
+    // drops sections until the page fits).
+    std::vector<std::string> notes;
+    const size_t budget = p.ConsumeBool() ? SIZE_MAX : p.ConsumeIntegralInRange<size_t>(0, 200000);
+    out << report::renderHtmlWithin(rr, data, budget, &notes);
   }
 
   // convert --to perfetto / collapsed [--device N] [--value allocated] [--user-frames]
