@@ -388,8 +388,10 @@ class Builder {
     DeviceSim& sim = sims_[d];
     clock_ = g_.chance(4) ? 0 : 1700000000000000 + g_.upTo(1000000);
     const uint32_t n = g_.upTo(kMaxEventsPerDevice);
-    for (uint32_t i = 0; i < n && p_.remaining_bytes() > 0; ++i) {
-      const uint32_t op = g_.upTo(31);
+    const size_t first = s_.events.size();
+    for (uint32_t i = 0;
+         i < n && p_.remaining_bytes() > 0 && s_.events.size() - first < kMaxEventsPerDevice; ++i) {
+      const uint32_t op = g_.upTo(32);
       if (op < 10)
         alloc(sim);
       else if (op < 15)
@@ -408,16 +410,19 @@ class Builder {
         oom(sim);
       else if (op < 30)
         push(base(Action::Snapshot, sim));
-      else
+      else if (op < 32)
         other(sim);
+      else
+        iterations(sim, first);
     }
   }
 
   void push(const Event& e) { s_.events.push_back(e); }
 
-  void alloc(DeviceSim& sim) {
+  void alloc(DeviceSim& sim, std::optional<uint64_t> size = {}, std::optional<StackId> stack = {}) {
     Event e = base(Action::Alloc, sim);
-    e.size = g_.chance(3) ? g_.size() : 512 * (1 + g_.upTo(4096));
+    e.size = size ? *size : g_.chance(3) ? g_.size() : 512 * (1 + g_.upTo(4096));
+    if (stack) e.stack = *stack;
     const uint64_t block = roundUp512(e.size);
     bool placed = false;
     if (!sim.segs.empty() && !g_.chance(6)) {
@@ -433,6 +438,38 @@ class Builder {
       e.addr = g_.chance(3) && !freed_.empty() ? freed_[g_.upTo(freed_.size() - 1)] : g_.addr();
     sim.live.push_back(LiveBlock{e.addr, e.size, block, e.stream, e.pool, e.stack});
     push(e);
+  }
+
+  // A training loop: the same allocations (sizes and stacks) made and freed `reps` times, with one
+  // of them kept every iteration when `leak`: the shapes the step and leak detectors look for.
+  // Frees at the top of a segment give the space back, so iterations reuse addresses as the
+  // caching allocator does.
+  void iterations(DeviceSim& sim, size_t first) {
+    const uint32_t k = 1 + g_.upTo(4), reps = 2 + g_.upTo(6);
+    const bool leak = g_.chance(3);
+    std::vector<std::pair<uint64_t, StackId>> shape;
+    for (uint32_t i = 0; i < k; ++i) shape.emplace_back(512 * (1 + g_.upTo(4096)), stack());
+    for (uint32_t r = 0; r < reps && s_.events.size() - first < kMaxEventsPerDevice; ++r) {
+      const size_t before = sim.live.size();
+      for (const auto& [size, st] : shape) alloc(sim, size, st);
+      for (size_t i = sim.live.size(); i-- > before + (leak ? 1 : 0);) {
+        LiveBlock b = take(sim.live, i);
+        for (Action a : {Action::FreeRequested, Action::FreeCompleted}) {
+          Event e = base(a, sim);
+          e.addr = b.addr;
+          e.size = b.size;
+          e.stream = b.stream;
+          e.pool = b.pool;
+          e.stack = b.stack;
+          push(e);
+        }
+        for (SimSegment& sg : sim.segs) {
+          if (sg.cursor >= b.block && b.addr == sg.addr + (sg.cursor - b.block))
+            sg.cursor -= b.block;
+        }
+        freed_.push_back(b.addr);
+      }
+    }
   }
 
   // Takes a random element of v (the caller checks it is not empty).
