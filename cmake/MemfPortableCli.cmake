@@ -6,7 +6,7 @@
 # is small enough to travel with the working tree. CLI11, nlohmann_json and Boost.Graph are header
 # only. Not built by default:
 #
-#   cmake --build build --target memforensics_portable   # -> build/portable/memforensics
+#   cmake --build build --target memforensics_portable   # -> build/portable/memforensics-portable
 #
 # The static libraries are the ones the normal build made (no second compilation of the project);
 # only src/cli's sources are compiled again. `record` looks for libmemforensics_cupti.so as the
@@ -22,7 +22,7 @@ foreach(prop LINK_LIBRARIES INCLUDE_DIRECTORIES COMPILE_DEFINITIONS COMPILE_OPTI
   endif()
 endforeach()
 set_target_properties(memforensics_portable PROPERTIES
-  OUTPUT_NAME memforensics RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/portable MEMF_STATIC_ZSTD ON)
+  OUTPUT_NAME memforensics-portable RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/portable MEMF_STATIC_ZSTD ON)
 target_link_options(memforensics_portable PRIVATE -static-libstdc++ -static-libgcc "LINKER:--strip-debug")
 if(NOT MEMF_ZSTD_STATIC_LIBRARY)
   message(STATUS "memforensics: no libzstd.a: memforensics_portable links libzstd.so")

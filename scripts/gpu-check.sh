@@ -49,7 +49,7 @@ case "${1:-}" in
   build=${2:-$root/build}
   cmake --build "$build" --target memforensics_portable
   mkdir -p "$carry"
-  cp "$build/portable/memforensics" "$carry/memforensics"
+  cp "$build/portable/memforensics-portable" "$carry/memforensics"
   if [ -f "$build/src/capture/libmemforensics_cupti.so" ]; then
     # fallback if the build there fails
     strip --strip-debug -o "$carry/libmemforensics_cupti.so" "$build/src/capture/libmemforensics_cupti.so"
