@@ -260,7 +260,8 @@ void boundAnalysis(json& j, const PageLimits& lim, Cuts& c) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     json& v = it.value();
-    if (isFrameListKey(k) && v.is_array() && v.size() > lim.frames_per_list && lim.frames_per_list >= 2) {
+    // A list already cut (head, marker, tail) has frames_per_list + 1 entries.
+    if (isFrameListKey(k) && v.is_array() && v.size() > lim.frames_per_list + 1 && lim.frames_per_list >= 2) {
       const size_t head = lim.frames_per_list / 2, tail = lim.frames_per_list - head;
       const uint64_t omitted = v.size() - head - tail;
       json kept = json::array();
@@ -315,7 +316,35 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   json doc;
   doc["format"] = "memforensics-report";
   doc["version"] = 1;
-  doc["analysis"] = analysisJson(analysis);
+  // The call graph's hot path is as deep as the deepest stack: it is cut here, before it becomes
+  // JSON (1,000,000 frames as JSON objects took 600 MB); the other frame lists are cut below.
+  const analysis::AnalysisResult* src = &analysis;
+  analysis::AnalysisResult trimmed;
+  const size_t fpl = std::max<size_t>(2, lim.frames_per_list);
+  if (std::any_of(analysis.devices.begin(), analysis.devices.end(),
+                  [&](const auto& d) { return d.frames_at_peak.hot_path.size() > fpl; })) {
+    trimmed = analysis;
+    for (auto& d : trimmed.devices) {
+      auto& hp = d.frames_at_peak.hot_path;
+      if (hp.size() <= fpl) continue;
+      const size_t head = fpl / 2, tail = fpl - head;
+      const uint64_t omitted = hp.size() - head - tail;
+      analysis::FrameBytes marker;
+      marker.frame.name = "\xE2\x80\xA6 " + std::to_string(omitted) + " frames omitted";
+      marker.frame.line = format::kUnknownLine;
+      std::vector<analysis::FrameBytes> kept(std::make_move_iterator(hp.begin()),
+                                             std::make_move_iterator(hp.begin() + static_cast<std::ptrdiff_t>(head)));
+      kept.push_back(std::move(marker));
+      kept.insert(kept.end(), std::make_move_iterator(hp.end() - static_cast<std::ptrdiff_t>(tail)),
+                  std::make_move_iterator(hp.end()));
+      hp = std::move(kept);
+      ++cuts.frame_lists;
+      cuts.frames_omitted += omitted;
+    }
+    src = &trimmed;
+  }
+  doc["analysis"] = analysisJson(*src);
+  if (src == &trimmed) trimmed = {};
   boundAnalysis(doc["analysis"], lim, cuts);
   json frames = json::array();
   for (const auto& f : data.frames) frames.push_back({f.filename, f.name, f.line});

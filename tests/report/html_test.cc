@@ -231,7 +231,7 @@ TEST(HtmlBound, DeepStacksKeepTheirEndsAndCountWhatIsLeftOut) {
       EXPECT_EQ(std::stoull(c.substr(prefix.size())), omitted) << c;
     }
   }
-  EXPECT_TRUE(noted);
+  EXPECT_TRUE(noted) << prefix << " / " << nlohmann::json(b.caps).dump();
   // The innermost frame survives.
   EXPECT_NE(dataOf(b.html).find("\"f0\""), std::string::npos);
   EXPECT_NE(dataOf(b.html).find("\"f99999\""), std::string::npos);
