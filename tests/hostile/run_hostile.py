@@ -156,8 +156,13 @@ class Runner:
         err_path = os.path.join(cwd, ".stderr")
         with open(out_path, "wb") as so, open(err_path, "wb") as se:
             t0 = time.monotonic()
-            p = subprocess.Popen(argv, cwd=cwd, stdout=so, stderr=se, stdin=stdin or subprocess.DEVNULL,
-                                 preexec_fn=pre, env=env)
+            try:
+                p = subprocess.Popen(argv, cwd=cwd, stdout=so, stderr=se, stdin=stdin or subprocess.DEVNULL,
+                                     preexec_fn=pre, env=env)
+            except OSError as e:  # e.g. the executable is being relinked
+                res.fail(f"cannot start {argv[0]}: {e.strerror}")
+                res.stderr_tail = ""
+                return None
             rc = None
             ru = None
             delay = 0.001
