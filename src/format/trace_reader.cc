@@ -369,7 +369,9 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
     e.addr = addr;
     e.size = size;
     e.stream = static_cast<int64_t>(stream);
-    e.time_us = static_cast<int64_t>(t) - 1;
+    // Stored as time_us + 1 (0 = no time), so INT64_MAX is stored as 2^63: subtract in uint64
+    // (t - 1 as int64 would overflow there). A value no writer produces (above 2^63) is no time.
+    e.time_us = t == 0 || t > (uint64_t{1} << 63) ? -1 : static_cast<int64_t>(t - 1);
     e.device = device;
     e.stack = stack;
     e.compile_context = compile;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -389,6 +390,23 @@ TEST(TraceLimits, SegmentDevicesKeepTheirInt64Value) {
   Snapshot back = fromTrace(toTrace(s, 0));
   ASSERT_EQ(back.segments.size(), 1u);
   EXPECT_EQ(back.segments[0].device, (int64_t{1} << 40) + 3);
+}
+
+TEST(TraceLimits, ExtremeTimesSurvive) {
+  // time_us is stored as time_us + 1 (0 = none): INT64_MAX is stored as 2^63, and reading it back
+  // once overflowed int64 (UBSan, found by fuzz_pipeline).
+  Gen g;
+  g.loop(0, 1ull << 40, 4, {g.stack(0, 1)}, 1);
+  Snapshot s = g.finish(1);
+  ASSERT_GE(s.events.size(), 3u);
+  s.events[0].time_us = std::numeric_limits<int64_t>::max();
+  s.events[1].time_us = -1;
+  s.events[2].time_us = 0;
+  Snapshot back = fromTrace(toTrace(s, 0));
+  ASSERT_EQ(back.events.size(), s.events.size());
+  EXPECT_EQ(back.events[0].time_us, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(back.events[1].time_us, -1);
+  EXPECT_EQ(back.events[2].time_us, 0);
 }
 
 TEST(TraceLimits, EmptyDeviceTracesSurvivePickleToNativeToPickle) {
