@@ -13,11 +13,12 @@
 #
 #   scripts/capture-only-build.sh [--reader PATH/TO/memforensics] [--dir BASE] [-j N]
 #
-# BASE (default /tmp/memf-capture-only) gets the zstd tree; BASE-nozstd the other one.
+# BASE (default build-capture-only in this checkout, so that two checkouts never share a tree)
+# gets the zstd tree; BASE-nozstd the other one.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 reader=$root/build/src/cli/memforensics
-base=/tmp/memf-capture-only
+base=$root/build-capture-only
 jobs=2
 while [ $# -gt 0 ]; do
   case $1 in
@@ -70,11 +71,12 @@ for variant in zstd nozstd; do
   extra=()
   if [ $variant = nozstd ]; then dir=$base-nozstd; extra=(-DCMAKE_DISABLE_FIND_PACKAGE_zstd=ON); fi
   echo "== capture-only build ($variant) in $dir"
+  mkdir -p "$dir"
   cmake -S "$root" -B "$dir" -G Ninja --no-warn-unused-cli -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMEMF_CAPTURE_ONLY=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
-    -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON "${extra[@]}" >"$dir.configure.log" 2>&1 ||
-    { cat "$dir.configure.log" >&2; fail "configure ($variant)"; }
-  grep -E '^-- memforensics:' "$dir.configure.log" || true
+    -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON "${extra[@]}" >"$dir/memf-configure.log" 2>&1 ||
+    { cat "$dir/memf-configure.log" >&2; fail "configure ($variant)"; }
+  grep -E '^-- memforensics:' "$dir/memf-configure.log" || true
   if grep -Eq '^(CLI11|nlohmann_json|Boost|GTest)_DIR:PATH=/' "$dir/CMakeCache.txt"; then
     fail "a capture-only configure found one of CLI11, nlohmann_json, Boost, GTest"
   fi
@@ -83,8 +85,8 @@ for variant in zstd nozstd; do
   have() { grep -q "^$1: " <<<"$targets_all"; }
   have memforensics_cupti && targets+=(memforensics_cupti cupti_inject_sim)
   have memforensics_torch && targets+=(memforensics_torch)
-  cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir.build.log" 2>&1 ||
-    { tail -40 "$dir.build.log" >&2; fail "build ($variant)"; }
+  cmake --build "$dir" -j"$jobs" --target "${targets[@]}" >"$dir/memf-build.log" 2>&1 ||
+    { tail -40 "$dir/memf-build.log" >&2; fail "build ($variant)"; }
   echo "built: ${targets[*]}"
 
   trace=$dir/probe.bin
