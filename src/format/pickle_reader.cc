@@ -376,11 +376,14 @@ class Machine {
     }
     return Status::Ok();
   }
+  // A budget of per_byte items for each input byte, plus kBudgetSlack (pickle_reader.h); the
+  // figure the counters start from and that their refusals quote.
+  uint64_t inputBudget(uint64_t per_byte) const { return per_byte * snap_.input_bytes + kBudgetSlack; }
   Status chargeFrames(uint64_t n) {
     if (n > frames_budget_) {
       return err("the frames lists expand to more stack frames than an input of " +
                  std::to_string(snap_.input_bytes) + " bytes can hold (a budget of " +
-                 std::to_string(kStackFramesPerInputByte * snap_.input_bytes + kBudgetSlack) +
+                 std::to_string(inputBudget(kStackFramesPerInputByte)) +
                  "; is one frames list appended to after each use?)");
     }
     frames_budget_ -= n;
@@ -390,7 +393,7 @@ class Machine {
   Status chargeRecords(uint64_t n, const std::string& where) {
     if (n > records_budget_) {
       return Error{where + ": the input expands to more than " +
-                       std::to_string(kRecordsPerInputByte * snap_.input_bytes + kBudgetSlack) +
+                       std::to_string(inputBudget(kRecordsPerInputByte)) +
                        " records (segments, blocks, trace entries and their fields), more than an input of " +
                        std::to_string(snap_.input_bytes) +
                        " bytes holds unless one memoized list or dict is referenced many times; refused",
@@ -721,8 +724,8 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
 Expected<Snapshot> Machine::run() {
   snap_.input_bytes = static_cast<uint64_t>(end_ - begin_);
   memo_budget_ = kMemoEntriesPerInputByte * snap_.input_bytes;
-  frames_budget_ = kStackFramesPerInputByte * snap_.input_bytes + kBudgetSlack;
-  records_budget_ = kRecordsPerInputByte * snap_.input_bytes + kBudgetSlack;
+  frames_budget_ = inputBudget(kStackFramesPerInputByte);
+  records_budget_ = inputBudget(kRecordsPerInputByte);
   uint64_t next_progress = opt_.progress_interval;
   // Nothing is reserved from the input's size (a valid pickle padded with 1 GB of zeros is 1 GB
   // long): the big arrays grow geometrically from what was parsed, with huge pages once large.

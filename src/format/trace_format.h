@@ -54,12 +54,15 @@ inline constexpr uint32_t kTableChunkBytes = 4u << 20;
 // whose data compress better than that (a repetitive alloc/free loop) stores some chunks
 // uncompressed, which keeps its file within the budget it will be read with. Chunks stored
 // uncompressed are bounded by the file itself and do not count.
+// max(floor, per_byte * file_bytes), saturating at 2^64-1: the shape of every budget below.
+inline constexpr uint64_t fileBudget(uint64_t file_bytes, uint64_t per_byte, uint64_t floor) {
+  if (file_bytes > ~uint64_t{0} / per_byte) return ~uint64_t{0};
+  return file_bytes > floor / per_byte ? file_bytes * per_byte : floor;
+}
 inline constexpr uint64_t kDecodedBudgetFloor = 16u << 20;
 inline constexpr uint64_t kDecodedBytesPerFileByte = 16;
 inline constexpr uint64_t decodedBudget(uint64_t file_bytes) {
-  if (file_bytes > ~uint64_t{0} / kDecodedBytesPerFileByte) return ~uint64_t{0};
-  return file_bytes > kDecodedBudgetFloor / kDecodedBytesPerFileByte ? file_bytes * kDecodedBytesPerFileByte
-                                                                     : kDecodedBudgetFloor;
+  return fileBudget(file_bytes, kDecodedBytesPerFileByte, kDecodedBudgetFloor);
 }
 // Reading a trace turns each stack trie node that an event, segment or block refers to into a
 // full frame list (the Snapshot model keeps a stack as its frames). The frames of all the distinct
@@ -71,9 +74,7 @@ inline constexpr uint64_t decodedBudget(uint64_t file_bytes) {
 inline constexpr uint64_t kStackFrameBudgetFloor = 16u << 20;
 inline constexpr uint64_t kStackFramesPerFileByte = 64;
 inline constexpr uint64_t stackFrameBudget(uint64_t file_bytes) {
-  if (file_bytes > ~uint64_t{0} / kStackFramesPerFileByte) return ~uint64_t{0};
-  return file_bytes > kStackFrameBudgetFloor / kStackFramesPerFileByte ? file_bytes * kStackFramesPerFileByte
-                                                                       : kStackFrameBudgetFloor;
+  return fileBudget(file_bytes, kStackFramesPerFileByte, kStackFrameBudgetFloor);
 }
 // An event's device is the index of its per-device trace (PyTorch's `device_traces` list), so it
 // sizes per-device tables: ordinals of events and the trailer's device trace count are below
