@@ -59,7 +59,8 @@ void BM_RingPush(benchmark::State& state) {
     state.ResumeTiming();
   }
   state.SetItemsProcessed(static_cast<int64_t>(n));
-  state.counters["ns_per_record"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_record"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_RingPush);
 
@@ -92,10 +93,15 @@ void hotPath(benchmark::State& state, bool with_context) {
   ::unlink(path.c_str());
   state.SetItemsProcessed(static_cast<int64_t>(n));
   state.counters["refused"] = static_cast<double>(refused);
-  state.counters["ns_per_record"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_record"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-void BM_HotPathNoStacks(benchmark::State& state) { hotPath(state, false); }
-void BM_HotPathWithContext(benchmark::State& state) { hotPath(state, true); }
+void BM_HotPathNoStacks(benchmark::State& state) {
+  hotPath(state, false);
+}
+void BM_HotPathWithContext(benchmark::State& state) {
+  hotPath(state, true);
+}
 BENCHMARK(BM_HotPathNoStacks);
 BENCHMARK(BM_HotPathWithContext);
 
@@ -106,7 +112,8 @@ struct Ctx {
 };
 class SiteResolver : public mc::StackResolver {
  public:
-  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode, std::vector<mc::ResolvedFrame>& frames,
+  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode,
+               std::vector<mc::ResolvedFrame>& frames,
                std::vector<std::vector<uint32_t>>& stacks) override {
     std::map<std::pair<uint32_t, uint32_t>, uint32_t> seen;  // (depth, name) -> index
     for (const auto& c : contexts) {
@@ -114,9 +121,11 @@ class SiteResolver : public mc::StackResolver {
       std::vector<uint32_t> ids;
       for (uint32_t d = 0; d < 8; ++d) {
         uint32_t name = (site + d) % 40;
-        auto [it, fresh] = seen.try_emplace({d, name * 100 + site % 13}, static_cast<uint32_t>(frames.size()));
+        auto [it, fresh] =
+            seen.try_emplace({d, name * 100 + site % 13}, static_cast<uint32_t>(frames.size()));
         if (fresh) {
-          frames.push_back({"model/layer" + std::to_string(d) + ".py", "forward" + std::to_string(name), 10 + d * 7 + site % 13});
+          frames.push_back({"model/layer" + std::to_string(d) + ".py",
+                            "forward" + std::to_string(name), 10 + d * 7 + site % 13});
         }
         ids.push_back(it->second);
       }
@@ -145,7 +154,8 @@ void writer(benchmark::State& state, int zstd, bool stacks) {
     for (uint64_t i = 0; i < kEvents; ++i) {
       mc::CaptureRecord rec = nth(i);
       if (stacks && rec.action == 0) {
-        while (!(*r)->record(rec, std::shared_ptr<void>(sites[(i / 3) % 300]))) std::this_thread::yield();
+        while (!(*r)->record(rec, std::shared_ptr<void>(sites[(i / 3) % 300])))
+          std::this_thread::yield();
       } else {
         while (!(*r)->record(rec)) std::this_thread::yield();
       }
@@ -159,9 +169,15 @@ void writer(benchmark::State& state, int zstd, bool stacks) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kEvents));
   state.counters["bytes_per_event"] = static_cast<double>(bytes) / static_cast<double>(kEvents);
 }
-void BM_WriterStored(benchmark::State& state) { writer(state, 0, false); }
-void BM_WriterZstd1(benchmark::State& state) { writer(state, 1, false); }
-void BM_WriterZstd1Stacks(benchmark::State& state) { writer(state, 1, true); }
+void BM_WriterStored(benchmark::State& state) {
+  writer(state, 0, false);
+}
+void BM_WriterZstd1(benchmark::State& state) {
+  writer(state, 1, false);
+}
+void BM_WriterZstd1Stacks(benchmark::State& state) {
+  writer(state, 1, true);
+}
 BENCHMARK(BM_WriterStored)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_WriterZstd1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 BENCHMARK(BM_WriterZstd1Stacks)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);

@@ -180,8 +180,10 @@ int main(int argc, char** argv) {
     nat->bytes = std::move(sink.data);
     nat->events = pk->events;
     std::string name = std::filesystem::path(argv[i]).stem().string();
-    benchmark::RegisterBenchmark(("BM_Load/pickle/" + name).c_str(), BM_Load, pk.get())->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("BM_Load/native/" + name).c_str(), BM_Load, nat.get())->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_Load/pickle/" + name).c_str(), BM_Load, pk.get())
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_Load/native/" + name).c_str(), BM_Load, nat.get())
+        ->Unit(benchmark::kMillisecond);
     cases.push_back(std::move(pk));
     cases.push_back(std::move(nat));
   }

@@ -2,9 +2,9 @@
 //
 // loadSnapshotBytes sniffs the content, so one target covers the pickle reader, the memory_viz
 // HTML extraction and the JSON form. Whatever loads is replayed and analyzed per device and
-// rendered as JSON and text, as `memforensics analyze [--json]` does, and dumped with its stacks, as
-// `memforensics dump --stacks` does. Errors are fine; crashes, sanitizer reports, leaks and hangs
-// are not.
+// rendered as JSON and text, as `memforensics analyze [--json]` does, and dumped with its stacks,
+// as `memforensics dump --stacks` does. Errors are fine; crashes, sanitizer reports, leaks and
+// hangs are not.
 #include <cstddef>
 #include <cstdint>
 #include <ostream>

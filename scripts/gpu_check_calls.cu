@@ -27,26 +27,30 @@ void fail(const char* what, int code) {
   std::fprintf(stderr, "gpu_check_calls: %s failed with %d\n", what, code);
   std::exit(1);
 }
-#define RT(call)                                \
-  do {                                          \
-    cudaError_t e_ = (call);                    \
-    if (e_ != cudaSuccess) fail(#call, e_);     \
+#define RT(call)                            \
+  do {                                      \
+    cudaError_t e_ = (call);                \
+    if (e_ != cudaSuccess) fail(#call, e_); \
   } while (0)
-#define DRV(call)                               \
-  do {                                          \
-    CUresult e_ = (call);                       \
-    if (e_ != CUDA_SUCCESS) fail(#call, e_);    \
+#define DRV(call)                            \
+  do {                                       \
+    CUresult e_ = (call);                    \
+    if (e_ != CUDA_SUCCESS) fail(#call, e_); \
   } while (0)
 
 // op: the API; addr/size: what it handed out or released; async/pool: stream-ordered details.
 void logCall(const char* op, unsigned long long addr, unsigned long long size, int async = 0,
              int pool = 0) {
-  std::fprintf(g_log, "{\"op\": \"%s\", \"device\": 0, \"addr\": %llu, \"size\": %llu, \"async\": %d, \"pool\": %d}\n",
+  std::fprintf(g_log,
+               "{\"op\": \"%s\", \"device\": 0, \"addr\": %llu, \"size\": %llu, \"async\": %d, "
+               "\"pool\": %d}\n",
                op, addr, size, async, pool);
   std::fflush(g_log);
 }
 
-unsigned long long u(const void* p) { return reinterpret_cast<unsigned long long>(p); }
+unsigned long long u(const void* p) {
+  return reinterpret_cast<unsigned long long>(p);
+}
 
 }  // namespace
 

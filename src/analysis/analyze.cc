@@ -33,7 +33,8 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::De
     if (a.second.g.requested_bytes != b.second.g.requested_bytes) {
       return a.second.g.requested_bytes > b.second.g.requested_bytes;
     }
-    if (a.second.first_event != b.second.first_event) return a.second.first_event < b.second.first_event;
+    if (a.second.first_event != b.second.first_event)
+      return a.second.first_event < b.second.first_event;
     return a.second.first_addr < b.second.first_addr;
   });
   std::vector<StackGroup> out;
@@ -86,7 +87,8 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
       if (a.count == 0) continue;
       auto kind = static_cast<replay::AnomalyKind>(k);
       da.anomalies.push_back({std::string(replay::anomalyId(kind)), replay::anomalySeverity(kind),
-                              std::string(replay::anomalyDescription(kind)), a.count, a.first_event});
+                              std::string(replay::anomalyDescription(kind)), a.count,
+                              a.first_event});
     }
     std::stable_sort(da.anomalies.begin(), da.anomalies.end(),
                      [](const auto& a, const auto& b) { return a.severity > b.severity; });

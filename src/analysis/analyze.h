@@ -40,7 +40,7 @@ struct AnomalyReport {
 struct DeviceAnalysis {
   replay::DeviceSummary summary;
   size_t segments = 0;
-  size_t live_at_peak = 0;  // live blocks at the requested peak
+  size_t live_at_peak = 0;              // live blocks at the requested peak
   std::vector<StackGroup> top_at_peak;  // largest first, by requested bytes
   std::vector<OomReport> ooms;
   std::vector<AnomalyReport> anomalies;  // non-zero ones only, by severity then id

@@ -14,7 +14,8 @@ using format::BlockState;
 
 std::string poolLabel(bool is_large, const replay::PoolId& pool) {
   std::string s = is_large ? "large" : "small";
-  if (pool != replay::PoolId{0, 0}) s += " (" + std::to_string(pool.first) + "," + std::to_string(pool.second) + ")";
+  if (pool != replay::PoolId{0, 0})
+    s += " (" + std::to_string(pool.first) + "," + std::to_string(pool.second) + ")";
   return s;
 }
 
@@ -42,12 +43,14 @@ Expected<BlocksAt> parseBlocksAt(std::string_view s) {
   }
   auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), a.value);
   if (num.empty() || ec != std::errc() || p != num.data() + num.size()) {
-    return Error{"--at expects peak, oom, an event index or tTIME_US, got '" + std::string(s) + "'"};
+    return Error{"--at expects peak, oom, an event index or tTIME_US, got '" + std::string(s) +
+                 "'"};
   }
   return a;
 }
 
-Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device, const BlocksAt& at) {
+Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device,
+                                     const BlocksAt& at) {
   auto devs = snap.devices();
   int64_t d = -1;
   if (device) {
@@ -96,8 +99,9 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
     case BlocksAt::Kind::Event:
       r.at = "event";
       if (at.value < -1 || at.value >= static_cast<int64_t>(events.size())) {
-        return Error{"event " + std::to_string(at.value) + " is out of range: device " + std::to_string(d) + " has " +
-                     std::to_string(events.size()) + " events (-1 = the start state)"};
+        return Error{"event " + std::to_string(at.value) + " is out of range: device " +
+                     std::to_string(d) + " has " + std::to_string(events.size()) +
+                     " events (-1 = the start state)"};
       }
       r.event = at.value;
       break;
@@ -163,7 +167,8 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
     r.segments.push_back(std::move(sb));
   }
   if (r.free_bytes > 0) {
-    r.external_fragmentation = 1.0 - static_cast<double>(r.largest_free) / static_cast<double>(r.free_bytes);
+    r.external_fragmentation =
+        1.0 - static_cast<double>(r.largest_free) / static_cast<double>(r.free_bytes);
   }
   for (auto& [k, v] : pools) r.by_pool.push_back(v);
   for (auto& [k, v] : streams) r.by_stream.push_back(v);

@@ -43,8 +43,8 @@ struct SegmentBlocks {
 
 // Free space of one pool kind ("small"/"large", private pools named by their id) or one stream.
 struct FreeSpace {
-  std::string pool;     // "small" / "large" / "" (per-stream rows)
-  int64_t stream = 0;   // per-pool rows: 0
+  std::string pool;    // "small" / "large" / "" (per-stream rows)
+  int64_t stream = 0;  // per-pool rows: 0
   bool is_stream = false;
   uint64_t free_bytes = 0;
   uint64_t largest_free = 0;
@@ -57,12 +57,13 @@ struct OomVerdict {
   uint64_t request_bytes = 0;  // rounded request that failed
   uint64_t device_free = 0;    // cudaMemGetInfo free bytes at the failure
   int64_t stream = 0;
-  std::string pool;            // pool the request would use
-  uint64_t pool_free = 0;      // free bytes of that pool and stream
-  uint64_t pool_largest = 0;   // largest free block of that pool and stream
-  bool fits_total = false;     // request <= pool_free
-  bool fits_block = false;     // request <= pool_largest
-  bool fragmentation = false;  // fits_total && !fits_block: enough free bytes, no block to hold them
+  std::string pool;           // pool the request would use
+  uint64_t pool_free = 0;     // free bytes of that pool and stream
+  uint64_t pool_largest = 0;  // largest free block of that pool and stream
+  bool fits_total = false;    // request <= pool_free
+  bool fits_block = false;    // request <= pool_largest
+  bool fragmentation =
+      false;  // fits_total && !fits_block: enough free bytes, no block to hold them
 };
 
 // An error-severity replay anomaly of the device (replay/replay.h MEMF_ANOMALIES).
@@ -75,14 +76,15 @@ struct BlocksError {
 struct BlocksResult {
   std::string path;
   int64_t device = 0;
-  std::string at;          // "peak", "oom", "event", "time"
-  int64_t event = -1;      // state after this event (-1: the start state)
+  std::string at;      // "peak", "oom", "event", "time"
+  int64_t event = -1;  // state after this event (-1: the start state)
   int64_t time_us = -1;
   size_t events = 0;
   replay::ModelCheck model;  // predictions checked on events [0, event]
-  bool layout_exact = false; // every prediction up to `event` matched, and the history is consistent
-  // false when the trace cannot lead to the file's final state: `untrusted` (replay::UntrustedFigure
-  // bits) then includes the block layout.
+  bool layout_exact =
+      false;  // every prediction up to `event` matched, and the history is consistent
+  // false when the trace cannot lead to the file's final state: `untrusted`
+  // (replay::UntrustedFigure bits) then includes the block layout.
   bool consistent = true;
   uint8_t untrusted = 0;
   std::vector<BlocksError> errors;  // the device's error-severity replay anomalies
@@ -90,12 +92,13 @@ struct BlocksResult {
   uint64_t reserved_bytes = 0, allocated_bytes = 0, pending_bytes = 0, requested_bytes = 0;
   uint64_t free_bytes = 0, largest_free = 0, free_blocks = 0, internal_waste = 0;
   double external_fragmentation = 0.0;  // 1 - largest_free / free_bytes (0 when nothing is free)
-  std::vector<FreeSpace> by_pool;    // one row per pool kind present
-  std::vector<FreeSpace> by_stream;  // one row per stream present
-  std::optional<OomVerdict> oom;     // when the chosen event is an OOM
+  std::vector<FreeSpace> by_pool;       // one row per pool kind present
+  std::vector<FreeSpace> by_stream;     // one row per stream present
+  std::optional<OomVerdict> oom;        // when the chosen event is an OOM
 };
 
 // Errors: no such device, `oom` without an OOM, an event index out of range, no time_us.
-Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device, const BlocksAt& at);
+Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device,
+                                     const BlocksAt& at);
 
 }  // namespace memforensics::analysis

@@ -19,21 +19,26 @@ struct VertexData {
 struct EdgeData {
   uint64_t bytes = 0;  // live bytes that flowed through this call
 };
-using Graph = boost::adjacency_list<boost::setS, boost::vecS, boost::bidirectionalS, VertexData, EdgeData>;
+using Graph =
+    boost::adjacency_list<boost::setS, boost::vecS, boost::bidirectionalS, VertexData, EdgeData>;
 using Vertex = boost::graph_traits<Graph>::vertex_descriptor;
 
 // Frames that carry no attribution: the allocator, the dispatcher, interpreter glue (the same
 // frames userFrames() skips).
-bool plumbing(const format::Snapshot& s, const format::Frame& f) { return isNoiseFrame(s, f) || isPlumbingFrame(s, f); }
+bool plumbing(const format::Snapshot& s, const format::Frame& f) {
+  return isNoiseFrame(s, f) || isPlumbingFrame(s, f);
+}
 
 FrameText textOf(const format::Snapshot& s, format::FrameId id) {
   const format::Frame& f = s.stacks.frame(id);
-  return FrameText{std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)), f.line};
+  return FrameText{std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)),
+                   f.line};
 }
 
 }  // namespace
 
-CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<replay::LiveBlock>& live, size_t top) {
+CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<replay::LiveBlock>& live,
+                                size_t top) {
   CallGraphSummary out;
   // Group blocks by stack first: the graph work is then per distinct stack, not per block.
   std::unordered_map<format::StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, blocks
@@ -108,10 +113,11 @@ CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<repla
       if (key(*it) != 0) vs.push_back(*it);
     }
     const size_t n = std::min(top, vs.size());
-    std::partial_sort(vs.begin(), vs.begin() + static_cast<std::ptrdiff_t>(n), vs.end(), [&](Vertex a, Vertex b) {
-      if (key(a) != key(b)) return key(a) > key(b);
-      return displayOf(a) < displayOf(b);
-    });
+    std::partial_sort(vs.begin(), vs.begin() + static_cast<std::ptrdiff_t>(n), vs.end(),
+                      [&](Vertex a, Vertex b) {
+                        if (key(a) != key(b)) return key(a) > key(b);
+                        return displayOf(a) < displayOf(b);
+                      });
     std::vector<FrameBytes> r;
     r.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -127,11 +133,14 @@ CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<repla
   Vertex best = boost::graph_traits<Graph>::null_vertex();
   for (auto [it, end] = boost::vertices(g); it != end; ++it) {
     if (boost::in_degree(*it, g) != 0) continue;
-    if (best == boost::graph_traits<Graph>::null_vertex() || g[*it].inclusive > g[best].inclusive) best = *it;
+    if (best == boost::graph_traits<Graph>::null_vertex() || g[*it].inclusive > g[best].inclusive)
+      best = *it;
   }
   std::unordered_set<Vertex> on_path;
-  for (Vertex v = best; v != boost::graph_traits<Graph>::null_vertex() && on_path.insert(v).second;) {
-    out.hot_path.push_back(FrameBytes{textOf(snap, g[v].frame), g[v].self, g[v].inclusive, g[v].blocks});
+  for (Vertex v = best;
+       v != boost::graph_traits<Graph>::null_vertex() && on_path.insert(v).second;) {
+    out.hot_path.push_back(
+        FrameBytes{textOf(snap, g[v].frame), g[v].self, g[v].inclusive, g[v].blocks});
     Vertex next = boost::graph_traits<Graph>::null_vertex();
     uint64_t next_bytes = 0;
     for (auto [e, eend] = boost::out_edges(v, g); e != eend; ++e) {

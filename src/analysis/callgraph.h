@@ -25,12 +25,12 @@ struct FrameBytes {
 };
 
 struct CallGraphSummary {
-  uint64_t total_bytes = 0;           // live requested bytes attributed
-  uint64_t unattributed_bytes = 0;    // blocks without a recorded stack
+  uint64_t total_bytes = 0;         // live requested bytes attributed
+  uint64_t unattributed_bytes = 0;  // blocks without a recorded stack
   size_t vertices = 0, edges = 0;
   std::vector<FrameBytes> top_inclusive;  // largest first
   std::vector<FrameBytes> top_self;
-  std::vector<FrameBytes> hot_path;       // outermost to innermost
+  std::vector<FrameBytes> hot_path;  // outermost to innermost
 };
 
 // Attribution of the live (non-pending) blocks of `live` to the frames of their stacks.

@@ -20,34 +20,50 @@ using format::StackId;
 
 std::string_view categoryName(Category c) {
   switch (c) {
-    case Category::Parameter: return "parameter";
-    case Category::Gradient: return "gradient";
-    case Category::Activation: return "activation";
-    case Category::OptimizerState: return "optimizer_state";
-    case Category::Temporary: return "temporary";
-    case Category::Unknown: return "unknown";
+    case Category::Parameter:
+      return "parameter";
+    case Category::Gradient:
+      return "gradient";
+    case Category::Activation:
+      return "activation";
+    case Category::OptimizerState:
+      return "optimizer_state";
+    case Category::Temporary:
+      return "temporary";
+    case Category::Unknown:
+      return "unknown";
   }
   return "unknown";
 }
 
 std::string_view findingKindId(FindingKind k) {
   switch (k) {
-    case FindingKind::OomVerdict: return "oom_verdict";
-    case FindingKind::Leak: return "leak";
-    case FindingKind::ActivationRetention: return "activation_retention";
-    case FindingKind::OptimizerStateBloat: return "optimizer_state_bloat";
-    case FindingKind::CacheBloat: return "cache_bloat";
-    case FindingKind::TemporarySpike: return "temporary_spike";
-    case FindingKind::PendingFreeRetention: return "pending_free_retention";
+    case FindingKind::OomVerdict:
+      return "oom_verdict";
+    case FindingKind::Leak:
+      return "leak";
+    case FindingKind::ActivationRetention:
+      return "activation_retention";
+    case FindingKind::OptimizerStateBloat:
+      return "optimizer_state_bloat";
+    case FindingKind::CacheBloat:
+      return "cache_bloat";
+    case FindingKind::TemporarySpike:
+      return "temporary_spike";
+    case FindingKind::PendingFreeRetention:
+      return "pending_free_retention";
   }
   return "unknown";
 }
 
 std::string_view findingSeverityName(FindingSeverity s) {
   switch (s) {
-    case FindingSeverity::Info: return "info";
-    case FindingSeverity::Warning: return "warning";
-    case FindingSeverity::High: return "high";
+    case FindingSeverity::Info:
+      return "info";
+    case FindingSeverity::Warning:
+      return "warning";
+    case FindingSeverity::High:
+      return "high";
   }
   return "info";
 }
@@ -56,14 +72,16 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
 // What a stack says about the code that allocated (cached per stack).
 enum StackFlag : uint8_t {
-  kOptimizer = 1,  // torch/optim/ frames
-  kAutograd = 2,   // autograd engine / backward frames
-  kModuleInit = 4, // parameter creation: nn.Module construction or .to()/.cuda()
-  kForward = 8,    // a model's forward: a `forward` frame or torch.nn.functional
+  kOptimizer = 1,   // torch/optim/ frames
+  kAutograd = 2,    // autograd engine / backward frames
+  kModuleInit = 4,  // parameter creation: nn.Module construction or .to()/.cuda()
+  kForward = 8,     // a model's forward: a `forward` frame or torch.nn.functional
 };
 
 uint8_t stackFlags(const format::Snapshot& s, StackId id) {
@@ -155,7 +173,8 @@ Category categorize(Ctx& c, const Alloc& a) {
   if (f & kOptimizer) return long_lived ? Category::OptimizerState : Category::Temporary;
   if (f & kAutograd) return long_lived ? Category::Gradient : Category::Temporary;
   if (have_iters && a.event < c.iters.front().first_event) {
-    return a.freed < 0 || a.freed > c.iters.front().first_event ? Category::Parameter : Category::Temporary;
+    return a.freed < 0 || a.freed > c.iters.front().first_event ? Category::Parameter
+                                                                : Category::Temporary;
   }
   if (!have_iters) {
     if (f & kModuleInit) return Category::Parameter;
@@ -172,17 +191,20 @@ Category categorize(Ctx& c, const Alloc& a) {
   return (f & kForward) ? Category::Activation : Category::Unknown;
 }
 
-// Phases, allocations with lifetimes and categories; the replayer and summary are set by the caller.
+// Phases, allocations with lifetimes and categories; the replayer and summary are set by the
+// caller.
 Ctx buildContext(const format::Snapshot& s, int64_t device) {
   Ctx c{s, device, {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr};
-  if (device >= 0 && static_cast<size_t>(device) < s.traceCount()) c.ev = s.trace(static_cast<size_t>(device));
+  if (device >= 0 && static_cast<size_t>(device) < s.traceCount())
+    c.ev = s.trace(static_cast<size_t>(device));
   c.phases = detectPhases(s, device);
   for (const Phase& p : c.phases) {
     if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) c.iters.push_back(p);
   }
   if (!c.iters.empty()) {
-    c.basis = c.iters.front().source == PhaseSource::Annotation ? "iterations from external_annotations"
-                                                                 : "iterations detected from the repeating allocation pattern";
+    c.basis = c.iters.front().source == PhaseSource::Annotation
+                  ? "iterations from external_annotations"
+                  : "iterations detected from the repeating allocation pattern";
   }
   c.alloc_at.assign(c.ev.size(), -1);
   U64Map<int32_t> open;
@@ -218,7 +240,8 @@ Ctx ownContext(const format::Snapshot& s, int64_t device) {
 }
 
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
-  if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= c.alloc_at.size()) return preTraceCategory(c, b.stack);
+  if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= c.alloc_at.size())
+    return preTraceCategory(c, b.stack);
   int32_t k = c.alloc_at[static_cast<size_t>(b.alloc_event)];
   return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].cat;
 }
@@ -226,13 +249,15 @@ Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
 std::string pct(uint64_t part, uint64_t whole) {
   if (whole == 0) return "0%";
   char b[16];
-  std::snprintf(b, sizeof b, "%.0f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  std::snprintf(b, sizeof b, "%.0f%%",
+                100.0 * static_cast<double>(part) / static_cast<double>(whole));
   return b;
 }
 
 // Live (non-pending) requested bytes by stack, largest first.
-std::vector<std::pair<StackId, uint64_t>> topStacks(const U64Map<replay::LiveBlock>& live, size_t n,
-                                                    const std::function<bool(const replay::LiveBlock&)>& keep) {
+std::vector<std::pair<StackId, uint64_t>> topStacks(
+    const U64Map<replay::LiveBlock>& live, size_t n,
+    const std::function<bool(const replay::LiveBlock&)>& keep) {
   std::unordered_map<StackId, uint64_t> by;
   live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (keep(b)) by[b.stack] += b.requested;
@@ -270,50 +295,71 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     std::string verdict;
     std::optional<OomVerdict> exact;
     if (out.size() < opt.exact_ooms) {
-      if (auto blocks = computeBlocks(c.s, c.device, BlocksAt{BlocksAt::Kind::Event, oom.event}); blocks.ok()) {
+      if (auto blocks = computeBlocks(c.s, c.device, BlocksAt{BlocksAt::Kind::Event, oom.event});
+          blocks.ok()) {
         exact = blocks->oom;
       }
     }
     bool fragmentation = exact ? exact->fragmentation : oom.request_bytes <= cached_free;
     if (fragmentation) {
-      verdict = exact ? "the " + exact->pool + " pool of this stream had " + formatBytes(exact->pool_free) +
-                            " free, but its largest free block was " + formatBytes(exact->pool_largest) +
-                            ": fragmentation"
-                      : "the request fits into the " + formatBytes(cached_free) +
-                            " the allocator holds cached but free, yet no single cached block was large "
-                            "enough: fragmentation";
-      f.fix = "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so that freed space "
-              "can be reused for large requests; allocate the largest long-lived tensors first";
+      verdict =
+          exact ? "the " + exact->pool + " pool of this stream had " +
+                      formatBytes(exact->pool_free) + " free, but its largest free block was " +
+                      formatBytes(exact->pool_largest) + ": fragmentation"
+                : "the request fits into the " + formatBytes(cached_free) +
+                      " the allocator holds cached but free, yet no single cached block was large "
+                      "enough: fragmentation";
+      f.fix =
+          "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so that "
+          "freed space "
+          "can be reused for large requests; allocate the largest long-lived tensors first";
     } else {
-      verdict = "live allocations held " + formatBytes(at.allocated) + " of " + formatBytes(at.reserved) +
-                " reserved, and the device had " + formatBytes(oom.device_free) + " free";
-      f.fix = "reduce what is live at this point (batch size, activation checkpointing, freeing tensors that are "
-              "no longer needed) or the size of this request";
+      verdict = "live allocations held " + formatBytes(at.allocated) + " of " +
+                formatBytes(at.reserved) + " reserved, and the device had " +
+                formatBytes(oom.device_free) + " free";
+      f.fix =
+          "reduce what is live at this point (batch size, activation checkpointing, freeing "
+          "tensors that are "
+          "no longer needed) or the size of this request";
     }
     if (exact) {
-      f.evidence.push_back({"free in the request's pool and stream (exact block layout)", -1, -1, exact->pool_free, {}});
+      f.evidence.push_back({"free in the request's pool and stream (exact block layout)",
+                            -1,
+                            -1,
+                            exact->pool_free,
+                            {}});
       f.evidence.push_back({"largest free block there", -1, -1, exact->pool_largest, {}});
     }
-    f.title = "OOM at event " + std::to_string(oom.event) + ": a request of " + formatBytes(oom.request_bytes) +
-              " failed; " + verdict;
+    f.title = "OOM at event " + std::to_string(oom.event) + ": a request of " +
+              formatBytes(oom.request_bytes) + " failed; " + verdict;
     f.where = c.frames(oom.stack);
-    f.evidence.push_back({"failed request", oom.event, oom.time_us, oom.request_bytes, c.frames(oom.stack)});
+    f.evidence.push_back(
+        {"failed request", oom.event, oom.time_us, oom.request_bytes, c.frames(oom.stack)});
     for (size_t k = 0; k < kCategoryCount; ++k) {
       if (cat.bytes[k] == 0) continue;
-      f.evidence.push_back({"live " + std::string(categoryName(static_cast<Category>(k))) + " (inferred)", -1, -1,
-                            cat.bytes[k], {}});
+      f.evidence.push_back(
+          {"live " + std::string(categoryName(static_cast<Category>(k))) + " (inferred)",
+           -1,
+           -1,
+           cat.bytes[k],
+           {}});
     }
-    if (cached_free > 0) f.evidence.push_back({"cached but free in reserved segments", -1, -1, cached_free, {}});
-    if (at.pending > 0) f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
-    for (const auto& [st, bytes] : topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
+    if (cached_free > 0)
+      f.evidence.push_back({"cached but free in reserved segments", -1, -1, cached_free, {}});
+    if (at.pending > 0)
+      f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
+    for (const auto& [st, bytes] :
+         topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
       f.evidence.push_back({"live at the OOM from this stack", -1, -1, bytes, c.frames(st)});
     }
     // The call graph at the OOM: the call path that holds the most, innermost frame first.
     CallGraphSummary g = buildCallGraph(c.s, r.live(), 1);
     if (!g.hot_path.empty()) {
       std::vector<FrameText> path;
-      for (auto it = g.hot_path.rbegin(); it != g.hot_path.rend() && path.size() < 8; ++it) path.push_back(it->frame);
-      f.evidence.push_back({"heaviest call path at the OOM", -1, -1, g.hot_path.back().inclusive_bytes, path});
+      for (auto it = g.hot_path.rbegin(); it != g.hot_path.rend() && path.size() < 8; ++it)
+        path.push_back(it->frame);
+      f.evidence.push_back(
+          {"heaviest call path at the OOM", -1, -1, g.hot_path.back().inclusive_bytes, path});
     }
     out.push_back(std::move(f));
   }
@@ -366,9 +412,11 @@ bool iterationsAreTrainingSteps(Ctx& c) {
   if (c.iters.empty() || c.iters.front().source == PhaseSource::Annotation) return true;
   std::vector<bool> training(c.iters.size(), false);
   for (const Alloc& a : c.allocs) {
-    if (a.iteration >= 0 && (c.flagsOf(a.stack) & (kAutograd | kOptimizer))) training[static_cast<size_t>(a.iteration)] = true;
+    if (a.iteration >= 0 && (c.flagsOf(a.stack) & (kAutograd | kOptimizer)))
+      training[static_cast<size_t>(a.iteration)] = true;
   }
-  return std::count(training.begin(), training.end(), true) * 2 >= static_cast<long>(c.iters.size());
+  return std::count(training.begin(), training.end(), true) * 2 >=
+         static_cast<long>(c.iters.size());
 }
 
 void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
@@ -382,7 +430,8 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
   uint64_t growth = last - first;
   size_t steps = ends.live.size() - 2;
   bool monotonic = true;
-  for (size_t k = 2; k < ends.live.size(); ++k) monotonic = monotonic && ends.live[k] >= ends.live[k - 1];
+  for (size_t k = 2; k < ends.live.size(); ++k)
+    monotonic = monotonic && ends.live[k] >= ends.live[k - 1];
   // Survivors must come from most of the middle iterations: a one-off cache is not a leak.
   int middle = static_cast<int>(c.iters.size()) - 2;
   if (!monotonic || sv.iterations_with_survivors * 2 < middle || growth < kMiB) return;
@@ -392,7 +441,8 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
   for (const auto& [st, e] : sv.by_stack) {
     if (static_cast<int>(e.second.size()) * 2 >= middle) stacks.emplace_back(st, e.first);
   }
-  std::sort(stacks.begin(), stacks.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::sort(stacks.begin(), stacks.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
   if (stacks.empty()) return;
 
   bool activations = sv.activation_bytes * 2 > sv.bytes;
@@ -401,30 +451,41 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
   f.bytes = growth;
   f.basis = c.basis;
   uint64_t peak = std::max<uint64_t>(1, c.summary.peak_requested.bytes);
-  // High when the growth is a real share of the peak: it will run out of memory if the run is longer.
+  // High when the growth is a real share of the peak: it will run out of memory if the run is
+  // longer.
   f.severity = growth * 20 >= peak ? FindingSeverity::High : FindingSeverity::Warning;
   if (activations) {
     f.kind = FindingKind::ActivationRetention;
-    f.title = "Activation retention: forward activations of every step stay alive after its optimizer step (" +
-              formatBytes(per_iter) + " per iteration, " + formatBytes(growth) + " over " +
-              std::to_string(steps) + " iterations)";
-    f.fix = "something keeps each step's autograd graph alive: typically accumulating a loss tensor "
-            "(`total += loss`) instead of `loss.item()`, or storing outputs without `.detach()`";
+    f.title =
+        "Activation retention: forward activations of every step stay alive after its optimizer "
+        "step (" +
+        formatBytes(per_iter) + " per iteration, " + formatBytes(growth) + " over " +
+        std::to_string(steps) + " iterations)";
+    f.fix =
+        "something keeps each step's autograd graph alive: typically accumulating a loss tensor "
+        "(`total += loss`) instead of `loss.item()`, or storing outputs without `.detach()`";
   } else {
     f.kind = FindingKind::Leak;
-    f.title = "Leak: live memory grows " + formatBytes(per_iter) + " per iteration (" + formatBytes(growth) +
-              " over " + std::to_string(steps) + " iterations), allocated from the stacks below and never freed";
-    f.fix = "tensors created every step are kept (e.g. appended to a list or a dict of metrics); keep "
-            "`.item()` / `.detach().cpu()` copies instead, or clear the container";
+    f.title = "Leak: live memory grows " + formatBytes(per_iter) + " per iteration (" +
+              formatBytes(growth) + " over " + std::to_string(steps) +
+              " iterations), allocated from the stacks below and never freed";
+    f.fix =
+        "tensors created every step are kept (e.g. appended to a list or a dict of metrics); keep "
+        "`.item()` / `.detach().cpu()` copies instead, or clear the container";
   }
   // The line to fix: for retained activations the shared outer user frame (the training loop's
   // call), otherwise the innermost user frame of the largest surviving stack.
   f.where = c.frames(stacks.front().first);
   for (size_t k = 0; k < ends.live.size(); ++k) {
-    f.evidence.push_back({"live after " + c.iters[k].name, c.iters[k].last_event, c.iters[k].end_us, ends.live[k], {}});
+    f.evidence.push_back({"live after " + c.iters[k].name,
+                          c.iters[k].last_event,
+                          c.iters[k].end_us,
+                          ends.live[k],
+                          {}});
   }
   for (size_t k = 0; k < stacks.size() && k < opt.evidence_stacks; ++k) {
-    f.evidence.push_back({"survives its iteration, allocated from", -1, -1, stacks[k].second, c.frames(stacks[k].first, 6)});
+    f.evidence.push_back({"survives its iteration, allocated from", -1, -1, stacks[k].second,
+                          c.frames(stacks[k].first, 6)});
   }
   out.push_back(std::move(f));
 }
@@ -460,18 +521,23 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   f.bytes = state > expected ? state - expected : 0;
   char rb[32];
   std::snprintf(rb, sizeof rb, "%.1fx", ratio);
-  f.title = "Optimizer state is " + std::string(rb) + " the parameter bytes (" + formatBytes(state) + " for " +
-            formatBytes(params) + " of parameters; Adam needs 2x): " + formatBytes(f.bytes) + " more than expected";
-  f.fix = "look for a second optimizer over the same parameters, fp32 master copies kept alongside an optimizer "
-          "that keeps its own, or state not freed when an optimizer is replaced";
+  f.title = "Optimizer state is " + std::string(rb) + " the parameter bytes (" +
+            formatBytes(state) + " for " + formatBytes(params) +
+            " of parameters; Adam needs 2x): " + formatBytes(f.bytes) + " more than expected";
+  f.fix =
+      "look for a second optimizer over the same parameters, fp32 master copies kept alongside an "
+      "optimizer "
+      "that keeps its own, or state not freed when an optimizer is replaced";
   f.basis = c.basis.empty() ? "categories from stacks" : c.basis;
   std::vector<std::pair<StackId, uint64_t>> v(state_stacks.begin(), state_stacks.end());
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   if (!v.empty()) f.where = c.frames(v.front().first);
-  f.evidence.push_back({"parameters live before the first step (inferred)", before, -1, params, {}});
+  f.evidence.push_back(
+      {"parameters live before the first step (inferred)", before, -1, params, {}});
   f.evidence.push_back({"optimizer state live at the end (inferred)", -1, -1, state, {}});
   for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
-    f.evidence.push_back({"optimizer state allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
+    f.evidence.push_back(
+        {"optimizer state allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
   }
   out.push_back(std::move(f));
 }
@@ -490,19 +556,24 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   f.severity = FindingSeverity::Warning;
   f.bytes = unused;
   f.title = "Cache bloat: at the end " + formatBytes(end.reserved) + " is reserved but only " +
-            formatBytes(end.active()) + " is in use (" + pct(unused, end.reserved) + " cached and free)";
-  f.fix = "a transient peak left the cache large: other processes cannot use it. torch.cuda.empty_cache() after "
-          "the peak, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, returns it";
+            formatBytes(end.active()) + " is in use (" + pct(unused, end.reserved) +
+            " cached and free)";
+  f.fix =
+      "a transient peak left the cache large: other processes cannot use it. "
+      "torch.cuda.empty_cache() after "
+      "the peak, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, returns it";
   f.basis = "replayed reserved and active bytes";
   f.evidence.push_back({"peak reserved", pr.event, pr.time_us, pr.bytes, {}});
-  f.evidence.push_back({"in use at the end", static_cast<int64_t>(c.ev.size()) - 1, -1, end.active(), {}});
+  f.evidence.push_back(
+      {"in use at the end", static_cast<int64_t>(c.ev.size()) - 1, -1, end.active(), {}});
   // What grew the cache: the allocation that the segment reaching the reserved peak was made for
   // (the first alloc after that segment event), named as the line to look at.
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(0, pr.event)); i < c.ev.size() && i < static_cast<size_t>(pr.event) + 16; ++i) {
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(0, pr.event));
+       i < c.ev.size() && i < static_cast<size_t>(pr.event) + 16; ++i) {
     if (c.ev[i].action != Action::Alloc) continue;
     f.where = c.frames(c.ev[i].stack);
-    f.evidence.push_back({"the allocation that grew the cache to its peak", static_cast<int64_t>(i), c.ev[i].time_us,
-                          c.ev[i].size, c.frames(c.ev[i].stack)});
+    f.evidence.push_back({"the allocation that grew the cache to its peak", static_cast<int64_t>(i),
+                          c.ev[i].time_us, c.ev[i].size, c.frames(c.ev[i].stack)});
     break;
   }
   out.push_back(std::move(f));
@@ -536,14 +607,18 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   f.device = c.device;
   f.severity = FindingSeverity::Warning;
   f.bytes = spike;
-  f.title = "Temporary spike: " + formatBytes(spike) + " of short-lived allocations (" + pct(spike, pk.bytes) +
-            " of the " + formatBytes(pk.bytes) + " peak) are alive only around the peak";
-  f.fix = "compute this in chunks, in place, or under a smaller dtype; the peak drops by up to this amount";
+  f.title = "Temporary spike: " + formatBytes(spike) + " of short-lived allocations (" +
+            pct(spike, pk.bytes) + " of the " + formatBytes(pk.bytes) +
+            " peak) are alive only around the peak";
+  f.fix =
+      "compute this in chunks, in place, or under a smaller dtype; the peak drops by up to this "
+      "amount";
   f.basis = "lifetimes around the requested-bytes peak";
   f.where = c.frames(v.front().first);
   f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
   for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
-    f.evidence.push_back({"short-lived at the peak, allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
+    f.evidence.push_back(
+        {"short-lived at the peak, allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
   }
   out.push_back(std::move(f));
 }
@@ -563,13 +638,16 @@ void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions&
   f.bytes = pending;
   f.title = "Pending frees: " + formatBytes(pending) + " (" + pct(pending, pk.bytes) +
             " of the active peak) were freed by the program but still wait for another stream";
-  f.fix = "tensors used on a side stream (record_stream) are only reused after that stream's work completes; "
-          "synchronize the streams earlier or allocate on the stream that uses the tensor";
+  f.fix =
+      "tensors used on a side stream (record_stream) are only reused after that stream's work "
+      "completes; "
+      "synchronize the streams earlier or allocate on the stream that uses the tensor";
   f.basis = "free_requested without free_completed at the active-bytes peak";
   auto v = topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return b.pending; });
   if (!v.empty()) f.where = c.frames(v.front().first);
   f.evidence.push_back({"active-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
-  for (const auto& [st, bytes] : v) f.evidence.push_back({"pending free, allocated from", -1, -1, bytes, c.frames(st, 6)});
+  for (const auto& [st, bytes] : v)
+    f.evidence.push_back({"pending free, allocated from", -1, -1, bytes, c.frames(st, 6)});
   out.push_back(std::move(f));
 }
 
@@ -594,13 +672,15 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
 
 }  // namespace
 
-std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device, const FindingsOptions& options) {
+std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
+                                  const FindingsOptions& options) {
   Ctx c = ownContext(snap, device);
   return runDetectors(c, options);
 }
 
 std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
-                                  const replay::DeviceSummary& summary, const FindingsOptions& options) {
+                                  const replay::DeviceSummary& summary,
+                                  const FindingsOptions& options) {
   Ctx c = buildContext(snap, replayer.device());
   c.replayer = &replayer;
   c.summary = summary;
@@ -628,7 +708,8 @@ AllocationCategories::~AllocationCategories() = default;
 
 Category AllocationCategories::of(int64_t alloc_event, format::StackId stack) {
   Ctx& c = impl_->c;
-  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= c.alloc_at.size()) return preTraceCategory(c, stack);
+  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= c.alloc_at.size())
+    return preTraceCategory(c, stack);
   int32_t k = c.alloc_at[static_cast<size_t>(alloc_event)];
   return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].cat;
 }

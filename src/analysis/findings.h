@@ -20,7 +20,14 @@ namespace memforensics::analysis {
 
 // What an allocation is for, inferred from its stack, its lifetime and the phases (rules in
 // docs/findings.md). An inference: reported as such.
-enum class Category : uint8_t { Parameter, Gradient, Activation, OptimizerState, Temporary, Unknown };
+enum class Category : uint8_t {
+  Parameter,
+  Gradient,
+  Activation,
+  OptimizerState,
+  Temporary,
+  Unknown
+};
 inline constexpr size_t kCategoryCount = 6;
 std::string_view categoryName(Category c);
 
@@ -39,8 +46,8 @@ enum class FindingSeverity : uint8_t { Info, Warning, High };
 std::string_view findingSeverityName(FindingSeverity s);
 
 struct Evidence {
-  std::string text;              // one line a person reads
-  int64_t event = -1;            // event index on the device, -1 when not tied to one
+  std::string text;    // one line a person reads
+  int64_t event = -1;  // event index on the device, -1 when not tied to one
   int64_t time_us = -1;
   uint64_t bytes = 0;
   std::vector<FrameText> frames;  // innermost user frames of the stack involved, if any
@@ -50,12 +57,12 @@ struct Finding {
   FindingKind kind = FindingKind::OomVerdict;
   FindingSeverity severity = FindingSeverity::Info;
   int64_t device = 0;
-  std::string title;   // one line: what is wrong, with the number
-  uint64_t bytes = 0;  // the bytes involved (leaked, retained, extra state, spike...)
+  std::string title;             // one line: what is wrong, with the number
+  uint64_t bytes = 0;            // the bytes involved (leaked, retained, extra state, spike...)
   std::vector<FrameText> where;  // the line to change (innermost user frames), when one stands out
   std::vector<Evidence> evidence;
-  std::string fix;     // what to try
-  std::string basis;   // how sure: e.g. "phases from external_annotations" / "iterations detected"
+  std::string fix;    // what to try
+  std::string basis;  // how sure: e.g. "phases from external_annotations" / "iterations detected"
 };
 
 struct CategoryBytes {
@@ -64,7 +71,8 @@ struct CategoryBytes {
 
 struct FindingsOptions {
   size_t evidence_stacks = 3;  // stacks listed per finding
-  size_t exact_ooms = 16;      // OOMs whose verdict uses the exact block layout (each replays the model)
+  size_t exact_ooms =
+      16;  // OOMs whose verdict uses the exact block layout (each replays the model)
 };
 
 // Every detector on one device, ordered by severity (high first), then bytes.
@@ -74,7 +82,8 @@ std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
 // replayer's backward pass and the summary's forward pass are then not done again). The replayer
 // is left at an unspecified event.
 std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
-                                  const replay::DeviceSummary& summary, const FindingsOptions& options = {});
+                                  const replay::DeviceSummary& summary,
+                                  const FindingsOptions& options = {});
 
 // Live requested bytes by category at event `event` (-1 = the start state), for reports.
 CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event);

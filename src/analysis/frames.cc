@@ -10,15 +10,26 @@ namespace {
 bool endsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
 // From the format doc 2.6: frames memory_viz hides.
 constexpr std::array<std::string_view, 8> kNoiseNames = {
-    "unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp", "_start",
-    "__libc_start_main", "PyEval_", "PyObject_", "PyFunction_"};
-constexpr std::array<std::string_view, 10> kNoiseFiles = {
-    "core/boxing", "/Register", "/Redispatch", "pythonrun.c", "Modules/main.c", "Objects/call.c",
-    "Objects/methodobject.c", "pycore_ceval.h", "ceval.c", "cpython/abstract.h"};
+    "unwind::unwind",    "CapturedTraceback::gather",
+    "gather_with_cpp",   "_start",
+    "__libc_start_main", "PyEval_",
+    "PyObject_",         "PyFunction_"};
+constexpr std::array<std::string_view, 10> kNoiseFiles = {"core/boxing",
+                                                          "/Register",
+                                                          "/Redispatch",
+                                                          "pythonrun.c",
+                                                          "Modules/main.c",
+                                                          "Objects/call.c",
+                                                          "Objects/methodobject.c",
+                                                          "pycore_ceval.h",
+                                                          "ceval.c",
+                                                          "cpython/abstract.h"};
 }  // namespace
 
 std::string FrameText::display() const {
@@ -69,7 +80,8 @@ std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId sta
     for (format::FrameId id : frames) {
       const format::Frame& f = s.stacks.frame(id);
       if (!pred(f)) continue;
-      out.push_back({std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)), f.line});
+      out.push_back(
+          {std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)), f.line});
       if (out.size() >= max) return;
     }
   };

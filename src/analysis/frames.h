@@ -15,7 +15,7 @@ namespace memforensics::analysis {
 struct FrameText {
   std::string filename;
   std::string name;
-  uint64_t line = 0;  // format::kUnknownLine when unknown
+  uint64_t line = 0;            // format::kUnknownLine when unknown
   std::string display() const;  // "model.py:54 forward"
 };
 

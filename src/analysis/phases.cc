@@ -19,7 +19,9 @@ namespace {
 using format::Action;
 using format::Event;
 
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
 
 bool containsNoCase(std::string_view s, std::string_view part) {
   auto lower = [](char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c); };
@@ -45,7 +47,8 @@ PhaseKind classify(std::string_view name, int* iteration) {
     return PhaseKind::Iteration;
   }
   if (containsNoCase(name, "optimizer") || contains(name, ".step")) return PhaseKind::Optimizer;
-  if (containsNoCase(name, "backward") || containsNoCase(name, "autograd")) return PhaseKind::Backward;
+  if (containsNoCase(name, "backward") || containsNoCase(name, "autograd"))
+    return PhaseKind::Backward;
   if (containsNoCase(name, "forward")) return PhaseKind::Forward;
   return PhaseKind::Other;
 }
@@ -65,7 +68,8 @@ std::vector<int64_t> monotoneTimes(std::span<const Event> ev, bool* any) {
   return t;
 }
 
-std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device, std::span<const Event> ev) {
+std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
+                                   std::span<const Event> ev) {
   std::vector<Phase> out;
   bool any_time = false;
   auto t = monotoneTimes(ev, &any_time);
@@ -132,7 +136,8 @@ std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
   for (auto& p : out) {
     if (p.kind == PhaseKind::Iteration) steps.push_back(&p);
   }
-  std::stable_sort(steps.begin(), steps.end(), [](const Phase* a, const Phase* b) { return a->start_us < b->start_us; });
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const Phase* a, const Phase* b) { return a->start_us < b->start_us; });
   for (Phase* s : steps) {
     if (s->iteration < 0) s->iteration = order;
     ++order;
@@ -189,7 +194,8 @@ std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
 //   * consecutive full segments (but the first) have token multisets that overlap by >= 80%
 //     (|A n B| / max(|A|, |B|)); the first segment may differ more (>= 50%, warm-up, lazy state)
 //     when there are at least 2 other pairs, otherwise it must meet 80% too;
-//   * the tail after the last occurrence is a whole step (>= 80%) or a step cut short (>= 80% of its
+//   * the tail after the last occurrence is a whole step (>= 80%) or a step cut short (>= 80% of
+//   its
 //     tokens belong to the previous step, e.g. the step that ran out of memory): it is kept, else
 //     dropped;
 //   * at least 3 steps remain, and they hold at least half of the allocations; and
@@ -214,7 +220,8 @@ Stream tokenize(std::span<const Event> ev) {
     if (ev[i].action != Action::Alloc) continue;
     // Exact key: the stack id in the high bits cannot collide with a size below 2^40; larger
     // sizes are mixed in, where a collision would only merge two tokens.
-    uint64_t key = (uint64_t{ev[i].stack} << 40) ^ ev[i].size ^ ((ev[i].size >> 40) * 0x9E3779B97F4A7C15ULL);
+    uint64_t key =
+        (uint64_t{ev[i].stack} << 40) ^ ev[i].size ^ ((ev[i].size >> 40) * 0x9E3779B97F4A7C15ULL);
     auto [it, inserted] = ids.try_emplace(key, s.tokens);
     if (inserted) ++s.tokens;
     s.event.push_back(i);
@@ -229,7 +236,8 @@ struct Overlap {
   double sim() const { return std::max(a, b) == 0 ? 1.0 : double(common) / double(std::max(a, b)); }
   double containedInB() const { return a == 0 ? 0.0 : double(common) / double(a); }
 };
-Overlap overlap(const Stream& s, size_t a0, size_t a1, size_t b0, size_t b1, std::vector<int32_t>& scratch) {
+Overlap overlap(const Stream& s, size_t a0, size_t a1, size_t b0, size_t b1,
+                std::vector<int32_t>& scratch) {
   Overlap o{0, a1 - a0, b1 - b0};
   for (size_t i = b0; i < b1; ++i) scratch[s.token[i]]++;
   for (size_t i = a0; i < a1; ++i) {
@@ -250,8 +258,8 @@ struct Split {
   size_t first_pos = 0;
 };
 
-
-std::optional<Split> evaluate(const Stream& s, const std::vector<size_t>& pos, std::vector<int32_t>& scratch) {
+std::optional<Split> evaluate(const Stream& s, const std::vector<size_t>& pos,
+                              std::vector<int32_t>& scratch) {
   const size_t c = pos.size();
   const size_t n = s.token.size();
   Split sp;
@@ -289,10 +297,12 @@ std::optional<Split> evaluate(const Stream& s, const std::vector<size_t>& pos, s
 
 // Does (nearly) every allocation with a Python stack in the steps pass through one user `forward`
 // frame (same file, line and function)? Then the repeating unit is a layer called from one line of
-// a model's forward, not a step. 90%, not all: the last layer's segment also holds the model's head.
-bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event> ev, const Stream& s,
-                             const Split& sp) {
-  std::unordered_map<format::StackId, std::vector<format::FrameId>> forwards;  // per stack; absent = no Python
+// a model's forward, not a step. 90%, not all: the last layer's segment also holds the model's
+// head.
+bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event> ev,
+                             const Stream& s, const Split& sp) {
+  std::unordered_map<format::StackId, std::vector<format::FrameId>>
+      forwards;  // per stack; absent = no Python
   std::unordered_map<format::FrameId, size_t> hits;
   size_t python = 0;
   for (const auto& [b, e] : sp.steps) {
@@ -326,7 +336,8 @@ bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event
   return false;
 }
 
-std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Event> ev, const Stream& s) {
+std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Event> ev,
+                               const Stream& s) {
   const size_t n = s.token.size();
   if (n < 6) return std::nullopt;
   // Occurrences of every token (CSR layout).
@@ -367,7 +378,8 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   }
   std::vector<std::pair<uint32_t, Cand>> cands(by_count.begin(), by_count.end());
   std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
-    return a.second.tokens != b.second.tokens ? a.second.tokens > b.second.tokens : a.first < b.first;
+    return a.second.tokens != b.second.tokens ? a.second.tokens > b.second.tokens
+                                              : a.first < b.first;
   });
   if (cands.size() > 24) cands.resize(24);
 
@@ -402,14 +414,16 @@ uint8_t marksOf(const format::Snapshot& snap, format::StackId st) {
     if (contains(file, "torch/optim/") || contains(file, "torch\\optim\\")) m |= kOptimizer;
     if (contains(file, "torch/autograd/") || contains(file, "torch\\autograd\\") ||
         contains(name, "autograd::Engine") || contains(name, "autograd::generated") ||
-        (name == "backward" && (contains(file, "torch/_tensor.py") || contains(file, "torch\\_tensor.py")))) {
+        (name == "backward" &&
+         (contains(file, "torch/_tensor.py") || contains(file, "torch\\_tensor.py")))) {
       m |= kBackward;
     }
   }
   return m;
 }
 
-void addSubPhases(const format::Snapshot& snap, std::span<const Event> ev, const Phase& step, std::vector<Phase>& out) {
+void addSubPhases(const format::Snapshot& snap, std::span<const Event> ev, const Phase& step,
+                  std::vector<Phase>& out) {
   std::unordered_map<format::StackId, uint8_t> cache;
   int64_t bwd[2] = {-1, -1}, opt[2] = {-1, -1};
   for (int64_t i = step.first_event; i <= step.last_event; ++i) {
@@ -440,7 +454,8 @@ void addSubPhases(const format::Snapshot& snap, std::span<const Event> ev, const
   if (bwd[0] >= 0) {
     // Forward: from the step's start to the first backward allocation, when it allocated at all.
     bool fwd_alloc = false;
-    for (int64_t i = step.first_event; i < bwd[0] && !fwd_alloc; ++i) fwd_alloc = ev[i].action == Action::Alloc;
+    for (int64_t i = step.first_event; i < bwd[0] && !fwd_alloc; ++i)
+      fwd_alloc = ev[i].action == Action::Alloc;
     if (fwd_alloc) add(PhaseKind::Forward, "forward", step.first_event, bwd[0] - 1);
     add(PhaseKind::Backward, "backward", bwd[0], bwd[1]);
   }
@@ -457,7 +472,9 @@ std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<cons
   auto startOf = [&](size_t pos) {
     size_t e = s.event[pos];
     size_t floor = pos > 0 ? s.event[pos - 1] + 1 : 0;
-    while (e > floor && (ev[e - 1].action == Action::SegmentAlloc || ev[e - 1].action == Action::SegmentMap)) --e;
+    while (e > floor &&
+           (ev[e - 1].action == Action::SegmentAlloc || ev[e - 1].action == Action::SegmentMap))
+      --e;
     return static_cast<int64_t>(e);
   };
   const size_t n_alloc = s.token.size();
@@ -487,7 +504,8 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
   std::vector<Phase> out = fromAnnotations(snap, device, ev);
   // Annotations without ProfilerStep markers (e.g. only optimizer scopes) leave the steps unknown:
   // then the stream is searched as well, and each phase says where it came from.
-  bool has_steps = std::any_of(out.begin(), out.end(), [](const Phase& p) { return p.kind == PhaseKind::Iteration; });
+  bool has_steps = std::any_of(out.begin(), out.end(),
+                               [](const Phase& p) { return p.kind == PhaseKind::Iteration; });
   if (!has_steps) {
     auto det = detectIterations(snap, ev);
     out.insert(out.end(), det.begin(), det.end());
@@ -504,11 +522,16 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
 
 std::string_view phaseKindName(PhaseKind k) {
   switch (k) {
-    case PhaseKind::Iteration: return "iteration";
-    case PhaseKind::Forward: return "forward";
-    case PhaseKind::Backward: return "backward";
-    case PhaseKind::Optimizer: return "optimizer";
-    case PhaseKind::Other: return "other";
+    case PhaseKind::Iteration:
+      return "iteration";
+    case PhaseKind::Forward:
+      return "forward";
+    case PhaseKind::Backward:
+      return "backward";
+    case PhaseKind::Optimizer:
+      return "optimizer";
+    case PhaseKind::Other:
+      return "other";
   }
   return "other";
 }

@@ -16,11 +16,11 @@
 namespace memforensics::analysis {
 
 enum class PhaseKind : uint8_t {
-  Iteration,   // one training step (ProfilerStep#N, or one detected period)
-  Forward,     // forward pass within a step, where known
-  Backward,    // backward pass within a step, where known
-  Optimizer,   // optimizer step within a step, where known
-  Other,       // any other annotated range
+  Iteration,  // one training step (ProfilerStep#N, or one detected period)
+  Forward,    // forward pass within a step, where known
+  Backward,   // backward pass within a step, where known
+  Optimizer,  // optimizer step within a step, where known
+  Other,      // any other annotated range
 };
 
 enum class PhaseSource : uint8_t { Annotation, Detected };
@@ -28,14 +28,14 @@ enum class PhaseSource : uint8_t { Annotation, Detected };
 struct Phase {
   PhaseKind kind = PhaseKind::Other;
   PhaseSource source = PhaseSource::Annotation;
-  std::string name;           // e.g. "ProfilerStep#3", "iteration 3", "Optimizer.step#Adam.step"
-  int64_t first_event = 0;    // index into the device's trace (inclusive)
-  int64_t last_event = -1;    // inclusive; last_event < first_event = an empty range
-  int64_t start_us = -1;      // -1 when the file has no times
+  std::string name;         // e.g. "ProfilerStep#3", "iteration 3", "Optimizer.step#Adam.step"
+  int64_t first_event = 0;  // index into the device's trace (inclusive)
+  int64_t last_event = -1;  // inclusive; last_event < first_event = an empty range
+  int64_t start_us = -1;    // -1 when the file has no times
   int64_t end_us = -1;
-  int iteration = -1;         // 0-based step number for Iteration phases and phases inside one
-  // Annotations only: the START or the END is not in the file (the annotation buffer wrapped, or the
-  // dump happened inside the range), so the range was extended to the edge of the trace.
+  int iteration = -1;  // 0-based step number for Iteration phases and phases inside one
+  // Annotations only: the START or the END is not in the file (the annotation buffer wrapped, or
+  // the dump happened inside the range), so the range was extended to the edge of the trace.
   bool open = false;
 };
 

@@ -26,7 +26,8 @@ class Tables {
     key += f.name;
     key += '\0';
     key += std::to_string(f.line);
-    auto [it, fresh] = frame_ids_.try_emplace(std::move(key), static_cast<int32_t>(out_.frames.size()));
+    auto [it, fresh] =
+        frame_ids_.try_emplace(std::move(key), static_cast<int32_t>(out_.frames.size()));
     if (fresh) out_.frames.push_back(f);
     return it->second;
   }
@@ -37,7 +38,8 @@ class Tables {
     if (it != frames_of_.end()) return it->second;
     std::vector<int32_t> v;
     if (id != format::kNoStack && id != format::kEmptyStack) {
-      for (const FrameText& f : userFrames(snap_, id, opt_.max_frames_per_stack)) v.push_back(frame(f));
+      for (const FrameText& f : userFrames(snap_, id, opt_.max_frames_per_stack))
+        v.push_back(frame(f));
     }
     return frames_of_.emplace(id, std::move(v)).first->second;
   }
@@ -79,9 +81,12 @@ std::string poolName(const replay::ModelSegment& s) {
 
 MapState stateOf(const replay::ModelBlock& b) {
   switch (b.state) {
-    case format::BlockState::ActiveAllocated: return MapState::Allocated;
-    case format::BlockState::ActivePendingFree: return MapState::PendingFree;
-    default: return MapState::Free;
+    case format::BlockState::ActiveAllocated:
+      return MapState::Allocated;
+    case format::BlockState::ActivePendingFree:
+      return MapState::PendingFree;
+    default:
+      return MapState::Free;
   }
 }
 
@@ -175,8 +180,8 @@ class KeyframeBuilder {
         }
         uint64_t alloc = run.size - run.free_bytes - run.pending_bytes;
         run.state = run.free_bytes >= alloc && run.free_bytes >= run.pending_bytes ? MapState::Free
-                    : alloc >= run.pending_bytes                                  ? MapState::Allocated
-                                                                                  : MapState::PendingFree;
+                    : alloc >= run.pending_bytes ? MapState::Allocated
+                                                 : MapState::PendingFree;
         ms.blocks.push_back(run);
       });
       for (const auto& b : s.blocks) {
@@ -212,8 +217,8 @@ class KeyframeBuilder {
   Tables& tables_;
 };
 
-std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device, int64_t event, Tables& tables,
-                                    size_t max_nodes, uint64_t& nodes_cut) {
+std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device, int64_t event,
+                                    Tables& tables, size_t max_nodes, uint64_t& nodes_cut) {
   replay::DeviceReplayer r(snap, device);
   r.advanceTo(event);
   std::unordered_map<StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, blocks
@@ -227,15 +232,18 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device
   IcicleNode root;
   root.label = "all live memory";
   nodes.push_back(root);
-  std::map<std::pair<int32_t, int32_t>, int32_t> child;  // (parent, frame) -> node; frame -1 = no stack
-  std::vector<std::pair<StackId, std::pair<uint64_t, uint64_t>>> stacks(by_stack.begin(), by_stack.end());
+  std::map<std::pair<int32_t, int32_t>, int32_t>
+      child;  // (parent, frame) -> node; frame -1 = no stack
+  std::vector<std::pair<StackId, std::pair<uint64_t, uint64_t>>> stacks(by_stack.begin(),
+                                                                        by_stack.end());
   // Insertion order decides node order among equals: make it independent of stack ids.
   std::sort(stacks.begin(), stacks.end(), [&](const auto& a, const auto& b) {
     if (a.second.first != b.second.first) return a.second.first > b.second.first;
     return tables.framesOf(a.first) < tables.framesOf(b.first);
   });
   for (const auto& entry : stacks) {
-    const auto& v = entry.second;  // not a structured binding: clang 14 cannot capture those in a lambda
+    const auto& v =
+        entry.second;  // not a structured binding: clang 14 cannot capture those in a lambda
     const std::vector<int32_t>& fr = tables.framesOf(entry.first);
     nodes[0].bytes += v.first;
     nodes[0].blocks += v.second;
@@ -265,7 +273,8 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device
   // (created first) wins, so every kept node's parent is kept.
   std::vector<int32_t> order(nodes.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return nodes[a].bytes > nodes[b].bytes; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return nodes[a].bytes > nodes[b].bytes; });
   std::vector<int32_t> remap(nodes.size(), -1);
   std::vector<uint8_t> keep(nodes.size(), 0);
   for (size_t i = 0; i < max_nodes; ++i) keep[order[i]] = 1;
@@ -283,7 +292,9 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device
   return out;
 }
 
-std::string fmtCount(uint64_t n) { return std::to_string(n); }
+std::string fmtCount(uint64_t n) {
+  return std::to_string(n);
+}
 
 // What a keyframe costs against ReportDataOptions::max_blocks.
 size_t keyframeCost(const Keyframe& k) {
@@ -296,9 +307,12 @@ size_t keyframeCost(const Keyframe& k) {
 
 std::string_view mapStateName(MapState s) {
   switch (s) {
-    case MapState::Free: return "free";
-    case MapState::Allocated: return "allocated";
-    case MapState::PendingFree: return "pending_free";
+    case MapState::Free:
+      return "free";
+    case MapState::Allocated:
+      return "allocated";
+    case MapState::PendingFree:
+      return "pending_free";
   }
   return "free";
 }
@@ -318,29 +332,37 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
       replay::DeviceSummary sum = replay::summarizeDevice(r);
       rank.push_back({{sum.ooms.size(), sum.peak_reserved.bytes}, d});
     }
-    std::stable_sort(rank.begin(), rank.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::stable_sort(rank.begin(), rank.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
     devices.clear();
     for (size_t i = 0; i < rank.size(); ++i) {
-      if (i < opt.max_detail_devices) devices.push_back(rank[i].second);
-      else out.summary_only.push_back(rank[i].second);
+      if (i < opt.max_detail_devices)
+        devices.push_back(rank[i].second);
+      else
+        out.summary_only.push_back(rank[i].second);
     }
     std::sort(devices.begin(), devices.end());
     std::sort(out.summary_only.begin(), out.summary_only.end());
-    out.caps.push_back("devices: " + std::to_string(out.summary_only.size()) + " of " + std::to_string(rank.size()) +
+    out.caps.push_back("devices: " + std::to_string(out.summary_only.size()) + " of " +
+                       std::to_string(rank.size()) +
                        " devices have their summary and findings only (drawings for " +
                        std::to_string(opt.max_detail_devices) +
-                       " at most: those with OOMs, then the highest reserved peaks; `report --device N` draws any one)");
+                       " at most: those with OOMs, then the highest reserved peaks; `report "
+                       "--device N` draws any one)");
   }
   // Bounds per device: the block budget is shared; series points, keyframes and tree nodes shrink
   // with the number of devices drawn (one or two devices get the full amount).
   const size_t nd = std::max<size_t>(1, devices.size());
   const double share = nd <= 2 ? 1.0 : 2.0 / static_cast<double>(nd);
   const size_t block_budget = std::max<size_t>(1, opt.max_blocks / nd);
-  const size_t max_points = std::max<size_t>(64, static_cast<size_t>(static_cast<double>(opt.max_points) * share));
-  const size_t even_keyframes = static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
-  const size_t max_icicle_nodes = std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
-  uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0, keyframes_dropped = 0,
-           phases_cut = 0;
+  const size_t max_points =
+      std::max<size_t>(64, static_cast<size_t>(static_cast<double>(opt.max_points) * share));
+  const size_t even_keyframes =
+      static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
+  const size_t max_icicle_nodes =
+      std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
+  uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0,
+           keyframes_dropped = 0, phases_cut = 0;
   for (int64_t d : devices) {
     DeviceReportData dr;
     dr.device = d;
@@ -384,7 +406,8 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
       all[n - 1].push_back("end");
       size_t k = std::min<size_t>(even_keyframes, static_cast<size_t>(n));
       for (size_t i = 0; i < k; ++i) {
-        int64_t e = static_cast<int64_t>((static_cast<double>(i) + 0.5) * static_cast<double>(n) / static_cast<double>(k));
+        int64_t e = static_cast<int64_t>((static_cast<double>(i) + 0.5) * static_cast<double>(n) /
+                                         static_cast<double>(k));
         all[std::min(e, n - 1)];
       }
     }
@@ -392,7 +415,8 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     // the important moments; the rest to evenly spaced ones, thinned out as they turn out to cost
     // more (the layout is only known once the model gets there, in one forward pass).
     size_t n_imp = important.size(), n_rest = all.size() - std::min(all.size(), n_imp);
-    size_t cap_imp = std::max<size_t>(64, (n_rest ? block_budget / 2 : block_budget) / std::max<size_t>(1, n_imp));
+    size_t cap_imp = std::max<size_t>(
+        64, (n_rest ? block_budget / 2 : block_budget) / std::max<size_t>(1, n_imp));
     size_t rest_budget = block_budget - std::min(block_budget, cap_imp * n_imp);
     // Rather a dozen exact moments than forty blurred ones: the thinning below drops the surplus.
     size_t cap_rest = n_rest ? std::max<size_t>(64, rest_budget / std::min<size_t>(n_rest, 12)) : 0;
@@ -404,7 +428,8 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     for (auto& [ev, labels] : all) {
       const bool is_important = important.count(ev) > 0;
       if (!is_important) {
-        // Keep every (skip+1)-th of the remaining evenly spaced moments so their expected cost fits.
+        // Keep every (skip+1)-th of the remaining evenly spaced moments so their expected cost
+        // fits.
         if (rest_skip > 0) {
           --rest_skip;
           --rest_left;
@@ -422,10 +447,14 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
         size_t built = n_rest - rest_left;
         rest_cost = static_cast<double>(rest_spent) / static_cast<double>(built);
         size_t room = rest_budget - std::min(rest_budget, rest_spent);
-        size_t affordable = static_cast<size_t>(static_cast<double>(room) / std::max(1.0, rest_cost));
-        rest_skip = affordable >= rest_left ? 0 : affordable == 0 ? rest_left : (rest_left - affordable) / affordable;
+        size_t affordable =
+            static_cast<size_t>(static_cast<double>(room) / std::max(1.0, rest_cost));
+        rest_skip = affordable >= rest_left ? 0
+                    : affordable == 0       ? rest_left
+                                            : (rest_left - affordable) / affordable;
       }
-      if (ev >= 0 && ev < n) k.time_us = snap.trace(static_cast<size_t>(d))[static_cast<size_t>(ev)].time_us;
+      if (ev >= 0 && ev < n)
+        k.time_us = snap.trace(static_cast<size_t>(d))[static_cast<size_t>(ev)].time_us;
       size_t kept = 0;
       for (const auto& s : k.segments) kept += s.blocks.size();
       if (kept < k.blocks_before_merge) {
@@ -442,24 +471,29 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     out.devices.push_back(std::move(dr));
   }
   if (merged_keyframes > 0) {
-    out.caps.push_back("block map: in " + fmtCount(merged_keyframes) + " keyframe(s), " + fmtCount(merged_blocks) +
-                       " small neighbouring blocks were drawn merged into runs (at most " + fmtCount(opt.max_blocks) +
-                       " blocks and segments in the report)");
+    out.caps.push_back("block map: in " + fmtCount(merged_keyframes) + " keyframe(s), " +
+                       fmtCount(merged_blocks) +
+                       " small neighbouring blocks were drawn merged into runs (at most " +
+                       fmtCount(opt.max_blocks) + " blocks and segments in the report)");
   }
   if (keyframes_dropped > 0) {
     out.caps.push_back("block map: " + fmtCount(keyframes_dropped) +
-                       " evenly spaced keyframes were left out to keep the report small (the peaks and OOMs all have theirs)");
+                       " evenly spaced keyframes were left out to keep the report small (the peaks "
+                       "and OOMs all have theirs)");
   }
   if (ooms_without_keyframe > 0) {
-    out.caps.push_back("block map: " + fmtCount(ooms_without_keyframe) + " OOM(s) after the first " +
-                       fmtCount(opt.max_oom_keyframes) + " per device have no keyframe of their own");
+    out.caps.push_back("block map: " + fmtCount(ooms_without_keyframe) +
+                       " OOM(s) after the first " + fmtCount(opt.max_oom_keyframes) +
+                       " per device have no keyframe of their own");
   }
   if (icicle_cut > 0) {
     out.caps.push_back("call tree: " + fmtCount(icicle_cut) + " small nodes left out (at most " +
-                       fmtCount(max_icicle_nodes) + " per device); their bytes stay in their parents");
+                       fmtCount(max_icicle_nodes) +
+                       " per device); their bytes stay in their parents");
   }
   if (phases_cut > 0) {
-    out.caps.push_back("timeline: " + fmtCount(phases_cut) + " phases not drawn (at most " + fmtCount(opt.max_phases) +
+    out.caps.push_back("timeline: " + fmtCount(phases_cut) + " phases not drawn (at most " +
+                       fmtCount(opt.max_phases) +
                        " per device, the longest; `timeline` lists them all)");
   }
   if (tables.stacksCapped() > 0) {
@@ -474,9 +508,10 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     kept_points += d.timeline.points.size();
   }
   if (downsampled > 0) {
-    out.caps.push_back("timeline: " + fmtCount(downsampled) + " device(s) with " + fmtCount(total_points) +
-                       " points in all are drawn from " + fmtCount(kept_points) +
-                       " kept ones (per bucket the minimum and maximum of each series; every peak and OOM exact)");
+    out.caps.push_back(
+        "timeline: " + fmtCount(downsampled) + " device(s) with " + fmtCount(total_points) +
+        " points in all are drawn from " + fmtCount(kept_points) +
+        " kept ones (per bucket the minimum and maximum of each series; every peak and OOM exact)");
   }
   return out;
 }

@@ -33,8 +33,8 @@ struct MapBlock {
   Category category = Category::Unknown;  // allocated and pending-free blocks only
   int32_t stack = -1;                     // index into ReportData::stacks, -1 = none or capped
   int64_t alloc_event = -1;               // -1: before the trace, free, or a run
-  uint32_t count = 1;        // > 1: a run of this many neighbouring small blocks, drawn as one
-  uint64_t free_bytes = 0;   // runs: how many of their bytes are free (state = the larger share)
+  uint32_t count = 1;          // > 1: a run of this many neighbouring small blocks, drawn as one
+  uint64_t free_bytes = 0;     // runs: how many of their bytes are free (state = the larger share)
   uint64_t pending_bytes = 0;  // runs: how many are pending-free
 };
 
@@ -51,7 +51,7 @@ struct Keyframe {
   int64_t event = -1;  // layout after this event (-1: the start state)
   int64_t time_us = -1;
   std::vector<std::string> labels;  // "requested peak", "OOM 1", ... (empty for evenly spaced ones)
-  replay::Counters at;               // model totals at this moment
+  replay::Counters at;              // model totals at this moment
   size_t blocks_before_merge = 0;
   std::vector<MapSegment> segments;
 };
@@ -62,7 +62,8 @@ struct IcicleNode {
   uint64_t bytes = 0;   // inclusive live requested bytes
   uint64_t self = 0;    // bytes of blocks whose stack ends here
   uint64_t blocks = 0;
-  std::string label;  // set instead of a frame for synthetic nodes ("all live memory", "(no stack)")
+  std::string
+      label;  // set instead of a frame for synthetic nodes ("all live memory", "(no stack)")
 };
 
 struct DeviceReportData {
@@ -95,7 +96,7 @@ struct ReportDataOptions {
   size_t max_icicle_nodes = 3000;  // per device
   size_t max_stacks = 20000;       // stacks named by blocks, in the whole report
   size_t max_frames_per_stack = 48;
-  size_t max_phases = 1000;        // phases drawn per device: the longest, in their order
+  size_t max_phases = 1000;  // phases drawn per device: the longest, in their order
 };
 
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});

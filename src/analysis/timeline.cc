@@ -40,7 +40,8 @@ uint64_t clamp0(Wide v) {
 // points, the first point where requested bytes take their bucket minimum and their maximum, and
 // where reserved, allocated and pending-free bytes take their maximum (at most 5 per bucket, often
 // fewer as they coincide); plus every point in `always`.
-std::vector<size_t> keptPoints(const std::vector<Counters>& all, size_t bucket, const std::vector<size_t>& always) {
+std::vector<size_t> keptPoints(const std::vector<Counters>& all, size_t bucket,
+                               const std::vector<size_t>& always) {
   std::vector<size_t> keep;
   for (size_t b0 = 0; b0 < all.size(); b0 += bucket) {
     const size_t b1 = std::min(all.size(), b0 + bucket);
@@ -73,7 +74,8 @@ class RangeMax {
     const size_t blocks = (v_.size() + kBlock - 1) / kBlock;
     if (blocks == 0) return;
     std::vector<size_t> best(blocks);
-    for (size_t b = 0; b < blocks; ++b) best[b] = scan(b * kBlock, std::min(v_.size(), (b + 1) * kBlock) - 1);
+    for (size_t b = 0; b < blocks; ++b)
+      best[b] = scan(b * kBlock, std::min(v_.size(), (b + 1) * kBlock) - 1);
     table_.push_back(std::move(best));
     for (size_t width = 2; width <= blocks; width *= 2) {
       const std::vector<size_t>& prev = table_.back();
@@ -160,7 +162,8 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       all.push_back(after);
       const auto& e = ev[i];
       if (e.time_us >= 0) dt.has_times = true;
-      auto pool = e.pool < snap.pools.size() ? snap.pools[e.pool] : std::pair<uint64_t, uint64_t>{0, 0};
+      auto pool =
+          e.pool < snap.pools.size() ? snap.pools[e.pool] : std::pair<uint64_t, uint64_t>{0, 0};
       keys[i] = {e.stream, pool};
       // Only events that move a counter or name a stream/pool; snapshot/oom events still name one.
       if (e.action != format::Action::Oom && e.action != format::Action::Snapshot &&
@@ -170,9 +173,11 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       }
       if (e.action == format::Action::Oom) always.push_back(i + 1);
     }
-    for (size_t i = 0; i < all.size(); ++i) dt.peak_pending_bytes = std::max(dt.peak_pending_bytes, all[i].pending);
+    for (size_t i = 0; i < all.size(); ++i)
+      dt.peak_pending_bytes = std::max(dt.peak_pending_bytes, all[i].pending);
     // Per-peak points are kept by construction; the peak events are added anyway, to be explicit.
-    for (const Peak* p : {&dt.peak_reserved, &dt.peak_requested, &dt.peak_allocated, &dt.peak_active}) {
+    for (const Peak* p :
+         {&dt.peak_reserved, &dt.peak_requested, &dt.peak_allocated, &dt.peak_active}) {
       always.push_back(static_cast<size_t>(p->event + 1));
     }
     size_t bucket = 1;
@@ -210,8 +215,8 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       c.pending = clamp0(s.pending);
       return c;
     };
-    auto breakdown = [&](auto& sums, auto segKey, auto eventKey, auto setKey, std::vector<TimelineBreakdown>& out,
-                         size_t& omitted) {
+    auto breakdown = [&](auto& sums, auto segKey, auto eventKey, auto setKey,
+                         std::vector<TimelineBreakdown>& out, size_t& omitted) {
       if (sums.size() < 2) return;
       using Key = typename std::decay_t<decltype(sums)>::key_type;
       std::map<Key, Signed> final_share;
@@ -266,7 +271,8 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
         std::stable_sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
           const auto& x = all_keys[a];
           const auto& y = all_keys[b];
-          if (x.peak_reserved.bytes != y.peak_reserved.bytes) return x.peak_reserved.bytes > y.peak_reserved.bytes;
+          if (x.peak_reserved.bytes != y.peak_reserved.bytes)
+            return x.peak_reserved.bytes > y.peak_reserved.bytes;
           return x.peak_requested.bytes > y.peak_requested.bytes;
         });
         omitted = chosen.size() - opt.max_breakdowns;
@@ -281,7 +287,8 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
         if (next_keep >= keep.size() || keep[next_keep] != point) return;
         ++next_keep;
         for (size_t k : chosen) {
-          all_keys[k].points.push_back({static_cast<int64_t>(point) - 1, timeOf(point), snapshotOf(cur[k])});
+          all_keys[k].points.push_back(
+              {static_cast<int64_t>(point) - 1, timeOf(point), snapshotOf(cur[k])});
         }
       };
       visit(0);
@@ -295,13 +302,17 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       for (size_t k : chosen) out.push_back(std::move(all_keys[k]));
     };
     breakdown(
-        by_stream, [](const format::Segment& s) { return s.stream; }, [&](size_t i) { return keys[i].first; },
+        by_stream, [](const format::Segment& s) { return s.stream; },
+        [&](size_t i) { return keys[i].first; },
         [](TimelineBreakdown& tb, int64_t k) { tb.stream = k; }, dt.streams, dt.streams_omitted);
     breakdown(
-        by_pool, [](const format::Segment& s) { return std::pair<uint64_t, uint64_t>{s.pool_a, s.pool_b}; },
+        by_pool,
+        [](const format::Segment& s) {
+          return std::pair<uint64_t, uint64_t>{s.pool_a, s.pool_b};
+        },
         [&](size_t i) { return keys[i].second; },
-        [](TimelineBreakdown& tb, const std::pair<uint64_t, uint64_t>& k) { tb.pool = k; }, dt.pools,
-        dt.pools_omitted);
+        [](TimelineBreakdown& tb, const std::pair<uint64_t, uint64_t>& k) { tb.pool = k; },
+        dt.pools, dt.pools_omitted);
 
     // Phases with the peaks inside them (the state after each event of the range).
     // Range-maximum queries over the state after each event: O(1) blocks per phase, however many

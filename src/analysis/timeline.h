@@ -30,8 +30,8 @@ struct TimelinePoint {
 // One stream's or one pool's share of the device: the same four counters, sampled at the same
 // events as the device series, and its own exact peaks over every event.
 struct TimelineBreakdown {
-  int64_t stream = 0;                          // streams: the cudaStream_t as int
-  std::pair<uint64_t, uint64_t> pool{0, 0};    // pools: the pool_id tuple
+  int64_t stream = 0;                        // streams: the cudaStream_t as int
+  std::pair<uint64_t, uint64_t> pool{0, 0};  // pools: the pool_id tuple
   std::vector<TimelinePoint> points;
   replay::Peak peak_reserved, peak_requested, peak_allocated, peak_pending;
 };
@@ -71,9 +71,9 @@ struct TimelineResult {
 constexpr size_t kMaxBreakdowns = 64;
 
 struct TimelineOptions {
-  std::optional<int64_t> device;  // only this device
-  size_t max_points = 2000;       // buckets at most (>= 1)
-  size_t columns = 64;            // width of requested_columns (the sparkline)
+  std::optional<int64_t> device;           // only this device
+  size_t max_points = 2000;                // buckets at most (>= 1)
+  size_t columns = 64;                     // width of requested_columns (the sparkline)
   size_t max_breakdowns = kMaxBreakdowns;  // streams and pools broken down per device
 };
 

@@ -7,8 +7,6 @@
 // drop to zero before it destroys the recorder. The counter is per device, so producers of
 // different devices do not share a cache line, and a device's producers are already serialized
 // by PyTorch's allocator mutex (uncontended atomic: a few ns).
-#include "capture/memforensics_capture.h"
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "capture/memforensics_capture.h"
 #include "capture/recorder.h"
 
 namespace memforensics {
@@ -55,7 +54,9 @@ void waitQuiet() {
 }
 
 struct Guard {
-  explicit Guard(uint32_t slot) : f(g_inflight[slot]) { f.n.fetch_add(1, std::memory_order_seq_cst); }
+  explicit Guard(uint32_t slot) : f(g_inflight[slot]) {
+    f.n.fetch_add(1, std::memory_order_seq_cst);
+  }
   ~Guard() { f.n.fetch_sub(1, std::memory_order_release); }
   Inflight& f;
 };
@@ -63,8 +64,9 @@ struct Guard {
 void onSignal(int sig, siginfo_t* info, void* uctx) {
   const int saved_errno = errno;
   struct sigaction& prev = sig == SIGTERM ? g_prev_term : g_prev_int;
-  const bool has_fn = (prev.sa_flags & SA_SIGINFO) ? prev.sa_sigaction != nullptr
-                                                   : prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN;
+  const bool has_fn = (prev.sa_flags & SA_SIGINFO)
+                          ? prev.sa_sigaction != nullptr
+                          : prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN;
   const bool terminates = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
   {
     Guard g(kSlots);
@@ -123,8 +125,12 @@ void stopAtExit() {
 
 }  // namespace
 
-void setBackend(Backend* b) { g_backend = b; }
-Backend* backend() { return g_backend; }
+void setBackend(Backend* b) {
+  g_backend = b;
+}
+Backend* backend() {
+  return g_backend;
+}
 
 bool submit(const CaptureRecord& r) noexcept {
   Guard g(r.device % kSlots);
@@ -144,9 +150,13 @@ bool submitNative(const CaptureRecord& r) noexcept {
   return rec && rec->recordNative(r, 1);
 }
 
-bool nativeStacksOn() noexcept { return g_native.load(std::memory_order_relaxed); }
+bool nativeStacksOn() noexcept {
+  return g_native.load(std::memory_order_relaxed);
+}
 
-void handleSignalForTest(int sig) { onSignal(sig, nullptr, nullptr); }
+void handleSignalForTest(int sig) {
+  onSignal(sig, nullptr, nullptr);
+}
 
 }  // namespace capture
 
@@ -175,9 +185,13 @@ Status start(const std::string& path, const CaptureOptions& options) {
   return Status::Ok();
 }
 
-Status stop() { return capture::stopWith(capture::FinishMode::Stop); }
+Status stop() {
+  return capture::stopWith(capture::FinishMode::Stop);
+}
 
-bool isRecording() { return capture::g_recorder.load() != nullptr; }
+bool isRecording() {
+  return capture::g_recorder.load() != nullptr;
+}
 
 bool flush(int timeout_ms) {
   using namespace capture;

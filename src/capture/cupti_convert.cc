@@ -35,7 +35,8 @@ void Converter::noteDevice(uint32_t device) {
   if (device < 32) stats_.devices_seen_mask |= 1u << device;
 }
 
-ft::TraceEvent Converter::eventFor(uint64_t ts, uint32_t device, uint64_t addr, const Live& l, uint32_t stack) const {
+ft::TraceEvent Converter::eventFor(uint64_t ts, uint32_t device, uint64_t addr, const Live& l,
+                                   uint32_t stack) const {
   ft::TraceEvent e;
   e.device = device;
   e.addr = addr;

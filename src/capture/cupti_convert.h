@@ -156,7 +156,8 @@ class Converter {
   int64_t timeUs(uint64_t ns) const;
   void push(std::vector<TimedEvent>& out, uint64_t ts, format::trace::TraceEvent e);
   // The fields an allocation's and a free's events share.
-  format::trace::TraceEvent eventFor(uint64_t ts, uint32_t device, uint64_t addr, const Live& l, uint32_t stack) const;
+  format::trace::TraceEvent eventFor(uint64_t ts, uint32_t device, uint64_t addr, const Live& l,
+                                     uint32_t stack) const;
   void emitAlloc(std::vector<TimedEvent>& out, uint64_t ts, uint32_t device, uint64_t addr,
                  const Live& l, uint32_t stack, uint8_t segment_action);
   void emitFree(std::vector<TimedEvent>& out, uint64_t ts, uint32_t device, uint64_t addr,

@@ -39,8 +39,8 @@ struct CaptureOptions {
   size_t ring_capacity = 1u << 16;   // records per device
   uint32_t devices = 0;              // 0: the backend's device count (8 without a backend)
   int zstd_level = 1;
-  bool handle_signals = true;        // SIGTERM/SIGINT: flush (and finish when they terminate)
-  bool stop_at_exit = true;          // atexit: stop()
+  bool handle_signals = true;  // SIGTERM/SIGINT: flush (and finish when they terminate)
+  bool stop_at_exit = true;    // atexit: stop()
 };
 
 // Starts recording into `path` (created or truncated). Fails if recording is already on or the
@@ -68,7 +68,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   // Before the recorder exists: device count, clock, stack resolver, final state.
-  virtual void configure(const CaptureOptions& options, RecorderOptions& ro, RecorderHooks& hooks) = 0;
+  virtual void configure(const CaptureOptions& options, RecorderOptions& ro,
+                         RecorderHooks& hooks) = 0;
   // The recorder is live: attach to the allocator (may be deferred, see torch_hook.cc).
   virtual void started(const CaptureOptions& options) = 0;
 };

@@ -1,8 +1,6 @@
 // recorder.cc: see recorder.h.
 #include "capture/recorder.h"
 
-#include "capture/torch_entry.h"
-
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -18,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+
+#include "capture/torch_entry.h"
 
 namespace memforensics::capture {
 
@@ -45,28 +45,39 @@ void sleepMs(int ms) {
   }
 }
 
-uint64_t roundBlock(uint64_t requested) { return std::max<uint64_t>(512, (requested + 511) / 512 * 512); }
+uint64_t roundBlock(uint64_t requested) {
+  return std::max<uint64_t>(512, (requested + 511) / 512 * 512);
+}
 
 }  // namespace
 
-uint64_t monotonicTicks() { return static_cast<uint64_t>(clockNs(CLOCK_MONOTONIC)); }
+uint64_t monotonicTicks() {
+  return static_cast<uint64_t>(clockNs(CLOCK_MONOTONIC));
+}
 
 struct Recorder::Channel {
   Channel(size_t capacity, uint16_t depth, bool contexts)
-      : ring(capacity), ctx(contexts ? ring.capacity() : 0), pcs(depth ? ring.capacity() * depth : 0) {}
+      : ring(capacity),
+        ctx(contexts ? ring.capacity() : 0),
+        pcs(depth ? ring.capacity() * depth : 0) {}
   SpscRing<CaptureRecord> ring;
-  std::vector<std::shared_ptr<void>> ctx;  // side slot per ring slot: stack context (with a resolver)
-  std::vector<void*> pcs;                  // side slots per ring slot: native_depth return addresses
+  std::vector<std::shared_ptr<void>>
+      ctx;                 // side slot per ring slot: stack context (with a resolver)
+  std::vector<void*> pcs;  // side slots per ring slot: native_depth return addresses
 };
 
 Recorder::Recorder(std::string path, const RecorderOptions& options, RecorderHooks hooks)
-    : path_(std::move(path)), options_(options), hooks_(std::move(hooks)), clock_(options.ns_per_tick_guess) {
+    : path_(std::move(path)),
+      options_(options),
+      hooks_(std::move(hooks)),
+      clock_(options.ns_per_tick_guess) {
   if (!options_.now_ticks) options_.now_ticks = &monotonicTicks;
   options_.devices = std::clamp<uint32_t>(options_.devices, 1, 1024);
   options_.native_depth = std::min<uint16_t>(options_.native_depth, 128);
 }
 
-Expected<std::unique_ptr<Recorder>> Recorder::create(const std::string& path, const RecorderOptions& options,
+Expected<std::unique_ptr<Recorder>> Recorder::create(const std::string& path,
+                                                     const RecorderOptions& options,
                                                      RecorderHooks hooks) {
   std::unique_ptr<Recorder> r(new Recorder(path, options, std::move(hooks)));
   auto sink = FileSink::create(path);
@@ -84,15 +95,16 @@ Expected<std::unique_ptr<Recorder>> Recorder::create(const std::string& path, co
   Status s = r->writer_->begin(meta);
   if (!s.ok()) return s.error();
   for (uint32_t d = 0; d < r->options_.devices; ++d) {
-    r->channels_.push_back(std::make_unique<Channel>(r->options_.ring_capacity, r->options_.native_depth,
-                                                     r->hooks_.resolver != nullptr));
+    r->channels_.push_back(std::make_unique<Channel>(
+        r->options_.ring_capacity, r->options_.native_depth, r->hooks_.resolver != nullptr));
   }
   r->last_time_us_.assign(r->options_.devices, -1);
   if (::pipe2(r->wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
     return Error{std::string("cannot create the capture's wake pipe: ") + std::strerror(errno), -1};
   }
   if (r->options_.native_depth > 0) {
-    // The first backtrace() loads libgcc's unwinder (dlopen, malloc): do it here, not on the hot path.
+    // The first backtrace() loads libgcc's unwinder (dlopen, malloc): do it here, not on the hot
+    // path.
     void* warm[4];
     (void)::backtrace(warm, 4);
   }
@@ -119,7 +131,9 @@ Recorder::~Recorder() {
   if (wake_[1] >= 0) ::close(wake_[1]);
 }
 
-int64_t Recorder::realtimeNs() const { return clockNs(CLOCK_REALTIME); }
+int64_t Recorder::realtimeNs() const {
+  return clockNs(CLOCK_REALTIME);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Hot path
@@ -174,7 +188,8 @@ bool Recorder::recordNative(const CaptureRecord& r, int skip) noexcept {
     slot.flags &= kHasTime;
     slot.npcs = 0;
     if (keep <= 0) return;
-    std::memcpy(&ch.pcs[i * static_cast<size_t>(depth)], tmp + from, sizeof(void*) * static_cast<size_t>(keep));
+    std::memcpy(&ch.pcs[i * static_cast<size_t>(depth)], tmp + from,
+                sizeof(void*) * static_cast<size_t>(keep));
     slot.npcs = static_cast<uint16_t>(keep);
     slot.flags |= kHasPcs;
   });
@@ -189,7 +204,8 @@ bool Recorder::flush(int timeout_ms) noexcept {
   char c = 'f';
   (void)!::write(wake_[1], &c, 1);  // full pipe: the writer is awake anyway
   for (int waited = 0; waited < timeout_ms; ++waited) {
-    if (flush_done_.load(std::memory_order_acquire) >= ticket || finished_.load(std::memory_order_acquire)) {
+    if (flush_done_.load(std::memory_order_acquire) >= ticket ||
+        finished_.load(std::memory_order_acquire)) {
       return true;
     }
     sleepMs(1);
@@ -265,9 +281,11 @@ void Recorder::writerLoop() {
       finished_.store(true, std::memory_order_release);
       return;
     }
-    const bool due = now - last_flush >= interval_ns || req != flush_done_.load(std::memory_order_relaxed) || saw_oom_;
+    const bool due = now - last_flush >= interval_ns ||
+                     req != flush_done_.load(std::memory_order_relaxed) || saw_oom_;
     // A thread waiting in a signal handler may hold the GIL: resolve without it meanwhile.
-    const FinishMode mode = signal_flushes_.load(std::memory_order_acquire) > 0 ? FinishMode::Signal : FinishMode::Stop;
+    const FinishMode mode =
+        signal_flushes_.load(std::memory_order_acquire) > 0 ? FinishMode::Signal : FinishMode::Stop;
     if (due || pending_.size() >= kMaxPending) processPending(mode);
     if (due) {
       if (error_.ok()) {
@@ -299,12 +317,14 @@ void Recorder::drainRings() {
       Pending p{r};
       if (r.flags & kHasContext) {
         p.ctx = static_cast<uint32_t>(pending_ctx_.size());
-        pending_ctx_.push_back(std::move(ch.ctx[i]));  // leaves the side slot empty for the producer
+        pending_ctx_.push_back(
+            std::move(ch.ctx[i]));  // leaves the side slot empty for the producer
       }
       if ((r.flags & kHasPcs) && r.npcs > 0) {
         p.pcs = static_cast<uint32_t>(pending_pcs_.size());
         const void* const* src = &ch.pcs[i * options_.native_depth];
-        for (uint16_t k = 0; k < r.npcs; ++k) pending_pcs_.push_back(reinterpret_cast<uintptr_t>(src[k]));
+        for (uint16_t k = 0; k < r.npcs; ++k)
+          pending_pcs_.push_back(reinterpret_cast<uintptr_t>(src[k]));
       }
       if (r.action == 8) saw_oom_ = true;  // oom: written at once
       pending_.push_back(p);
@@ -312,7 +332,8 @@ void Recorder::drainRings() {
   }
 }
 
-uint32_t Recorder::internFrames(std::span<const ResolvedFrame> frames, std::span<const uint32_t> order) {
+uint32_t Recorder::internFrames(std::span<const ResolvedFrame> frames,
+                                std::span<const uint32_t> order) {
   // The trie goes from the outermost frame in: the last frame of an innermost-first list first.
   // Frame ids are looked up once per batch (resolvers return each distinct frame once, as
   // torch::symbolize does), so a stack costs one trie lookup per frame.
@@ -321,7 +342,9 @@ uint32_t Recorder::internFrames(std::span<const ResolvedFrame> frames, std::span
     const uint32_t i = order[k];
     if (i >= frames.size()) continue;
     uint32_t& id = batch_frame_ids_[i];
-    if (id == UINT32_MAX) id = writer_->frame(writer_->string(frames[i].filename), writer_->string(frames[i].name), frames[i].line);
+    if (id == UINT32_MAX)
+      id = writer_->frame(writer_->string(frames[i].filename), writer_->string(frames[i].name),
+                          frames[i].line);
     node = writer_->stack(node, id);
   }
   return node;
@@ -382,7 +405,8 @@ void Recorder::processPending(FinishMode mode) {
   std::vector<uint32_t> ctx_stack(pending_ctx_.size(), kTraceNoStack);
   if (resolved_stacks_.size() == pending_ctx_.size()) {
     batch_frame_ids_.assign(resolved_frames_.size(), UINT32_MAX);
-    for (size_t i = 0; i < ctx_stack.size(); ++i) ctx_stack[i] = internFrames(resolved_frames_, resolved_stacks_[i]);
+    for (size_t i = 0; i < ctx_stack.size(); ++i)
+      ctx_stack[i] = internFrames(resolved_frames_, resolved_stacks_[i]);
   }
   for (const Pending& p : pending_) {
     const CaptureRecord& r = p.r;
@@ -427,7 +451,8 @@ void Recorder::buildFinalState(FinishMode mode) {
     }
   }
   if (exact) {
-    std::map<uint32_t, std::unordered_map<uint64_t, uint32_t>> live_stacks;  // device -> address -> alloc stack
+    std::map<uint32_t, std::unordered_map<uint64_t, uint32_t>>
+        live_stacks;  // device -> address -> alloc stack
     std::sort(reported.begin(), reported.end(), [](const FinalSegment& a, const FinalSegment& b) {
       return a.device != b.device ? a.device < b.device : a.address < b.address;
     });
@@ -445,7 +470,8 @@ void Recorder::buildFinalState(FinishMode mode) {
       g.first_block = static_cast<uint32_t>(blocks.size());
       auto [ls, fresh] = live_stacks.try_emplace(f.device);
       if (fresh && f.device < state_.devices().size()) {
-        state_.devices()[f.device].live().forEach([&, &m = ls->second](uint64_t a, const LiveAlloc& l) { m.emplace(a, l.stack); });
+        state_.devices()[f.device].live().forEach(
+            [&, &m = ls->second](uint64_t a, const LiveAlloc& l) { m.emplace(a, l.stack); });
       }
       const auto& live_stack = ls->second;
       for (const FinalBlock& b : f.blocks) {
@@ -478,7 +504,8 @@ void Recorder::buildFinalState(FinishMode mode) {
       const DeviceTraceState& st = devs[d];
       std::vector<std::pair<uint64_t, LiveAlloc>> live;
       st.live().forEach([&](uint64_t a, const LiveAlloc& l) { live.emplace_back(a, l); });
-      std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      std::sort(live.begin(), live.end(),
+                [](const auto& x, const auto& y) { return x.first < y.first; });
       std::vector<std::pair<uint64_t, uint64_t>> ranges(st.segments().begin(), st.segments().end());
       for (const auto& [a, l] : live) {  // allocations outside every recorded segment get their own
         auto it = std::upper_bound(ranges.begin(), ranges.end(), std::pair{a, ~uint64_t{0}});
@@ -500,9 +527,11 @@ void Recorder::buildFinalState(FinishMode mode) {
         for (; li < live.size() && live[li].first < end; ++li) {
           const auto& [a, l] = live[li];
           const uint64_t next = li + 1 < live.size() ? std::min(live[li + 1].first, end) : end;
-          if (a > cursor) blocks.push_back(TraceBlock{cursor, a - cursor, 0, kTraceNoStack, 2, false});
+          if (a > cursor)
+            blocks.push_back(TraceBlock{cursor, a - cursor, 0, kTraceNoStack, 2, false});
           const uint64_t bsize = std::min(next - a, roundBlock(l.requested));
-          blocks.push_back(TraceBlock{a, bsize, l.requested, l.stack, static_cast<uint8_t>(l.pending ? 1 : 0), true});
+          blocks.push_back(TraceBlock{a, bsize, l.requested, l.stack,
+                                      static_cast<uint8_t>(l.pending ? 1 : 0), true});
           if (!l.pending) {
             g.allocated_size += bsize;
             g.requested_size += l.requested;
@@ -510,7 +539,8 @@ void Recorder::buildFinalState(FinishMode mode) {
           g.active_size += bsize;
           cursor = a + bsize;
         }
-        if (cursor < end) blocks.push_back(TraceBlock{cursor, end - cursor, 0, kTraceNoStack, 2, false});
+        if (cursor < end)
+          blocks.push_back(TraceBlock{cursor, end - cursor, 0, kTraceNoStack, 2, false});
         g.block_count = static_cast<uint32_t>(blocks.size() - g.first_block);
         segs.push_back(g);
       }

@@ -57,7 +57,8 @@ class StackResolver {
   // For each context i, stacks[i] = indices into `frames`, innermost first; an empty list means
   // "recorded but empty". `mode` is Stop while recording runs normally.
   virtual void resolve(std::span<const std::shared_ptr<void>> contexts, FinishMode mode,
-                       std::vector<ResolvedFrame>& frames, std::vector<std::vector<uint32_t>>& stacks) = 0;
+                       std::vector<ResolvedFrame>& frames,
+                       std::vector<std::vector<uint32_t>>& stacks) = 0;
 };
 
 // Final segment state as the allocator reports it (PyTorch: CUDACachingAllocator::snapshot()).
@@ -88,7 +89,7 @@ struct RecorderOptions {
   uint32_t chunk_bytes = 1u << 18;   // an Events chunk is written when it reaches this
   int zstd_level = 1;                // 0: stored chunks
   uint64_t checkpoint_every = 1u << 18;
-  uint16_t native_depth = 0;         // > 0: recordNative() keeps up to this many return addresses
+  uint16_t native_depth = 0;  // > 0: recordNative() keeps up to this many return addresses
   std::string producer = "memforensics capture";
   // Raw clock of CaptureRecord::ticks; default: CLOCK_MONOTONIC nanoseconds.
   uint64_t (*now_ticks)() = nullptr;
@@ -115,8 +116,9 @@ uint64_t monotonicTicks();
 
 class Recorder {
  public:
-  static Expected<std::unique_ptr<Recorder>> create(const std::string& path, const RecorderOptions& options = {},
-                                                     RecorderHooks hooks = {});
+  static Expected<std::unique_ptr<Recorder>> create(const std::string& path,
+                                                    const RecorderOptions& options = {},
+                                                    RecorderHooks hooks = {});
   ~Recorder();  // stop()
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
@@ -187,14 +189,15 @@ class Recorder {
   std::unordered_map<uintptr_t, uint32_t> native_frames_;    // pc -> frame id
   uint64_t reported_dropped_ = 0;
   bool saw_oom_ = false;
-  Status error_;  // first write error (sticky); the recorder keeps draining so producers never block
+  Status
+      error_;  // first write error (sticky); the recorder keeps draining so producers never block
 
   // Control (any thread, signal handlers included).
   int wake_[2] = {-1, -1};  // pipe: [0] read by the writer, [1] written by anyone
   std::atomic<uint64_t> flush_req_{0};
   std::atomic<uint64_t> flush_done_{0};
   std::atomic<uint32_t> signal_flushes_{0};  // flushFromSignal calls waiting now
-  std::atomic<uint8_t> finish_req_{0};  // 0 none, else FinishMode + 1
+  std::atomic<uint8_t> finish_req_{0};       // 0 none, else FinishMode + 1
   std::atomic<bool> finished_{false};
   std::atomic<uint64_t> written_{0}, bytes_{0}, flushes_{0}, chunks_{0};
   std::thread thread_;

@@ -86,17 +86,18 @@ class SpscRing {
 
   // Records waiting (exact for the consumer, a snapshot for anyone else).
   size_t size() const {
-    return static_cast<size_t>(head_.load(std::memory_order_acquire) - tail_.load(std::memory_order_acquire));
+    return static_cast<size_t>(head_.load(std::memory_order_acquire) -
+                               tail_.load(std::memory_order_acquire));
   }
   // Records refused because the ring was full, since construction.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   uint64_t pushed() const { return head_.load(std::memory_order_acquire); }
 
  private:
-  alignas(64) std::atomic<uint64_t> head_{0};   // next slot to fill (producer)
-  uint64_t cached_tail_ = 0;                    // producer's copy of tail_
-  std::atomic<uint64_t> dropped_{0};            // producer-written
-  alignas(64) std::atomic<uint64_t> tail_{0};   // next slot to read (consumer)
+  alignas(64) std::atomic<uint64_t> head_{0};  // next slot to fill (producer)
+  uint64_t cached_tail_ = 0;                   // producer's copy of tail_
+  std::atomic<uint64_t> dropped_{0};           // producer-written
+  alignas(64) std::atomic<uint64_t> tail_{0};  // next slot to read (consumer)
   alignas(64) size_t mask_ = 0;
   std::unique_ptr<T[]> slots_;
 };

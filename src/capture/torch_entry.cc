@@ -12,7 +12,8 @@ CaptureRecord toRecord(const TorchEntry& e) noexcept {
   r.pool_a = e.pool_a;
   r.pool_b = e.pool_b;
   r.device = e.device < 0 ? UINT32_MAX : static_cast<uint32_t>(e.device);
-  r.action = e.action >= 0 && e.action < kTorchActionCount ? static_cast<uint8_t>(e.action) : uint8_t{10};
+  r.action =
+      e.action >= 0 && e.action < kTorchActionCount ? static_cast<uint8_t>(e.action) : uint8_t{10};
   r.flags = e.has_time ? kHasTime : 0;
   return r;
 }

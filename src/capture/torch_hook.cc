@@ -85,7 +85,8 @@ bool pythonClosed() {
 }
 bool thisThreadHoldsGil() {
   const PyApi& p = pyApi();
-  return p.gil_check != nullptr && p.is_initialized != nullptr && p.is_initialized() != 0 && p.gil_check() != 0;
+  return p.gil_check != nullptr && p.is_initialized != nullptr && p.is_initialized() != 0 &&
+         p.gil_check() != 0;
 }
 
 // The fields of a TraceEntry, whatever its version: fields that appeared later are read only when
@@ -99,7 +100,10 @@ TorchEntry fromC10(const E& te) {
   t.size = static_cast<uint64_t>(te.size_);
   t.stream = static_cast<int64_t>(reinterpret_cast<intptr_t>(te.stream_));
   t.time_ticks = static_cast<uint64_t>(te.time_.approx_t_);  // raw clock inside a tracker
-  if constexpr (requires { te.mempool_.first; te.mempool_.second; }) {
+  if constexpr (requires {
+                  te.mempool_.first;
+                  te.mempool_.second;
+                }) {
     t.pool_a = static_cast<uint64_t>(te.mempool_.first);
     t.pool_b = static_cast<uint64_t>(te.mempool_.second);
   }
@@ -113,7 +117,8 @@ void onTrace(const cca::TraceEntry& te) noexcept {
   // records them: with several devices they would land in device 0's ring from a second producer
   // (the ring is single-producer) and be attributed to the wrong device. They only mark snapshot
   // calls: dropped there.
-  if (te.action_ == cca::TraceEntry::SNAPSHOT && g_multi_device.load(std::memory_order_relaxed)) return;
+  if (te.action_ == cca::TraceEntry::SNAPSHOT && g_multi_device.load(std::memory_order_relaxed))
+    return;
   const CaptureRecord r = toRecord(fromC10(te));
   if (te.context_ && g_stacks.load(std::memory_order_relaxed)) {
     submit(r, std::shared_ptr<void>(te.context_));
@@ -124,7 +129,9 @@ void onTrace(const cca::TraceEntry& te) noexcept {
   }
 }
 
-uint64_t approxTicks() { return static_cast<uint64_t>(c10::getApproximateTime()); }
+uint64_t approxTicks() {
+  return static_cast<uint64_t>(c10::getApproximateTime());
+}
 
 // Ticks per ns measured over ~2 ms: the slope used until the writer's own calibration spans 10 ms.
 double measureNsPerTick() {
@@ -133,13 +140,15 @@ double measureNsPerTick() {
   while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2)) {
   }
   const uint64_t k1 = approxTicks();
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   return k1 > k0 ? ns / static_cast<double>(k1 - k0) : 1.0;
 }
 
 class TorchResolver : public StackResolver {
  public:
-  void resolve(std::span<const std::shared_ptr<void>> contexts, FinishMode mode, std::vector<ResolvedFrame>& frames,
+  void resolve(std::span<const std::shared_ptr<void>> contexts, FinishMode mode,
+               std::vector<ResolvedFrame>& frames,
                std::vector<std::vector<uint32_t>>& stacks) override {
     // Symbolizing Python frames takes the GIL (torch::symbolize acquires it): not while another
     // thread waits in a signal handler (it may hold the GIL), not at exit or once Python is
@@ -158,11 +167,13 @@ class TorchResolver : public StackResolver {
     torch::SymbolizedTracebacks st;
     if (!tbs.empty()) st = torch::symbolize(tbs);
     frames.reserve(st.all_frames.size());
-    for (const auto& f : st.all_frames) frames.push_back(ResolvedFrame{f.filename, f.funcname, f.lineno});
+    for (const auto& f : st.all_frames)
+      frames.push_back(ResolvedFrame{f.filename, f.funcname, f.lineno});
     stacks.assign(contexts.size(), {});
     for (size_t i = 0; i < contexts.size(); ++i) {
       if (which[i] < 0) continue;
-      for (uint64_t idx : st.tracebacks[static_cast<size_t>(which[i])]) stacks[i].push_back(static_cast<uint32_t>(idx));
+      for (uint64_t idx : st.tracebacks[static_cast<size_t>(which[i])])
+        stacks[i].push_back(static_cast<uint32_t>(idx));
     }
   }
 };
@@ -230,17 +241,20 @@ bool tryAttach() noexcept {
     }
     return false;
   } catch (...) {
-    if (!g_attach_failed.exchange(true)) std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator\n");
+    if (!g_attach_failed.exchange(true))
+      std::fprintf(stderr, "memforensics: cannot attach to the CUDA allocator\n");
     return false;
   }
 }
 
 class TorchBackend : public Backend {
  public:
-  void configure(const memforensics::CaptureOptions& options, RecorderOptions& ro, RecorderHooks& hooks) override {
+  void configure(const memforensics::CaptureOptions& options, RecorderOptions& ro,
+                 RecorderHooks& hooks) override {
     cca::CUDAAllocator* a = cca::get();
     // device_count() initializes the driver: only asked once CUDA is up (16 rings otherwise).
-    ro.devices = a != nullptr && a->initialized() ? std::max<int>(1, c10::cuda::device_count()) : 16;
+    ro.devices =
+        a != nullptr && a->initialized() ? std::max<int>(1, c10::cuda::device_count()) : 16;
     ro.now_ticks = &approxTicks;
     ro.ns_per_tick_guess = measureNsPerTick();
     ro.producer = "memforensics capture (libmemforensics_torch)";
@@ -251,9 +265,10 @@ class TorchBackend : public Backend {
   }
   void started(const memforensics::CaptureOptions&) override {
     if (!tryAttach() && !g_attach_failed.load()) {
-      std::fprintf(stderr,
-                   "memforensics: CUDA is not initialized yet; the allocator hook attaches as soon as it is "
-                   "(allocations in between are missed: call torch.cuda.init() before starting)\n");
+      std::fprintf(
+          stderr,
+          "memforensics: CUDA is not initialized yet; the allocator hook attaches as soon as it is "
+          "(allocations in between are missed: call torch.cuda.init() before starting)\n");
     }
   }
 };
@@ -273,7 +288,9 @@ bool stopOp() {
   if (!s.ok()) std::fprintf(stderr, "memforensics: %s\n", s.error().describe().c_str());
   return s.ok();
 }
-bool flushOp() { return memforensics::flush(2000); }
+bool flushOp() {
+  return memforensics::flush(2000);
+}
 
 bool envFlag(const char* name, bool def) {
   const char* v = std::getenv(name);
@@ -287,7 +304,8 @@ struct OnLoad {
     setBackend(&g_backend);
     const char* out = std::getenv("MEMFORENSICS_OUT");
     if (out != nullptr && *out != 0) {
-      startOp(out, envFlag("MEMFORENSICS_STACKS", true), envFlag("MEMFORENSICS_NATIVE_STACKS", false));
+      startOp(out, envFlag("MEMFORENSICS_STACKS", true),
+              envFlag("MEMFORENSICS_NATIVE_STACKS", false));
     }
   }
 } g_on_load;
@@ -306,6 +324,10 @@ extern "C" {
 __attribute__((visibility("default"))) int memforensics_start(const char* path) {
   return path != nullptr && startOp(path, true, false) ? 0 : -1;
 }
-__attribute__((visibility("default"))) int memforensics_stop(void) { return stopOp() ? 0 : -1; }
-__attribute__((visibility("default"))) int memforensics_flush(void) { return flushOp() ? 0 : -1; }
+__attribute__((visibility("default"))) int memforensics_stop(void) {
+  return stopOp() ? 0 : -1;
+}
+__attribute__((visibility("default"))) int memforensics_flush(void) {
+  return flushOp() ? 0 : -1;
+}
 }

@@ -1,4 +1,5 @@
-// cmd_blocks.cc: `memforensics blocks FILE --at peak|oom|EVENT_INDEX|tTIME_US [--device N] [--json]`.
+// cmd_blocks.cc: `memforensics blocks FILE --at peak|oom|EVENT_INDEX|tTIME_US [--device N]
+// [--json]`.
 #include "cli/cmd_blocks.h"
 
 #include <iostream>
@@ -28,14 +29,19 @@ BlocksArgs g_args;
 }  // namespace
 
 CLI::App* addBlocksCommand(CLI::App& app) {
-  auto* bl = app.add_subcommand("blocks", "Exact block layout of every segment at one moment, with fragmentation metrics");
-  bl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
+  auto* bl = app.add_subcommand(
+      "blocks", "Exact block layout of every segment at one moment, with fragmentation metrics");
+  bl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")
+      ->required();
   bl->add_option("--at", g_args.at,
-                 "peak (requested-bytes peak, default), oom (the first OOM), an event index (-1 = start state), "
+                 "peak (requested-bytes peak, default), oom (the first OOM), an event index (-1 = "
+                 "start state), "
                  "or tTIME_US (the last event at or before that time)");
-  bl->add_option("--device", g_args.device, "CUDA device ordinal (default: the first with a trace)")->check(kInt64Option);
+  bl->add_option("--device", g_args.device, "CUDA device ordinal (default: the first with a trace)")
+      ->check(kInt64Option);
   bl->add_flag("--json", g_args.json, "one JSON document (schema in docs/cli.md)");
-  bl->add_flag("--salvage", g_args.salvage, "read the intact part of a native trace that is damaged in the middle");
+  bl->add_flag("--salvage", g_args.salvage,
+               "read the intact part of a native trace that is damaged in the middle");
   return bl;
 }
 
@@ -59,8 +65,10 @@ int runBlocksCommand() {
     return kExitUsage;
   }
   r->path = g_args.file;
-  if (g_args.json) report::renderBlocksJson(*r, std::cout);
-  else report::renderBlocksText(*r, std::cout);
+  if (g_args.json)
+    report::renderBlocksJson(*r, std::cout);
+  else
+    report::renderBlocksText(*r, std::cout);
   return kExitOk;
 }
 

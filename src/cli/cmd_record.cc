@@ -199,9 +199,11 @@ int runRecordCommand() {
     // Only a regular file (or a link) is replaced: removing a device node, a FIFO or a directory
     // entry to make room for the trace would destroy it (`record -o /dev/null` as root).
     struct stat existing {};
-    if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) && !S_ISLNK(existing.st_mode)) {
+    if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) &&
+        !S_ISLNK(existing.st_mode)) {
       std::cerr << "memforensics: error: " << path
-                << " is not a regular file: record writes a new native trace file there and does not replace "
+                << " is not a regular file: record writes a new native trace file there and does "
+                   "not replace "
                    "devices, FIFOs or directories\n";
       return false;
     }

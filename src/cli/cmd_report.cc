@@ -46,19 +46,26 @@ std::string defaultOutput(const std::string& in) {
 }  // namespace
 
 CLI::App* addReportCommand(CLI::App& app) {
-  auto* r = app.add_subcommand("report", "Self-contained HTML report: summary and findings, timeline, block map, call tree");
-  r->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
-  r->add_option("-o,--output", g_args.out, "the .html file to write (default: FILE's name with .html, in this directory; - = stdout)");
+  auto* r = app.add_subcommand(
+      "report", "Self-contained HTML report: summary and findings, timeline, block map, call tree");
+  r->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")
+      ->required();
+  r->add_option(
+      "-o,--output", g_args.out,
+      "the .html file to write (default: FILE's name with .html, in this directory; - = stdout)");
   r->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
-  r->add_option("--max-points", g_args.data.max_points, "timeline buckets per device (min/max kept per bucket)")
+  r->add_option("--max-points", g_args.data.max_points,
+                "timeline buckets per device (min/max kept per bucket)")
       ->check(CLI::Range(size_t{16}, size_t{20000}));
   r->add_option("--keyframes", g_args.data.even_keyframes,
                 "evenly spaced block-map keyframes per device, besides the peaks and OOMs")
       ->check(CLI::Range(size_t{0}, size_t{400}));
-  r->add_option("--max-blocks", g_args.data.max_blocks,
-                "blocks drawn in the whole report; beyond it small neighbouring blocks are merged into runs")
+  r->add_option(
+       "--max-blocks", g_args.data.max_blocks,
+       "blocks drawn in the whole report; beyond it small neighbouring blocks are merged into runs")
       ->check(CLI::Range(size_t{1000}, size_t{400000}));
-  r->add_flag("--salvage", g_args.salvage, "read the intact part of a native trace that is damaged in the middle");
+  r->add_flag("--salvage", g_args.salvage,
+              "read the intact part of a native trace that is damaged in the middle");
   return r;
 }
 
@@ -107,9 +114,11 @@ int runReportCommand() {
                           " time(s) to keep the page under 5 MB");
     }
     // The last attempt drops sections until the page fits (report::renderHtmlWithin).
-    page = report::renderHtmlWithin(result, data, attempt == 4 ? kMaxReportBytes : SIZE_MAX, &page_notes);
+    page = report::renderHtmlWithin(result, data, attempt == 4 ? kMaxReportBytes : SIZE_MAX,
+                                    &page_notes);
     if (page.size() <= kMaxReportBytes || attempt == 4) break;
-    std::cerr << "memforensics: the report would be " << formatBytes(page.size()) << "; halving its bounds\n";
+    std::cerr << "memforensics: the report would be " << formatBytes(page.size())
+              << "; halving its bounds\n";
     opt.max_points = std::max<size_t>(64, opt.max_points / 2);
     opt.even_keyframes /= 2;
     opt.max_blocks = std::max<size_t>(1000, opt.max_blocks / 2);
@@ -135,8 +144,9 @@ int runReportCommand() {
   if (out != "-") {
     char secs_text[32];
     std::snprintf(secs_text, sizeof secs_text, "%.2f", secs);
-    std::cerr << "memforensics: wrote " << escapeText(out) << " (" << formatBytes(bytes) << ") for " << data.devices.size()
-              << " device(s), " << keyframes << " block-map keyframes, in " << secs_text << " s\n";
+    std::cerr << "memforensics: wrote " << escapeText(out) << " (" << formatBytes(bytes) << ") for "
+              << data.devices.size() << " device(s), " << keyframes << " block-map keyframes, in "
+              << secs_text << " s\n";
     for (const auto& c : data.caps) std::cerr << "memforensics: note: " << escapeText(c) << "\n";
   }
   return kExitOk;

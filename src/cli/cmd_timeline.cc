@@ -29,15 +29,22 @@ TimelineArgs g_args;
 }  // namespace
 
 CLI::App* addTimelineCommand(CLI::App& app) {
-  auto* tl = app.add_subcommand("timeline", "Watermark series (reserved, allocated, requested, pending-free) with peaks and phases");
-  tl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")->required();
+  auto* tl = app.add_subcommand(
+      "timeline",
+      "Watermark series (reserved, allocated, requested, pending-free) with peaks and phases");
+  tl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")
+      ->required();
   tl->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
-  auto* csv = tl->add_flag("--csv", g_args.csv, "one CSV row per kept point: device,event,time_us,reserved,allocated,requested,pending_free");
+  auto* csv = tl->add_flag(
+      "--csv", g_args.csv,
+      "one CSV row per kept point: device,event,time_us,reserved,allocated,requested,pending_free");
   auto* json = tl->add_flag("--json", g_args.json, "one JSON document (schema in docs/cli.md)");
   csv->excludes(json);
-  tl->add_option("--max-points", g_args.max_points, "downsample each device's series to this many buckets (min/max kept per bucket)")
+  tl->add_option("--max-points", g_args.max_points,
+                 "downsample each device's series to this many buckets (min/max kept per bucket)")
       ->check(CLI::Range(size_t{1}, size_t{100000000}));
-  tl->add_flag("--salvage", g_args.salvage, "read the intact part of a native trace that is damaged in the middle");
+  tl->add_flag("--salvage", g_args.salvage,
+               "read the intact part of a native trace that is damaged in the middle");
   return tl;
 }
 

@@ -1,9 +1,11 @@
 // main.cc: the memforensics command line.
 //
-// Exit codes, the same for every command (docs/cli.md "Exit codes"; constants in cli/diagnostics.h):
+// Exit codes, the same for every command (docs/cli.md "Exit codes"; constants in
+// cli/diagnostics.h):
 //   0  success
-//   1  bad usage: an unknown option, a missing argument, a number out of range, --at oom without OOM
-//   2  an input could not be read or is not a valid snapshot, an output could not be written (also
+//   1  bad usage: an unknown option, a missing argument, a number out of range, --at oom without
+//   OOM 2  an input could not be read or is not a valid snapshot, an output could not be written
+//   (also
 //      standard output: "cannot write to standard output: ..."), an output that is an input, out of
 //      memory, or any other failure
 // `record` exits with the recorded command's status instead (cmd_record.h): 128 + N for signal N,
@@ -43,10 +45,12 @@ using mf::cli::printWarning;
 
 bool g_salvage = false;  // --salvage: read the intact prefix of a damaged native trace
 
-mf::Expected<mf::format::Snapshot> load(const std::string& path) { return mf::cli::loadWithProgress(path, g_salvage); }
+mf::Expected<mf::format::Snapshot> load(const std::string& path) {
+  return mf::cli::loadWithProgress(path, g_salvage);
+}
 
-int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json, size_t top,
-            size_t top_frames) {
+int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json,
+            size_t top, size_t top_frames) {
   int rc = kExitOk;
   bool first = true;
   for (const auto& path : files) {
@@ -105,7 +109,8 @@ std::optional<Target> targetFromName(const std::string& to) {
 
 std::optional<Target> targetFromPath(const std::string& path) {
   auto ends = [&](std::string_view suffix) {
-    return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return path.size() >= suffix.size() &&
+           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (ends(".bin")) return Target::Native;
   if (ends(".pickle") || ends(".pkl")) return Target::Pickle;
@@ -141,9 +146,10 @@ struct ConvertArgs {
 int convert(const ConvertArgs& a) {
   std::optional<Target> target = a.to.empty() ? targetFromPath(a.out) : targetFromName(a.to);
   if (!target) {
-    printError(a.to.empty() ? "cannot tell the output format from '" + a.out +
-                                  "': name it *.bin, *.pickle, *.perfetto.json or *.folded, or pass --to"
-                            : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)");
+    printError(a.to.empty()
+                   ? "cannot tell the output format from '" + a.out +
+                         "': name it *.bin, *.pickle, *.perfetto.json or *.folded, or pass --to"
+                   : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)");
     return kExitUsage;
   }
   if (auto same = mf::cli::checkNotAnInput(a.out, {a.in}); !same.ok()) {
@@ -170,25 +176,30 @@ int convert(const ConvertArgs& a) {
     }
     case Target::Pickle:
       s = writeOutput(a.out, [&](std::ostream& o) {
-        return mf::format::writeSnapshotPickle(*snap, [&](std::span<const uint8_t> b) -> mf::Status {
-          o.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-          if (!o) return mf::Error{"write failed (disk full?)", -1};
-          return mf::Status::Ok();
-        });
+        return mf::format::writeSnapshotPickle(
+            *snap, [&](std::span<const uint8_t> b) -> mf::Status {
+              o.write(reinterpret_cast<const char*>(b.data()),
+                      static_cast<std::streamsize>(b.size()));
+              if (!o) return mf::Error{"write failed (disk full?)", -1};
+              return mf::Status::Ok();
+            });
       });
       break;
     case Target::Perfetto: {
       mf::report::PerfettoOptions opt;
       opt.device = a.device;
-      s = writeOutput(a.out, [&](std::ostream& o) { return mf::report::exportPerfetto(*snap, o, opt); });
+      s = writeOutput(a.out,
+                      [&](std::ostream& o) { return mf::report::exportPerfetto(*snap, o, opt); });
       break;
     }
     case Target::Collapsed: {
       mf::report::CollapsedOptions opt;
       opt.device = a.device;
-      opt.which = a.value == "allocated" ? mf::report::CollapsedValue::Allocated : mf::report::CollapsedValue::Requested;
+      opt.which = a.value == "allocated" ? mf::report::CollapsedValue::Allocated
+                                         : mf::report::CollapsedValue::Requested;
       opt.user_frames_only = a.user_frames_only;
-      s = writeOutput(a.out, [&](std::ostream& o) { return mf::report::exportCollapsed(*snap, o, opt); });
+      s = writeOutput(a.out,
+                      [&](std::ostream& o) { return mf::report::exportCollapsed(*snap, o, opt); });
       break;
     }
   }
@@ -208,45 +219,60 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "memforensics 0.1.0");
   app.require_subcommand(1);
 
-  auto* an = app.add_subcommand("analyze", "Replay a snapshot and report peaks, OOMs, top allocations and anomalies");
+  auto* an = app.add_subcommand(
+      "analyze", "Replay a snapshot and report peaks, OOMs, top allocations and anomalies");
   std::vector<std::string> files;
-  an->add_option("FILE", files, "snapshot files (pickle, memory_viz HTML, JSON or native trace; detected by content)")
+  an->add_option(
+        "FILE", files,
+        "snapshot files (pickle, memory_viz HTML, JSON or native trace; detected by content)")
       ->required();
   std::optional<int64_t> device;
   an->add_option("--device", device, "only this CUDA device ordinal")->check(mf::cli::kInt64Option);
   bool json = false;
   an->add_flag("--json", json, "machine-readable output: one JSON document per file, one per line");
   size_t top = 10;
-  an->add_option("--top", top, "how many stack groups to list at the peak")->check(CLI::Range(1, 10000));
+  an->add_option("--top", top, "how many stack groups to list at the peak")
+      ->check(CLI::Range(1, 10000));
   size_t top_frames = 0;
   an->add_option("--top-frames", top_frames,
                  "also attribute live bytes at the peak to frames (call graph): list this many")
       ->check(CLI::Range(1, 10000));
 
-  auto* du = app.add_subcommand("dump", "Print every segment, block and event in a stable one-line text form");
+  auto* du = app.add_subcommand(
+      "dump", "Print every segment, block and event in a stable one-line text form");
   std::string dump_file;
   du->add_option("FILE", dump_file, "snapshot file")->required();
   bool stacks = false;
   du->add_flag("--stacks", stacks, "also print the frames of every stack referenced");
 
-  auto* cv = app.add_subcommand("convert", "Convert between PyTorch pickle and native trace, or export to Perfetto / collapsed stacks");
+  auto* cv = app.add_subcommand(
+      "convert",
+      "Convert between PyTorch pickle and native trace, or export to Perfetto / collapsed stacks");
   ConvertArgs conv;
   cv->add_option("IN", conv.in, "input file (any supported kind, detected by content)")->required();
   cv->add_option("-o,--output", conv.out, "output file ('-' for standard output)")->required();
-  cv->add_option("--to", conv.to,
-                 "native | pickle | perfetto | collapsed (default: from the output name: .bin, .pickle/.pkl, "
-                 ".perfetto.json, .folded/.collapsed)");
-  cv->add_option("--zstd-level", conv.zstd_level, "native: zstd level per chunk, 0 = uncompressed")->check(CLI::Range(0, 19));
-  cv->add_option("--checkpoint-every", conv.checkpoint_every,
-                 "native: events between checkpoints (random access to the state at an event); 0 = none")
+  cv->add_option(
+      "--to", conv.to,
+      "native | pickle | perfetto | collapsed (default: from the output name: .bin, .pickle/.pkl, "
+      ".perfetto.json, .folded/.collapsed)");
+  cv->add_option("--zstd-level", conv.zstd_level, "native: zstd level per chunk, 0 = uncompressed")
+      ->check(CLI::Range(0, 19));
+  cv->add_option(
+        "--checkpoint-every", conv.checkpoint_every,
+        "native: events between checkpoints (random access to the state at an event); 0 = none")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
-  cv->add_option("--device", conv.device, "perfetto/collapsed: only this device")->check(mf::cli::kInt64Option);
-  cv->add_option("--value", conv.value, "collapsed: requested (at the requested peak) or allocated (at the allocated peak)")
+  cv->add_option("--device", conv.device, "perfetto/collapsed: only this device")
+      ->check(mf::cli::kInt64Option);
+  cv->add_option(
+        "--value", conv.value,
+        "collapsed: requested (at the requested peak) or allocated (at the allocated peak)")
       ->check(CLI::IsMember({"requested", "allocated"}));
-  cv->add_flag("--user-frames", conv.user_frames_only, "collapsed: keep only user frames (drop framework plumbing)");
+  cv->add_flag("--user-frames", conv.user_frames_only,
+               "collapsed: keep only user frames (drop framework plumbing)");
 
   for (auto* sub : {an, du, cv}) {
-    sub->add_flag("--salvage", g_salvage, "read the intact part of a native trace that is damaged in the middle");
+    sub->add_flag("--salvage", g_salvage,
+                  "read the intact part of a native trace that is damaged in the middle");
   }
 
   auto* tl = mf::cli::addTimelineCommand(app);

@@ -11,9 +11,13 @@
 namespace memforensics::cli {
 
 ProgressBar::ProgressBar(std::string label)
-    : label_(escapeText(label)), start_(std::chrono::steady_clock::now()), enabled_(isatty(2) == 1) {}
+    : label_(escapeText(label)),
+      start_(std::chrono::steady_clock::now()),
+      enabled_(isatty(2) == 1) {}
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+  finish();
+}
 
 void ProgressBar::update(uint64_t done, uint64_t total) {
   if (!enabled_ || total == 0) return;

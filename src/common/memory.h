@@ -15,7 +15,8 @@ void adviseHugePages(void* p, size_t bytes);
 template <typename T>
 void reserveHuge(std::vector<T>& v, size_t n) {
   v.reserve(n);
-  if (v.capacity() * sizeof(T) >= (size_t{8} << 20)) adviseHugePages(v.data(), v.capacity() * sizeof(T));
+  if (v.capacity() * sizeof(T) >= (size_t{8} << 20))
+    adviseHugePages(v.data(), v.capacity() * sizeof(T));
 }
 
 }  // namespace memforensics

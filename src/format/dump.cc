@@ -17,7 +17,9 @@ std::string hex(uint64_t v) {
   return b;
 }
 // Quotes a string so that the line stays one line and parseable (common/text_escape.h).
-std::string quoted(std::string_view s) { return quoteText(s); }
+std::string quoted(std::string_view s) {
+  return quoteText(s);
+}
 std::string stackRef(StackId s) {
   if (s == kNoStack) return "-";
   if (s == kEmptyStack) return "[]";
@@ -36,22 +38,25 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       << " era=" << s.traits.era() << " segments=" << s.segments.size()
       << " devices_with_traces=" << s.traceCount() << "\n";
   if (s.settings.present) {
-    out << "settings conf=" << quoted(s.settings.conf) << " max_split_size=" << s.settings.max_split_size
+    out << "settings conf=" << quoted(s.settings.conf)
+        << " max_split_size=" << s.settings.max_split_size
         << " gc_threshold=" << s.settings.garbage_collection_threshold
         << " expandable_segments=" << (s.settings.expandable_segments ? 1 : 0) << " roundup=";
     for (int k = 0; k < 16; ++k) out << (k ? "," : "") << s.settings.roundup_power2_divisions[k];
     out << "\n";
   }
   for (const auto& seg : s.segments) {
-    out << "segment device=" << seg.device << " addr=" << hex(seg.address) << " size=" << seg.total_size
-        << " allocated=" << seg.allocated_size << " active=" << seg.active_size
-        << " requested=" << seg.requested_size << " stream=" << seg.stream
-        << " type=" << (seg.is_large ? "large" : "small") << " pool=" << seg.pool_a << "," << seg.pool_b
+    out << "segment device=" << seg.device << " addr=" << hex(seg.address)
+        << " size=" << seg.total_size << " allocated=" << seg.allocated_size
+        << " active=" << seg.active_size << " requested=" << seg.requested_size
+        << " stream=" << seg.stream << " type=" << (seg.is_large ? "large" : "small")
+        << " pool=" << seg.pool_a << "," << seg.pool_b
         << " expandable=" << (seg.is_expandable ? 1 : 0) << " stack=" << use(seg.stack)
         << " blocks=" << seg.block_count << "\n";
     for (const auto& b : s.blocksOf(seg)) {
-      out << "  block addr=" << hex(b.address) << " size=" << b.size << " requested=" << b.requested_size
-          << " state=" << blockStateName(b.state) << " stack=" << use(b.stack) << "\n";
+      out << "  block addr=" << hex(b.address) << " size=" << b.size
+          << " requested=" << b.requested_size << " state=" << blockStateName(b.state)
+          << " stack=" << use(b.stack) << "\n";
     }
   }
   for (size_t d = 0; d < s.traceCount(); ++d) {
@@ -61,19 +66,26 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       const Event& e = tr[i];
       out << d << ":" << i << " ";
       if (e.time_us >= 0) out << "t=" << e.time_us << " ";
-      if (e.action == Action::Unknown) out << escapeText(s.strings.get(e.action_name));
-      else out << actionName(e.action);
-      if (e.action == Action::Oom) out << " size=" << e.size << " device_free=" << e.addr;
-      else out << " addr=" << hex(e.addr) << " size=" << e.size;
+      if (e.action == Action::Unknown)
+        out << escapeText(s.strings.get(e.action_name));
+      else
+        out << actionName(e.action);
+      if (e.action == Action::Oom)
+        out << " size=" << e.size << " device_free=" << e.addr;
+      else
+        out << " addr=" << hex(e.addr) << " size=" << e.size;
       out << " stream=" << e.stream << " stack=" << use(e.stack);
-      if (e.compile_context != kEmptyStr) out << " compile_context=" << quoted(s.strings.get(e.compile_context));
-      if (e.user_metadata != kEmptyStr) out << " user_metadata=" << quoted(s.strings.get(e.user_metadata));
+      if (e.compile_context != kEmptyStr)
+        out << " compile_context=" << quoted(s.strings.get(e.compile_context));
+      if (e.user_metadata != kEmptyStr)
+        out << " user_metadata=" << quoted(s.strings.get(e.user_metadata));
       if (e.pool != 0) out << " pool=" << s.pools[e.pool].first << "," << s.pools[e.pool].second;
       out << "\n";
     }
   }
   for (const auto& a : s.annotations) {
-    out << "annotation device=" << a.device << " t=" << a.time_us << " stage=" << escapeText(s.strings.get(a.stage))
+    out << "annotation device=" << a.device << " t=" << a.time_us
+        << " stage=" << escapeText(s.strings.get(a.stage))
         << " name=" << quoted(s.strings.get(a.name)) << "\n";
   }
   if (opt.stacks) {

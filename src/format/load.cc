@@ -65,7 +65,8 @@ class JsonToPickle {
   bool end_object() { return close() && (w_.endDict(), true); }
   bool start_array(std::size_t) { return open() && (w_.beginList(), true); }
   bool end_array() { return close() && (w_.endList(), true); }
-  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& ex) {
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) {
     error_ = std::string("invalid JSON: ") + ex.what();
     // a syntax error has its byte; out_of_range (a number beyond a double, 1e400) has none
     const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&ex);
@@ -112,25 +113,70 @@ class PickleExtent {
       uint64_t fixed = 0;  // operand bytes after the opcode
       int len_bytes = 0;   // or: a little-endian length of this many bytes, then that many bytes
       switch (op) {
-        case '.': pos_ += 1; return State::Stop;
-        case '(': case '0': case '1': case '2': case 'N': case 'a': case 'd': case '}': case 'e':
-        case 'l': case ']': case 's': case 't': case ')': case 'u': case 0x85: case 0x86: case 0x87:
-        case 0x88: case 0x89: case 0x94: fixed = 0; break;
-        case 'K': case 'h': case 'q': case 0x80: fixed = 1; break;
-        case 'M': fixed = 2; break;
-        case 'J': case 'j': case 'r': fixed = 4; break;
-        case 'G': case 0x95: fixed = 8; break;  // BINFLOAT; FRAME's length (its content is opcodes)
-        case 0x8c: case 0x8a: len_bytes = 1; break;  // SHORT_BINUNICODE, LONG1
-        case 'X': case 0x8b: len_bytes = 4; break;   // BINUNICODE, LONG4
-        case 0x8d: len_bytes = 8; break;              // BINUNICODE8
-        default: return State::Invalid;
+        case '.':
+          pos_ += 1;
+          return State::Stop;
+        case '(':
+        case '0':
+        case '1':
+        case '2':
+        case 'N':
+        case 'a':
+        case 'd':
+        case '}':
+        case 'e':
+        case 'l':
+        case ']':
+        case 's':
+        case 't':
+        case ')':
+        case 'u':
+        case 0x85:
+        case 0x86:
+        case 0x87:
+        case 0x88:
+        case 0x89:
+        case 0x94:
+          fixed = 0;
+          break;
+        case 'K':
+        case 'h':
+        case 'q':
+        case 0x80:
+          fixed = 1;
+          break;
+        case 'M':
+          fixed = 2;
+          break;
+        case 'J':
+        case 'j':
+        case 'r':
+          fixed = 4;
+          break;
+        case 'G':
+        case 0x95:
+          fixed = 8;
+          break;  // BINFLOAT; FRAME's length (its content is opcodes)
+        case 0x8c:
+        case 0x8a:
+          len_bytes = 1;
+          break;  // SHORT_BINUNICODE, LONG1
+        case 'X':
+        case 0x8b:
+          len_bytes = 4;
+          break;  // BINUNICODE, LONG4
+        case 0x8d:
+          len_bytes = 8;
+          break;  // BINUNICODE8
+        default:
+          return State::Invalid;
       }
       uint64_t need = 1 + fixed;
       if (len_bytes > 0) {
         if (b.size() - pos_ < 1 + static_cast<uint64_t>(len_bytes)) return State::NeedMore;
         uint64_t n = 0;
         std::memcpy(&n, b.data() + pos_ + 1, static_cast<size_t>(len_bytes));  // little-endian host
-        if (op == 0x8b && (n >> 31) != 0) return State::Invalid;                // negative LONG4
+        if (op == 0x8b && (n >> 31) != 0) return State::Invalid;               // negative LONG4
         if (n > kMaxStreamInputBytes) return State::Invalid;  // the reader reports the truncation
         need = 1 + static_cast<uint64_t>(len_bytes) + n;
       }
@@ -152,7 +198,8 @@ constexpr long kPipefsMagic = 0x50495045;  // statfs f_type of anonymous pipes (
 Expected<std::vector<uint8_t>> readStream(int fd, const struct stat& st, const std::string& path,
                                           const LoadOptions& options) {
   struct statfs fs {};
-  bool anonymous_pipe = S_ISFIFO(st.st_mode) && ::fstatfs(fd, &fs) == 0 && fs.f_type == kPipefsMagic;
+  bool anonymous_pipe =
+      S_ISFIFO(st.st_mode) && ::fstatfs(fd, &fs) == 0 && fs.f_type == kPipefsMagic;
   bool may_never_write = (S_ISFIFO(st.st_mode) && !anonymous_pipe) || ::isatty(fd) == 1;
   if (may_never_write) {
     pollfd p{fd, POLLIN, 0};
@@ -178,8 +225,9 @@ Expected<std::vector<uint8_t>> readStream(int fd, const struct stat& st, const s
                        " GiB, the most read into memory; save it to a file and open that",
                    -1};
     }
-    size_t want = std::min<uint64_t>(sniffed ? std::max<size_t>(buf.size(), 1 << 20) : kStreamSniffBytes,
-                                     kMaxStreamInputBytes - buf.size());
+    size_t want =
+        std::min<uint64_t>(sniffed ? std::max<size_t>(buf.size(), 1 << 20) : kStreamSniffBytes,
+                           kMaxStreamInputBytes - buf.size());
     size_t old = buf.size();
     buf.resize(old + want);
     ssize_t n = ::read(fd, buf.data() + old, want);
@@ -205,7 +253,8 @@ Expected<std::vector<uint8_t>> readStream(int fd, const struct stat& st, const s
                          std::to_string(buf.size()) + " bytes",
                      0};
       }
-      if ((kind == Kind::Json || kind == Kind::Html) && std::memchr(buf.data(), 0, buf.size()) != nullptr) {
+      if ((kind == Kind::Json || kind == Kind::Html) &&
+          std::memchr(buf.data(), 0, buf.size()) != nullptr) {
         return Error{"'" + path + "' is not a snapshot: it starts like " +
                          std::string(kind == Kind::Json ? "JSON" : "HTML") +
                          " but has binary (NUL) bytes in its first " + std::to_string(buf.size()) +
@@ -229,9 +278,10 @@ Expected<std::vector<uint8_t>> extractHtmlPickle(std::span<const uint8_t> b) {
   std::string_view text(reinterpret_cast<const char*>(b.data()), b.size());
   size_t key = text.find("\"base64\"");
   if (key == std::string_view::npos) {
-    return Error{"HTML file without an embedded snapshot (no \"base64\" field; only pages written "
-                 "by torch.cuda._memory_viz are supported)",
-                 -1};
+    return Error{
+        "HTML file without an embedded snapshot (no \"base64\" field; only pages written "
+        "by torch.cuda._memory_viz are supported)",
+        -1};
   }
   size_t q = text.find('"', key + 8);
   size_t colon = text.find(':', key + 8);
@@ -286,7 +336,8 @@ Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes, const LoadOp
                  -1};
   }
   if (!parsed) {
-    return Error{sax.error().empty() ? std::string("invalid JSON") : sax.error(), sax.errorOffset()};
+    return Error{sax.error().empty() ? std::string("invalid JSON") : sax.error(),
+                 sax.errorOffset()};
   }
   std::vector<uint8_t> pk = w.finish();
   PickleReadOptions po;
@@ -320,14 +371,18 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
       snap->input_bytes = bytes.size();
       return snap;
     }
-    case Kind::Json: return readSnapshotJson(bytes, options);
-    case Kind::Trace: return readSnapshotTrace(bytes, options);
-    case Kind::Unknown: break;
+    case Kind::Json:
+      return readSnapshotJson(bytes, options);
+    case Kind::Trace:
+      return readSnapshotTrace(bytes, options);
+    case Kind::Unknown:
+      break;
   }
   char hex[16];
   std::snprintf(hex, sizeof hex, "0x%02x", bytes[0]);
   return Error{std::string("unrecognized file content (first byte ") + hex +
-                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page, JSON or a memforensics trace",
+                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page, JSON or "
+                   "a memforensics trace",
                0};
 }
 

@@ -27,16 +27,18 @@ inline constexpr size_t kStreamSniffBytes = size_t{64} << 10;
 inline constexpr int kStreamFirstByteWaitMs = 10000;
 
 struct LoadOptions {
-  ProgressFn progress;  // optional: consumed/total input bytes
+  ProgressFn progress;   // optional: consumed/total input bytes
   bool salvage = false;  // native traces: read the intact prefix of a file damaged in the middle
   int stream_wait_ms = kStreamFirstByteWaitMs;  // see kStreamFirstByteWaitMs (tests shorten it)
 };
 
 Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& options = {});
-Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadOptions& options = {});
+Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes,
+                                     const LoadOptions& options = {});
 
 // Exposed for tests: the JSON form, converted through the same code path as pickles.
-Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes, const LoadOptions& options = {});
+Expected<Snapshot> readSnapshotJson(std::span<const uint8_t> bytes,
+                                    const LoadOptions& options = {});
 // Exposed for tests: extracts and decodes the base64 pickle of a memory_viz HTML page.
 Expected<std::vector<uint8_t>> extractHtmlPickle(std::span<const uint8_t> bytes);
 

@@ -9,16 +9,16 @@
 //      ("segments[3].blocks[7]: ...").
 #include "format/pickle_reader.h"
 
-#include "common/memory.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <map>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_set>
 #include <vector>
+
+#include "common/memory.h"
 
 namespace memforensics::format {
 
@@ -115,22 +115,34 @@ struct Where {
 // What a value is, with its article, for messages: "an int", "a list", "None".
 const char* aKind(const Value& v, const std::vector<Node>& nodes) {
   switch (v.kind) {
-    case VK::None: return "None";
-    case VK::Bool: return "a bool";
+    case VK::None:
+      return "None";
+    case VK::Bool:
+      return "a bool";
     case VK::Int:
-    case VK::UInt: return "an int";
-    case VK::BigInt: return "an int out of the 64-bit range";
-    case VK::Float: return "a float";
-    case VK::Str: return "a str";
+    case VK::UInt:
+      return "an int";
+    case VK::BigInt:
+      return "an int out of the 64-bit range";
+    case VK::Float:
+      return "a float";
+    case VK::Str:
+      return "a str";
     case VK::Node:
       switch (nodes[v.id].kind) {
-        case NK::List: return "a list";
-        case NK::Dict: return "a dict";
-        case NK::Tuple: return "a tuple";
-        case NK::Frame: return "a frame dict";
+        case NK::List:
+          return "a list";
+        case NK::Dict:
+          return "a dict";
+        case NK::Tuple:
+          return "a tuple";
+        case NK::Frame:
+          return "a frame dict";
         case NK::Stack:
-        case NK::OpenStack: return "a frames list";
-        case NK::Event: return "a trace entry dict";
+        case NK::OpenStack:
+          return "a frames list";
+        case NK::Event:
+          return "a trace entry dict";
       }
   }
   return "?";
@@ -192,25 +204,91 @@ inline void makeRoom(std::vector<T>& v, size_t need = 1) {
 
 // Opcode bytes (pickle protocol 0-5).
 enum Op : uint8_t {
-  MARK = '(', STOP = '.', POP = '0', POP_MARK = '1', DUP = '2', FLOAT = 'F', INT = 'I',
-  BININT = 'J', BININT1 = 'K', LONG = 'L', BININT2 = 'M', NONE = 'N', PERSID = 'P',
-  BINPERSID = 'Q', REDUCE = 'R', STRING = 'S', BINSTRING = 'T', SHORT_BINSTRING = 'U',
-  UNICODE = 'V', BINUNICODE = 'X', APPEND = 'a', BUILD = 'b', GLOBAL = 'c', DICT = 'd',
-  EMPTY_DICT = '}', APPENDS = 'e', GET = 'g', BINGET = 'h', INST = 'i', LONG_BINGET = 'j',
-  LIST = 'l', EMPTY_LIST = ']', OBJ = 'o', PUT = 'p', BINPUT = 'q', LONG_BINPUT = 'r',
-  SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G',
-  PROTO = 0x80, NEWOBJ = 0x81, EXT1 = 0x82, EXT2 = 0x83, EXT4 = 0x84, TUPLE1 = 0x85,
-  TUPLE2 = 0x86, TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, LONG4 = 0x8b,
-  BINBYTES = 'B', SHORT_BINBYTES = 'C', SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d,
-  BINBYTES8 = 0x8e, EMPTY_SET = 0x8f, ADDITEMS = 0x90, FROZENSET = 0x91, NEWOBJ_EX = 0x92,
-  STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95, BYTEARRAY8 = 0x96, NEXT_BUFFER = 0x97,
+  MARK = '(',
+  STOP = '.',
+  POP = '0',
+  POP_MARK = '1',
+  DUP = '2',
+  FLOAT = 'F',
+  INT = 'I',
+  BININT = 'J',
+  BININT1 = 'K',
+  LONG = 'L',
+  BININT2 = 'M',
+  NONE = 'N',
+  PERSID = 'P',
+  BINPERSID = 'Q',
+  REDUCE = 'R',
+  STRING = 'S',
+  BINSTRING = 'T',
+  SHORT_BINSTRING = 'U',
+  UNICODE = 'V',
+  BINUNICODE = 'X',
+  APPEND = 'a',
+  BUILD = 'b',
+  GLOBAL = 'c',
+  DICT = 'd',
+  EMPTY_DICT = '}',
+  APPENDS = 'e',
+  GET = 'g',
+  BINGET = 'h',
+  INST = 'i',
+  LONG_BINGET = 'j',
+  LIST = 'l',
+  EMPTY_LIST = ']',
+  OBJ = 'o',
+  PUT = 'p',
+  BINPUT = 'q',
+  LONG_BINPUT = 'r',
+  SETITEM = 's',
+  TUPLE = 't',
+  EMPTY_TUPLE = ')',
+  SETITEMS = 'u',
+  BINFLOAT = 'G',
+  PROTO = 0x80,
+  NEWOBJ = 0x81,
+  EXT1 = 0x82,
+  EXT2 = 0x83,
+  EXT4 = 0x84,
+  TUPLE1 = 0x85,
+  TUPLE2 = 0x86,
+  TUPLE3 = 0x87,
+  NEWTRUE = 0x88,
+  NEWFALSE = 0x89,
+  LONG1 = 0x8a,
+  LONG4 = 0x8b,
+  BINBYTES = 'B',
+  SHORT_BINBYTES = 'C',
+  SHORT_BINUNICODE = 0x8c,
+  BINUNICODE8 = 0x8d,
+  BINBYTES8 = 0x8e,
+  EMPTY_SET = 0x8f,
+  ADDITEMS = 0x90,
+  FROZENSET = 0x91,
+  NEWOBJ_EX = 0x92,
+  STACK_GLOBAL = 0x93,
+  MEMOIZE = 0x94,
+  FRAME = 0x95,
+  BYTEARRAY8 = 0x96,
+  NEXT_BUFFER = 0x97,
   READONLY_BUFFER = 0x98,
 };
 
 bool executesCode(uint8_t op) {
   switch (op) {
-    case GLOBAL: case STACK_GLOBAL: case REDUCE: case BUILD: case INST: case OBJ: case NEWOBJ:
-    case NEWOBJ_EX: case PERSID: case BINPERSID: case EXT1: case EXT2: case EXT4:
+    case GLOBAL:
+    case STACK_GLOBAL:
+    case REDUCE:
+    case BUILD:
+    case INST:
+    case OBJ:
+    case NEWOBJ:
+    case NEWOBJ_EX:
+    case PERSID:
+    case BINPERSID:
+    case EXT1:
+    case EXT2:
+    case EXT4:
       return true;
     default:
       return false;
@@ -221,35 +299,54 @@ bool executesCode(uint8_t op) {
 struct Keys {
   StrId action, addr, size, stream, time_us, frames, device_free, compile_context, user_metadata,
       pool_id, filename, line, name, segments, device_traces, allocator_settings,
-      external_annotations, host_segments, host_traces, device, address, total_size,
-      allocated_size, active_size, requested_size, segment_type, segment_pool_id, is_expandable,
-      blocks, state, history, real_size, stage, conf, max_split_size, gc_threshold,
-      expandable_segments, roundup, graph_capture, small, active_allocated, active_pending_free,
-      inactive;
+      external_annotations, host_segments, host_traces, device, address, total_size, allocated_size,
+      active_size, requested_size, segment_type, segment_pool_id, is_expandable, blocks, state,
+      history, real_size, stage, conf, max_split_size, gc_threshold, expandable_segments, roundup,
+      graph_capture, small, active_allocated, active_pending_free, inactive;
   explicit Keys(StringTable& t)
-      : action(t.intern("action")), addr(t.intern("addr")), size(t.intern("size")),
-        stream(t.intern("stream")), time_us(t.intern("time_us")), frames(t.intern("frames")),
-        device_free(t.intern("device_free")), compile_context(t.intern("compile_context")),
-        user_metadata(t.intern("user_metadata")), pool_id(t.intern("pool_id")),
-        filename(t.intern("filename")), line(t.intern("line")), name(t.intern("name")),
-        segments(t.intern("segments")), device_traces(t.intern("device_traces")),
+      : action(t.intern("action")),
+        addr(t.intern("addr")),
+        size(t.intern("size")),
+        stream(t.intern("stream")),
+        time_us(t.intern("time_us")),
+        frames(t.intern("frames")),
+        device_free(t.intern("device_free")),
+        compile_context(t.intern("compile_context")),
+        user_metadata(t.intern("user_metadata")),
+        pool_id(t.intern("pool_id")),
+        filename(t.intern("filename")),
+        line(t.intern("line")),
+        name(t.intern("name")),
+        segments(t.intern("segments")),
+        device_traces(t.intern("device_traces")),
         allocator_settings(t.intern("allocator_settings")),
         external_annotations(t.intern("external_annotations")),
-        host_segments(t.intern("host_segments")), host_traces(t.intern("host_traces")),
-        device(t.intern("device")), address(t.intern("address")),
-        total_size(t.intern("total_size")), allocated_size(t.intern("allocated_size")),
-        active_size(t.intern("active_size")), requested_size(t.intern("requested_size")),
-        segment_type(t.intern("segment_type")), segment_pool_id(t.intern("segment_pool_id")),
-        is_expandable(t.intern("is_expandable")), blocks(t.intern("blocks")),
-        state(t.intern("state")), history(t.intern("history")), real_size(t.intern("real_size")),
-        stage(t.intern("stage")), conf(t.intern("PYTORCH_CUDA_ALLOC_CONF")),
+        host_segments(t.intern("host_segments")),
+        host_traces(t.intern("host_traces")),
+        device(t.intern("device")),
+        address(t.intern("address")),
+        total_size(t.intern("total_size")),
+        allocated_size(t.intern("allocated_size")),
+        active_size(t.intern("active_size")),
+        requested_size(t.intern("requested_size")),
+        segment_type(t.intern("segment_type")),
+        segment_pool_id(t.intern("segment_pool_id")),
+        is_expandable(t.intern("is_expandable")),
+        blocks(t.intern("blocks")),
+        state(t.intern("state")),
+        history(t.intern("history")),
+        real_size(t.intern("real_size")),
+        stage(t.intern("stage")),
+        conf(t.intern("PYTORCH_CUDA_ALLOC_CONF")),
         max_split_size(t.intern("max_split_size")),
         gc_threshold(t.intern("garbage_collection_threshold")),
         expandable_segments(t.intern("expandable_segments")),
         roundup(t.intern("roundup_power2_divisions")),
-        graph_capture(t.intern("graph_capture_record_stream_reuse")), small(t.intern("small")),
+        graph_capture(t.intern("graph_capture_record_stream_reuse")),
+        small(t.intern("small")),
         active_allocated(t.intern("active_allocated")),
-        active_pending_free(t.intern("active_pending_free")), inactive(t.intern("inactive")) {}
+        active_pending_free(t.intern("active_pending_free")),
+        inactive(t.intern("inactive")) {}
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -258,7 +355,10 @@ struct Keys {
 class Machine {
  public:
   Machine(std::span<const uint8_t> data, const PickleReadOptions& opt)
-      : p_(data.data()), begin_(data.data()), end_(data.data() + data.size()), opt_(opt),
+      : p_(data.data()),
+        begin_(data.data()),
+        end_(data.data() + data.size()),
+        opt_(opt),
         keys_(snap_.strings) {}
 
   Expected<Snapshot> run();
@@ -274,7 +374,8 @@ class Machine {
 
   // -- stack helpers
   Expected<Value> pop() {
-    if (stack_.size() <= markBase()) return err(std::string("stack underflow at ") + pickleOpcodeName(op_));
+    if (stack_.size() <= markBase())
+      return err(std::string("stack underflow at ") + pickleOpcodeName(op_));
     Value v = stack_.back();
     stack_.pop_back();
     return v;
@@ -339,10 +440,17 @@ class Machine {
   Status memoGet(uint64_t idx) {
     uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
     switch (m >> 32) {
-      case 1: stack_.push_back(Value::str(static_cast<uint32_t>(m))); return Status::Ok();
-      case 2: stack_.push_back(Value::node(static_cast<uint32_t>(m))); return Status::Ok();
-      case 3: stack_.push_back(memo_other_[static_cast<uint32_t>(m)]); return Status::Ok();
-      default: return err("memo index " + std::to_string(idx) + " read before it was stored");
+      case 1:
+        stack_.push_back(Value::str(static_cast<uint32_t>(m)));
+        return Status::Ok();
+      case 2:
+        stack_.push_back(Value::node(static_cast<uint32_t>(m)));
+        return Status::Ok();
+      case 3:
+        stack_.push_back(memo_other_[static_cast<uint32_t>(m)]);
+        return Status::Ok();
+      default:
+        return err("memo index " + std::to_string(idx) + " read before it was stored");
     }
   }
 
@@ -378,7 +486,9 @@ class Machine {
   }
   // A budget of per_byte items for each input byte, plus kBudgetSlack (pickle_reader.h); the
   // figure the counters start from and that their refusals quote.
-  uint64_t inputBudget(uint64_t per_byte) const { return per_byte * snap_.input_bytes + kBudgetSlack; }
+  uint64_t inputBudget(uint64_t per_byte) const {
+    return per_byte * snap_.input_bytes + kBudgetSlack;
+  }
   Status chargeFrames(uint64_t n) {
     if (n > frames_budget_) {
       return err("the frames lists expand to more stack frames than an input of " +
@@ -389,15 +499,18 @@ class Machine {
     frames_budget_ -= n;
     return Status::Ok();
   }
-  // Conversion: n more records (segments, blocks, entries, dict items read); refused past the budget.
+  // Conversion: n more records (segments, blocks, entries, dict items read); refused past the
+  // budget.
   Status chargeRecords(uint64_t n, const std::string& where) {
     if (n > records_budget_) {
-      return Error{where + ": the input expands to more than " +
-                       std::to_string(inputBudget(kRecordsPerInputByte)) +
-                       " records (segments, blocks, trace entries and their fields), more than an input of " +
-                       std::to_string(snap_.input_bytes) +
-                       " bytes holds unless one memoized list or dict is referenced many times; refused",
-                   -1};
+      return Error{
+          where + ": the input expands to more than " +
+              std::to_string(inputBudget(kRecordsPerInputByte)) +
+              " records (segments, blocks, trace entries and their fields), more than an input "
+              "of " +
+              std::to_string(snap_.input_bytes) +
+              " bytes holds unless one memoized list or dict is referenced many times; refused",
+          -1};
     }
     records_budget_ -= n;
     return Status::Ok();
@@ -546,7 +659,8 @@ Status Machine::appendItems(uint32_t list, size_t from) {
   }
   if (n.kind == NK::Stack || n.kind == NK::OpenStack || (all_frames && fresh)) {
     if (!all_frames && count > 0) {
-      return err("a frames list gets a non-frame element (" + std::string(aKind(stack_[from], nodes_)) + ")");
+      return err("a frames list gets a non-frame element (" +
+                 std::string(aKind(stack_[from], nodes_)) + ")");
     }
     if (fresh) {
       // The first batch is interned at once, as it always was: a list that one APPENDS fills (any
@@ -618,10 +732,14 @@ Status Machine::reduceDict(uint32_t n, const Value* kv, size_t count) {
   for (size_t k = 0; k + 1 < count; k += 2) {
     if (kv[k].kind != VK::Str) continue;
     StrId key = kv[k].id;
-    if (key == keys_.action) has_action = true;
-    else if (key == keys_.filename) filename = &kv[k + 1];
-    else if (key == keys_.line) line = &kv[k + 1];
-    else if (key == keys_.name) name = &kv[k + 1];
+    if (key == keys_.action)
+      has_action = true;
+    else if (key == keys_.filename)
+      filename = &kv[k + 1];
+    else if (key == keys_.line)
+      line = &kv[k + 1];
+    else if (key == keys_.name)
+      name = &kv[k + 1];
   }
   if (has_action) return makeEvent(n, kv, count);
   if (filename && line && name && count <= 16) {
@@ -645,7 +763,8 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
       return Status::Ok();
     }
     if (v.kind == VK::Int) {
-      return err(std::string("trace entry `") + key + "` is negative (" + std::to_string(v.i) + ")");
+      return err(std::string("trace entry `") + key + "` is negative (" + std::to_string(v.i) +
+                 ")");
     }
     return err(std::string("trace entry `") + key + "` is " + aKind(v, nodes_) +
                ", expected a non-negative int");
@@ -704,8 +823,10 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
         const auto& t = itemsOf(v.id);
         if ((t[0].kind == VK::Int || t[0].kind == VK::UInt) &&
             (t[1].kind == VK::Int || t[1].kind == VK::UInt)) {
-          std::pair<uint64_t, uint64_t> key{static_cast<uint64_t>(t[0].i), static_cast<uint64_t>(t[1].i)};
-          auto [it, fresh] = pool_index_.try_emplace(key, static_cast<uint32_t>(snap_.pools.size()));
+          std::pair<uint64_t, uint64_t> key{static_cast<uint64_t>(t[0].i),
+                                            static_cast<uint64_t>(t[1].i)};
+          auto [it, fresh] =
+              pool_index_.try_emplace(key, static_cast<uint32_t>(snap_.pools.size()));
           if (fresh) snap_.pools.push_back(key);
           e.pool = it->second;
         }
@@ -759,8 +880,9 @@ Expected<Snapshot> Machine::run() {
       case MEMOIZE: {
         if (stack_.size() <= markBase()) return err("MEMOIZE with an empty stack");
         if (memo_.size() >= memo_budget_) {
-          return err("MEMOIZE beyond the " + std::to_string(memo_budget_) + " memo entries an input of " +
-                     std::to_string(snap_.input_bytes) + " bytes can store");
+          return err("MEMOIZE beyond the " + std::to_string(memo_budget_) +
+                     " memo entries an input of " + std::to_string(snap_.input_bytes) +
+                     " bytes can store");
         }
         makeRoom(memo_);
         memo_.push_back(memoEncode(stack_.back()));
@@ -843,13 +965,27 @@ Expected<Snapshot> Machine::run() {
         stack_.push_back(Value::flt(d));
         break;
       }
-      case NEWTRUE: stack_.push_back(Value::boolean(true)); break;
-      case NEWFALSE: stack_.push_back(Value::boolean(false)); break;
-      case NONE: stack_.push_back(Value::none()); break;
-      case MARK: marks_.push_back(stack_.size()); break;
-      case EMPTY_DICT: stack_.push_back(Value::node(newNode(NK::Dict))); break;
-      case EMPTY_LIST: stack_.push_back(Value::node(newNode(NK::List))); break;
-      case EMPTY_TUPLE: stack_.push_back(Value::node(newNode(NK::Tuple))); break;
+      case NEWTRUE:
+        stack_.push_back(Value::boolean(true));
+        break;
+      case NEWFALSE:
+        stack_.push_back(Value::boolean(false));
+        break;
+      case NONE:
+        stack_.push_back(Value::none());
+        break;
+      case MARK:
+        marks_.push_back(stack_.size());
+        break;
+      case EMPTY_DICT:
+        stack_.push_back(Value::node(newNode(NK::Dict)));
+        break;
+      case EMPTY_LIST:
+        stack_.push_back(Value::node(newNode(NK::List)));
+        break;
+      case EMPTY_TUPLE:
+        stack_.push_back(Value::node(newNode(NK::Tuple)));
+        break;
       case DICT:
       case LIST: {
         auto m = popMark();
@@ -871,13 +1007,15 @@ Expected<Snapshot> Machine::run() {
           from = *m;
         } else {
           size_t k = op_ == TUPLE1 ? 1 : op_ == TUPLE2 ? 2 : 3;
-          if (stack_.size() < markBase() + k) return err(std::string(pickleOpcodeName(op_)) + " with too few stack items");
+          if (stack_.size() < markBase() + k)
+            return err(std::string(pickleOpcodeName(op_)) + " with too few stack items");
           from = stack_.size() - k;
         }
         Status sealed = sealOpenStacks(from);
         if (!sealed.ok()) return sealed.error();
         uint32_t n = newNode(NK::Tuple);
-        if (from < stack_.size()) itemsOf(n).assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
+        if (from < stack_.size())
+          itemsOf(n).assign(stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
         stack_.resize(from);
         stack_.push_back(Value::node(n));
         break;
@@ -940,7 +1078,8 @@ Expected<Snapshot> Machine::run() {
       case PROTO: {
         uint8_t v;
         if (!readLE(v)) return truncated("the protocol number");
-        if (v < 2 || v > 5) return err("pickle protocol " + std::to_string(v) + " (supported: 2 to 5)");
+        if (v < 2 || v > 5)
+          return err("pickle protocol " + std::to_string(v) + " (supported: 2 to 5)");
         snap_.pickle_protocol = v;
         break;
       }
@@ -950,7 +1089,9 @@ Expected<Snapshot> Machine::run() {
         if (len > static_cast<uint64_t>(end_ - p_)) return truncated("a FRAME");
         break;
       }
-      case STOP: stopped = true; break;
+      case STOP:
+        stopped = true;
+        break;
       default: {
         if (executesCode(op_)) {
           char hex[8];
@@ -973,7 +1114,8 @@ Expected<Snapshot> Machine::run() {
   }
   if (stack_.size() != 1) {
     return err("STOP with " + std::to_string(stack_.size()) +
-               (stack_.size() == 1 ? " object" : " objects") + " on the stack (expected exactly 1)");
+               (stack_.size() == 1 ? " object" : " objects") +
+               " on the stack (expected exactly 1)");
   }
   if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);
   Value root = stack_.back();
@@ -988,8 +1130,8 @@ Expected<Snapshot> Machine::run() {
 // ---------------------------------------------------------------------------------------------
 // 3. Conversion of the root object
 
-Expected<uint64_t> Machine::getU64(const Items& dict, StrId key, const Where& where,
-                                   bool required, uint64_t dflt) const {
+Expected<uint64_t> Machine::getU64(const Items& dict, StrId key, const Where& where, bool required,
+                                   uint64_t dflt) const {
   const Value* v = field(dict, key);
   if (v == nullptr || v->kind == VK::None) {
     if (required) {
@@ -999,21 +1141,24 @@ Expected<uint64_t> Machine::getU64(const Items& dict, StrId key, const Where& wh
   }
   if (v->kind == VK::Int && v->i < 0) {
     return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is negative (" +
-                     std::to_string(v->i) + ")", -1};
+                     std::to_string(v->i) + ")",
+                 -1};
   }
   if (v->kind == VK::BigInt) {
     return Error{where.str() + "." + std::string(snap_.strings.get(key)) +
-                     " is an int out of the 64-bit range (at most 2^64-1)", -1};
+                     " is an int out of the 64-bit range (at most 2^64-1)",
+                 -1};
   }
   if (v->kind != VK::Int && v->kind != VK::UInt) {
-    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " + aKind(*v, nodes_) +
-                     ", expected a non-negative int", -1};
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " +
+                     aKind(*v, nodes_) + ", expected a non-negative int",
+                 -1};
   }
   return static_cast<uint64_t>(v->i);
 }
 
-Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& where,
-                                  bool required, int64_t dflt) const {
+Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& where, bool required,
+                                  int64_t dflt) const {
   const Value* v = field(dict, key);
   if (v == nullptr || v->kind == VK::None) {
     if (required) {
@@ -1023,11 +1168,13 @@ Expected<int64_t> Machine::getI64(const Items& dict, StrId key, const Where& whe
   }
   if (v->kind == VK::UInt || v->kind == VK::BigInt) {
     return Error{where.str() + "." + std::string(snap_.strings.get(key)) +
-                     " is an int out of the signed 64-bit range", -1};
+                     " is an int out of the signed 64-bit range",
+                 -1};
   }
   if (v->kind != VK::Int) {
-    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " + aKind(*v, nodes_) +
-                     ", expected an int", -1};
+    return Error{where.str() + "." + std::string(snap_.strings.get(key)) + " is " +
+                     aKind(*v, nodes_) + ", expected an int",
+                 -1};
   }
   return v->i;
 }
@@ -1049,8 +1196,10 @@ Status Machine::convert(const Value& root) {
     const Value& k = (*top)[i];
     const Value& v = (*top)[i + 1];
     if (k.kind != VK::Str) continue;
-    if (k.id == keys_.segments) segs = &v;
-    else if (k.id == keys_.device_traces) traces = &v;
+    if (k.id == keys_.segments)
+      segs = &v;
+    else if (k.id == keys_.device_traces)
+      traces = &v;
     else if (k.id == keys_.allocator_settings) {
       snap_.traits.has_allocator_settings = true;
       const Items* sd = asNode(v, NK::Dict);
@@ -1099,7 +1248,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
     const Where path{name, static_cast<int64_t>(si)};
     const Items* d = asNode((*list)[si], NK::Dict);
     if (d == nullptr) {
-      return Error{path.str() + " is " + std::string(aKind((*list)[si], nodes_)) + ", expected a dict", -1};
+      return Error{
+          path.str() + " is " + std::string(aKind((*list)[si], nodes_)) + ", expected a dict", -1};
     }
     Status charged = chargeRecords(1 + d->size() / 2, path.str());
     if (!charged.ok()) return charged;
@@ -1108,7 +1258,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
     if (!dev) return dev.error();
     seg.device = *dev;
     if (seg.device < 0 || seg.device > 1 << 16) {
-      return Error{path.str() + ".device is " + std::to_string(seg.device) + ", not a device ordinal", -1};
+      return Error{
+          path.str() + ".device is " + std::to_string(seg.device) + ", not a device ordinal", -1};
     }
     auto addr = getU64(*d, keys_.address, path, true);
     if (!addr) return addr.error();
@@ -1174,9 +1325,12 @@ Status Machine::convertSegments(const Value& v, const char* name) {
       cursor = b.address + b.size;
       covered += b.size;
       if (const Value* st = field(*bd, keys_.state); st && st->kind == VK::Str) {
-        if (st->id == keys_.active_allocated) b.state = BlockState::ActiveAllocated;
-        else if (st->id == keys_.active_pending_free) b.state = BlockState::ActivePendingFree;
-        else if (st->id == keys_.inactive) b.state = BlockState::Inactive;
+        if (st->id == keys_.active_allocated)
+          b.state = BlockState::ActiveAllocated;
+        else if (st->id == keys_.active_pending_free)
+          b.state = BlockState::ActivePendingFree;
+        else if (st->id == keys_.inactive)
+          b.state = BlockState::Inactive;
       }
       if (field(*bd, keys_.requested_size) != nullptr) {
         auto r = getU64(*bd, keys_.requested_size, bpath, true);
@@ -1205,7 +1359,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
             }
           }
           if (!b.has_requested_size && field(*h0, keys_.real_size) != nullptr) {
-            auto r = getU64(*h0, keys_.real_size, Where{name, bpath.seg, bpath.block, ".history[0]"}, true);
+            auto r = getU64(*h0, keys_.real_size,
+                            Where{name, bpath.seg, bpath.block, ".history[0]"}, true);
             if (!r) return r.error();
             b.requested_size = *r;
             b.has_requested_size = true;
@@ -1217,8 +1372,8 @@ Status Machine::convertSegments(const Value& v, const char* name) {
     }
     seg.block_count = static_cast<uint32_t>(blocks->size());
     if (covered != seg.total_size && seg.block_count > 0) {
-      return Error{path.str() + ": blocks cover " + std::to_string(covered) + " bytes but total_size is " +
-                       std::to_string(seg.total_size),
+      return Error{path.str() + ": blocks cover " + std::to_string(covered) +
+                       " bytes but total_size is " + std::to_string(seg.total_size),
                    -1};
     }
     snap_.segments.push_back(seg);
@@ -1238,11 +1393,12 @@ Status Machine::convertTraces(const Value& v) {
   for (size_t d = 0; d < outer->size(); ++d) {
     const Items* inner = asNode((*outer)[d], NK::List);
     if (inner == nullptr) {
-      return Error{"device_traces[" + std::to_string(d) + "] is " +
-                       aKind((*outer)[d], nodes_) + ", expected a list",
+      return Error{"device_traces[" + std::to_string(d) + "] is " + aKind((*outer)[d], nodes_) +
+                       ", expected a list",
                    -1};
     }
-    // Before the entries are looked at or copied: a list referenced from many devices counts each time.
+    // Before the entries are looked at or copied: a list referenced from many devices counts each
+    // time.
     Status charged = chargeRecords(1 + inner->size(), "device_traces[" + std::to_string(d) + "]");
     if (!charged.ok()) return charged;
     for (size_t i = 0; i < inner->size(); ++i) {
@@ -1264,7 +1420,8 @@ Status Machine::convertTraces(const Value& v) {
     snap_.events = std::move(events_);
   } else {
     for (size_t d = 0; d < outer->size(); ++d) {
-      for (const Value& ev : *asNode((*outer)[d], NK::List)) snap_.events.push_back(events_[nodes_[ev.id].ref]);
+      for (const Value& ev : *asNode((*outer)[d], NK::List))
+        snap_.events.push_back(events_[nodes_[ev.id].ref]);
       snap_.trace_begin.push_back(snap_.events.size());
     }
   }
@@ -1276,13 +1433,17 @@ Status Machine::convertSettings(const Value& v) {
   if (d == nullptr) return Status::Ok();  // tolerate odd settings: they are informational
   auto& s = snap_.settings;
   s.present = true;
-  if (const Value* c = field(*d, keys_.conf); c && c->kind == VK::Str) s.conf = snap_.strings.get(c->id);
-  if (const Value* m = field(*d, keys_.max_split_size); m && (m->kind == VK::Int || m->kind == VK::UInt)) {
+  if (const Value* c = field(*d, keys_.conf); c && c->kind == VK::Str)
+    s.conf = snap_.strings.get(c->id);
+  if (const Value* m = field(*d, keys_.max_split_size);
+      m && (m->kind == VK::Int || m->kind == VK::UInt)) {
     s.max_split_size = m->i;
   }
   if (const Value* g = field(*d, keys_.gc_threshold)) {
-    if (g->kind == VK::Float) s.garbage_collection_threshold = g->f;
-    else if (g->kind == VK::Int) s.garbage_collection_threshold = static_cast<double>(g->i);
+    if (g->kind == VK::Float)
+      s.garbage_collection_threshold = g->f;
+    else if (g->kind == VK::Int)
+      s.garbage_collection_threshold = static_cast<double>(g->i);
   }
   if (const Value* e = field(*d, keys_.expandable_segments); e && e->kind == VK::Bool) {
     s.expandable_segments = e->i != 0;
@@ -1298,8 +1459,10 @@ Status Machine::convertSettings(const Value& v) {
         uint64_t mib = 0;
         bool digits = !ks.empty() && ks.size() < 8;
         for (char ch : ks) {
-          if (ch < '0' || ch > '9') digits = false;
-          else mib = mib * 10 + static_cast<uint64_t>(ch - '0');
+          if (ch < '0' || ch > '9')
+            digits = false;
+          else
+            mib = mib * 10 + static_cast<uint64_t>(ch - '0');
         }
         if (!digits || mib == 0 || (mib & (mib - 1)) != 0) continue;
         int idx = 63 - __builtin_clzll(mib);
@@ -1325,9 +1488,12 @@ Status Machine::convertAnnotations(const Value& v) {
     if (!charged.ok()) return charged;
     Annotation a;
     if (const Value* x = field(*d, keys_.device); x && x->kind == VK::Int) a.device = x->i;
-    if (const Value* x = field(*d, keys_.time_us); x && (x->kind == VK::Int || x->kind == VK::UInt)) {
-      if (x->kind == VK::Int && x->i >= 0) a.time_us = x->i;
-      else ++bad_time_us_;  // negative or beyond 2^63-1: no time, counted in a load warning
+    if (const Value* x = field(*d, keys_.time_us);
+        x && (x->kind == VK::Int || x->kind == VK::UInt)) {
+      if (x->kind == VK::Int && x->i >= 0)
+        a.time_us = x->i;
+      else
+        ++bad_time_us_;  // negative or beyond 2^63-1: no time, counted in a load warning
     }
     if (const Value* x = field(*d, keys_.name); x && x->kind == VK::Str) a.name = x->id;
     if (const Value* x = field(*d, keys_.stage); x && x->kind == VK::Str) a.stage = x->id;
@@ -1340,37 +1506,149 @@ Status Machine::convertAnnotations(const Value& v) {
 
 const char* pickleOpcodeName(uint8_t op) {
   switch (op) {
-    case MARK: return "MARK"; case STOP: return "STOP"; case POP: return "POP";
-    case POP_MARK: return "POP_MARK"; case DUP: return "DUP"; case FLOAT: return "FLOAT";
-    case INT: return "INT"; case BININT: return "BININT"; case BININT1: return "BININT1";
-    case LONG: return "LONG"; case BININT2: return "BININT2"; case NONE: return "NONE";
-    case PERSID: return "PERSID"; case BINPERSID: return "BINPERSID"; case REDUCE: return "REDUCE";
-    case STRING: return "STRING"; case BINSTRING: return "BINSTRING";
-    case SHORT_BINSTRING: return "SHORT_BINSTRING"; case UNICODE: return "UNICODE";
-    case BINUNICODE: return "BINUNICODE"; case APPEND: return "APPEND"; case BUILD: return "BUILD";
-    case GLOBAL: return "GLOBAL"; case DICT: return "DICT"; case EMPTY_DICT: return "EMPTY_DICT";
-    case APPENDS: return "APPENDS"; case GET: return "GET"; case BINGET: return "BINGET";
-    case INST: return "INST"; case LONG_BINGET: return "LONG_BINGET"; case LIST: return "LIST";
-    case EMPTY_LIST: return "EMPTY_LIST"; case OBJ: return "OBJ"; case PUT: return "PUT";
-    case BINPUT: return "BINPUT"; case LONG_BINPUT: return "LONG_BINPUT"; case SETITEM: return "SETITEM";
-    case TUPLE: return "TUPLE"; case EMPTY_TUPLE: return "EMPTY_TUPLE"; case SETITEMS: return "SETITEMS";
-    case BINFLOAT: return "BINFLOAT"; case PROTO: return "PROTO"; case NEWOBJ: return "NEWOBJ";
-    case EXT1: return "EXT1"; case EXT2: return "EXT2"; case EXT4: return "EXT4";
-    case TUPLE1: return "TUPLE1"; case TUPLE2: return "TUPLE2"; case TUPLE3: return "TUPLE3";
-    case NEWTRUE: return "NEWTRUE"; case NEWFALSE: return "NEWFALSE"; case LONG1: return "LONG1";
-    case LONG4: return "LONG4"; case BINBYTES: return "BINBYTES";
-    case SHORT_BINBYTES: return "SHORT_BINBYTES"; case SHORT_BINUNICODE: return "SHORT_BINUNICODE";
-    case BINUNICODE8: return "BINUNICODE8"; case BINBYTES8: return "BINBYTES8";
-    case EMPTY_SET: return "EMPTY_SET"; case ADDITEMS: return "ADDITEMS";
-    case FROZENSET: return "FROZENSET"; case NEWOBJ_EX: return "NEWOBJ_EX";
-    case STACK_GLOBAL: return "STACK_GLOBAL"; case MEMOIZE: return "MEMOIZE"; case FRAME: return "FRAME";
-    case BYTEARRAY8: return "BYTEARRAY8"; case NEXT_BUFFER: return "NEXT_BUFFER";
-    case READONLY_BUFFER: return "READONLY_BUFFER";
-    default: return "unknown";
+    case MARK:
+      return "MARK";
+    case STOP:
+      return "STOP";
+    case POP:
+      return "POP";
+    case POP_MARK:
+      return "POP_MARK";
+    case DUP:
+      return "DUP";
+    case FLOAT:
+      return "FLOAT";
+    case INT:
+      return "INT";
+    case BININT:
+      return "BININT";
+    case BININT1:
+      return "BININT1";
+    case LONG:
+      return "LONG";
+    case BININT2:
+      return "BININT2";
+    case NONE:
+      return "NONE";
+    case PERSID:
+      return "PERSID";
+    case BINPERSID:
+      return "BINPERSID";
+    case REDUCE:
+      return "REDUCE";
+    case STRING:
+      return "STRING";
+    case BINSTRING:
+      return "BINSTRING";
+    case SHORT_BINSTRING:
+      return "SHORT_BINSTRING";
+    case UNICODE:
+      return "UNICODE";
+    case BINUNICODE:
+      return "BINUNICODE";
+    case APPEND:
+      return "APPEND";
+    case BUILD:
+      return "BUILD";
+    case GLOBAL:
+      return "GLOBAL";
+    case DICT:
+      return "DICT";
+    case EMPTY_DICT:
+      return "EMPTY_DICT";
+    case APPENDS:
+      return "APPENDS";
+    case GET:
+      return "GET";
+    case BINGET:
+      return "BINGET";
+    case INST:
+      return "INST";
+    case LONG_BINGET:
+      return "LONG_BINGET";
+    case LIST:
+      return "LIST";
+    case EMPTY_LIST:
+      return "EMPTY_LIST";
+    case OBJ:
+      return "OBJ";
+    case PUT:
+      return "PUT";
+    case BINPUT:
+      return "BINPUT";
+    case LONG_BINPUT:
+      return "LONG_BINPUT";
+    case SETITEM:
+      return "SETITEM";
+    case TUPLE:
+      return "TUPLE";
+    case EMPTY_TUPLE:
+      return "EMPTY_TUPLE";
+    case SETITEMS:
+      return "SETITEMS";
+    case BINFLOAT:
+      return "BINFLOAT";
+    case PROTO:
+      return "PROTO";
+    case NEWOBJ:
+      return "NEWOBJ";
+    case EXT1:
+      return "EXT1";
+    case EXT2:
+      return "EXT2";
+    case EXT4:
+      return "EXT4";
+    case TUPLE1:
+      return "TUPLE1";
+    case TUPLE2:
+      return "TUPLE2";
+    case TUPLE3:
+      return "TUPLE3";
+    case NEWTRUE:
+      return "NEWTRUE";
+    case NEWFALSE:
+      return "NEWFALSE";
+    case LONG1:
+      return "LONG1";
+    case LONG4:
+      return "LONG4";
+    case BINBYTES:
+      return "BINBYTES";
+    case SHORT_BINBYTES:
+      return "SHORT_BINBYTES";
+    case SHORT_BINUNICODE:
+      return "SHORT_BINUNICODE";
+    case BINUNICODE8:
+      return "BINUNICODE8";
+    case BINBYTES8:
+      return "BINBYTES8";
+    case EMPTY_SET:
+      return "EMPTY_SET";
+    case ADDITEMS:
+      return "ADDITEMS";
+    case FROZENSET:
+      return "FROZENSET";
+    case NEWOBJ_EX:
+      return "NEWOBJ_EX";
+    case STACK_GLOBAL:
+      return "STACK_GLOBAL";
+    case MEMOIZE:
+      return "MEMOIZE";
+    case FRAME:
+      return "FRAME";
+    case BYTEARRAY8:
+      return "BYTEARRAY8";
+    case NEXT_BUFFER:
+      return "NEXT_BUFFER";
+    case READONLY_BUFFER:
+      return "READONLY_BUFFER";
+    default:
+      return "unknown";
   }
 }
 
-Expected<Snapshot> readSnapshotPickle(std::span<const uint8_t> data, const PickleReadOptions& options) {
+Expected<Snapshot> readSnapshotPickle(std::span<const uint8_t> data,
+                                      const PickleReadOptions& options) {
   Machine m(data, options);
   return m.run();
 }

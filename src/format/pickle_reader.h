@@ -7,11 +7,11 @@
 // input can make this reader execute code: there is no import, no call, no attribute access.
 //
 // The reader does not build a generic object tree. It reduces the shapes a snapshot is made of as
-// soon as they are filled: a {filename, line, name} dict becomes an interned frame, a list of frames
-// becomes an interned stack, and a dict with an `action` key becomes a compact trace event. The memo
-// keeps references to those reduced nodes, so the sharing Python's pickler put into the file (the
-// same frames list referenced by thousands of events) is kept, and memory stays a fraction of the
-// file size.
+// soon as they are filled: a {filename, line, name} dict becomes an interned frame, a list of
+// frames becomes an interned stack, and a dict with an `action` key becomes a compact trace event.
+// The memo keeps references to those reduced nodes, so the sharing Python's pickler put into the
+// file (the same frames list referenced by thousands of events) is kept, and memory stays a
+// fraction of the file size.
 #pragma once
 
 #include <cstdint>
@@ -47,9 +47,9 @@ inline constexpr uint64_t kRecordsPerInputByte = 1;
 inline constexpr uint64_t kBudgetSlack = 1u << 16;
 
 struct PickleReadOptions {
-  ProgressFn progress;              // optional
+  ProgressFn progress;  // optional
   uint64_t progress_interval = 8u << 20;
-  uint32_t max_memo_gap = 1u << 16; // BINPUT may not leave a larger hole in the memo
+  uint32_t max_memo_gap = 1u << 16;  // BINPUT may not leave a larger hole in the memo
 };
 
 // Reads a snapshot pickle from `data`. Trailing bytes after STOP are ignored (memory_viz HTML pads

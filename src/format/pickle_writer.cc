@@ -123,8 +123,10 @@ std::string replaceInvalidUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     bool valid;
     size_t n = utf8Sequence(s, i, valid);
-    if (valid) out.append(s.substr(i, n));
-    else out.append("\xEF\xBF\xBD");
+    if (valid)
+      out.append(s.substr(i, n));
+    else
+      out.append("\xEF\xBF\xBD");
     i += n;
   }
   return out;

@@ -1,7 +1,8 @@
 // pickle_writer.h: emits plain-data pickles (protocol 2-4 opcodes only, no code objects).
 //
-// Used to turn the JSON form of a snapshot into the pickle the reader understands, by tests to build
-// hostile and edge-case inputs, and later by `convert` to write snapshots PyTorch's tools can open.
+// Used to turn the JSON form of a snapshot into the pickle the reader understands, by tests to
+// build hostile and edge-case inputs, and later by `convert` to write snapshots PyTorch's tools can
+// open.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +51,8 @@ class PickleWriter {
   void memoize();                 // MEMOIZE (protocol 4) or BINPUT/LONG_BINPUT of the next index
   void get(uint32_t memo_index);  // BINGET / LONG_BINGET
   void raw(std::initializer_list<uint8_t> bytes);  // for tests: arbitrary opcodes
-  std::vector<uint8_t> finish();  // buffer mode: STOP and the bytes
-  Status finishStream();          // streaming mode: STOP, the last piece, and the first sink error
+  std::vector<uint8_t> finish();                   // buffer mode: STOP and the bytes
+  Status finishStream();  // streaming mode: STOP, the last piece, and the first sink error
   const Status& status() const { return status_; }  // streaming mode: the first sink error, if any
   uint32_t memoCount() const { return memo_count_; }
 

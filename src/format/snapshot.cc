@@ -36,7 +36,9 @@ size_t StringTable::Hash::operator()(std::string_view s) const noexcept {
   return hashBytes(s.data(), s.size());
 }
 
-StringTable::StringTable() { intern(""); }
+StringTable::StringTable() {
+  intern("");
+}
 StringTable::StringTable(StringTable&& o) noexcept
     : chunks_(std::move(o.chunks_)),
       chunk_used_(o.chunk_used_),
@@ -115,7 +117,8 @@ StackId StackTable::internStack(std::span<const FrameId> frames) {
     }
   }
   auto id = static_cast<StackId>(stacks_.size());
-  stacks_.emplace_back(static_cast<uint32_t>(frame_ids_.size()), static_cast<uint32_t>(frames.size()));
+  stacks_.emplace_back(static_cast<uint32_t>(frame_ids_.size()),
+                       static_cast<uint32_t>(frames.size()));
   frame_ids_.insert(frame_ids_.end(), frames.begin(), frames.end());
   stack_next_.push_back(head ? *head : 0);
   stack_head_.insert(h, id);
@@ -124,17 +127,28 @@ StackId StackTable::internStack(std::span<const FrameId> frames) {
 
 std::string_view actionName(Action a) {
   switch (a) {
-    case Action::Alloc: return "alloc";
-    case Action::FreeRequested: return "free_requested";
-    case Action::FreeCompleted: return "free_completed";
-    case Action::SegmentAlloc: return "segment_alloc";
-    case Action::SegmentFree: return "segment_free";
-    case Action::SegmentMap: return "segment_map";
-    case Action::SegmentUnmap: return "segment_unmap";
-    case Action::Snapshot: return "snapshot";
-    case Action::Oom: return "oom";
-    case Action::Annotate: return "annotate";
-    case Action::Unknown: return "unknown";
+    case Action::Alloc:
+      return "alloc";
+    case Action::FreeRequested:
+      return "free_requested";
+    case Action::FreeCompleted:
+      return "free_completed";
+    case Action::SegmentAlloc:
+      return "segment_alloc";
+    case Action::SegmentFree:
+      return "segment_free";
+    case Action::SegmentMap:
+      return "segment_map";
+    case Action::SegmentUnmap:
+      return "segment_unmap";
+    case Action::Snapshot:
+      return "snapshot";
+    case Action::Oom:
+      return "oom";
+    case Action::Annotate:
+      return "annotate";
+    case Action::Unknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -148,20 +162,28 @@ std::optional<Action> parseAction(std::string_view s) {
 
 std::string_view blockStateName(BlockState s) {
   switch (s) {
-    case BlockState::ActiveAllocated: return "active_allocated";
-    case BlockState::ActivePendingFree: return "active_pending_free";
-    case BlockState::Inactive: return "inactive";
-    case BlockState::Unknown: return "unknown";
+    case BlockState::ActiveAllocated:
+      return "active_allocated";
+    case BlockState::ActivePendingFree:
+      return "active_pending_free";
+    case BlockState::Inactive:
+      return "inactive";
+    case BlockState::Unknown:
+      return "unknown";
   }
   return "unknown";
 }
 
 std::string_view sourceFormatName(SourceFormat f) {
   switch (f) {
-    case SourceFormat::Pickle: return "pickle";
-    case SourceFormat::MemoryVizHtml: return "memory_viz_html";
-    case SourceFormat::Json: return "json";
-    case SourceFormat::NativeTrace: return "native_trace";
+    case SourceFormat::Pickle:
+      return "pickle";
+    case SourceFormat::MemoryVizHtml:
+      return "memory_viz_html";
+    case SourceFormat::Json:
+      return "json";
+    case SourceFormat::NativeTrace:
+      return "native_trace";
   }
   return "pickle";
 }

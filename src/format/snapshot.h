@@ -24,9 +24,9 @@ namespace memforensics::format {
 using StrId = uint32_t;
 using FrameId = uint32_t;
 using StackId = uint32_t;
-inline constexpr StrId kEmptyStr = 0;        // the empty string always has id 0
-inline constexpr StackId kNoStack = 0;       // "no stack recorded" (key absent)
-inline constexpr StackId kEmptyStack = 1;    // an empty frames list (recorded, but empty)
+inline constexpr StrId kEmptyStr = 0;      // the empty string always has id 0
+inline constexpr StackId kNoStack = 0;     // "no stack recorded" (key absent)
+inline constexpr StackId kEmptyStack = 1;  // an empty frames list (recorded, but empty)
 
 // Append-only interning table. Views returned by get() stay valid for the table's lifetime.
 class StringTable {
@@ -90,7 +90,8 @@ class StackTable {
   std::vector<StackId> stack_next_;  // older stack with the same hash (0 = none)
 };
 
-// TraceEntry::Action order in c10 (ALLOC=0 ... ANNOTATE=9), plus Unknown for strings we do not know.
+// TraceEntry::Action order in c10 (ALLOC=0 ... ANNOTATE=9), plus Unknown for strings we do not
+// know.
 enum class Action : uint8_t {
   Alloc = 0,
   FreeRequested,
@@ -117,7 +118,7 @@ struct Event {
   StrId compile_context = kEmptyStr;
   StrId user_metadata = kEmptyStr;
   StrId action_name = kEmptyStr;  // the action string as written (kept for Unknown actions)
-  uint32_t pool = 0;         // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
+  uint32_t pool = 0;  // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
   Action action = Action::Unknown;
 };
 static_assert(sizeof(Event) == 56, "Event is stored once per trace entry: keep it compact");
@@ -164,8 +165,8 @@ struct Annotation {
 // allocator_settings (2.3+); fields absent in the file keep their defaults and has_* = false.
 struct AllocatorSettings {
   bool present = false;
-  std::string conf;              // PYTORCH_CUDA_ALLOC_CONF
-  int64_t max_split_size = -1;   // -1 = unlimited
+  std::string conf;             // PYTORCH_CUDA_ALLOC_CONF
+  int64_t max_split_size = -1;  // -1 = unlimited
   double garbage_collection_threshold = 0.0;
   bool expandable_segments = false;
   bool has_roundup = false;
@@ -178,12 +179,12 @@ std::string_view sourceFormatName(SourceFormat f);
 // Which generation of PyTorch wrote the file, from the fields present (see the format doc's
 // version matrix). It is an inference, and reported as such.
 struct FormatTraits {
-  bool top_level_list = false;      // 1.13 / memory_snapshot(): bare list of segments
-  bool has_device_traces = false;   // 2.0+
-  bool has_block_history = false;   // 1.13-2.0 legacy `history`
-  bool has_block_address = false;   // 2.1+
-  bool has_segment_pool_id = false; // 2.1+
-  bool has_time_us = false;         // 2.2+
+  bool top_level_list = false;          // 1.13 / memory_snapshot(): bare list of segments
+  bool has_device_traces = false;       // 2.0+
+  bool has_block_history = false;       // 1.13-2.0 legacy `history`
+  bool has_block_address = false;       // 2.1+
+  bool has_segment_pool_id = false;     // 2.1+
+  bool has_time_us = false;             // 2.2+
   bool has_allocator_settings = false;  // 2.3+
   bool has_annotations_key = false;     // 2.5+
   bool has_compile_context = false;     // 2.8+
@@ -192,7 +193,7 @@ struct FormatTraits {
   bool has_pool_id = false;             // ~2.12+
   bool has_host_traces = false;         // 2.14
   bool has_annotate_action = false;     // 2.14
-  std::string era() const;  // e.g. "2.10-2.11"
+  std::string era() const;              // e.g. "2.10-2.11"
 };
 
 struct Snapshot {
@@ -214,11 +215,12 @@ struct Snapshot {
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
   // Native traces: what the trace was converted from (e.g. "pickle, protocol 4, 3145433 bytes"),
-  // or "live capture (PRODUCER)"; and what the reader had to say (a cut-off file, dropped events...).
+  // or "live capture (PRODUCER)"; and what the reader had to say (a cut-off file, dropped
+  // events...).
   std::string origin;
   bool live_capture = false;  // a native trace recorded by memforensics' capture (no PyTorch era)
   std::vector<std::string> load_warnings;
-  size_t host_trace_events = 0;           // 2.14 pinned host traces: counted, not replayed
+  size_t host_trace_events = 0;  // 2.14 pinned host traces: counted, not replayed
 
   std::span<const Block> blocksOf(const Segment& s) const {
     return {blocks.data() + s.first_block, s.block_count};

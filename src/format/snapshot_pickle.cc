@@ -1,5 +1,6 @@
 // snapshot_pickle.cc: see snapshot_pickle.h. One pass over the model, no per-event allocation: the
-// memo slots of strings, frames, stacks and pools are vectors sized from the model's tables up front.
+// memo slots of strings, frames, stacks and pools are vectors sized from the model's tables up
+// front.
 #include "format/snapshot_pickle.h"
 
 #include <cstdio>
@@ -14,30 +15,98 @@ namespace {
 // Every fixed string the writer emits (dict keys and enumerated values). Each is memoized on first
 // use like any other string, which is what Python's pickler does with the shared key objects.
 enum Key : uint8_t {
-  kSegments, kDeviceTraces, kAllocatorSettings, kExternalAnnotations,
-  kDevice, kAddress, kTotalSize, kAllocatedSize, kActiveSize, kRequestedSize, kStream,
-  kSegmentType, kSegmentPoolId, kIsExpandable, kFrames, kBlocks,
-  kSize, kState, kHistory, kAddr, kRealSize,
-  kAction, kDeviceFree, kTimeUs, kCompileContext, kUserMetadata, kPoolId,
-  kFilename, kLine, kName, kStage,
-  kConf, kMaxSplitSize, kGcThreshold, kExpandableSegments, kGraphCapture, kRoundup,
-  kLarge, kSmall, kActiveAllocated, kActivePendingFree, kInactive,
+  kSegments,
+  kDeviceTraces,
+  kAllocatorSettings,
+  kExternalAnnotations,
+  kDevice,
+  kAddress,
+  kTotalSize,
+  kAllocatedSize,
+  kActiveSize,
+  kRequestedSize,
+  kStream,
+  kSegmentType,
+  kSegmentPoolId,
+  kIsExpandable,
+  kFrames,
+  kBlocks,
+  kSize,
+  kState,
+  kHistory,
+  kAddr,
+  kRealSize,
+  kAction,
+  kDeviceFree,
+  kTimeUs,
+  kCompileContext,
+  kUserMetadata,
+  kPoolId,
+  kFilename,
+  kLine,
+  kName,
+  kStage,
+  kConf,
+  kMaxSplitSize,
+  kGcThreshold,
+  kExpandableSegments,
+  kGraphCapture,
+  kRoundup,
+  kLarge,
+  kSmall,
+  kActiveAllocated,
+  kActivePendingFree,
+  kInactive,
   kKeyCount,
 };
 constexpr std::string_view kKeyText[kKeyCount] = {
-    "segments", "device_traces", "allocator_settings", "external_annotations",
-    "device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
-    "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks",
-    "size", "state", "history", "addr", "real_size",
-    "action", "device_free", "time_us", "compile_context", "user_metadata", "pool_id",
-    "filename", "line", "name", "stage",
-    "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold",
-    "expandable_segments", "graph_capture_record_stream_reuse", "roundup_power2_divisions",
-    "large", "small", "active_allocated", "active_pending_free", "inactive",
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "external_annotations",
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+    "size",
+    "state",
+    "history",
+    "addr",
+    "real_size",
+    "action",
+    "device_free",
+    "time_us",
+    "compile_context",
+    "user_metadata",
+    "pool_id",
+    "filename",
+    "line",
+    "name",
+    "stage",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "max_split_size",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "graph_capture_record_stream_reuse",
+    "roundup_power2_divisions",
+    "large",
+    "small",
+    "active_allocated",
+    "active_pending_free",
+    "inactive",
 };
 
 constexpr uint32_t kUnset = ~uint32_t{0};
-// Python's pickler closes an APPENDS batch every 1000 items; so do we (see PickleWriter::listBatch).
+// Python's pickler closes an APPENDS batch every 1000 items; so do we (see
+// PickleWriter::listBatch).
 constexpr uint32_t kBatch = 1000;
 
 // Counts the items of one list and starts a new APPENDS batch before every 1000th.
@@ -60,8 +129,12 @@ class ListBatcher {
 class Pickler {
  public:
   Pickler(const Snapshot& s, PickleWriter& w)
-      : s_(s), t_(s.traits), w_(w), str_memo_(s.strings.size(), kUnset),
-        frame_memo_(s.stacks.frameCount(), kUnset), stack_memo_(s.stacks.stackCount(), kUnset),
+      : s_(s),
+        t_(s.traits),
+        w_(w),
+        str_memo_(s.strings.size(), kUnset),
+        frame_memo_(s.stacks.frameCount(), kUnset),
+        stack_memo_(s.stacks.stackCount(), kUnset),
         pool_memo_(s.pools.size(), kUnset) {
     for (auto& m : key_memo_) m = kUnset;
     for (auto& m : action_memo_) m = kUnset;

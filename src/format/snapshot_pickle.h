@@ -1,4 +1,5 @@
-// snapshot_pickle.h: writes a Snapshot back as a PyTorch snapshot pickle (the inverse of the reader).
+// snapshot_pickle.h: writes a Snapshot back as a PyTorch snapshot pickle (the inverse of the
+// reader).
 //
 // The output is a plain-data protocol-4 pickle with the structure torch.cuda.memory._dump_snapshot
 // writes, so Python's pickle.load and PyTorch's memory_viz open it. Which keys appear follows
@@ -7,16 +8,18 @@
 // `time_us`, `allocator_settings`, `external_annotations`, `compile_context`, `user_metadata` and
 // `pool_id` only where the source had them.
 //
-// Sharing is written as Python writes it: each distinct string, frame dict and frames list is stored
-// once in the pickle memo and referenced after that, so files stay about as small as PyTorch's.
+// Sharing is written as Python writes it: each distinct string, frame dict and frames list is
+// stored once in the pickle memo and referenced after that, so files stay about as small as
+// PyTorch's.
 //
 // Not written (the model does not keep them): unknown top-level keys (Snapshot::ignored_keys),
 // host_segments/host_traces (2.14; only their count is kept), allocator_settings fields other than
 // PYTORCH_CUDA_ALLOC_CONF, max_split_size, garbage_collection_threshold, expandable_segments,
-// roundup_power2_divisions and the presence of graph_capture_record_stream_reuse (written as False),
-// legacy history entries after the first and that entry's own `addr` (the block address is written),
-// and trace entry keys outside action/addr/device_free/size/stream/time_us/frames/compile_context/
-// user_metadata/pool_id (e.g. forward_frames, category), and frame keys other than filename/line/name.
+// roundup_power2_divisions and the presence of graph_capture_record_stream_reuse (written as
+// False), legacy history entries after the first and that entry's own `addr` (the block address is
+// written), and trace entry keys outside
+// action/addr/device_free/size/stream/time_us/frames/compile_context/ user_metadata/pool_id (e.g.
+// forward_frames, category), and frame keys other than filename/line/name.
 #pragma once
 
 #include <cstdint>

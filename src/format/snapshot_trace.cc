@@ -18,14 +18,14 @@ namespace {
 constexpr uint32_t kUnmapped = std::numeric_limits<uint32_t>::max();
 
 // The FormatTraits flags in a fixed bit order (append only: the order is part of the format).
-constexpr bool FormatTraits::* kTraitBits[] = {
-    &FormatTraits::top_level_list,       &FormatTraits::has_device_traces,
-    &FormatTraits::has_block_history,    &FormatTraits::has_block_address,
-    &FormatTraits::has_segment_pool_id,  &FormatTraits::has_time_us,
+constexpr bool FormatTraits::*kTraitBits[] = {
+    &FormatTraits::top_level_list,         &FormatTraits::has_device_traces,
+    &FormatTraits::has_block_history,      &FormatTraits::has_block_address,
+    &FormatTraits::has_segment_pool_id,    &FormatTraits::has_time_us,
     &FormatTraits::has_allocator_settings, &FormatTraits::has_annotations_key,
-    &FormatTraits::has_compile_context,  &FormatTraits::has_graph_capture_key,
-    &FormatTraits::has_user_metadata,    &FormatTraits::has_pool_id,
-    &FormatTraits::has_host_traces,      &FormatTraits::has_annotate_action,
+    &FormatTraits::has_compile_context,    &FormatTraits::has_graph_capture_key,
+    &FormatTraits::has_user_metadata,      &FormatTraits::has_pool_id,
+    &FormatTraits::has_host_traces,        &FormatTraits::has_annotate_action,
 };
 
 std::string joinKeys(const std::vector<std::string>& keys) {
@@ -54,13 +54,15 @@ FormatTraits traitsFromBits(uint64_t bits) {
 // ---------------------------------------------------------------------------------------------
 // Snapshot -> trace
 
-Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceWriteOptions& options) {
+Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
+                          const TraceWriteOptions& options) {
   trace::WriterOptions wo;
   wo.zstd_level = options.zstd_level;
   wo.checkpoint_every = options.checkpoint_every;
   wo.chunk_bytes = options.chunk_bytes;
   if (s.traceCount() > trace::kMaxDevice) {
-    return Error{"the snapshot has " + std::to_string(s.traceCount()) + " device traces; a native trace holds at most " +
+    return Error{"the snapshot has " + std::to_string(s.traceCount()) +
+                     " device traces; a native trace holds at most " +
                      std::to_string(trace::kMaxDevice),
                  -1};
   }
@@ -106,7 +108,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
   };
 
   std::vector<uint32_t> pool_map(s.pools.size());
-  for (size_t i = 1; i < s.pools.size(); ++i) pool_map[i] = w.pool(s.pools[i].first, s.pools[i].second);
+  for (size_t i = 1; i < s.pools.size(); ++i)
+    pool_map[i] = w.pool(s.pools[i].first, s.pools[i].second);
 
   for (size_t d = 0; d < s.traceCount(); ++d) {
     for (const Event& e : s.trace(d)) {
@@ -134,8 +137,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
     ts.expandable_segments = s.settings.expandable_segments;
     ts.has_roundup = s.settings.has_roundup;
     ts.has_graph_capture_key = s.traits.has_graph_capture_key;
-    std::copy(std::begin(s.settings.roundup_power2_divisions), std::end(s.settings.roundup_power2_divisions),
-              ts.roundup_power2_divisions);
+    std::copy(std::begin(s.settings.roundup_power2_divisions),
+              std::end(s.settings.roundup_power2_divisions), ts.roundup_power2_divisions);
     w.setSettings(ts, s.settings.conf);
   }
   for (const Annotation& a : s.annotations) {
@@ -176,7 +179,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceW
   return w.close();
 }
 
-Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path, const TraceWriteOptions& options) {
+Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
+                              const TraceWriteOptions& options) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   auto sink = trace::FileSink::create(tmp);
   if (!sink) return sink.error();
@@ -211,7 +215,8 @@ size_t synthesizeFinalState(Snapshot& snap) {
     }
     std::vector<std::pair<uint64_t, trace::LiveAlloc>> live;
     st.live().forEach([&](uint64_t a, const trace::LiveAlloc& l) { live.emplace_back(a, l); });
-    std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::sort(live.begin(), live.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<std::pair<uint64_t, uint64_t>> ranges(st.segments().begin(), st.segments().end());
     // Allocations outside every reserved range (their segment predates the trace) get a segment
     // of their own, so the state stays consistent.
@@ -237,16 +242,26 @@ size_t synthesizeFinalState(Snapshot& snap) {
       for (; li < live.size() && live[li].first < end; ++li) {
         const auto& [a, l] = live[li];
         uint64_t next = li + 1 < live.size() ? std::min(live[li + 1].first, end) : end;
-        if (a > cursor) snap.blocks.push_back(Block{cursor, a - cursor, 0, kNoStack, BlockState::Inactive, false});
-        uint64_t bsize = std::min(next - a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512));
-        Block b{a, bsize, l.requested, l.stack, l.pending ? BlockState::ActivePendingFree : BlockState::ActiveAllocated, true};
+        if (a > cursor)
+          snap.blocks.push_back(
+              Block{cursor, a - cursor, 0, kNoStack, BlockState::Inactive, false});
+        uint64_t bsize =
+            std::min(next - a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512));
+        Block b{a,
+                bsize,
+                l.requested,
+                l.stack,
+                l.pending ? BlockState::ActivePendingFree : BlockState::ActiveAllocated,
+                true};
         snap.blocks.push_back(b);
         g.allocated_size += l.pending ? 0 : bsize;
         g.active_size += bsize;
         g.requested_size += l.requested;
         cursor = a + bsize;
       }
-      if (cursor < end) snap.blocks.push_back(Block{cursor, end - cursor, 0, kNoStack, BlockState::Inactive, false});
+      if (cursor < end)
+        snap.blocks.push_back(
+            Block{cursor, end - cursor, 0, kNoStack, BlockState::Inactive, false});
       g.block_count = static_cast<uint32_t>(snap.blocks.size() - g.first_block);
       snap.segments.push_back(g);
     }
@@ -284,13 +299,14 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
     if (id == trace::kTraceRootStack) return snap.stacks.internStack({});
     if (id >= stack_map.size()) stack_map.resize(r.stacks().size(), kUnmapped);
     if (stack_map[id] != kUnmapped) return stack_map[id];
-    for (size_t n = depth.size(); n < r.stacks().size(); ++n) depth.push_back(depth[r.stacks()[n].parent] + 1);
+    for (size_t n = depth.size(); n < r.stacks().size(); ++n)
+      depth.push_back(depth[r.stacks()[n].parent] + 1);
     if (depth[id] > frame_budget - expanded) {
       if (stack_error.empty()) {
-        stack_error = "native trace: its stacks expand to more than " + std::to_string(frame_budget) +
-                      " frames, the budget for a file of " + std::to_string(bytes.size()) +
-                      " bytes (stack " + std::to_string(id) + " is " + std::to_string(depth[id]) +
-                      " frames deep; a hostile stack trie?)";
+        stack_error = "native trace: its stacks expand to more than " +
+                      std::to_string(frame_budget) + " frames, the budget for a file of " +
+                      std::to_string(bytes.size()) + " bytes (stack " + std::to_string(id) +
+                      " is " + std::to_string(depth[id]) + " frames deep; a hostile stack trie?)";
       }
       return kNoStack;
     }
@@ -309,7 +325,8 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   };
   StrId action_names[kActionCount];
   for (int a = 0; a < kActionCount; ++a) {
-    action_names[a] = snap.strings.intern(a == static_cast<int>(Action::Unknown) ? "" : actionName(static_cast<Action>(a)));
+    action_names[a] = snap.strings.intern(
+        a == static_cast<int>(Action::Unknown) ? "" : actionName(static_cast<Action>(a)));
   }
 
   // Events arrive in file order. Files written device by device (every conversion, and a capture
@@ -380,13 +397,15 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   if (r.eventsRead() == 0 && end.chunks == 0 && !end.complete) {
     // Not even the Meta chunk survived: there is nothing to analyze, and saying "0 events" would
     // present a loss as a fact.
-    return Error{"native trace holds no complete chunk: " + end.reason, static_cast<int64_t>(end.good_bytes)};
+    return Error{"native trace holds no complete chunk: " + end.reason,
+                 static_cast<int64_t>(end.good_bytes)};
   }
   if (!end.complete) {
-    snap.load_warnings.push_back(std::string(end.damaged ? "damaged" : "incomplete") + " native trace: " +
-                                 end.reason + "; read " + std::to_string(r.eventsRead()) + " events in " +
-                                 std::to_string(end.chunks) + " chunks, " + std::to_string(end.lost_bytes) +
-                                 " bytes after byte " + std::to_string(end.good_bytes) + " not read");
+    snap.load_warnings.push_back(
+        std::string(end.damaged ? "damaged" : "incomplete") + " native trace: " + end.reason +
+        "; read " + std::to_string(r.eventsRead()) + " events in " + std::to_string(end.chunks) +
+        " chunks, " + std::to_string(end.lost_bytes) + " bytes after byte " +
+        std::to_string(end.good_bytes) + " not read");
   }
   for (const auto& n : end.notes) snap.load_warnings.push_back(n);
   if (r.trailer().dropped > 0) {
@@ -434,7 +453,8 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
   const size_t counted_traces = counted ? static_cast<size_t>(r.trailer().device_traces) : 0;
   if (!interleaved) {
     snap.trace_begin = std::move(begin_of);  // one entry per device trace the events imply
-    size_t traces = !snap.events.empty() || snap.trace_begin.size() > 1 ? snap.trace_begin.size() : 0;
+    size_t traces =
+        !snap.events.empty() || snap.trace_begin.size() > 1 ? snap.trace_begin.size() : 0;
     if (counted) traces = counted_traces;  // never fewer than the events imply
     if (traces == 0) {
       snap.trace_begin.clear();
@@ -466,9 +486,11 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
     st.garbage_collection_threshold = t.garbage_collection_threshold;
     st.expandable_segments = t.expandable_segments;
     st.has_roundup = t.has_roundup;
-    std::copy(std::begin(t.roundup_power2_divisions), std::end(t.roundup_power2_divisions), st.roundup_power2_divisions);
+    std::copy(std::begin(t.roundup_power2_divisions), std::end(t.roundup_power2_divisions),
+              st.roundup_power2_divisions);
   }
-  for (const auto& a : r.annotations()) snap.annotations.push_back(Annotation{a.device, a.time_us, str(a.name), str(a.stage)});
+  for (const auto& a : r.annotations())
+    snap.annotations.push_back(Annotation{a.device, a.time_us, str(a.name), str(a.stage)});
 
   if (r.hasFinalState()) {
     snap.segments.reserve(r.segments().size());
@@ -485,7 +507,8 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
       g.pool_a = t.pool_a;
       g.pool_b = t.pool_b;
       g.stack = stack(t.stack);
-      g.segment_type = t.usual_type ? snap.strings.intern(t.is_large ? "large" : "small") : str(t.segment_type);
+      g.segment_type =
+          t.usual_type ? snap.strings.intern(t.is_large ? "large" : "small") : str(t.segment_type);
       g.is_large = t.is_large;
       g.is_expandable = t.is_expandable;
       g.first_block = static_cast<uint32_t>(snap.blocks.size());
@@ -498,19 +521,23 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
         covered += b.size;
       }
       if (t.block_count > 0 && covered != t.total_size) {
-        return Error{"native trace: segment " + std::to_string(snap.segments.size()) + " has blocks covering " +
-                         std::to_string(covered) + " bytes but total_size " + std::to_string(t.total_size),
+        return Error{"native trace: segment " + std::to_string(snap.segments.size()) +
+                         " has blocks covering " + std::to_string(covered) +
+                         " bytes but total_size " + std::to_string(t.total_size),
                      -1};
       }
       snap.segments.push_back(g);
     }
   } else {
     size_t orphans = synthesizeFinalState(snap);
-    std::string w = "the file has no final segment state (its writer did not finish): the end state was "
-                    "rebuilt from the " + std::to_string(r.eventsRead()) +
-                    " events read; block sizes are requests rounded up to 512 bytes, so allocated "
-                    "bytes are estimates";
-    if (orphans > 0) w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
+    std::string w =
+        "the file has no final segment state (its writer did not finish): the end state was "
+        "rebuilt from the " +
+        std::to_string(r.eventsRead()) +
+        " events read; block sizes are requests rounded up to 512 bytes, so allocated "
+        "bytes are estimates";
+    if (orphans > 0)
+      w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
     snap.load_warnings.push_back(w);
   }
   if (options.progress) options.progress(bytes.size(), bytes.size());

@@ -23,15 +23,18 @@ struct TraceWriteOptions {
   std::string producer = "memforensics convert";
 };
 
-Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink, const TraceWriteOptions& options = {});
+Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
+                          const TraceWriteOptions& options = {});
 // Writes to `path` through a temporary file in the same folder, renamed when complete, so a failed
 // conversion never leaves a half-written file under the requested name.
-Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path, const TraceWriteOptions& options = {});
+Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
+                              const TraceWriteOptions& options = {});
 
 // Reads a native trace. A file cut short is read up to its last complete chunk and the loss is
 // stated in Snapshot::load_warnings; a file damaged in the middle is an error unless
 // options.salvage, which keeps the good prefix (with a warning).
-Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadOptions& options = {});
+Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes,
+                                     const LoadOptions& options = {});
 
 // FormatTraits as the bit set stored in the Meta chunk, and back.
 uint64_t traitsToBits(const FormatTraits& t);

@@ -69,17 +69,28 @@ uint32_t crc32c(uint32_t crc, const uint8_t* data, size_t n) {
 
 std::string_view chunkTypeName(uint8_t type) {
   switch (static_cast<ChunkType>(type)) {
-    case ChunkType::Meta: return "meta";
-    case ChunkType::Strings: return "strings";
-    case ChunkType::Frames: return "frames";
-    case ChunkType::Stacks: return "stacks";
-    case ChunkType::Events: return "events";
-    case ChunkType::Checkpoint: return "checkpoint";
-    case ChunkType::Segments: return "segments";
-    case ChunkType::Settings: return "settings";
-    case ChunkType::Annotations: return "annotations";
-    case ChunkType::Pools: return "pools";
-    case ChunkType::Trailer: return "trailer";
+    case ChunkType::Meta:
+      return "meta";
+    case ChunkType::Strings:
+      return "strings";
+    case ChunkType::Frames:
+      return "frames";
+    case ChunkType::Stacks:
+      return "stacks";
+    case ChunkType::Events:
+      return "events";
+    case ChunkType::Checkpoint:
+      return "checkpoint";
+    case ChunkType::Segments:
+      return "segments";
+    case ChunkType::Settings:
+      return "settings";
+    case ChunkType::Annotations:
+      return "annotations";
+    case ChunkType::Pools:
+      return "pools";
+    case ChunkType::Trailer:
+      return "trailer";
   }
   return "unknown";
 }

@@ -30,7 +30,8 @@ namespace memforensics::format::trace {
 inline constexpr uint8_t kMagic[8] = {0x89, 'M', 'F', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr uint8_t kEndMagic[8] = {'M', 'F', 'T', 'R', 'E', 'N', 'D', 0};
 inline constexpr uint16_t kVersionMajor = 1;  // readers refuse a larger major
-inline constexpr uint16_t kVersionMinor = 1;  // readers accept any minor: unknown chunks are skipped
+inline constexpr uint16_t kVersionMinor =
+    1;  // readers accept any minor: unknown chunks are skipped
 inline constexpr uint32_t kHeaderSize = 32;
 inline constexpr uint32_t kChunkHeaderSize = 12;
 inline constexpr uint32_t kEndMarkSize = 16;
@@ -132,8 +133,12 @@ inline constexpr uint8_t kCtxCompile = 1, kCtxUser = 2, kCtxPool = 4, kCtxAction
 // ---------------------------------------------------------------------------------------------
 // Encoding primitives shared by writer and reader.
 
-inline uint64_t zigzag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
-inline int64_t unzigzag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
+inline uint64_t zigzag(int64_t v) {
+  return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63);
+}
+inline int64_t unzigzag(uint64_t v) {
+  return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1);
+}
 
 // Appends a LEB128 varint at p (up to 10 bytes); returns the new end.
 inline uint8_t* putVarint(uint8_t* p, uint64_t v) {
@@ -161,28 +166,47 @@ inline const uint8_t* getVarint(const uint8_t* p, const uint8_t* end, uint64_t& 
   return nullptr;
 }
 
-inline void putU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
-inline void putU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-inline void putU64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
-inline uint16_t getU16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-inline uint32_t getU32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-inline uint64_t getU64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+inline void putU16(uint8_t* p, uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
+inline void putU32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
+inline void putU64(uint8_t* p, uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
+inline uint16_t getU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t getU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline uint64_t getU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the trace format is little-endian");
 
 // CRC-32C (Castagnoli), as iSCSI/ext4 use: hardware instruction when the CPU has SSE4.2.
 uint32_t crc32c(uint32_t crc, const uint8_t* data, size_t n);
-inline uint32_t crc32c(std::span<const uint8_t> b) { return crc32c(0, b.data(), b.size()); }
-
+inline uint32_t crc32c(std::span<const uint8_t> b) {
+  return crc32c(0, b.data(), b.size());
+}
 
 // ---------------------------------------------------------------------------------------------
 // Records as the writer takes them and the reader returns them. Ids (strings, stacks, pools) are
 // the file's own; the reader turns them into a Snapshot's ids.
 
 struct TraceEvent {
-  uint64_t addr = 0;       // block or segment address; for oom: device_free bytes
-  uint64_t size = 0;       // requested bytes; segment bytes; rounded oom request
-  int64_t stream = 0;      // cudaStream_t as an integer
-  int64_t time_us = -1;    // microseconds since the epoch, -1 = none
+  uint64_t addr = 0;     // block or segment address; for oom: device_free bytes
+  uint64_t size = 0;     // requested bytes; segment bytes; rounded oom request
+  int64_t stream = 0;    // cudaStream_t as an integer
+  int64_t time_us = -1;  // microseconds since the epoch, -1 = none
   uint32_t device = 0;
   uint32_t stack = kTraceNoStack;
   uint32_t compile_context = 0;  // StrId, 0 = ""
@@ -202,7 +226,8 @@ struct TraceBlock {
 };
 
 struct TraceSegment {
-  int64_t device = 0;  // stored as the varint of its two's complement (non-negative: the plain value)
+  int64_t device =
+      0;  // stored as the varint of its two's complement (non-negative: the plain value)
   uint64_t address = 0;
   uint64_t total_size = 0;
   uint64_t allocated_size = 0;
@@ -212,7 +237,8 @@ struct TraceSegment {
   uint64_t pool_a = 0, pool_b = 0;
   uint32_t stack = kTraceNoStack;
   uint32_t segment_type = 0;  // StrId of the segment_type string as written
-  bool usual_type = false;    // segment_type is "large" or "small" as is_large says (no string stored)
+  bool usual_type =
+      false;  // segment_type is "large" or "small" as is_large says (no string stored)
   bool is_large = true;
   bool is_expandable = false;
   uint32_t first_block = 0;  // blocks [first_block, first_block + block_count) of the section
@@ -242,9 +268,9 @@ struct TraceMeta {
   std::string_view source_format;  // "pickle", "memory_viz_html", "json", "capture"
   uint64_t source_bytes = 0;       // size of the file it was converted from
   uint32_t pickle_protocol = 0;
-  uint64_t traits = 0;             // FormatTraits as a bit set (see snapshot_trace.cc)
+  uint64_t traits = 0;  // FormatTraits as a bit set (see snapshot_trace.cc)
   uint64_t host_trace_events = 0;
-  std::string_view ignored_keys;   // top-level keys of the source that were not kept, '\n'-joined
+  std::string_view ignored_keys;  // top-level keys of the source that were not kept, '\n'-joined
   // What the reader of the source said about it (load warnings, e.g. out-of-range time_us values
   // read as "no time"), '\n'-joined, so that a converted file keeps saying it (format 1.1).
   std::string_view source_warnings;

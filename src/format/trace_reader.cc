@@ -25,7 +25,8 @@ struct Cursor {
   size_t fail_at = 0;
   bool overlong = false;  // a varint of more than 10 bytes or 64 bits (otherwise: cut short)
 
-  explicit Cursor(std::span<const uint8_t> b) : begin(b.data()), p(b.data()), end(b.data() + b.size()) {}
+  explicit Cursor(std::span<const uint8_t> b)
+      : begin(b.data()), p(b.data()), end(b.data() + b.size()) {}
   void fail(bool too_long) {
     if (ok) {
       fail_at = static_cast<size_t>(p - begin);
@@ -75,9 +76,13 @@ struct Cursor {
   bool done() const { return p == end; }
 };
 
-Error bad(std::string what) { return Error{std::move(what), -1}; }
+Error bad(std::string what) {
+  return Error{std::move(what), -1};
+}
 
-std::string at(uint64_t offset) { return " at byte " + std::to_string(offset); }
+std::string at(uint64_t offset) {
+  return " at byte " + std::to_string(offset);
+}
 
 // A chunk header of zeros starts a zero-filled tail (a crash) when the bytes after it are zero:
 // at most this many are checked, so that a huge sparse tail is not paged in to prove it.
@@ -127,29 +132,31 @@ bool looksLikeTrace(std::span<const uint8_t> bytes) {
 Expected<std::unique_ptr<TraceReader>> TraceReader::open(std::span<const uint8_t> bytes) {
   if (bytes.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
     if (looksLikeTrace(bytes)) {
-      return Error{"native trace cut short inside its 32-byte header (" + std::to_string(bytes.size()) +
-                       " bytes): nothing was recorded",
+      return Error{"native trace cut short inside its 32-byte header (" +
+                       std::to_string(bytes.size()) + " bytes): nothing was recorded",
                    static_cast<int64_t>(bytes.size())};
     }
     return Error{"not a memforensics native trace (wrong magic)", 0};
   }
   if (bytes.size() < kHeaderSize) {
-    return Error{"native trace cut short inside its 32-byte header (" + std::to_string(bytes.size()) +
-                     " bytes): nothing was recorded",
+    return Error{"native trace cut short inside its 32-byte header (" +
+                     std::to_string(bytes.size()) + " bytes): nothing was recorded",
                  static_cast<int64_t>(bytes.size())};
   }
   const uint8_t* h = bytes.data();
   uint16_t major = getU16(h + 8), minor = getU16(h + 10);
   // The version is checked before the CRC: a newer writer may lay out the rest differently.
   if (major > kVersionMajor) {
-    return Error{"native trace format version " + std::to_string(major) + "." + std::to_string(minor) +
-                     " is newer than this memforensics reads (" + std::to_string(kVersionMajor) + "." +
-                     std::to_string(kVersionMinor) + " and older); use a newer memforensics",
+    return Error{"native trace format version " + std::to_string(major) + "." +
+                     std::to_string(minor) + " is newer than this memforensics reads (" +
+                     std::to_string(kVersionMajor) + "." + std::to_string(kVersionMinor) +
+                     " and older); use a newer memforensics",
                  8};
   }
   if (major == 0) return Error{"native trace format version 0 does not exist (damaged header)", 8};
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-  if (crc32c(0, h, 28) != getU32(h + 28)) return Error{"native trace header fails its checksum (damaged file)", 28};
+  if (crc32c(0, h, 28) != getU32(h + 28))
+    return Error{"native trace header fails its checksum (damaged file)", 28};
 #endif
   uint32_t header_size = getU32(h + 12);
   if (header_size < kHeaderSize || header_size > bytes.size()) {
@@ -186,10 +193,13 @@ bool TraceReader::next() {
         getU64(base + pos_) == chunk_.offset) {
       end_.good_bytes = pos_ + kEndMarkSize;
       if (left > kEndMarkSize) {
-        end_.notes.push_back(std::to_string(left - kEndMarkSize) + " unexpected bytes after the end mark" + at(pos_ + kEndMarkSize) + " were ignored");
+        end_.notes.push_back(std::to_string(left - kEndMarkSize) +
+                             " unexpected bytes after the end mark" + at(pos_ + kEndMarkSize) +
+                             " were ignored");
       }
     } else {
-      end_.notes.push_back("the end mark after the trailer is missing or damaged" + at(pos_) + " (the content is complete)");
+      end_.notes.push_back("the end mark after the trailer is missing or damaged" + at(pos_) +
+                           " (the content is complete)");
     }
     end_.lost_bytes = size - end_.good_bytes;
     return false;
@@ -198,7 +208,8 @@ bool TraceReader::next() {
     return stop(true, "the file ends after " + std::to_string(end_.chunks) +
                           " chunks without a trailer: the writer did not finish (process killed?)");
   }
-  if (size - pos_ < kChunkHeaderSize) return stop(true, "the file ends inside a chunk header" + at(pos_));
+  if (size - pos_ < kChunkHeaderSize)
+    return stop(true, "the file ends inside a chunk header" + at(pos_));
   const uint8_t* h = base + pos_;
   if (std::all_of(h, h + kChunkHeaderSize, [](uint8_t b) { return b == 0; })) {
     // File systems can leave a zero-filled tail after a crash: that is a cut, not damage. The
@@ -206,9 +217,11 @@ bool TraceReader::next() {
     const uint64_t left = size - pos_;
     const uint64_t scan = std::min<uint64_t>(left, kZeroTailScanBytes);
     if (std::all_of(h, h + scan, [](uint8_t b) { return b == 0; })) {
-      if (scan == left) return stop(true, "zero bytes" + at(pos_) + " and after, to the end (an unfinished write)");
-      return stop(true, "zero bytes" + at(pos_) + " and after (the first " + std::to_string(scan) + " of the " +
-                            std::to_string(left) + " bytes left were checked; an unfinished write?)");
+      if (scan == left)
+        return stop(true, "zero bytes" + at(pos_) + " and after, to the end (an unfinished write)");
+      return stop(true, "zero bytes" + at(pos_) + " and after (the first " + std::to_string(scan) +
+                            " of the " + std::to_string(left) +
+                            " bytes left were checked; an unfinished write?)");
     }
   }
   ChunkRef c;
@@ -249,7 +262,10 @@ bool TraceReader::next() {
     c.raw_size = c.stored_size;
   } else if (c.codec == static_cast<uint8_t>(Codec::Zstd)) {
 #if !MEMF_HAVE_ZSTD
-    return stop(false, name + " is zstd-compressed and this build has no zstd (capture-only build without libzstd)");
+    return stop(
+        false,
+        name +
+            " is zstd-compressed and this build has no zstd (capture-only build without libzstd)");
 #else
     unsigned long long raw = ZSTD_getFrameContentSize(stored.data(), stored.size());
     if (raw == ZSTD_CONTENTSIZE_UNKNOWN || raw == ZSTD_CONTENTSIZE_ERROR || raw > kMaxChunkBytes) {
@@ -258,18 +274,20 @@ bool TraceReader::next() {
     // The budget of decoded bytes for the whole file (trace_format.h), checked before decoding.
     const uint64_t budget = decodedBudget(bytes_.size());
     if (raw > budget - std::min(budget, zstd_decoded_)) {
-      return stop(false, name + ": its " + std::to_string(c.stored_size) + " bytes decode to " + std::to_string(raw) +
-                             ", past the budget of " + std::to_string(budget) +
-                             " decoded bytes for a file of this size (" + std::to_string(zstd_decoded_) +
+      return stop(false, name + ": its " + std::to_string(c.stored_size) + " bytes decode to " +
+                             std::to_string(raw) + ", past the budget of " +
+                             std::to_string(budget) + " decoded bytes for a file of this size (" +
+                             std::to_string(zstd_decoded_) +
                              " decoded so far; damaged or hostile file)");
     }
     zstd_decoded_ += raw;
     if (!zstd_) zstd_ = std::make_unique<ZstdContext>();
     raw_.resize(raw);
-    size_t n = ZSTD_decompressDCtx(zstd_->ctx, raw_.data(), raw_.size(), stored.data(), stored.size());
+    size_t n =
+        ZSTD_decompressDCtx(zstd_->ctx, raw_.data(), raw_.size(), stored.data(), stored.size());
     if (ZSTD_isError(n) || n != raw) {
-      return stop(false, name + ": zstd payload does not decompress to its declared " + std::to_string(raw) +
-                             " bytes (damaged file)");
+      return stop(false, name + ": zstd payload does not decompress to its declared " +
+                             std::to_string(raw) + " bytes (damaged file)");
     }
     payload = raw_;
     c.raw_size = static_cast<uint32_t>(raw);
@@ -289,20 +307,31 @@ bool TraceReader::next() {
 Status TraceReader::decode(ChunkType type, std::span<const uint8_t> p) {
   // Table decoders validate everything before appending, so a failed chunk leaves no trace.
   switch (type) {
-    case ChunkType::Meta: return decodeMeta(p);
-    case ChunkType::Strings: return decodeStrings(p);
-    case ChunkType::Frames: return decodeFrames(p);
-    case ChunkType::Stacks: return decodeStacks(p);
-    case ChunkType::Pools: return decodePools(p);
-    case ChunkType::Events: return decodeEvents(p);
-    case ChunkType::Checkpoint: return decodeCheckpoint(p);
-    case ChunkType::Segments: return decodeSegments(p);
-    case ChunkType::Settings: return decodeSettings(p);
-    case ChunkType::Annotations: return decodeAnnotations(p);
-    case ChunkType::Trailer: return decodeTrailer(p);
+    case ChunkType::Meta:
+      return decodeMeta(p);
+    case ChunkType::Strings:
+      return decodeStrings(p);
+    case ChunkType::Frames:
+      return decodeFrames(p);
+    case ChunkType::Stacks:
+      return decodeStacks(p);
+    case ChunkType::Pools:
+      return decodePools(p);
+    case ChunkType::Events:
+      return decodeEvents(p);
+    case ChunkType::Checkpoint:
+      return decodeCheckpoint(p);
+    case ChunkType::Segments:
+      return decodeSegments(p);
+    case ChunkType::Settings:
+      return decodeSettings(p);
+    case ChunkType::Annotations:
+      return decodeAnnotations(p);
+    case ChunkType::Trailer:
+      return decodeTrailer(p);
   }
-  end_.notes.push_back("skipped a chunk of unknown type " + std::to_string(static_cast<int>(type)) + at(pos_) +
-                       " (written by a newer minor version)");
+  end_.notes.push_back("skipped a chunk of unknown type " + std::to_string(static_cast<int>(type)) +
+                       at(pos_) + " (written by a newer minor version)");
   return Status::Ok();
 }
 
@@ -313,8 +342,8 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
   // A record takes at least 4 bytes (head, addr, size, time), so the count is checked against the
   // bytes present before anything is allocated.
   if (count > c.left() / 4) {
-    return bad("event count " + std::to_string(count) + " does not fit the chunk's " + std::to_string(c.left()) +
-               " bytes of records");
+    return bad("event count " + std::to_string(count) + " does not fit the chunk's " +
+               std::to_string(c.left()) + " bytes of records");
   }
   events_.resize(count);
   const uint64_t nstrings = skip_tables_ ? ~uint64_t{0} : string_views_.size();
@@ -326,10 +355,12 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
   for (uint64_t i = 0; i < count; ++i) {
     uint8_t h = c.byte();
     uint8_t action = h & kHeadActionMask;
-    if (action > 10) return bad("event " + std::to_string(i) + " has action code " + std::to_string(action));
+    if (action > 10)
+      return bad("event " + std::to_string(i) + " has action code " + std::to_string(action));
     if (h & kHeadDevice) {
       uint64_t d = c.var();
-      if (d >= kMaxDevice) return bad("event " + std::to_string(i) + " names device " + std::to_string(d));
+      if (d >= kMaxDevice)
+        return bad("event " + std::to_string(i) + " names device " + std::to_string(d));
       device = static_cast<uint32_t>(d);
     }
     if (h & kHeadStream) stream += static_cast<uint64_t>(c.svar());
@@ -338,33 +369,44 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
       if (mask & ~0x0f) return bad("event " + std::to_string(i) + " has an unknown context field");
       uint64_t v;
       if (mask & kCtxCompile) {
-        if ((v = c.var()) >= nstrings) return bad("event " + std::to_string(i) + " refers to undefined string " + std::to_string(v));
+        if ((v = c.var()) >= nstrings)
+          return bad("event " + std::to_string(i) + " refers to undefined string " +
+                     std::to_string(v));
         compile = static_cast<uint32_t>(v);
       }
       if (mask & kCtxUser) {
-        if ((v = c.var()) >= nstrings) return bad("event " + std::to_string(i) + " refers to undefined string " + std::to_string(v));
+        if ((v = c.var()) >= nstrings)
+          return bad("event " + std::to_string(i) + " refers to undefined string " +
+                     std::to_string(v));
         user = static_cast<uint32_t>(v);
       }
       if (mask & kCtxPool) {
-        if ((v = c.var()) >= npools) return bad("event " + std::to_string(i) + " refers to undefined pool " + std::to_string(v));
+        if ((v = c.var()) >= npools)
+          return bad("event " + std::to_string(i) + " refers to undefined pool " +
+                     std::to_string(v));
         pool = static_cast<uint32_t>(v);
       }
       if (mask & kCtxActionName) {
-        if ((v = c.var()) >= nstrings) return bad("event " + std::to_string(i) + " refers to undefined string " + std::to_string(v));
+        if ((v = c.var()) >= nstrings)
+          return bad("event " + std::to_string(i) + " refers to undefined string " +
+                     std::to_string(v));
         action_name = static_cast<uint32_t>(v);
       }
     }
     if (!(h & kHeadSameStack)) {
       int64_t s = static_cast<int64_t>(stack) + c.svar();
       if (s < 0 || static_cast<uint64_t>(s) >= nstacks || s > 0xffffffffll) {
-        return bad("event " + std::to_string(i) + " refers to undefined stack " + std::to_string(s));
+        return bad("event " + std::to_string(i) + " refers to undefined stack " +
+                   std::to_string(s));
       }
       stack = static_cast<uint32_t>(s);
     }
     addr += static_cast<uint64_t>(c.svar());
     uint64_t size = c.var();
     t += static_cast<uint64_t>(c.svar());
-    if (!c.ok) return bad("event " + std::to_string(i) + " of " + std::to_string(count) + ": " + c.failure());
+    if (!c.ok)
+      return bad("event " + std::to_string(i) + " of " + std::to_string(count) + ": " +
+                 c.failure());
     TraceEvent& e = events_[i];
     e.addr = addr;
     e.size = size;
@@ -380,7 +422,9 @@ Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
     e.pool = pool;
     e.action = action;
   }
-  if (!c.done()) return bad(std::to_string(c.left()) + " bytes after the last of " + std::to_string(count) + " events");
+  if (!c.done())
+    return bad(std::to_string(c.left()) + " bytes after the last of " + std::to_string(count) +
+               " events");
   for (const auto& e : events_) ++device_events_read_[e.device];
   events_read_ += count;
   return Status::Ok();
@@ -391,9 +435,11 @@ Status TraceReader::decodeStrings(std::span<const uint8_t> p) {
   uint64_t first = c.var(), count = c.var();
   if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != string_views_.size()) {
-    return bad("strings start at id " + std::to_string(first) + ", expected " + std::to_string(string_views_.size()));
+    return bad("strings start at id " + std::to_string(first) + ", expected " +
+               std::to_string(string_views_.size()));
   }
-  if (count > c.left()) return bad("string count " + std::to_string(count) + " does not fit the chunk");
+  if (count > c.left())
+    return bad("string count " + std::to_string(count) + " does not fit the chunk");
   std::vector<std::pair<size_t, size_t>> spans;  // offset into the block, length
   spans.reserve(count);
   auto block = std::make_unique<char[]>(c.left() + 1);
@@ -417,9 +463,11 @@ Status TraceReader::decodeFrames(std::span<const uint8_t> p) {
   uint64_t first = c.var(), count = c.var();
   if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != frames_.size()) {
-    return bad("frames start at id " + std::to_string(first) + ", expected " + std::to_string(frames_.size()));
+    return bad("frames start at id " + std::to_string(first) + ", expected " +
+               std::to_string(frames_.size()));
   }
-  if (count > c.left() / 3) return bad("frame count " + std::to_string(count) + " does not fit the chunk");
+  if (count > c.left() / 3)
+    return bad("frame count " + std::to_string(count) + " does not fit the chunk");
   size_t old = frames_.size();
   int64_t file = 0, name = 0;
   for (uint64_t i = 0; i < count; ++i) {
@@ -429,7 +477,8 @@ Status TraceReader::decodeFrames(std::span<const uint8_t> p) {
     if (!c.ok || file < 0 || name < 0 || static_cast<uint64_t>(file) >= string_views_.size() ||
         static_cast<uint64_t>(name) >= string_views_.size()) {
       frames_.resize(old);
-      return bad("frame " + std::to_string(first + i) + " is cut short or refers to an undefined string");
+      return bad("frame " + std::to_string(first + i) +
+                 " is cut short or refers to an undefined string");
     }
     frames_.push_back(FrameRec{static_cast<uint32_t>(file), static_cast<uint32_t>(name), line - 1});
   }
@@ -445,9 +494,11 @@ Status TraceReader::decodeStacks(std::span<const uint8_t> p) {
   uint64_t first = c.var(), count = c.var();
   if (!c.ok) return bad("malformed header: " + c.failure());
   if (first != stacks_.size()) {
-    return bad("stacks start at id " + std::to_string(first) + ", expected " + std::to_string(stacks_.size()));
+    return bad("stacks start at id " + std::to_string(first) + ", expected " +
+               std::to_string(stacks_.size()));
   }
-  if (count > c.left() / 2) return bad("stack count " + std::to_string(count) + " does not fit the chunk");
+  if (count > c.left() / 2)
+    return bad("stack count " + std::to_string(count) + " does not fit the chunk");
   size_t old = stacks_.size();
   int64_t frame = 0;
   for (uint64_t i = 0; i < count; ++i) {
@@ -457,9 +508,11 @@ Status TraceReader::decodeStacks(std::span<const uint8_t> p) {
     // A parent is defined before its child (back >= 1), which also rules out cycles; id 0 means
     // "no stack" and cannot be a parent.
     uint64_t parent = back >= 1 && back < id ? id - back : 0;
-    if (!c.ok || parent == kTraceNoStack || frame < 0 || static_cast<uint64_t>(frame) >= frames_.size()) {
+    if (!c.ok || parent == kTraceNoStack || frame < 0 ||
+        static_cast<uint64_t>(frame) >= frames_.size()) {
       stacks_.resize(old);
-      return bad("stack " + std::to_string(first + i) + " is cut short or refers to an undefined parent or frame");
+      return bad("stack " + std::to_string(first + i) +
+                 " is cut short or refers to an undefined parent or frame");
     }
     stacks_.push_back(StackNode{static_cast<uint32_t>(parent), static_cast<uint32_t>(frame)});
   }
@@ -474,7 +527,9 @@ Status TraceReader::decodePools(std::span<const uint8_t> p) {
   Cursor c(p);
   uint64_t first = c.var(), count = c.var();
   if (!c.ok) return bad("malformed header: " + c.failure());
-  if (first != pools_.size()) return bad("pools start at id " + std::to_string(first) + ", expected " + std::to_string(pools_.size()));
+  if (first != pools_.size())
+    return bad("pools start at id " + std::to_string(first) + ", expected " +
+               std::to_string(pools_.size()));
   if (count > c.left() / 2) return bad("pool count does not fit the chunk");
   std::vector<std::pair<uint64_t, uint64_t>> add;
   for (uint64_t i = 0; i < count; ++i) {
@@ -492,15 +547,32 @@ Status TraceReader::decodeMeta(std::span<const uint8_t> p) {
   std::string storage[4];
   Status s = readTlv(p, [&](uint64_t tag, uint64_t v, std::string_view b) {
     switch (tag) {
-      case 1: storage[0] = b; break;
-      case 2: storage[1] = b; break;
-      case 3: m.source_bytes = v; break;
-      case 4: m.pickle_protocol = static_cast<uint32_t>(std::min<uint64_t>(v, 255)); break;
-      case 5: m.traits = v; break;
-      case 6: m.host_trace_events = v; break;
-      case 7: storage[2] = b; break;
-      case 8: storage[3] = b; break;
-      default: break;  // fields of newer minor versions
+      case 1:
+        storage[0] = b;
+        break;
+      case 2:
+        storage[1] = b;
+        break;
+      case 3:
+        m.source_bytes = v;
+        break;
+      case 4:
+        m.pickle_protocol = static_cast<uint32_t>(std::min<uint64_t>(v, 255));
+        break;
+      case 5:
+        m.traits = v;
+        break;
+      case 6:
+        m.host_trace_events = v;
+        break;
+      case 7:
+        storage[2] = b;
+        break;
+      case 8:
+        storage[3] = b;
+        break;
+      default:
+        break;  // fields of newer minor versions
     }
   });
   if (!s.ok()) return s;
@@ -519,23 +591,36 @@ Status TraceReader::decodeSettings(std::span<const uint8_t> p) {
   bool ok = true;
   Status s = readTlv(p, [&](uint64_t tag, uint64_t v, std::string_view b) {
     switch (tag) {
-      case 1: conf = b; break;
-      case 2: st.max_split_size = unzigzag(v); break;
-      case 3: std::memcpy(&st.garbage_collection_threshold, &v, 8); break;
-      case 4: st.expandable_segments = v != 0; break;
+      case 1:
+        conf = b;
+        break;
+      case 2:
+        st.max_split_size = unzigzag(v);
+        break;
+      case 3:
+        std::memcpy(&st.garbage_collection_threshold, &v, 8);
+        break;
+      case 4:
+        st.expandable_segments = v != 0;
+        break;
       case 5: {  // (index, divisions) pairs
         Cursor c({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
         while (c.ok && !c.done()) {
           uint64_t k = c.var(), x = c.var();
-          if (k >= 16 || x >= (1u << 20)) ok = false;
-          else st.roundup_power2_divisions[k] = static_cast<uint32_t>(x);
+          if (k >= 16 || x >= (1u << 20))
+            ok = false;
+          else
+            st.roundup_power2_divisions[k] = static_cast<uint32_t>(x);
         }
         ok = ok && c.ok;
         st.has_roundup = true;
         break;
       }
-      case 6: st.has_graph_capture_key = v != 0; break;
-      default: break;
+      case 6:
+        st.has_graph_capture_key = v != 0;
+        break;
+      default:
+        break;
     }
   });
   if (!s.ok()) return s;
@@ -558,7 +643,8 @@ Status TraceReader::decodeAnnotations(std::span<const uint8_t> p) {
     a.time_us = c.svar();
     uint64_t name = c.var(), stage = c.var();
     if (!c.ok || name >= string_views_.size() || stage >= string_views_.size()) {
-      return bad("annotation " + std::to_string(i) + " is cut short or refers to an undefined string");
+      return bad("annotation " + std::to_string(i) +
+                 " is cut short or refers to an undefined string");
     }
     a.name = static_cast<uint32_t>(name);
     a.stage = static_cast<uint32_t>(stage);
@@ -573,7 +659,8 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
   if (has_final_state_) return bad("a second segments chunk");
   Cursor c(p);
   uint64_t nseg = c.var(), nblk = c.var();
-  if (!c.ok || nseg > c.left() / 12 || nblk > c.left() / 4) return bad("segment or block count does not fit the chunk");
+  if (!c.ok || nseg > c.left() / 12 || nblk > c.left() / 4)
+    return bad("segment or block count does not fit the chunk");
   std::vector<TraceSegment> segs;
   std::vector<TraceBlock> blocks;
   segs.reserve(nseg);
@@ -595,8 +682,10 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
     uint64_t type = (flags & 4) ? 0 : c.var();
     uint64_t count = c.var();
     if (!c.ok) return bad(which + ": " + c.failure());
-    if (stack >= stacks_.size() || type >= string_views_.size()) return bad(which + " refers to an undefined stack or string");
-    if (count > nblk - blocks.size()) return bad(which + " has more blocks than the chunk declares");
+    if (stack >= stacks_.size() || type >= string_views_.size())
+      return bad(which + " refers to an undefined stack or string");
+    if (count > nblk - blocks.size())
+      return bad(which + " has more blocks than the chunk declares");
     g.stack = static_cast<uint32_t>(stack);
     g.segment_type = static_cast<uint32_t>(type);
     if (flags & ~7) return bad(which + " has unknown flags");
@@ -614,23 +703,28 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
       b.state = f & 3;
       b.has_requested_size = f & 4;
       uint64_t size = c.var();
-      if ((f & 8) && size > (~uint64_t{0}) / 512) return bad(which + " block " + std::to_string(k) + " size overflows");
+      if ((f & 8) && size > (~uint64_t{0}) / 512)
+        return bad(which + " block " + std::to_string(k) + " size overflows");
       b.size = (f & 8) ? size * 512 : size;
       if (b.has_requested_size) {
         uint64_t r = c.var();
-        if ((f & 16) && r > b.size) return bad(which + " block " + std::to_string(k) + " has a negative request");
+        if ((f & 16) && r > b.size)
+          return bad(which + " block " + std::to_string(k) + " has a negative request");
         b.requested_size = (f & 16) ? b.size - r : r;
       }
       uint64_t bstack = c.var();
       if (!c.ok) return bad(which + " block " + std::to_string(k) + ": " + c.failure());
-      if (bstack >= stacks_.size()) return bad(which + " block " + std::to_string(k) + " refers to an undefined stack");
+      if (bstack >= stacks_.size())
+        return bad(which + " block " + std::to_string(k) + " refers to an undefined stack");
       b.stack = static_cast<uint32_t>(bstack);
       cursor = b.address + b.size;
       blocks.push_back(b);
     }
     segs.push_back(g);
   }
-  if (blocks.size() != nblk) return bad("segments hold " + std::to_string(blocks.size()) + " blocks, the chunk declares " + std::to_string(nblk));
+  if (blocks.size() != nblk)
+    return bad("segments hold " + std::to_string(blocks.size()) + " blocks, the chunk declares " +
+               std::to_string(nblk));
   if (!c.done()) return bad("bytes after the last segment");
   segments_ = std::move(segs);
   blocks_ = std::move(blocks);
@@ -646,7 +740,8 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
   const uint64_t nstacks = skip_tables_ ? ~uint64_t{0} : stacks_.size();
   for (uint64_t i = 0; i < ndev; ++i) {
     uint64_t dev = c.var(), events = c.var(), nlive = c.var();
-    if (!c.ok || dev >= kMaxDevice || nlive > c.left() / 5) return bad("device entry " + std::to_string(i) + " is malformed");
+    if (!c.ok || dev >= kMaxDevice || nlive > c.left() / 5)
+      return bad("device entry " + std::to_string(i) + " is malformed");
     U64Map<LiveAlloc> live;
     uint64_t addr = 0;
     int64_t stack = 0;
@@ -658,8 +753,10 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
       stack += c.svar();
       stream += static_cast<uint64_t>(c.svar());
       uint8_t pending = c.byte();
-      if (!c.ok || stack < 0 || static_cast<uint64_t>(stack) >= nstacks || stack > 0xffffffffll || pending > 1) {
-        return bad("live block " + std::to_string(k) + " of device " + std::to_string(dev) + " is malformed");
+      if (!c.ok || stack < 0 || static_cast<uint64_t>(stack) >= nstacks || stack > 0xffffffffll ||
+          pending > 1) {
+        return bad("live block " + std::to_string(k) + " of device " + std::to_string(dev) +
+                   " is malformed");
       }
       l.stack = static_cast<uint32_t>(stack);
       l.stream = static_cast<int64_t>(stream);
@@ -667,13 +764,16 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
       live.insert(addr, l);
     }
     uint64_t nseg = c.var();
-    if (!c.ok || nseg > c.left() / 2) return bad("segment count of device " + std::to_string(dev) + " does not fit");
+    if (!c.ok || nseg > c.left() / 2)
+      return bad("segment count of device " + std::to_string(dev) + " does not fit");
     std::map<uint64_t, uint64_t> segs;
     addr = 0;
     for (uint64_t k = 0; k < nseg; ++k) {
       addr += c.var();
       uint64_t size = c.var();
-      if (!c.ok) return bad("segment " + std::to_string(k) + " of device " + std::to_string(dev) + " is cut short");
+      if (!c.ok)
+        return bad("segment " + std::to_string(k) + " of device " + std::to_string(dev) +
+                   " is cut short");
       segs[addr] = size;
     }
     DeviceTraceState st;
@@ -692,53 +792,80 @@ Status TraceReader::decodeTrailer(std::span<const uint8_t> p) {
   bool per_ok = true;
   Status s = readTlv(p, [&](uint64_t tag, uint64_t v, std::string_view b) {
     switch (tag) {
-      case 1: t.events = v; break;
-      case 2: t.chunks = v; break;
-      case 3: t.strings = v; break;
-      case 4: t.frames = v; break;
-      case 5: t.stacks = v; break;
-      case 6: t.pools = v; break;
-      case 7: t.dropped = v; break;
-      case 8: t.checkpoints = v; break;
+      case 1:
+        t.events = v;
+        break;
+      case 2:
+        t.chunks = v;
+        break;
+      case 3:
+        t.strings = v;
+        break;
+      case 4:
+        t.frames = v;
+        break;
+      case 5:
+        t.stacks = v;
+        break;
+      case 6:
+        t.pools = v;
+        break;
+      case 7:
+        t.dropped = v;
+        break;
+      case 8:
+        t.checkpoints = v;
+        break;
       case 9: {
         Cursor c({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
         while (c.ok && !c.done()) {
           uint64_t d = c.var(), n = c.var();
-          if (d >= kMaxDevice) per_ok = false;
-          else t.device_events[static_cast<uint32_t>(d)] = n;
+          if (d >= kMaxDevice)
+            per_ok = false;
+          else
+            t.device_events[static_cast<uint32_t>(d)] = n;
         }
         per_ok = per_ok && c.ok;
         break;
       }
-      case 10: t.has_final_state = v != 0; break;
+      case 10:
+        t.has_final_state = v != 0;
+        break;
       case 11:
         t.has_device_traces = true;
         t.device_traces = v;
         break;
-      default: break;
+      default:
+        break;
     }
   });
   if (!s.ok()) return s;
   if (!per_ok) return bad("malformed per-device event counts");
   if (t.has_device_traces) {
     if (t.device_traces > kMaxDevice) {
-      return bad("the trailer counts " + std::to_string(t.device_traces) + " device traces, more than the " +
-                 std::to_string(kMaxDevice) + " the format allows");
+      return bad("the trailer counts " + std::to_string(t.device_traces) +
+                 " device traces, more than the " + std::to_string(kMaxDevice) +
+                 " the format allows");
     }
     if (!device_events_read_.empty() && device_events_read_.rbegin()->first >= t.device_traces) {
-      return bad("the trailer counts " + std::to_string(t.device_traces) + " device traces, but events name device " +
+      return bad("the trailer counts " + std::to_string(t.device_traces) +
+                 " device traces, but events name device " +
                  std::to_string(device_events_read_.rbegin()->first));
     }
   }
   // The trailer restates what was written: any difference means chunks went missing or changed.
   if (t.events != events_read_) {
-    return bad("the trailer counts " + std::to_string(t.events) + " events, the file holds " + std::to_string(events_read_));
+    return bad("the trailer counts " + std::to_string(t.events) + " events, the file holds " +
+               std::to_string(events_read_));
   }
   if (t.chunks != end_.chunks) {
-    return bad("the trailer counts " + std::to_string(t.chunks) + " chunks before it, the file holds " + std::to_string(end_.chunks));
+    return bad("the trailer counts " + std::to_string(t.chunks) +
+               " chunks before it, the file holds " + std::to_string(end_.chunks));
   }
-  if (t.device_events != device_events_read_) return bad("the trailer's per-device event counts differ from the file's");
-  if (t.has_final_state != has_final_state_) return bad("the trailer and the file disagree on the final state");
+  if (t.device_events != device_events_read_)
+    return bad("the trailer's per-device event counts differ from the file's");
+  if (t.has_final_state != has_final_state_)
+    return bad("the trailer and the file disagree on the final state");
   trailer_ = std::move(t);
   return Status::Ok();
 }
@@ -760,24 +887,28 @@ std::optional<TrailerInfo> peekTrailer(std::span<const uint8_t> bytes) {
   if (crc32c(crc, h + kChunkHeaderSize, stored) != getU32(h + 8)) return std::nullopt;
   TrailerInfo t;
   bool ok = true;
-  Status s = readTlv({h + kChunkHeaderSize, stored}, [&](uint64_t tag, uint64_t v, std::string_view b) {
-    if (tag == 1) t.events = v;
-    if (tag == 9) {
-      Cursor c({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
-      while (c.ok && !c.done()) {
-        uint64_t d = c.var(), k = c.var();
-        if (d >= kMaxDevice) ok = false;
-        else t.device_events[static_cast<uint32_t>(d)] = k;
-      }
-      ok = ok && c.ok;
-    }
-  });
+  Status s =
+      readTlv({h + kChunkHeaderSize, stored}, [&](uint64_t tag, uint64_t v, std::string_view b) {
+        if (tag == 1) t.events = v;
+        if (tag == 9) {
+          Cursor c({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
+          while (c.ok && !c.done()) {
+            uint64_t d = c.var(), k = c.var();
+            if (d >= kMaxDevice)
+              ok = false;
+            else
+              t.device_events[static_cast<uint32_t>(d)] = k;
+          }
+          ok = ok && c.ok;
+        }
+      });
   if (!s.ok() || !ok) return std::nullopt;
   t.present = true;
   return t;
 }
 
-Expected<DeviceTraceState> traceStateAt(std::span<const uint8_t> bytes, uint32_t device, uint64_t events) {
+Expected<DeviceTraceState> traceStateAt(std::span<const uint8_t> bytes, uint32_t device,
+                                        uint64_t events) {
   auto opened = TraceReader::open(bytes);
   if (!opened) return opened.error();
   TraceReader& r = **opened;
@@ -815,8 +946,9 @@ Expected<DeviceTraceState> traceStateAt(std::span<const uint8_t> bytes, uint32_t
     }
   }
   if (state.events() < events) {
-    return Error{"device " + std::to_string(device) + " has only " + std::to_string(state.events()) +
-                     " events in this file, not " + std::to_string(events),
+    return Error{"device " + std::to_string(device) + " has only " +
+                     std::to_string(state.events()) + " events in this file, not " +
+                     std::to_string(events),
                  -1};
   }
   return state;

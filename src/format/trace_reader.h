@@ -32,14 +32,15 @@ struct ChunkRef {
 
 // How reading ended.
 struct TraceEnd {
-  bool complete = false;   // the trailer was read: nothing is missing
-  bool truncated = false;  // the file ends inside a chunk or before the trailer (writer killed)
-  bool damaged = false;    // a chunk failed its checks with more data after it
-  uint64_t good_bytes = 0;   // bytes up to the end of the last good chunk
-  uint64_t lost_bytes = 0;   // bytes after that (not read)
-  uint64_t chunks = 0;       // good chunks read
-  std::string reason;        // what stopped the reading, with its byte offset
-  std::vector<std::string> notes;  // harmless oddities (skipped unknown chunks, bytes after the end)
+  bool complete = false;    // the trailer was read: nothing is missing
+  bool truncated = false;   // the file ends inside a chunk or before the trailer (writer killed)
+  bool damaged = false;     // a chunk failed its checks with more data after it
+  uint64_t good_bytes = 0;  // bytes up to the end of the last good chunk
+  uint64_t lost_bytes = 0;  // bytes after that (not read)
+  uint64_t chunks = 0;      // good chunks read
+  std::string reason;       // what stopped the reading, with its byte offset
+  std::vector<std::string>
+      notes;  // harmless oddities (skipped unknown chunks, bytes after the end)
 };
 
 struct TrailerInfo {
@@ -82,8 +83,10 @@ class TraceReader {
 
   // Content of the current chunk.
   std::span<const TraceEvent> events() const { return events_; }  // Events
-  const TraceMeta& meta() const { return meta_; }                  // Meta (also kept afterwards)
-  const std::vector<std::pair<uint32_t, DeviceTraceState>>& checkpoint() const { return checkpoint_; }
+  const TraceMeta& meta() const { return meta_; }                 // Meta (also kept afterwards)
+  const std::vector<std::pair<uint32_t, DeviceTraceState>>& checkpoint() const {
+    return checkpoint_;
+  }
 
   // Accumulated over the chunks read so far.
   uint32_t stringCount() const { return static_cast<uint32_t>(string_views_.size()); }
@@ -175,6 +178,7 @@ bool looksLikeTrace(std::span<const uint8_t> bytes);
 
 // The trace-derived state of `device` after its first `events` events, using the nearest
 // checkpoint before it and decoding only the chunks after that checkpoint.
-Expected<DeviceTraceState> traceStateAt(std::span<const uint8_t> bytes, uint32_t device, uint64_t events);
+Expected<DeviceTraceState> traceStateAt(std::span<const uint8_t> bytes, uint32_t device,
+                                        uint64_t events);
 
 }  // namespace memforensics::format::trace

@@ -34,7 +34,8 @@ void DeviceTraceState::apply(const TraceEvent& e) {
     case 6:  // segment_unmap
       unmap(e.addr, e.size);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -65,7 +66,8 @@ void DeviceTraceState::unmap(uint64_t addr, uint64_t size) {
   }
 }
 
-void DeviceTraceState::restore(uint64_t events, U64Map<LiveAlloc> live, std::map<uint64_t, uint64_t> segments) {
+void DeviceTraceState::restore(uint64_t events, U64Map<LiveAlloc> live,
+                               std::map<uint64_t, uint64_t> segments) {
   events_ = events;
   live_ = std::move(live);
   segments_ = std::move(segments);

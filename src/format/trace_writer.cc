@@ -82,7 +82,8 @@ void tlvBytes(std::vector<uint8_t>& out, uint32_t tag, std::string_view s) {
   putBytes(out, s);
 }
 
-constexpr size_t kCountRoom = 10;  // the Events chunk's count varint is written in front of the records
+constexpr size_t kCountRoom =
+    10;  // the Events chunk's count varint is written in front of the records
 
 }  // namespace
 
@@ -95,7 +96,8 @@ struct TraceWriter::ZstdContext {
 struct TraceWriter::ZstdContext {};  // without zstd every chunk is stored (Codec::None)
 #endif
 
-TraceWriter::TraceWriter(ByteSink& sink, const WriterOptions& options) : sink_(sink), options_(options) {
+TraceWriter::TraceWriter(ByteSink& sink, const WriterOptions& options)
+    : sink_(sink), options_(options) {
   options_.chunk_bytes = std::clamp<uint32_t>(options_.chunk_bytes, 4096, kMaxChunkBytes / 2);
   buf_.resize(kCountRoom + options_.chunk_bytes + 2 * kMaxRecord);
   used_ = kCountRoom;
@@ -119,7 +121,8 @@ Status TraceWriter::begin(const TraceMeta& meta) {
   int64_t created = meta.created_unix_us;
   if (created == 0) {
     created = std::chrono::duration_cast<std::chrono::microseconds>(
-                  std::chrono::system_clock::now().time_since_epoch()).count();
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count();
   }
   putU64(h + 20, static_cast<uint64_t>(created));
   putU32(h + 28, crc32c(0, h, 28));
@@ -157,8 +160,10 @@ uint32_t TraceWriter::frame(uint32_t filename, uint32_t name, uint64_t line) {
     ++frame_count_;
     ++pending_frame_count_;
     // Consecutive frames tend to use neighbouring string ids: deltas stay one byte.
-    putVar(pending_frames_, zigzag(static_cast<int64_t>(filename) - static_cast<int64_t>(prev_frame_file_)));
-    putVar(pending_frames_, zigzag(static_cast<int64_t>(name) - static_cast<int64_t>(prev_frame_name_)));
+    putVar(pending_frames_,
+           zigzag(static_cast<int64_t>(filename) - static_cast<int64_t>(prev_frame_file_)));
+    putVar(pending_frames_,
+           zigzag(static_cast<int64_t>(name) - static_cast<int64_t>(prev_frame_name_)));
     putVar(pending_frames_, line + 1);  // the unknown line (2^64-1) becomes 0
     prev_frame_file_ = filename;
     prev_frame_name_ = name;
@@ -175,7 +180,8 @@ uint32_t TraceWriter::stack(uint32_t parent, uint32_t frame) {
   ++pending_stack_count_;
   // A stack is usually built right after its parent, and from frames defined in a row.
   putVar(pending_stacks_, id - parent);
-  putVar(pending_stacks_, zigzag(static_cast<int64_t>(frame) - static_cast<int64_t>(prev_stack_frame_)));
+  putVar(pending_stacks_,
+         zigzag(static_cast<int64_t>(frame) - static_cast<int64_t>(prev_stack_frame_)));
   prev_stack_frame_ = frame;
   stack_depth_.push_back(parent < stack_depth_.size() ? stack_depth_[parent] + 1 : 1);
   stack_referred_.push_back(false);
@@ -222,7 +228,8 @@ void TraceWriter::encode(const TraceEvent& e) {
   }
   if (e.stream != prev_stream_) {
     h |= kHeadStream;
-    p = putVarint(p, zigzag(static_cast<int64_t>(static_cast<uint64_t>(e.stream) - static_cast<uint64_t>(prev_stream_))));
+    p = putVarint(p, zigzag(static_cast<int64_t>(static_cast<uint64_t>(e.stream) -
+                                                 static_cast<uint64_t>(prev_stream_))));
     prev_stream_ = e.stream;
   }
   uint32_t action_name = action == 10 ? e.action_name : 0;
@@ -230,7 +237,8 @@ void TraceWriter::encode(const TraceEvent& e) {
       action_name != ctx_action_) {
     h |= kHeadContext;
     uint8_t mask = (e.compile_context != ctx_compile_ ? kCtxCompile : 0) |
-                   (e.user_metadata != ctx_user_ ? kCtxUser : 0) | (e.pool != ctx_pool_ ? kCtxPool : 0) |
+                   (e.user_metadata != ctx_user_ ? kCtxUser : 0) |
+                   (e.pool != ctx_pool_ ? kCtxPool : 0) |
                    (action_name != ctx_action_ ? kCtxActionName : 0);
     *p++ = mask;
     if (mask & kCtxCompile) p = putVarint(p, ctx_compile_ = e.compile_context);
@@ -256,15 +264,19 @@ void TraceWriter::encode(const TraceEvent& e) {
   ++device_events_[e.device];
 }
 
-Status TraceWriter::makeRoom() { return flush(); }
+Status TraceWriter::makeRoom() {
+  return flush();
+}
 
 Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload) {
   if (!failed_.ok()) return failed_;
   if (payload.size() > kMaxChunkBytes) {
-    return failed_ = Error{"a native trace " + std::string(chunkTypeName(static_cast<uint8_t>(type))) + " chunk of " +
-                               std::to_string(payload.size()) + " bytes would exceed the format's limit of " +
-                               std::to_string(kMaxChunkBytes) + " bytes per chunk",
-                           -1};
+    return failed_ =
+               Error{"a native trace " + std::string(chunkTypeName(static_cast<uint8_t>(type))) +
+                         " chunk of " + std::to_string(payload.size()) +
+                         " bytes would exceed the format's limit of " +
+                         std::to_string(kMaxChunkBytes) + " bytes per chunk",
+                     -1};
   }
   uint8_t codec = 0;
   std::span<const uint8_t> stored = payload;
@@ -276,8 +288,8 @@ Status TraceWriter::writeChunk(ChunkType type, std::span<const uint8_t> payload)
   if (zstd_ && payload.size() >= 64 && type != ChunkType::Trailer) {
     size_t bound = ZSTD_compressBound(payload.size());
     scratch_.resize(kChunkHeaderSize + bound);
-    size_t n = ZSTD_compressCCtx(zstd_->ctx, scratch_.data() + kChunkHeaderSize, bound, payload.data(),
-                                 payload.size(), level);
+    size_t n = ZSTD_compressCCtx(zstd_->ctx, scratch_.data() + kChunkHeaderSize, bound,
+                                 payload.data(), payload.size(), level);
     // The reader allows the zstd chunks of a file decodedBudget(file size) decoded bytes in all:
     // a chunk that compresses so well that it would pass the budget for the file written so far
     // (which only grows) is stored as it is instead.
@@ -387,7 +399,8 @@ Status TraceWriter::flush() {
     prev_addr_ = prev_time_ = 0;
     ctx_compile_ = ctx_user_ = ctx_pool_ = ctx_action_ = 0;
   }
-  if (options_.checkpoint_every != 0 && stats_.events - events_at_checkpoint_ >= options_.checkpoint_every) {
+  if (options_.checkpoint_every != 0 &&
+      stats_.events - events_at_checkpoint_ >= options_.checkpoint_every) {
     return writeCheckpoint();
   }
   return Status::Ok();
@@ -408,7 +421,8 @@ Status TraceWriter::writeCheckpoint() {
     putVar(p, ds.events());
     live.clear();
     ds.live().forEach([&](uint64_t a, const LiveAlloc& l) { live.emplace_back(a, l); });
-    std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::sort(live.begin(), live.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
     putVar(p, live.size());
     uint64_t prev_addr = 0;
     uint32_t prev_stack = 0;
@@ -417,7 +431,8 @@ Status TraceWriter::writeCheckpoint() {
       putVar(p, a - prev_addr);
       putVar(p, l.requested);
       putVar(p, zigzag(static_cast<int64_t>(l.stack) - static_cast<int64_t>(prev_stack)));
-      putVar(p, zigzag(static_cast<int64_t>(static_cast<uint64_t>(l.stream) - static_cast<uint64_t>(prev_stream))));
+      putVar(p, zigzag(static_cast<int64_t>(static_cast<uint64_t>(l.stream) -
+                                            static_cast<uint64_t>(prev_stream))));
       p.push_back(l.pending ? 1 : 0);
       prev_addr = a;
       prev_stack = l.stack;
@@ -446,7 +461,8 @@ void TraceWriter::setSettings(const TraceSettings& s, std::string conf_storage) 
   settings_.conf = settings_conf_;
 }
 
-void TraceWriter::setFinalState(std::vector<TraceSegment> segments, std::vector<TraceBlock> blocks) {
+void TraceWriter::setFinalState(std::vector<TraceSegment> segments,
+                                std::vector<TraceBlock> blocks) {
   has_final_state_ = true;
   for (const auto& g : segments) referStack(g.stack);
   for (const auto& b : blocks) referStack(b.stack);
@@ -527,7 +543,8 @@ Status TraceWriter::close() {
       putVar(p, g.pool_b);
       putVar(p, g.stack);
       // Flag 4: segment_type is the usual "large"/"small" that is_large implies (no string needed).
-      p.push_back(static_cast<uint8_t>((g.is_large ? 1 : 0) | (g.is_expandable ? 2 : 0) | (g.usual_type ? 4 : 0)));
+      p.push_back(static_cast<uint8_t>((g.is_large ? 1 : 0) | (g.is_expandable ? 2 : 0) |
+                                       (g.usual_type ? 4 : 0)));
       if (!g.usual_type) putVar(p, g.segment_type);
       putVar(p, g.block_count);
       uint64_t cursor = g.address;
@@ -538,8 +555,8 @@ Status TraceWriter::close() {
         bool units = b.size % 512 == 0;
         bool slack = b.has_requested_size && b.requested_size <= b.size;
         putVar(p, zigzag(static_cast<int64_t>(b.address - cursor)));
-        p.push_back(static_cast<uint8_t>((b.state & 3) | (b.has_requested_size ? 4 : 0) | (units ? 8 : 0) |
-                                         (slack ? 16 : 0)));
+        p.push_back(static_cast<uint8_t>((b.state & 3) | (b.has_requested_size ? 4 : 0) |
+                                         (units ? 8 : 0) | (slack ? 16 : 0)));
         putVar(p, units ? b.size / 512 : b.size);
         if (b.has_requested_size) putVar(p, slack ? b.size - b.requested_size : b.requested_size);
         putVar(p, b.stack);
@@ -552,11 +569,12 @@ Status TraceWriter::close() {
   }
   // What a reader will refuse is refused here, before the trailer makes the file complete.
   if (expanded_frames_ > stackFrameBudget(offset_)) {
-    return failed_ = Error{"the stacks referred to expand to " + std::to_string(expanded_frames_) +
-                               " frames, more than a native trace of " + std::to_string(offset_) +
-                               " bytes may expand to (" + std::to_string(stackFrameBudget(offset_)) +
-                               ": stack frame budget, trace_format.h)",
-                           -1};
+    return failed_ =
+               Error{"the stacks referred to expand to " + std::to_string(expanded_frames_) +
+                         " frames, more than a native trace of " + std::to_string(offset_) +
+                         " bytes may expand to (" + std::to_string(stackFrameBudget(offset_)) +
+                         ": stack frame budget, trace_format.h)",
+                     -1};
   }
   if (has_device_traces_) {
     uint64_t highest = 0;
@@ -564,8 +582,9 @@ Status TraceWriter::close() {
       if (device_events_[d] > 0) highest = d + 1;
     }
     if (device_traces_ > kMaxDevice || device_traces_ < highest) {
-      return failed_ = Error{"device trace count " + std::to_string(device_traces_) + " is not between " +
-                                 std::to_string(highest) + " (the events' devices) and " + std::to_string(kMaxDevice),
+      return failed_ = Error{"device trace count " + std::to_string(device_traces_) +
+                                 " is not between " + std::to_string(highest) +
+                                 " (the events' devices) and " + std::to_string(kMaxDevice),
                              -1};
     }
   }

@@ -55,8 +55,8 @@ class FileSink : public ByteSink {
 };
 
 struct WriterOptions {
-  int zstd_level = 0;                  // 0: chunks stored as they are; 1-19: zstd per chunk
-  uint32_t chunk_bytes = 1u << 20;     // an Events chunk is written when its payload reaches this
+  int zstd_level = 0;                    // 0: chunks stored as they are; 1-19: zstd per chunk
+  uint32_t chunk_bytes = 1u << 20;       // an Events chunk is written when its payload reaches this
   uint64_t checkpoint_every = 1u << 18;  // events between checkpoints (0: no checkpoints)
 };
 
@@ -85,7 +85,8 @@ class TraceWriter {
 
   Status event(const TraceEvent& e) {
     if (e.device >= kMaxDevice) {
-      return Error{"device " + std::to_string(e.device) + " is not a device ordinal (a native trace holds traces of devices 0 to " +
+      return Error{"device " + std::to_string(e.device) +
+                       " is not a device ordinal (a native trace holds traces of devices 0 to " +
                        std::to_string(kMaxDevice - 1) + ")",
                    -1};
     }
@@ -100,7 +101,8 @@ class TraceWriter {
     if (used_ >= options_.chunk_bytes) return flush();
     return Status::Ok();
   }
-  // Records that `n` events were lost before reaching the writer (ring overflow); kept in the trailer.
+  // Records that `n` events were lost before reaching the writer (ring overflow); kept in the
+  // trailer.
   void noteDropped(uint64_t n) { dropped_ += n; }
 
   // Writes pending tables and buffered events as complete chunks.
@@ -129,8 +131,9 @@ class TraceWriter {
   Status writeChunk(ChunkType type, std::span<const uint8_t> payload);
   Status writeTables();
   Status writeCheckpoint();
-  void tablesGrew(size_t pending_bytes);  // writes the tables when their pending bytes reach kTableChunkBytes
-  void referStack(uint32_t id);           // counts the frames a reader expands for stack `id`
+  void tablesGrew(
+      size_t pending_bytes);  // writes the tables when their pending bytes reach kTableChunkBytes
+  void referStack(uint32_t id);  // counts the frames a reader expands for stack `id`
 
   ByteSink& sink_;
   WriterOptions options_;
@@ -202,8 +205,8 @@ class TraceWriter {
   std::vector<uint8_t> scratch_;  // chunk header + (compressed) payload
   struct ZstdContext;
   std::unique_ptr<ZstdContext> zstd_;
-  uint64_t offset_ = 0;           // bytes written so far
-  uint64_t zstd_decoded_ = 0;     // decoded size of the zstd chunks written (against decodedBudget)
+  uint64_t offset_ = 0;        // bytes written so far
+  uint64_t zstd_decoded_ = 0;  // decoded size of the zstd chunks written (against decodedBudget)
 };
 
 }  // namespace memforensics::format::trace

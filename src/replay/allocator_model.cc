@@ -19,7 +19,9 @@ namespace {
 constexpr uint64_t kReservationBytes = uint64_t{1} << 44;
 
 // Bytes of a reservation at `address`: kReservationBytes, less where it would pass 2^64.
-uint64_t reservationAt(uint64_t address) { return std::min(kReservationBytes, ~uint64_t{0} - address); }
+uint64_t reservationAt(uint64_t address) {
+  return std::min(kReservationBytes, ~uint64_t{0} - address);
+}
 
 std::string hex(uint64_t v) {
   char buf[24];
@@ -57,7 +59,9 @@ ModelSettings modelSettingsOf(const format::Snapshot& snap) {
   const auto& a = snap.settings;
   if (a.max_split_size > 0) s.max_split_size = static_cast<uint64_t>(a.max_split_size);
   s.expandable_segments = a.expandable_segments;
-  if (a.has_roundup) std::copy(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions), s.divisions);
+  if (a.has_roundup)
+    std::copy(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions),
+              s.divisions);
   // Not recorded in allocator_settings in any version; only the config string can tell.
   int64_t nsr = confValue(a.conf, "max_non_split_rounding_mb");
   if (nsr > 0) s.max_non_split_rounding = static_cast<uint64_t>(nsr) << 20;
@@ -104,7 +108,7 @@ struct DeviceAllocatorModel::Impl {
   ModelSettings settings;
   std::map<uint64_t, Seg> start;    // seeded start state
   std::vector<int64_t> next_alloc;  // per event: the next alloc's index (-1: none, or an oom first)
-  bool complete_on_request = false; // skip_actions dropped free_completed: free_requested frees
+  bool complete_on_request = false;  // skip_actions dropped free_completed: free_requested frees
   std::map<uint64_t, std::pair<PoolId, bool>> final_kind;  // final segments: (pool, is_large)
 
   Key keyOf(const Seg& s, const ModelBlock& b, bool for_unmapped = false) const {
@@ -112,13 +116,17 @@ struct DeviceAllocatorModel::Impl {
   }
   void index(const Seg& s, const ModelBlock& b) {
     if (!b.isFree()) return;
-    if (b.mapped) free.insert(keyOf(s, b));
-    else unmapped.insert(keyOf(s, b, true));
+    if (b.mapped)
+      free.insert(keyOf(s, b));
+    else
+      unmapped.insert(keyOf(s, b, true));
   }
   void unindex(const Seg& s, const ModelBlock& b) {
     if (!b.isFree()) return;
-    if (b.mapped) free.erase(keyOf(s, b));
-    else unmapped.erase(keyOf(s, b, true));
+    if (b.mapped)
+      free.erase(keyOf(s, b));
+    else
+      unmapped.erase(keyOf(s, b, true));
   }
   void rebuildIndex() {
     free.clear();
@@ -187,7 +195,6 @@ struct DeviceAllocatorModel::Impl {
   }
 };
 
-
 namespace {
 
 using Impl = DeviceAllocatorModel::Impl;
@@ -202,7 +209,8 @@ struct Request {
   uint64_t size = 0;  // rounded
 };
 
-void addMismatch(ModelCheck* c, size_t i, Action a, uint64_t recorded, uint64_t predicted, std::string why) {
+void addMismatch(ModelCheck* c, size_t i, Action a, uint64_t recorded, uint64_t predicted,
+                 std::string why) {
   if (c == nullptr || c->first_mismatches.size() >= ModelCheck::kMaxMismatches) return;
   c->first_mismatches.push_back({static_cast<int64_t>(i), a, recorded, predicted, std::move(why)});
 }
@@ -301,7 +309,8 @@ std::optional<uint64_t> findExpandable(Impl& m, const Request& r) {
     ModelBlock* c = Impl::blockAt(*s, it->addr);
     if (ModelBlock* p = Impl::prevOf(*s, *c); p != nullptr && p->isFree()) c = p;
     uint64_t bytes = 0;
-    for (ModelBlock* b = c; b != nullptr && b->isFree() && bytes < r.size; b = Impl::nextOf(*s, *b)) {
+    for (ModelBlock* b = c; b != nullptr && b->isFree() && bytes < r.size;
+         b = Impl::nextOf(*s, *b)) {
       bytes += b->size;
     }
     if (bytes >= r.size) return c->address;
@@ -328,10 +337,12 @@ void applyAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     why = "the preceding segment event prepared " + hex(predicted);
   } else if (const Key* k = bestFit(m, r)) {
     predicted = k->addr;
-    why = "best fit in the " + poolName(r) + " is " + hex(k->addr) + " (" + std::to_string(k->size) + " bytes)";
+    why = "best fit in the " + poolName(r) + " is " + hex(k->addr) + " (" +
+          std::to_string(k->size) + " bytes)";
   } else {
-    why = "no free block of the " + poolName(r) + " holds " + std::to_string(r.size) + " bytes (largest " +
-          std::to_string(largestFree(m, r)) + "), so a new segment was expected, but the trace reuses " + hex(e.addr);
+    why = "no free block of the " + poolName(r) + " holds " + std::to_string(r.size) +
+          " bytes (largest " + std::to_string(largestFree(m, r)) +
+          "), so a new segment was expected, but the trace reuses " + hex(e.addr);
   }
   if (c != nullptr) {
     ++c->allocs;
@@ -382,13 +393,16 @@ std::optional<Request> nextRequest(const Impl& m, size_t i) {
   const Event& a = m.events[static_cast<size_t>(j)];
   Request r = requestOf(m, a, false);
   if (a.pool == 0) {
-    if (auto it = m.final_kind.find(m.events[i].addr); it != m.final_kind.end()) r.pool = it->second.first;
-    else if (const Seg* s = m.segAt(a.addr)) r.pool = s->pool;
+    if (auto it = m.final_kind.find(m.events[i].addr); it != m.final_kind.end())
+      r.pool = it->second.first;
+    else if (const Seg* s = m.segAt(a.addr))
+      r.pool = s->pool;
   }
   return r;
 }
 
-// A segment event the model ignores: size 0 or an end past 2^64 (replay counts InvalidSegmentRange).
+// A segment event the model ignores: size 0 or an end past 2^64 (replay counts
+// InvalidSegmentRange).
 bool rejectInvalidRange(size_t i, const Event& e, ModelCheck* c) {
   if (validRange(e.addr, e.size)) return false;
   if (c != nullptr) {
@@ -414,11 +428,11 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     if (!r) {
       why = "no alloc follows the segment_alloc";
     } else if (const Key* k = bestFit(m, *r)) {
-      why = "the free block " + hex(k->addr) + " (" + std::to_string(k->size) + " bytes) of the " + poolName(*r) +
-            " fits the next alloc (" + std::to_string(r->size) + " bytes)";
+      why = "the free block " + hex(k->addr) + " (" + std::to_string(k->size) + " bytes) of the " +
+            poolName(*r) + " fits the next alloc (" + std::to_string(r->size) + " bytes)";
     } else if (allocationSize(r->size) != e.size) {
-      why = "segment of " + std::to_string(e.size) + " bytes, get_allocation_size(" + std::to_string(r->size) +
-            ") = " + std::to_string(allocationSize(r->size));
+      why = "segment of " + std::to_string(e.size) + " bytes, get_allocation_size(" +
+            std::to_string(r->size) + ") = " + std::to_string(allocationSize(r->size));
     } else if (m.events[static_cast<size_t>(m.next_alloc[i])].addr != e.addr) {
       why = "the next alloc is not at the new segment's base";
     }
@@ -464,7 +478,8 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       why = "the model's segment has " + std::to_string(it->second.size) + " bytes";
     } else if (it->second.blocks.size() != 1 || !it->second.blocks.begin()->second.isFree()) {
       // CCA release_blocks(): only a segment that is one free block (!prev && !next) is freed.
-      why = "the model's segment is split into " + std::to_string(it->second.blocks.size()) + " blocks";
+      why = "the model's segment is split into " + std::to_string(it->second.blocks.size()) +
+            " blocks";
     }
     if (why.empty()) {
       ++c->segment_matches;
@@ -494,7 +509,8 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       Seg* s = m.segAt(*cand);
       ModelBlock* b = Impl::blockAt(*s, *cand);
       expect = b->mapped ? b->address + b->size : b->address;
-      if (expect != e.addr) why = "find_expandable_block picks " + hex(*cand) + ", mapping at " + hex(expect);
+      if (expect != e.addr)
+        why = "find_expandable_block picks " + hex(*cand) + ", mapping at " + hex(expect);
     } else {
       m.pending_new = e.addr;  // a new reservation: its address is the driver's choice
       if (const Seg* s = m.segAt(e.addr); s != nullptr) why = "a new reservation was expected";
@@ -525,7 +541,8 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     Seg ns;
     ns.address = e.addr;
     ns.size = reservationAt(e.addr);
-    if (auto nx = m.segs.upper_bound(e.addr); nx != m.segs.end()) ns.size = std::min(ns.size, nx->first - e.addr);
+    if (auto nx = m.segs.upper_bound(e.addr); nx != m.segs.end())
+      ns.size = std::min(ns.size, nx->first - e.addr);
     ns.stream = e.stream;
     ns.expandable = true;
     if (r) {
@@ -560,14 +577,16 @@ void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (rejectInvalidRange(i, e, c)) return;
   Seg* s = m.segAt(e.addr);
   ModelBlock* b = s && s->expandable ? Impl::blockAt(*s, e.addr) : nullptr;
-  const bool ok = b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;  // no wrap: valid
+  const bool ok =
+      b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;  // no wrap: valid
   if (c != nullptr) {
     ++c->segment_events;
     if (ok) {
       ++c->segment_matches;
     } else {
       // CCA unmap_block(): only fully free pages of a free block are unmapped.
-      addMismatch(c, i, Action::SegmentUnmap, e.addr, 0, "the range is not inside one free mapped block of the model");
+      addMismatch(c, i, Action::SegmentUnmap, e.addr, 0,
+                  "the range is not inside one free mapped block of the model");
     }
   }
   if (!ok) return;
@@ -590,8 +609,10 @@ void applyEvent(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       if (b == nullptr) break;
       // CCA free(): without stream uses free_block() follows at once; a trace that skipped
       // free_completed (skip_actions) only has this event.
-      if (m.complete_on_request) freeBlock(m, *s, b);
-      else b->state = BlockState::ActivePendingFree;
+      if (m.complete_on_request)
+        freeBlock(m, *s, b);
+      else
+        b->state = BlockState::ActivePendingFree;
       break;
     }
     case Action::FreeCompleted: {
@@ -643,7 +664,10 @@ void removeExpRange(std::map<uint64_t, ExpRange>& r, uint64_t b, uint64_t e) {
 }  // namespace
 
 DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t device)
-    : snap_(snap), device_(device), settings_(modelSettingsOf(snap)), impl_(std::make_unique<Impl>()) {
+    : snap_(snap),
+      device_(device),
+      settings_(modelSettingsOf(snap)),
+      impl_(std::make_unique<Impl>()) {
   if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
   Impl& m = *impl_;
   m.snap = &snap;
@@ -659,7 +683,8 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     const auto& fs = snap.segments[fseg.index];
     PoolId pool{fs.pool_a, fs.pool_b};
     m.final_kind[fs.address] = {pool, fs.is_large};
-    for (const auto& b : snap.blocksOf(fs)) any_final_pending |= b.state == BlockState::ActivePendingFree;
+    for (const auto& b : snap.blocksOf(fs))
+      any_final_pending |= b.state == BlockState::ActivePendingFree;
     if (fs.is_expandable) {
       exp.emplace(fs.address, ExpRange{fs.address + fs.total_size, fs.stream, pool, fs.is_large});
     } else {
@@ -677,8 +702,9 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     const Event& e = events_[k];
     n_req += e.action == Action::FreeRequested;
     n_comp += e.action == Action::FreeCompleted;
-    const bool segment_event = e.action == Action::SegmentAlloc || e.action == Action::SegmentFree ||
-                               e.action == Action::SegmentMap || e.action == Action::SegmentUnmap;
+    const bool segment_event = e.action == Action::SegmentAlloc ||
+                               e.action == Action::SegmentFree || e.action == Action::SegmentMap ||
+                               e.action == Action::SegmentUnmap;
     if (segment_event && !validRange(e.addr, e.size)) continue;  // ignored forward too
     switch (e.action) {
       case Action::SegmentAlloc:
@@ -731,7 +757,8 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     Seg s;
     s.address = ranges.front().first;
     s.size = reservationAt(s.address);
-    if (auto nx = m.start.upper_bound(s.address); nx != m.start.end()) s.size = std::min(s.size, nx->first - s.address);
+    if (auto nx = m.start.upper_bound(s.address); nx != m.start.end())
+      s.size = std::min(s.size, nx->first - s.address);
     s.size = std::max(s.size, ranges.back().second - s.address);
     std::tie(s.pool, s.stream, s.is_large) = key;
     s.expandable = true;
@@ -796,7 +823,8 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
   rep.reset();
   std::vector<std::pair<uint64_t, LiveBlock>> live;
   rep.live().forEach([&](uint64_t addr, const LiveBlock& lb) { live.push_back({addr, lb}); });
-  std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::sort(live.begin(), live.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
   m.segs = std::move(m.start);
   for (const auto& [addr, lb] : live) {
     Seg* s = m.segAt(addr);
@@ -886,27 +914,30 @@ std::string DeviceAllocatorModel::compareWithFinal() const {
   }
   std::sort(file.begin(), file.end(), [](auto* x, auto* y) { return x->address < y->address; });
   if (mine.size() != file.size()) {
-    return "model has " + std::to_string(mine.size()) + " segments, the file " + std::to_string(file.size());
+    return "model has " + std::to_string(mine.size()) + " segments, the file " +
+           std::to_string(file.size());
   }
   for (size_t k = 0; k < mine.size(); ++k) {
     const auto& ms = mine[k];
     const auto& fs = *file[k];
     if (ms.address != fs.address || ms.size != fs.total_size) {
-      return "segment " + std::to_string(k) + ": model " + hex(ms.address) + "+" + std::to_string(ms.size) +
-             ", file " + hex(fs.address) + "+" + std::to_string(fs.total_size);
+      return "segment " + std::to_string(k) + ": model " + hex(ms.address) + "+" +
+             std::to_string(ms.size) + ", file " + hex(fs.address) + "+" +
+             std::to_string(fs.total_size);
     }
     auto fb = snap_.blocksOf(fs);
     if (fb.size() != ms.blocks.size()) {
-      return "segment " + hex(ms.address) + ": model has " + std::to_string(ms.blocks.size()) + " blocks, the file " +
-             std::to_string(fb.size());
+      return "segment " + hex(ms.address) + ": model has " + std::to_string(ms.blocks.size()) +
+             " blocks, the file " + std::to_string(fb.size());
     }
     for (size_t j = 0; j < fb.size(); ++j) {
       const auto& x = ms.blocks[j];
       const auto& y = fb[j];
       if (x.address != y.address || x.size != y.size || x.state != y.state) {
-        return "block " + hex(y.address) + " in segment " + hex(ms.address) + ": model " + hex(x.address) + "+" +
-               std::to_string(x.size) + " " + std::string(format::blockStateName(x.state)) + ", file " +
-               hex(y.address) + "+" + std::to_string(y.size) + " " + std::string(format::blockStateName(y.state));
+        return "block " + hex(y.address) + " in segment " + hex(ms.address) + ": model " +
+               hex(x.address) + "+" + std::to_string(x.size) + " " +
+               std::string(format::blockStateName(x.state)) + ", file " + hex(y.address) + "+" +
+               std::to_string(y.size) + " " + std::string(format::blockStateName(y.state));
       }
     }
   }

@@ -10,11 +10,12 @@
 // It is seeded from the reconstructed START state: the segments that exist when the trace begins
 // (the file's final segments with segment events undone backward) and the blocks alive then
 // (DeviceReplayer's start live set); the gaps between live blocks are single free blocks, because
-// free neighbours always coalesce. Then it is driven by the trace: for every alloc it first PREDICTS
-// the address the allocator would pick, compares it with the recorded one, and then APPLIES the
-// recorded event, so it stays in sync after a mismatch. Segment events are checked the same way.
-// On a complete history every prediction should match; on a truncated one the start state is only
-// approximate (sizes of blocks alive at the start come from rounding) and mismatches are expected.
+// free neighbours always coalesce. Then it is driven by the trace: for every alloc it first
+// PREDICTS the address the allocator would pick, compares it with the recorded one, and then
+// APPLIES the recorded event, so it stays in sync after a mismatch. Segment events are checked the
+// same way. On a complete history every prediction should match; on a truncated one the start state
+// is only approximate (sizes of blocks alive at the start come from rounding) and mismatches are
+// expected.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,8 @@ struct ModelBlock {
   uint64_t requested = 0;  // requested bytes of the current (or, for free blocks, 0) allocation
   format::StackId stack = format::kNoStack;
   int64_t alloc_event = -1;  // -1: alive before the trace started, or free
-  format::BlockState state = format::BlockState::Inactive;  // ActiveAllocated/ActivePendingFree/Inactive
+  format::BlockState state =
+      format::BlockState::Inactive;  // ActiveAllocated/ActivePendingFree/Inactive
   bool mapped = true;  // expandable segments: false for reserved but unmapped address space
   bool isFree() const { return state == format::BlockState::Inactive; }
 };

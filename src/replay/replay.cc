@@ -23,7 +23,9 @@ uint64_t roundUpPower2Division(uint64_t size, uint64_t divisions) {
   return __builtin_add_overflow(down, step, &up) ? kMaxBytes : up;
 }
 
-inline uint64_t subSat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+inline uint64_t subSat(uint64_t a, uint64_t b) {
+  return a > b ? a - b : 0;
+}
 
 // Sorted, disjoint, merged [begin, end) ranges. Segment counts are small (hundreds to a few
 // thousand), so a sorted vector beats a tree here.
@@ -99,9 +101,12 @@ uint64_t roundSize(uint64_t size, const uint32_t divisions[16]) {
 
 std::string_view severityName(Severity s) {
   switch (s) {
-    case Severity::Info: return "info";
-    case Severity::DataLoss: return "data_loss";
-    case Severity::Error: return "error";
+    case Severity::Info:
+      return "info";
+    case Severity::DataLoss:
+      return "data_loss";
+    case Severity::Error:
+      return "error";
   }
   return "info";
 }
@@ -140,8 +145,12 @@ const std::vector<std::string>& snakeIds() {
 }
 }  // namespace
 
-std::string_view anomalyId(AnomalyKind k) { return snakeIds()[static_cast<size_t>(k)]; }
-Severity anomalySeverity(AnomalyKind k) { return kAnomalyInfo[static_cast<size_t>(k)].severity; }
+std::string_view anomalyId(AnomalyKind k) {
+  return snakeIds()[static_cast<size_t>(k)];
+}
+Severity anomalySeverity(AnomalyKind k) {
+  return kAnomalyInfo[static_cast<size_t>(k)].severity;
+}
 std::string_view anomalyDescription(AnomalyKind k) {
   return kAnomalyInfo[static_cast<size_t>(k)].description;
 }
@@ -167,8 +176,9 @@ FinalState validateFinalState(const Snapshot& snap, int64_t device) {
     }
     order.push_back(static_cast<uint32_t>(i));
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t x, uint32_t y) { return snap.segments[x].address < snap.segments[y].address; });
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    return snap.segments[x].address < snap.segments[y].address;
+  });
   uint64_t prev_end = 0;
   bool any = false;
   for (uint32_t i : order) {
@@ -274,10 +284,12 @@ void DeviceReplayer::add(uint64_t& c, uint64_t v, int64_t event) {
 uint8_t DeviceReplayer::untrusted() const {
   auto n = [&](AnomalyKind k) { return anomalies_[static_cast<size_t>(k)].count > 0; };
   uint8_t m = 0;
-  if (n(AnomalyKind::HistoryContradictsFinalState) || (has_final_state_ && n(AnomalyKind::FinalStateMismatch))) {
+  if (n(AnomalyKind::HistoryContradictsFinalState) ||
+      (has_final_state_ && n(AnomalyKind::FinalStateMismatch))) {
     m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed | kUntrustedBlockLayout;
   }
-  if (n(AnomalyKind::CounterOverflow)) m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed;
+  if (n(AnomalyKind::CounterOverflow))
+    m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed;
   return m;
 }
 
@@ -438,8 +450,10 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
       if (b->requested != e.size) note(AnomalyKind::FreeSizeMismatch, idx);
       if (complete_on_request_) {
         cur_.requested = subSat(cur_.requested, b->requested);
-        if (b->pending) cur_.pending = subSat(cur_.pending, b->size);
-        else cur_.allocated = subSat(cur_.allocated, b->size);
+        if (b->pending)
+          cur_.pending = subSat(cur_.pending, b->size);
+        else
+          cur_.allocated = subSat(cur_.allocated, b->size);
         live_.erase(e.addr);
       } else if (b->pending) {
         note(AnomalyKind::FreeRequestedTwice, idx);

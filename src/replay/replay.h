@@ -5,30 +5,32 @@
 // passes, as the format doc's section 6 describes:
 //
 //   1. Backward: start from the final live blocks and segment ranges and undo every event from the
-//      last to the first. What remains is the state at the start of the trace. Blocks that the trace
-//      frees but never allocates were alive before it began (history truncated or started late), and
-//      the undo puts them into the start state, as memory_viz does. The backward pass also learns the
-//      real block size of every alloc whose block is still alive at the end.
+//      last to the first. What remains is the state at the start of the trace. Blocks that the
+//      trace frees but never allocates were alive before it began (history truncated or started
+//      late), and the undo puts them into the start state, as memory_viz does. The backward pass
+//      also learns the real block size of every alloc whose block is still alive at the end.
 //   2. Forward: walk the events from that start state, maintaining per device
-//        reserved   (+ segment_alloc/segment_map,  - segment_free/segment_unmap)   = memory_reserved
-//        requested  (+ alloc request,              - free_completed)                = memory_viz's
-//                                                                                    Active Memory Timeline
-//        allocated  (+ block size at alloc,        - block size at free_requested)  = memory_allocated
-//        pending    (blocks between free_requested and free_completed, block sizes)
-//      and checking every event against the state (double alloc, free of an unknown block, `snapshot`
-//      events whose size differs from the replayed active bytes...). Problems are counted as
-//      anomalies with a severity; replay never throws and never stops early.
+//        reserved   (+ segment_alloc/segment_map,  - segment_free/segment_unmap)   =
+//        memory_reserved requested  (+ alloc request,              - free_completed) = memory_viz's
+//                                                                                    Active Memory
+//                                                                                    Timeline
+//        allocated  (+ block size at alloc,        - block size at free_requested)  =
+//        memory_allocated pending    (blocks between free_requested and free_completed, block
+//        sizes)
+//      and checking every event against the state (double alloc, free of an unknown block,
+//      `snapshot` events whose size differs from the replayed active bytes...). Problems are
+//      counted as anomalies with a severity; replay never throws and never stops early.
 //
-// Block sizes: the trace records only the requested size. A block that is still alive at the end has
-// its real size in the final state; every other block's size is PyTorch's round_size() of the request
-// (format doc 8.2). Large-pool blocks can carry up to 1 MiB of unsplit slack that rounding cannot
-// see, so `allocated` is exact only when `allocated_exact` says so; the allocator model (a later
-// module) removes that estimate.
+// Block sizes: the trace records only the requested size. A block that is still alive at the end
+// has its real size in the final state; every other block's size is PyTorch's round_size() of the
+// request (format doc 8.2). Large-pool blocks can carry up to 1 MiB of unsplit slack that rounding
+// cannot see, so `allocated` is exact only when `allocated_exact` says so; the allocator model (a
+// later module) removes that estimate.
 #pragma once
 
 #include <array>
-#include <span>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -50,42 +52,42 @@ enum class Severity : uint8_t { Info, DataLoss, Error };
 std::string_view severityName(Severity s);
 
 // Every anomaly replay can count: id, severity, one-line description. Perfetto-style stats table.
-#define MEMF_ANOMALIES(X)                                                                          \
-  X(FreesBeforeTraceStart, DataLoss,                                                               \
-    "blocks freed in the trace but allocated before it began (ring buffer wrapped or recording "   \
-    "started late); counted as live from the start")                                               \
-  X(LiveWithoutAlloc, Info,                                                                        \
-    "blocks alive at the end with no alloc in the trace; counted as live from the start")          \
-  X(DoubleAlloc, Error, "alloc of an address that already holds a live block")                     \
-  X(FreeOfUnknownBlock, Error, "free of an address that holds no live block")                      \
-  X(FreeSizeMismatch, Error, "free event size differs from the size its alloc requested")          \
-  X(FreeCompletedWithoutRequest, Info,                                                             \
-    "free_completed without a preceding free_requested (action skipped or overwritten)")          \
-  X(FreeRequestedTwice, Error, "free_requested of a block already waiting for free_completed")     \
-  X(SegmentNotMapped, Error, "segment_free/segment_unmap of a range that is not reserved")         \
-  X(SegmentOverlap, Error,                                                                         \
-    "segment_alloc/segment_map of a range that is already reserved (ignored)")                      \
-  X(AllocOutsideSegments, Error, "alloc at an address outside every reserved segment")             \
-  X(SnapshotMismatch, Error, "`snapshot` event size differs from the replayed active bytes")        \
-  X(FinalStateMismatch, Error,                                                                     \
-    "forward replay does not end at the file's final segment state")                               \
-  X(HistoryContradictsFinalState, Error,                                                           \
-    "the trace cannot lead to the file's final state (e.g. the trace stops before the segments "   \
-    "were taken): an alloc whose block is never freed and not alive at the end, a free of a block " \
-    "alive at the end, a segment event the final segments contradict; start state, peaks, "        \
-    "replayed final state and block layout cannot be trusted")                                     \
-  X(CounterOverflow, Error,                                                                        \
-    "a byte counter would pass 2^64-1 (it saturates there; the figures are not exact)")            \
-  X(RequestedExceedsBlock, Error,                                                                  \
-    "an allocation requests more bytes than its block holds (counted as the block's size)")        \
-  X(InvalidSegmentRange, Error,                                                                    \
-    "a segment or segment event of size 0 or whose address + size passes 2^64 (ignored)")         \
-  X(OverlappingSegments, Error,                                                                    \
-    "a segment of the file's final state overlaps an earlier one (the later one is ignored)")      \
-  X(BlockOutsideSegment, Error,                                                                    \
-    "a block of the file's final state is empty, lies outside its segment, or does not start "     \
-    "where the previous block ends (checked sums; the block is ignored)")                          \
-  X(TimeRegression, Info, "time_us decreases between consecutive events")                          \
+#define MEMF_ANOMALIES(X)                                                                        \
+  X(FreesBeforeTraceStart, DataLoss,                                                             \
+    "blocks freed in the trace but allocated before it began (ring buffer wrapped or recording " \
+    "started late); counted as live from the start")                                             \
+  X(LiveWithoutAlloc, Info,                                                                      \
+    "blocks alive at the end with no alloc in the trace; counted as live from the start")        \
+  X(DoubleAlloc, Error, "alloc of an address that already holds a live block")                   \
+  X(FreeOfUnknownBlock, Error, "free of an address that holds no live block")                    \
+  X(FreeSizeMismatch, Error, "free event size differs from the size its alloc requested")        \
+  X(FreeCompletedWithoutRequest, Info,                                                           \
+    "free_completed without a preceding free_requested (action skipped or overwritten)")         \
+  X(FreeRequestedTwice, Error, "free_requested of a block already waiting for free_completed")   \
+  X(SegmentNotMapped, Error, "segment_free/segment_unmap of a range that is not reserved")       \
+  X(SegmentOverlap, Error,                                                                       \
+    "segment_alloc/segment_map of a range that is already reserved (ignored)")                   \
+  X(AllocOutsideSegments, Error, "alloc at an address outside every reserved segment")           \
+  X(SnapshotMismatch, Error, "`snapshot` event size differs from the replayed active bytes")     \
+  X(FinalStateMismatch, Error, "forward replay does not end at the file's final segment state")  \
+  X(HistoryContradictsFinalState, Error,                                                         \
+    "the trace cannot lead to the file's final state (e.g. the trace stops before the segments " \
+    "were taken): an alloc whose block is never freed and not alive at the end, a free of a "    \
+    "block "                                                                                     \
+    "alive at the end, a segment event the final segments contradict; start state, peaks, "      \
+    "replayed final state and block layout cannot be trusted")                                   \
+  X(CounterOverflow, Error,                                                                      \
+    "a byte counter would pass 2^64-1 (it saturates there; the figures are not exact)")          \
+  X(RequestedExceedsBlock, Error,                                                                \
+    "an allocation requests more bytes than its block holds (counted as the block's size)")      \
+  X(InvalidSegmentRange, Error,                                                                  \
+    "a segment or segment event of size 0 or whose address + size passes 2^64 (ignored)")        \
+  X(OverlappingSegments, Error,                                                                  \
+    "a segment of the file's final state overlaps an earlier one (the later one is ignored)")    \
+  X(BlockOutsideSegment, Error,                                                                  \
+    "a block of the file's final state is empty, lies outside its segment, or does not start "   \
+    "where the previous block ends (checked sums; the block is ignored)")                        \
+  X(TimeRegression, Info, "time_us decreases between consecutive events")                        \
   X(UnknownAction, Info, "trace entries with an action this version does not know (ignored)")
 
 enum class AnomalyKind : uint8_t {
@@ -154,7 +156,7 @@ struct Counters {
   uint64_t reserved = 0;
   uint64_t requested = 0;
   uint64_t allocated = 0;
-  uint64_t pending = 0;  // pending-free block bytes
+  uint64_t pending = 0;      // pending-free block bytes
   uint64_t active() const {  // saturates, as every counter does
     uint64_t r;
     return __builtin_add_overflow(allocated, pending, &r) ? ~uint64_t{0} : r;
@@ -180,11 +182,11 @@ struct OomEvent {
 
 struct LiveBlock {
   uint64_t requested = 0;
-  uint64_t size = 0;  // block size (exact when known from the final state, else rounded)
+  uint64_t size = 0;         // block size (exact when known from the final state, else rounded)
   int64_t alloc_event = -1;  // -1: alive before the trace started
   int64_t stream = 0;
   StackId stack = format::kNoStack;
-  bool pending = false;       // between free_requested and free_completed
+  bool pending = false;  // between free_requested and free_completed
   bool size_exact = false;
 };
 
@@ -261,7 +263,8 @@ class DeviceReplayer {
   std::array<AnomalyStat, kAnomalyKinds> anomalies_{};
   bool allocated_exact_ = true;
   // The file has at least one segment of this device. Without any, there is no final state to
-  // contradict (trace-only files: fabricated tests, a cut native trace): nothing is marked untrusted.
+  // contradict (trace-only files: fabricated tests, a cut native trace): nothing is marked
+  // untrusted.
   bool has_final_state_ = false;
   size_t live_at_start_ = 0;
   size_t freed_before_start_ = 0;

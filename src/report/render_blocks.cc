@@ -29,22 +29,28 @@ std::string percent(double f) {
 
 std::string stateName(BlockState s) {
   switch (s) {
-    case BlockState::ActiveAllocated: return "active_allocated";
-    case BlockState::ActivePendingFree: return "active_pending_free";
-    default: return "inactive";
+    case BlockState::ActiveAllocated:
+      return "active_allocated";
+    case BlockState::ActivePendingFree:
+      return "active_pending_free";
+    default:
+      return "inactive";
   }
 }
 
 std::string poolOf(const replay::ModelSegment& s) {
   std::string p = s.is_large ? "large" : "small";
-  if (s.pool != replay::PoolId{0, 0}) p += " (" + std::to_string(s.pool.first) + "," + std::to_string(s.pool.second) + ")";
+  if (s.pool != replay::PoolId{0, 0})
+    p += " (" + std::to_string(s.pool.first) + "," + std::to_string(s.pool.second) + ")";
   return p;
 }
 
 json freeSpaceJson(const analysis::FreeSpace& f) {
   json j;
-  if (f.is_stream) j["stream"] = f.stream;
-  else j["pool"] = f.pool;
+  if (f.is_stream)
+    j["stream"] = f.stream;
+  else
+    j["pool"] = f.pool;
   j["free_bytes"] = f.free_bytes;
   j["largest_free_bytes"] = f.largest_free;
   j["free_blocks"] = f.free_blocks;
@@ -68,9 +74,12 @@ std::string blocksMap(const replay::ModelSegment& s, int width) {
     if (b.size == 0 || b.address < s.address) continue;
     const uint64_t off = b.address - s.address;
     if (off >= s.size || b.size > s.size - off) continue;
-    int k = b.state == BlockState::ActiveAllocated ? 0 : b.state == BlockState::ActivePendingFree ? 1 : 2;
+    int k = b.state == BlockState::ActiveAllocated     ? 0
+            : b.state == BlockState::ActivePendingFree ? 1
+                                                       : 2;
     const double lo = std::clamp(static_cast<double>(off) / cell, 0.0, static_cast<double>(width));
-    const double hi = std::clamp(static_cast<double>(off + b.size) / cell, lo, static_cast<double>(width));
+    const double hi =
+        std::clamp(static_cast<double>(off + b.size) / cell, lo, static_cast<double>(width));
     for (int i = static_cast<int>(lo); i < width && i < hi; ++i) {
       cover[k][static_cast<size_t>(i)] += std::min<double>(hi, i + 1) - std::max<double>(lo, i);
     }
@@ -93,13 +102,15 @@ std::string blocksMap(const replay::ModelSegment& s, int width) {
 void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
   if (!r.path.empty()) out << escapeText(r.path) << "\n";
   out << "device " << r.device << " at " << r.at << ": ";
-  if (r.event < 0) out << "start state (before event 0)";
-  else out << "after event " << r.event << " of " << r.events;
+  if (r.event < 0)
+    out << "start state (before event 0)";
+  else
+    out << "after event " << r.event << " of " << r.events;
   if (r.time_us >= 0) out << " (" << formatTimeUs(r.time_us) << ")";
   out << "\n";
   out << "layout: " << (r.layout_exact ? "exact" : "approximate") << " (allocator model predicted "
-      << r.model.alloc_matches << "/" << r.model.allocs << " alloc addresses, " << r.model.segment_matches << "/"
-      << r.model.segment_events << " segment events)\n";
+      << r.model.alloc_matches << "/" << r.model.allocs << " alloc addresses, "
+      << r.model.segment_matches << "/" << r.model.segment_events << " segment events)\n";
   if (!r.consistent) {
     out << "UNTRUSTED: the trace cannot lead to the file's final state; not exact:";
     for (auto n : replay::untrustedNames(r.untrusted)) out << " " << n;
@@ -110,7 +121,8 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
     if (a.first_event >= 0) out << " (first at event " << a.first_event << ")";
     out << "\n";
   }
-  out << "legend: '#' allocated  '+' pending-free  '.' free   (" << kBlocksMapWidth << " characters = one segment)\n\n";
+  out << "legend: '#' allocated  '+' pending-free  '.' free   (" << kBlocksMapWidth
+      << " characters = one segment)\n\n";
   for (const auto& sb : r.segments) {
     const auto& s = sb.segment;
     out << hex(s.address) << "  " << poolOf(s) << (s.is_expandable ? " expandable" : "") << "  "
@@ -119,19 +131,21 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
     out << "  " << s.blocks.size() << " blocks: allocated " << formatBytes(sb.allocated_bytes);
     if (sb.pending_bytes > 0) out << ", pending-free " << formatBytes(sb.pending_bytes);
     out << ", free " << formatBytes(sb.free_bytes);
-    if (sb.free_blocks > 0) out << " in " << sb.free_blocks << " (largest " << formatBytes(sb.largest_free) << ")";
+    if (sb.free_blocks > 0)
+      out << " in " << sb.free_blocks << " (largest " << formatBytes(sb.largest_free) << ")";
     out << ", internal waste " << formatBytes(sb.internal_waste) << "\n";
   }
-  out << "\nsegments " << r.segments.size() << ", reserved " << formatBytes(r.reserved_bytes) << ", allocated "
-      << formatBytes(r.allocated_bytes) << ", pending-free " << formatBytes(r.pending_bytes) << ", requested "
-      << formatBytes(r.requested_bytes) << "\n";
-  out << "free inside segments " << formatBytes(r.free_bytes) << " in " << r.free_blocks << " blocks, largest "
-      << formatBytes(r.largest_free) << ", external fragmentation " << percent(r.external_fragmentation)
-      << " (1 - largest free / total free)\n";
-  out << "internal waste " << formatBytes(r.internal_waste) << " (block size - requested, active blocks)\n";
+  out << "\nsegments " << r.segments.size() << ", reserved " << formatBytes(r.reserved_bytes)
+      << ", allocated " << formatBytes(r.allocated_bytes) << ", pending-free "
+      << formatBytes(r.pending_bytes) << ", requested " << formatBytes(r.requested_bytes) << "\n";
+  out << "free inside segments " << formatBytes(r.free_bytes) << " in " << r.free_blocks
+      << " blocks, largest " << formatBytes(r.largest_free) << ", external fragmentation "
+      << percent(r.external_fragmentation) << " (1 - largest free / total free)\n";
+  out << "internal waste " << formatBytes(r.internal_waste)
+      << " (block size - requested, active blocks)\n";
   for (const auto& f : r.by_pool) {
-    out << "  pool " << f.pool << ": free " << formatBytes(f.free_bytes) << ", largest " << formatBytes(f.largest_free)
-        << "\n";
+    out << "  pool " << f.pool << ": free " << formatBytes(f.free_bytes) << ", largest "
+        << formatBytes(f.largest_free) << "\n";
   }
   for (const auto& f : r.by_stream) {
     out << "  stream " << f.stream << ": free " << formatBytes(f.free_bytes) << ", largest "
@@ -139,14 +153,17 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
   }
   if (r.oom) {
     const auto& v = *r.oom;
-    out << "\nOOM at event " << v.event << ": request " << formatBytes(v.request_bytes) << " (" << v.pool
-        << " pool, stream " << v.stream << "), device free " << formatBytes(v.device_free) << "\n";
+    out << "\nOOM at event " << v.event << ": request " << formatBytes(v.request_bytes) << " ("
+        << v.pool << " pool, stream " << v.stream << "), device free " << formatBytes(v.device_free)
+        << "\n";
     out << "  free in that pool and stream " << formatBytes(v.pool_free) << ", largest block "
         << formatBytes(v.pool_largest) << "\n";
     if (v.fragmentation) {
-      out << "  verdict: FRAGMENTATION - the request fits into the free bytes but into no single free block\n";
+      out << "  verdict: FRAGMENTATION - the request fits into the free bytes but into no single "
+             "free block\n";
     } else if (v.fits_block) {
-      out << "  verdict: a free block was large enough (the allocator state differs from the model)\n";
+      out << "  verdict: a free block was large enough (the allocator state differs from the "
+             "model)\n";
     } else {
       out << "  verdict: not fragmentation - the cached free bytes are less than the request\n";
     }
@@ -214,10 +231,14 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
                     {"blocks", std::move(blocks)}});
   }
   doc["segments"] = std::move(segs);
-  json tot = {{"reserved_bytes", r.reserved_bytes},    {"allocated_bytes", r.allocated_bytes},
-              {"pending_free_bytes", r.pending_bytes}, {"requested_bytes", r.requested_bytes},
-              {"free_bytes", r.free_bytes},            {"free_blocks", r.free_blocks},
-              {"largest_free_bytes", r.largest_free},  {"external_fragmentation", r.external_fragmentation},
+  json tot = {{"reserved_bytes", r.reserved_bytes},
+              {"allocated_bytes", r.allocated_bytes},
+              {"pending_free_bytes", r.pending_bytes},
+              {"requested_bytes", r.requested_bytes},
+              {"free_bytes", r.free_bytes},
+              {"free_blocks", r.free_blocks},
+              {"largest_free_bytes", r.largest_free},
+              {"external_fragmentation", r.external_fragmentation},
               {"internal_waste_bytes", r.internal_waste}};
   json bp = json::array(), bs = json::array();
   for (const auto& f : r.by_pool) bp.push_back(freeSpaceJson(f));
@@ -240,7 +261,8 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   } else {
     doc["oom"] = nullptr;
   }
-  out << doc.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";  // a path need not be UTF-8
+  out << doc.dump(-1, ' ', false, json::error_handler_t::replace)
+      << "\n";  // a path need not be UTF-8
 }
 
 }  // namespace memforensics::report

@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <vector>
-#include <nlohmann/json.hpp>
 #include <string_view>
+#include <vector>
 
 #include "report/json_analysis.h"
 
@@ -23,12 +23,12 @@ extern const char kScript[];
 
 namespace {
 
-using nlohmann::json;
 using analysis::MapState;
+using nlohmann::json;
 
 json pointsJson(const analysis::DeviceTimeline& t) {
-  json ev = json::array(), tm = json::array(), res = json::array(), al = json::array(), rq = json::array(),
-       pe = json::array();
+  json ev = json::array(), tm = json::array(), res = json::array(), al = json::array(),
+       rq = json::array(), pe = json::array();
   for (const auto& p : t.points) {
     ev.push_back(p.event);
     tm.push_back(p.time_us);
@@ -37,14 +37,20 @@ json pointsJson(const analysis::DeviceTimeline& t) {
     rq.push_back(p.at.requested);
     pe.push_back(p.at.pending);
   }
-  return {{"event", ev}, {"time_us", t.has_times ? tm : json(nullptr)}, {"reserved", res},
-          {"allocated", al}, {"requested", rq}, {"pending", pe}};
+  return {{"event", ev},     {"time_us", t.has_times ? tm : json(nullptr)},
+          {"reserved", res}, {"allocated", al},
+          {"requested", rq}, {"pending", pe}};
 }
 
-json peakJson(const replay::Peak& p) { return {{"bytes", p.bytes}, {"event", p.event}, {"time_us", p.time_us}}; }
+json peakJson(const replay::Peak& p) {
+  return {{"bytes", p.bytes}, {"event", p.event}, {"time_us", p.time_us}};
+}
 
 json countersJson(const replay::Counters& c) {
-  return {{"reserved", c.reserved}, {"allocated", c.allocated}, {"requested", c.requested}, {"pending", c.pending}};
+  return {{"reserved", c.reserved},
+          {"allocated", c.allocated},
+          {"requested", c.requested},
+          {"pending", c.pending}};
 }
 
 // Blocks of one segment appended to a keyframe's flat array: [size, requested, code, stack,
@@ -88,7 +94,8 @@ json deviceJson(const analysis::DeviceReportData& d) {
                 {"active", peakJson(t.peak_active)}};
   json ooms = json::array();
   for (const auto& o : t.ooms) {
-    ooms.push_back({{"event", o.event}, {"time_us", o.time_us}, {"request_bytes", o.request_bytes}});
+    ooms.push_back(
+        {{"event", o.event}, {"time_us", o.time_us}, {"request_bytes", o.request_bytes}});
   }
   j["ooms"] = ooms;
   json phases = json::array();
@@ -136,8 +143,8 @@ json deviceJson(const analysis::DeviceReportData& d) {
                 {"alloc_matches", d.model.alloc_matches},
                 {"segment_events", d.model.segment_events},
                 {"segment_matches", d.model.segment_matches}};
-  json fr = json::array(), pa = json::array(), by = json::array(), se = json::array(), bl = json::array(),
-       la = json::object();
+  json fr = json::array(), pa = json::array(), by = json::array(), se = json::array(),
+       bl = json::array(), la = json::object();
   for (size_t i = 0; i < d.icicle.size(); ++i) {
     const auto& n = d.icicle[i];
     fr.push_back(n.frame);
@@ -148,7 +155,8 @@ json deviceJson(const analysis::DeviceReportData& d) {
     if (!n.label.empty()) la[std::to_string(i)] = n.label;
   }
   j["icicle_event"] = d.icicle_event;
-  j["icicle"] = {{"frame", fr}, {"parent", pa}, {"bytes", by}, {"self", se}, {"blocks", bl}, {"label", la}};
+  j["icicle"] = {{"frame", fr}, {"parent", pa}, {"bytes", by},
+                 {"self", se},  {"blocks", bl}, {"label", la}};
   return j;
 }
 
@@ -165,7 +173,8 @@ std::string escapeForScript(const std::string& s) {
       out += "\\u003e";
     } else if (c == '&') {
       out += "\\u0026";
-    } else if (c == '\xe2' && i + 2 < s.size() && s[i + 1] == '\x80' && (s[i + 2] == '\xa8' || s[i + 2] == '\xa9')) {
+    } else if (c == '\xe2' && i + 2 < s.size() && s[i + 1] == '\x80' &&
+               (s[i + 2] == '\xa8' || s[i + 2] == '\xa9')) {
       out += s[i + 2] == '\xa8' ? "\\u2028" : "\\u2029";
       i += 2;
     } else {
@@ -196,7 +205,8 @@ constexpr uint64_t kSafeInteger = uint64_t{1} << 53;  // JavaScript numbers are 
 void cutString(std::string& s, size_t max, Cuts& c) {
   if (s.size() <= max) return;
   size_t keep = max;
-  while (keep > 0 && (static_cast<unsigned char>(s[keep]) & 0xC0) == 0x80) --keep;  // a UTF-8 boundary
+  while (keep > 0 && (static_cast<unsigned char>(s[keep]) & 0xC0) == 0x80)
+    --keep;  // a UTF-8 boundary
   const size_t cut = s.size() - keep;
   s.resize(keep);
   s += "\xE2\x80\xA6 [+" + std::to_string(cut) + " bytes]";
@@ -227,7 +237,9 @@ void boundStrings(json& j, size_t max, Cuts& c) {
   }
 }
 
-bool isFrameListKey(std::string_view k) { return k == "frames" || k == "where" || k == "hot_path"; }
+bool isFrameListKey(std::string_view k) {
+  return k == "frames" || k == "where" || k == "hot_path";
+}
 
 // The entry standing for the frames left out of a list, shaped like the list's own entries.
 json omittedEntry(const json& like, uint64_t n) {
@@ -261,7 +273,8 @@ void boundAnalysis(json& j, const PageLimits& lim, Cuts& c) {
     const std::string& k = it.key();
     json& v = it.value();
     // A list already cut (head, marker, tail) has frames_per_list + 1 entries.
-    if (isFrameListKey(k) && v.is_array() && v.size() > lim.frames_per_list + 1 && lim.frames_per_list >= 2) {
+    if (isFrameListKey(k) && v.is_array() && v.size() > lim.frames_per_list + 1 &&
+        lim.frames_per_list >= 2) {
       const size_t head = lim.frames_per_list / 2, tail = lim.frames_per_list - head;
       const uint64_t omitted = v.size() - head - tail;
       json kept = json::array();
@@ -272,13 +285,16 @@ void boundAnalysis(json& j, const PageLimits& lim, Cuts& c) {
       ++c.frame_lists;
       c.frames_omitted += omitted;
     }
-    const bool bytes_key = k == "bytes" || (k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0);
+    const bool bytes_key =
+        k == "bytes" || (k.size() > 6 && k.compare(k.size() - 6, 6, "_bytes") == 0);
     if (bytes_key && v.is_number_integer()) {
-      const bool big = v.is_number_unsigned() ? v.get<uint64_t>() > kSafeInteger
-                                              : (v.get<int64_t>() > static_cast<int64_t>(kSafeInteger) ||
-                                                 v.get<int64_t>() < -static_cast<int64_t>(kSafeInteger));
+      const bool big = v.is_number_unsigned()
+                           ? v.get<uint64_t>() > kSafeInteger
+                           : (v.get<int64_t>() > static_cast<int64_t>(kSafeInteger) ||
+                              v.get<int64_t>() < -static_cast<int64_t>(kSafeInteger));
       if (big) {
-        v = v.is_number_unsigned() ? std::to_string(v.get<uint64_t>()) : std::to_string(v.get<int64_t>());
+        v = v.is_number_unsigned() ? std::to_string(v.get<uint64_t>())
+                                   : std::to_string(v.get<int64_t>());
         ++c.big_numbers;
       }
       continue;
@@ -290,18 +306,21 @@ void boundAnalysis(json& j, const PageLimits& lim, Cuts& c) {
 std::vector<std::string> cutNotes(const Cuts& c, const PageLimits& lim) {
   std::vector<std::string> notes;
   if (c.strings > 0) {
-    notes.push_back("page: " + std::to_string(c.strings) + " strings truncated to " + std::to_string(lim.string_bytes) +
+    notes.push_back("page: " + std::to_string(c.strings) + " strings truncated to " +
+                    std::to_string(lim.string_bytes) +
                     " bytes (marked \xE2\x80\xA6 [+N bytes]; `analyze --json` has them in full)");
   }
   if (c.frame_lists > 0) {
     notes.push_back("page: " + std::to_string(c.frame_lists) + " stacks show their " +
                     std::to_string(lim.frames_per_list / 2) + " innermost and " +
-                    std::to_string(lim.frames_per_list - lim.frames_per_list / 2) + " outermost frames (" +
-                    std::to_string(c.frames_omitted) + " frames omitted in all)");
+                    std::to_string(lim.frames_per_list - lim.frames_per_list / 2) +
+                    " outermost frames (" + std::to_string(c.frames_omitted) +
+                    " frames omitted in all)");
   }
   if (c.lists > 0) {
-    notes.push_back("page: " + std::to_string(c.lists) + " lists of the analysis cut to their first " +
-                    std::to_string(lim.max_list) + " entries");
+    notes.push_back("page: " + std::to_string(c.lists) +
+                    " lists of the analysis cut to their first " + std::to_string(lim.max_list) +
+                    " entries");
   }
   if (c.big_numbers > 0) {
     notes.push_back("page: " + std::to_string(c.big_numbers) +
@@ -310,8 +329,9 @@ std::vector<std::string> cutNotes(const Cuts& c, const PageLimits& lim) {
   return notes;
 }
 
-std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
-                     const std::vector<std::string>& level_notes, std::vector<std::string>* notes_out = nullptr) {
+std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                     const PageLimits& lim, const std::vector<std::string>& level_notes,
+                     std::vector<std::string>* notes_out = nullptr) {
   Cuts cuts;
   json doc;
   doc["format"] = "memforensics-report";
@@ -332,8 +352,9 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
       analysis::FrameBytes marker;
       marker.frame.name = "\xE2\x80\xA6 " + std::to_string(omitted) + " frames omitted";
       marker.frame.line = format::kUnknownLine;
-      std::vector<analysis::FrameBytes> kept(std::make_move_iterator(hp.begin()),
-                                             std::make_move_iterator(hp.begin() + static_cast<std::ptrdiff_t>(head)));
+      std::vector<analysis::FrameBytes> kept(
+          std::make_move_iterator(hp.begin()),
+          std::make_move_iterator(hp.begin() + static_cast<std::ptrdiff_t>(head)));
       kept.push_back(std::move(marker));
       kept.insert(kept.end(), std::make_move_iterator(hp.end() - static_cast<std::ptrdiff_t>(tail)),
                   std::make_move_iterator(hp.end()));
@@ -366,25 +387,29 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   return escapeForScript(doc.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
-                const std::vector<std::string>& level_notes, std::ostream& out,
-                std::vector<std::string>* notes_out = nullptr);
+void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                const PageLimits& lim, const std::vector<std::string>& level_notes,
+                std::ostream& out, std::vector<std::string>* notes_out = nullptr);
 
 }  // namespace
 
-std::string htmlDataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data) {
+std::string htmlDataJson(const analysis::AnalysisResult& analysis,
+                         const analysis::ReportData& data) {
   return dataJson(analysis, data, PageLimits{}, {});
 }
 
-void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, std::ostream& out) {
+void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                std::ostream& out) {
   renderPage(analysis, data, PageLimits{}, {}, out);
 }
 
-std::string renderHtmlWithin(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
-                             size_t max_bytes, std::vector<std::string>* notes_out) {
+std::string renderHtmlWithin(const analysis::AnalysisResult& analysis,
+                             const analysis::ReportData& data, size_t max_bytes,
+                             std::vector<std::string>* notes_out) {
   std::vector<std::string> sink;
   std::vector<std::string>& out_notes = notes_out ? *notes_out : sink;
-  auto render = [&](const analysis::ReportData& d, const PageLimits& lim, const std::vector<std::string>& level) {
+  auto render = [&](const analysis::ReportData& d, const PageLimits& lim,
+                    const std::vector<std::string>& level) {
     std::ostringstream o;
     out_notes.clear();
     renderPage(analysis, d, lim, level, o, &out_notes);
@@ -412,24 +437,30 @@ std::string renderHtmlWithin(const analysis::AnalysisResult& analysis, const ana
           d.icicle.resize(500);
         }
       }
-      notes.push_back("page still too large: " + std::to_string(keyframes) + " evenly spaced keyframes, " +
-                      std::to_string(phases) + " phases beyond the first 100 per device and " + std::to_string(nodes) +
+      notes.push_back("page still too large: " + std::to_string(keyframes) +
+                      " evenly spaced keyframes, " + std::to_string(phases) +
+                      " phases beyond the first 100 per device and " + std::to_string(nodes) +
                       " call-tree nodes beyond 500 per device dropped" + why);
     } else if (level == 2) {
       lim.max_list = 100;
       lim.string_bytes = 128;
-      notes.push_back("page still too large: analysis lists cut to 100 entries and strings to 128 bytes" + why);
+      notes.push_back(
+          "page still too large: analysis lists cut to 100 entries and strings to 128 bytes" + why);
     } else if (level == 3) {
       for (const auto& d : cut.devices) cut.summary_only.push_back(d.device);
       cut.devices.clear();
       cut.frames.clear();
       cut.stacks.clear();
       lim.max_list = 10;
-      notes.push_back("page still too large: no device is drawn (summary and findings only), analysis lists cut to 10 entries" + why);
+      notes.push_back(
+          "page still too large: no device is drawn (summary and findings only), analysis lists "
+          "cut to 10 entries" +
+          why);
     } else {
       lim.max_list = 1;
       lim.string_bytes = 32;
-      notes.push_back("page still too large: analysis lists cut to 1 entry and strings to 32 bytes" + why);
+      notes.push_back(
+          "page still too large: analysis lists cut to 1 entry and strings to 32 bytes" + why);
     }
     page = render(cut, lim, notes);
     if (page.size() <= max_bytes) return page;
@@ -439,8 +470,9 @@ std::string renderHtmlWithin(const analysis::AnalysisResult& analysis, const ana
 
 namespace {
 
-void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, const PageLimits& lim,
-                const std::vector<std::string>& level_notes, std::ostream& out, std::vector<std::string>* notes_out) {
+void renderPage(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                const PageLimits& lim, const std::vector<std::string>& level_notes,
+                std::ostream& out, std::vector<std::string>* notes_out) {
   // The template's three placeholders are filled in the order they appear; the data is never
   // searched for placeholders.
   // A fresh nonce per report: only the page's own two scripts may run (Content-Security-Policy), so
@@ -449,7 +481,8 @@ void renderPage(const analysis::AnalysisResult& analysis, const analysis::Report
   std::random_device rd;
   char nonce[33];
   std::snprintf(nonce, sizeof nonce, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-  for (size_t at = templ.find("MEMF_NONCE"); at != std::string::npos; at = templ.find("MEMF_NONCE", at)) {
+  for (size_t at = templ.find("MEMF_NONCE"); at != std::string::npos;
+       at = templ.find("MEMF_NONCE", at)) {
     templ.replace(at, 10, nonce);
   }
   const std::string_view page = templ;
@@ -460,7 +493,8 @@ void renderPage(const analysis::AnalysisResult& analysis, const analysis::Report
   Part parts[] = {{page.find("/*MEMF_STYLE*/"), "/*MEMF_STYLE*/"},
                   {page.find("/*MEMF_SCRIPT*/"), "/*MEMF_SCRIPT*/"},
                   {page.find("\"MEMF_DATA\""), "\"MEMF_DATA\""}};
-  std::sort(std::begin(parts), std::end(parts), [](const Part& a, const Part& b) { return a.at < b.at; });
+  std::sort(std::begin(parts), std::end(parts),
+            [](const Part& a, const Part& b) { return a.at < b.at; });
   size_t pos = 0;
   for (const Part& p : parts) {
     if (p.at == std::string_view::npos) continue;

@@ -28,7 +28,8 @@ namespace memforensics::report {
 constexpr size_t kPageStringBytes = 1024;
 constexpr size_t kPageFramesPerList = 48;
 
-void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data, std::ostream& out);
+void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
+                std::ostream& out);
 
 // The page, at most max_bytes long for any input: rendered as it is when it fits; otherwise
 // sections are dropped in this order until it does, each with a note on the page: evenly spaced
@@ -37,10 +38,12 @@ void renderHtml(const analysis::AnalysisResult& analysis, const analysis::Report
 // (summary and findings stay), lists cut to 10 entries (level 3); lists cut to 1 entry and
 // strings to 32 bytes (level 4). Level 4 of a file with a thousand-entry analysis is tens of KB.
 // `notes`, when given, receives what the page's own bounds and levels cut (besides data.caps).
-std::string renderHtmlWithin(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
-                             size_t max_bytes, std::vector<std::string>* notes = nullptr);
+std::string renderHtmlWithin(const analysis::AnalysisResult& analysis,
+                             const analysis::ReportData& data, size_t max_bytes,
+                             std::vector<std::string>* notes = nullptr);
 
 // The JSON document the page reads, escaped for a <script> element (exposed for tests).
-std::string htmlDataJson(const analysis::AnalysisResult& analysis, const analysis::ReportData& data);
+std::string htmlDataJson(const analysis::AnalysisResult& analysis,
+                         const analysis::ReportData& data);
 
 }  // namespace memforensics::report

@@ -20,7 +20,9 @@ json framesJson(const std::vector<analysis::FrameText>& fs) {
   for (const auto& f : fs) a.push_back(frameJson(f));
   return a;
 }
-json opt(int64_t v) { return v < 0 ? json(nullptr) : json(v); }
+json opt(int64_t v) {
+  return v < 0 ? json(nullptr) : json(v);
+}
 json countersJson(const replay::Counters& c) {
   return {{"reserved_bytes", c.reserved},
           {"requested_bytes", c.requested},
@@ -41,18 +43,19 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
   doc["schema_version"] = kJsonSchemaVersion;
   doc["tool"] = "memforensics";
   doc["path"] = r.path;
-  doc["input"] = {{"format", r.source_format},
-                  {"pickle_protocol", r.pickle_protocol == 0 ? json(nullptr) : json(r.pickle_protocol)},
-                  {"bytes", r.input_bytes},
-                  {"pytorch_era", r.era},
-                  {"strings", r.strings},
-                  {"frames", r.frames},
-                  {"stacks", r.stacks},
-                  {"annotations", r.annotations},
-                  {"host_trace_events", r.host_trace_events},
-                  {"ignored_keys", r.ignored_keys},
-                  {"origin", r.origin.empty() ? json(nullptr) : json(r.origin)},
-                  {"warnings", r.warnings}};
+  doc["input"] = {
+      {"format", r.source_format},
+      {"pickle_protocol", r.pickle_protocol == 0 ? json(nullptr) : json(r.pickle_protocol)},
+      {"bytes", r.input_bytes},
+      {"pytorch_era", r.era},
+      {"strings", r.strings},
+      {"frames", r.frames},
+      {"stacks", r.stacks},
+      {"annotations", r.annotations},
+      {"host_trace_events", r.host_trace_events},
+      {"ignored_keys", r.ignored_keys},
+      {"origin", r.origin.empty() ? json(nullptr) : json(r.origin)},
+      {"warnings", r.warnings}};
   json devices = json::array();
   for (const auto& d : r.devices) {
     const auto& s = d.summary;
@@ -61,7 +64,8 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     j["events"] = s.events;
     json by = json::object();
     for (size_t a = 0; a < s.by_action.size(); ++a) {
-      if (s.by_action[a] > 0) by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
+      if (s.by_action[a] > 0)
+        by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
     }
     j["events_by_action"] = by;
     j["first_time_us"] = opt(s.first_time_us);
@@ -142,8 +146,10 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
       auto rows = [](const std::vector<analysis::FrameBytes>& v) {
         json a = json::array();
         for (const auto& r : v) {
-          a.push_back({{"frame", frameJson(r.frame)}, {"self_bytes", r.self_bytes},
-                       {"inclusive_bytes", r.inclusive_bytes}, {"blocks", r.blocks}});
+          a.push_back({{"frame", frameJson(r.frame)},
+                       {"self_bytes", r.self_bytes},
+                       {"inclusive_bytes", r.inclusive_bytes},
+                       {"blocks", r.blocks}});
         }
         return a;
       };

@@ -45,7 +45,8 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
   for (const auto& w : r.warnings) out << "  WARNING: " << escapeText(w) << "\n";
   out << "  interned: " << r.strings << " strings, " << r.frames << " frames, " << r.stacks
       << " stacks; " << r.annotations << " annotations";
-  if (r.host_trace_events > 0) out << "; " << r.host_trace_events << " host trace events (not replayed)";
+  if (r.host_trace_events > 0)
+    out << "; " << r.host_trace_events << " host trace events (not replayed)";
   out << "\n";
   if (!r.ignored_keys.empty()) {
     out << "  ignored top-level keys:";
@@ -76,42 +77,53 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
              "torch.cuda.memory._record_memory_history to see how it got there)\n";
     }
     out << "\n  " << pad("", 18) << pad("start", 12) << pad("peak", 44) << "final\n";
-    counterRow(out, "reserved", s.start.reserved, s.peak_reserved, s.final_replayed.reserved, s.first_time_us);
-    counterRow(out, "requested", s.start.requested, s.peak_requested, s.final_replayed.requested, s.first_time_us);
+    counterRow(out, "reserved", s.start.reserved, s.peak_reserved, s.final_replayed.reserved,
+               s.first_time_us);
+    counterRow(out, "requested", s.start.requested, s.peak_requested, s.final_replayed.requested,
+               s.first_time_us);
     counterRow(out, s.allocated_exact ? "allocated" : "allocated (est.)", s.start.allocated,
                s.peak_allocated, s.final_replayed.allocated, s.first_time_us);
-    counterRow(out, "active", s.start.active(), s.peak_active, s.final_replayed.active(), s.first_time_us);
+    counterRow(out, "active", s.start.active(), s.peak_active, s.final_replayed.active(),
+               s.first_time_us);
     if (!s.allocated_exact) {
-      out << "  (est.) block sizes of allocations freed before the end are PyTorch's rounding of the\n"
-             "  request; large-pool blocks may hold up to 1 MiB more that the file does not record.\n";
+      out << "  (est.) block sizes of allocations freed before the end are PyTorch's rounding of "
+             "the\n"
+             "  request; large-pool blocks may hold up to 1 MiB more that the file does not "
+             "record.\n";
     }
     if (!s.consistent) {
-      out << "  UNTRUSTED: the trace cannot lead to the file's final state (see the anomalies); not exact:";
+      out << "  UNTRUSTED: the trace cannot lead to the file's final state (see the anomalies); "
+             "not exact:";
       for (auto n : replay::untrustedNames(s.untrusted)) out << " " << n;
       out << "\n";
     }
     if (s.live_at_start > 0 && s.events > 0) {
       out << "  " << s.live_at_start << " blocks were already live when the trace starts";
       if (s.freed_before_start > 0) {
-        out << " (" << s.freed_before_start << " of them are freed in the trace: history is truncated)";
+        out << " (" << s.freed_before_start
+            << " of them are freed in the trace: history is truncated)";
       }
       out << "\n";
     }
 
     out << "\n  OOMs: ";
-    if (d.ooms.empty()) out << "none\n";
-    else out << d.ooms.size() << "\n";
+    if (d.ooms.empty())
+      out << "none\n";
+    else
+      out << d.ooms.size() << "\n";
     for (const auto& o : d.ooms) {
       out << "    event " << o.oom.event << ": request of " << formatBytes(o.oom.request_bytes)
           << " failed with " << formatBytes(o.oom.device_free) << " free on the device; reserved "
-          << formatBytesShort(o.oom.at.reserved) << ", requested " << formatBytesShort(o.oom.at.requested)
-          << "\n";
+          << formatBytesShort(o.oom.at.reserved) << ", requested "
+          << formatBytesShort(o.oom.at.requested) << "\n";
       for (const auto& f : o.frames) out << "        at " << escapeText(f.display()) << "\n";
     }
 
     out << "\n  largest live allocations at the requested peak";
-    if (s.peak_requested.event >= 0) out << " (event " << s.peak_requested.event << ")";
-    else out << " (trace start)";
+    if (s.peak_requested.event >= 0)
+      out << " (event " << s.peak_requested.event << ")";
+    else
+      out << " (trace start)";
     out << ", by stack:\n";
     if (d.top_at_peak.empty()) out << "    none\n";
     int rank = 1;
@@ -136,29 +148,37 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
 
     if (d.has_frames) {
       const auto& g = d.frames_at_peak;
-      out << "\n  live bytes at the requested peak by frame (" << formatBytesShort(g.total_bytes) << " live";
-      if (g.unattributed_bytes > 0) out << ", " << formatBytesShort(g.unattributed_bytes) << " without a stack";
+      out << "\n  live bytes at the requested peak by frame (" << formatBytesShort(g.total_bytes)
+          << " live";
+      if (g.unattributed_bytes > 0)
+        out << ", " << formatBytesShort(g.unattributed_bytes) << " without a stack";
       out << "):\n    inclusive   self\n";
       for (const auto& f : g.top_inclusive) {
-        out << "    " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << pad(formatBytesShort(f.self_bytes), 11)
-            << " " << escapeText(f.frame.display()) << "\n";
+        out << "    " << pad(formatBytesShort(f.inclusive_bytes), 11) << " "
+            << pad(formatBytesShort(f.self_bytes), 11) << " " << escapeText(f.frame.display())
+            << "\n";
       }
       if (!g.hot_path.empty()) {
         out << "    hot path:\n";
         for (const auto& f : g.hot_path) {
-          out << "      " << pad(formatBytesShort(f.inclusive_bytes), 11) << " " << escapeText(f.frame.display()) << "\n";
+          out << "      " << pad(formatBytesShort(f.inclusive_bytes), 11) << " "
+              << escapeText(f.frame.display()) << "\n";
         }
       }
     }
 
     out << "\n  findings: ";
-    if (d.findings.empty()) out << "none\n";
-    else out << "\n";
+    if (d.findings.empty())
+      out << "none\n";
+    else
+      out << "\n";
     for (const auto& f : d.findings) {
-      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title) << "\n";
+      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title)
+          << "\n";
       if (!f.where.empty()) {
         out << "        at " << escapeText(f.where[0].display()) << "\n";
-        for (size_t k = 1; k < f.where.size(); ++k) out << "        <- " << escapeText(f.where[k].display()) << "\n";
+        for (size_t k = 1; k < f.where.size(); ++k)
+          out << "        <- " << escapeText(f.where[k].display()) << "\n";
       }
       size_t shown = 0;
       for (const auto& e : f.evidence) {
@@ -177,10 +197,13 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     }
 
     out << "\n  anomalies: ";
-    if (d.anomalies.empty()) out << "none\n";
-    else out << "\n";
+    if (d.anomalies.empty())
+      out << "none\n";
+    else
+      out << "\n";
     for (const auto& a : d.anomalies) {
-      out << "    [" << replay::severityName(a.severity) << "] " << escapeText(a.id) << " x" << a.count;
+      out << "    [" << replay::severityName(a.severity) << "] " << escapeText(a.id) << " x"
+          << a.count;
       if (a.first_event >= 0) out << " (first at event " << a.first_event << ")";
       out << ": " << escapeText(a.description) << "\n";
     }

@@ -14,7 +14,9 @@ namespace memforensics::report {
 namespace {
 using nlohmann::json;
 
-json opt(int64_t v) { return v < 0 ? json(nullptr) : json(v); }
+json opt(int64_t v) {
+  return v < 0 ? json(nullptr) : json(v);
+}
 
 void peak(json& j, const char* name, const replay::Peak& p) {
   std::string base = std::string("peak_") + name;
@@ -26,7 +28,8 @@ void peak(json& j, const char* name, const replay::Peak& p) {
 json pointsJson(const std::vector<analysis::TimelinePoint>& pts) {
   json a = json::array();
   for (const auto& p : pts) {
-    a.push_back(json::array({p.event, opt(p.time_us), p.at.reserved, p.at.allocated, p.at.requested, p.at.pending}));
+    a.push_back(json::array(
+        {p.event, opt(p.time_us), p.at.reserved, p.at.allocated, p.at.requested, p.at.pending}));
   }
   return a;
 }
@@ -51,13 +54,16 @@ std::string sparkline(const std::vector<uint64_t>& cols, uint64_t top) {
   static constexpr char kLevels[] = " .:-=+*#%@";
   std::string s;
   for (uint64_t v : cols) {
-    size_t k = top == 0 ? 0 : static_cast<size_t>((static_cast<long double>(v) * 9 + top - 1) / top);
+    size_t k =
+        top == 0 ? 0 : static_cast<size_t>((static_cast<long double>(v) * 9 + top - 1) / top);
     s += kLevels[std::min<size_t>(k, 9)];
   }
   return s;
 }
 
-std::string eventText(int64_t e) { return e < 0 ? std::string("start") : "#" + std::to_string(e); }
+std::string eventText(int64_t e) {
+  return e < 0 ? std::string("start") : "#" + std::to_string(e);
+}
 }  // namespace
 
 void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
@@ -68,7 +74,8 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
     out << "\n";
     auto peakLine = [&](const char* name, const replay::Peak& p) {
       out << "  peak " << name << ": " << formatBytes(p.bytes)
-          << (p.event < 0 ? std::string(" at the start of the trace") : " after event " + eventText(p.event));
+          << (p.event < 0 ? std::string(" at the start of the trace")
+                          : " after event " + eventText(p.event));
       if (p.time_us >= 0) out << " at " << formatTimeUs(p.time_us);
       out << "\n";
     };
@@ -80,10 +87,13 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
       out << "  OOM at event #" << o.event << ": request " << formatBytes(o.request_bytes) << "\n";
     }
     if (d.downsampled) {
-      out << "  series downsampled: " << d.points.size() << " of " << d.total_points << " points kept (buckets of "
-          << d.bucket_size << ": min/max requested and max reserved/allocated/pending-free per bucket; peaks and OOMs exact)\n";
+      out << "  series downsampled: " << d.points.size() << " of " << d.total_points
+          << " points kept (buckets of " << d.bucket_size
+          << ": min/max requested and max reserved/allocated/pending-free per bucket; peaks and "
+             "OOMs exact)\n";
     }
-    if (!d.streams.empty()) out << "  streams: " << d.streams.size() << " (see --json / --csv for their series)\n";
+    if (!d.streams.empty())
+      out << "  streams: " << d.streams.size() << " (see --json / --csv for their series)\n";
     if (!d.pools.empty()) out << "  pools: " << d.pools.size() << "\n";
     if (!d.requested_columns.empty()) {
       out << "  requested |" << sparkline(d.requested_columns, d.peak_requested.bytes) << "| 0 .. "
@@ -95,23 +105,25 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
     }
     out << "  phases:\n";
     char line[512];
-    std::snprintf(line, sizeof line, "    %-10s %-10s %-36s %17s %14s %14s\n", "kind", "source", "name", "events",
-                  "peak requested", "peak reserved");
+    std::snprintf(line, sizeof line, "    %-10s %-10s %-36s %17s %14s %14s\n", "kind", "source",
+                  "name", "events", "peak requested", "peak reserved");
     out << line;
     for (const auto& p : d.phases) {
       // Annotation names come from the file: escaped, then cut without splitting an escape or a
       // UTF-8 character.
       std::string name = escapeText(p.phase.name);
       if (name.size() > 36) name = name.substr(0, escapedPrefixLength(name, 33)) + "...";
-      std::string range = p.phase.last_event < p.phase.first_event
-                              ? std::string("(empty)")
-                              : std::to_string(p.phase.first_event) + ".." + std::to_string(p.phase.last_event);
+      std::string range =
+          p.phase.last_event < p.phase.first_event
+              ? std::string("(empty)")
+              : std::to_string(p.phase.first_event) + ".." + std::to_string(p.phase.last_event);
       if (p.phase.open) range += "*";
       bool empty = p.peak_requested.event < 0;
       std::snprintf(line, sizeof line, "    %-10s %-10s %-36s %17s %14s %14s\n",
                     std::string(analysis::phaseKindName(p.phase.kind)).c_str(),
-                    p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected", name.c_str(),
-                    range.c_str(), empty ? "-" : formatBytesShort(p.peak_requested.bytes).c_str(),
+                    p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected",
+                    name.c_str(), range.c_str(),
+                    empty ? "-" : formatBytesShort(p.peak_requested.bytes).c_str(),
                     empty ? "-" : formatBytesShort(p.peak_reserved.bytes).c_str());
       out << line;
     }
@@ -128,7 +140,8 @@ void renderTimelineCsv(const analysis::TimelineResult& r, std::ostream& out, boo
     for (const auto& p : d.points) {
       out << d.device << ',' << p.event << ',';
       if (p.time_us >= 0) out << p.time_us;
-      out << ',' << p.at.reserved << ',' << p.at.allocated << ',' << p.at.requested << ',' << p.at.pending << '\n';
+      out << ',' << p.at.reserved << ',' << p.at.allocated << ',' << p.at.requested << ','
+          << p.at.pending << '\n';
     }
   }
 }
@@ -157,7 +170,9 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
     j["peak_pending_free_bytes"] = d.peak_pending_bytes;
     json ooms = json::array();
     for (const auto& o : d.ooms) {
-      ooms.push_back({{"event", o.event}, {"time_us", opt(o.time_us)}, {"request_bytes", o.request_bytes},
+      ooms.push_back({{"event", o.event},
+                      {"time_us", opt(o.time_us)},
+                      {"request_bytes", o.request_bytes},
                       {"device_free_bytes", o.device_free}});
     }
     j["ooms"] = ooms;
@@ -170,7 +185,8 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
     json phases = json::array();
     for (const auto& p : d.phases) {
       json ph = {{"kind", std::string(analysis::phaseKindName(p.phase.kind))},
-                 {"source", p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected"},
+                 {"source",
+                  p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected"},
                  {"name", p.phase.name},
                  {"iteration", p.phase.iteration < 0 ? json(nullptr) : json(p.phase.iteration)},
                  {"first_event", p.phase.first_event},

@@ -16,10 +16,11 @@ constexpr uint64_t kBase = 0x7f0000000000ULL;
 constexpr uint64_t k20M = 20971520;
 
 TEST(Analyze, TopGroupsAtThePeakByStackWithUserFrames) {
-  std::vector<TFrame> act = {{"??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},
-                             {"/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1790, "_call_impl"},
-                             {"/home/u/model.py", 54, "forward"},
-                             {"/home/u/train.py", 120, "main"}};
+  std::vector<TFrame> act = {
+      {"??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},
+      {"/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1790, "_call_impl"},
+      {"/home/u/model.py", 54, "forward"},
+      {"/home/u/train.py", 120, "main"}};
   std::vector<TFrame> tmp = {{"/home/u/train.py", 130, "main"}};
   TSnapshot t;
   t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
@@ -46,7 +47,8 @@ TEST(Analyze, TopGroupsAtThePeakByStackWithUserFrames) {
   EXPECT_EQ(d.top_at_peak[0].requested_bytes, 6000000u);
   EXPECT_EQ(d.top_at_peak[0].count, 2u);
   ASSERT_EQ(d.top_at_peak[0].frames.size(), 2u);
-  EXPECT_EQ(d.top_at_peak[0].frames[0].display(), "/home/u/model.py:54 forward");  // torch frames skipped
+  EXPECT_EQ(d.top_at_peak[0].frames[0].display(),
+            "/home/u/model.py:54 forward");  // torch frames skipped
   EXPECT_EQ(d.top_at_peak[0].frames[1].display(), "/home/u/train.py:120 main");
   EXPECT_EQ(d.top_at_peak[1].requested_bytes, 5000000u);
   EXPECT_TRUE(d.anomalies.empty());

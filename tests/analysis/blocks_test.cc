@@ -140,7 +140,8 @@ std::vector<BlocksResult> blocksEverywhere(const format::Snapshot& snap) {
     report::renderBlocksJson(*r, json);
     EXPECT_NE(text.str().find("legend:"), std::string::npos);
     for (const auto& sb : r->segments) {
-      EXPECT_EQ(sb.allocated_bytes + sb.pending_bytes + sb.free_bytes, sb.segment.size) << "event " << i;
+      EXPECT_EQ(sb.allocated_bytes + sb.pending_bytes + sb.free_bytes, sb.segment.size)
+          << "event " << i;
     }
     out.push_back(std::move(*r));
   }
@@ -178,17 +179,22 @@ TEST(BlocksHostile, BlocksMapClampsBlocksOutsideTheSegment) {
   s.size = 2 * kMiB;
   s.blocks.push_back({kB, kMiB, 512, format::kNoStack, -1, format::BlockState::ActiveAllocated});
   s.blocks.push_back({kB + kMiB, kMiB, 0, format::kNoStack, -1, format::BlockState::Inactive});
-  s.blocks.push_back({0, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});  // before it
-  s.blocks.push_back({kB + 2 * kMiB, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});
-  s.blocks.push_back({kB + kMiB, ~uint64_t{0}, 1, format::kNoStack, -1, format::BlockState::ActivePendingFree});
+  s.blocks.push_back(
+      {0, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});  // before it
+  s.blocks.push_back(
+      {kB + 2 * kMiB, 4096, 4096, format::kNoStack, -1, format::BlockState::ActiveAllocated});
+  s.blocks.push_back(
+      {kB + kMiB, ~uint64_t{0}, 1, format::kNoStack, -1, format::BlockState::ActivePendingFree});
   EXPECT_EQ(report::blocksMap(s, 8), "####....");
   EXPECT_EQ(report::blocksMap(s, 0), "");
 }
 
 TEST(BlocksHostile, OverlappingSegmentsAreCountedOnce) {
   TSnapshot t;
-  t.segments.push_back(TSegment{0, kB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
-  t.segments.push_back(TSegment{0, kB + kMiB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
+  t.segments.push_back(
+      TSegment{0, kB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
+  t.segments.push_back(
+      TSegment{0, kB + kMiB, 0, "small", {TBlock{2 * kMiB, 2 * kMiB, "active_allocated", {}}}});
   auto r = computeBlocks(buildSnapshot(t), 0, {BlocksAt::Kind::Event, -1});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->segments.size(), 1u);

@@ -1,11 +1,12 @@
 // findings_test.cc: every detector on a fabricated history where it must fire and one where it
 // must not; call-graph attribution with exact numbers.
+#include "analysis/findings.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "analysis/callgraph.h"
-#include "analysis/findings.h"
 #include "fixtures/snapshot_builder.h"
 
 namespace memforensics {
@@ -41,7 +42,9 @@ class Sim {
     events_.push_back({"free_requested", addr, live_[addr].size, 0, time_++});
     live_[addr].pending = true;
   }
-  void oom(uint64_t size, uint64_t device_free) { events_.push_back({"oom", device_free, size, 0, time_++}); }
+  void oom(uint64_t size, uint64_t device_free) {
+    events_.push_back({"oom", device_free, size, 0, time_++});
+  }
   void step(int k, const std::function<void()>& body) {
     steps_.push_back({k, time_++, 0});
     body();
@@ -55,10 +58,12 @@ class Sim {
     for (const auto& [addr, l] : live_) {
       if (addr > cursor) seg.blocks.push_back({addr - cursor, 0, "inactive", {}});
       uint64_t size = (l.size + 511) / 512 * 512;
-      seg.blocks.push_back({size, l.size, l.pending ? "active_pending_free" : "active_allocated", l.frames});
+      seg.blocks.push_back(
+          {size, l.size, l.pending ? "active_pending_free" : "active_allocated", l.frames});
       cursor = addr + size;
     }
-    if (cursor < kBase + capacity_) seg.blocks.push_back({kBase + capacity_ - cursor, 0, "inactive", {}});
+    if (cursor < kBase + capacity_)
+      seg.blocks.push_back({kBase + capacity_ - cursor, 0, "inactive", {}});
     format::Snapshot s = testing::buildSnapshot(testing::TSnapshot{{seg}, {events_}});
     for (const auto& st : steps_) {
       std::string name = "ProfilerStep#" + std::to_string(st.k);
@@ -88,12 +93,15 @@ class Sim {
   std::vector<Step> steps_;
 };
 
-const std::vector<TFrame> kParams = {{"/lib/torch/nn/modules/module.py", 1160, "_apply"}, {"model.py", 12, "__init__"},
+const std::vector<TFrame> kParams = {{"/lib/torch/nn/modules/module.py", 1160, "_apply"},
+                                     {"model.py", 12, "__init__"},
                                      {"train.py", 20, "main"}};
 const std::vector<TFrame> kAct = {{"model.py", 30, "forward"}, {"train.py", 41, "train_step"}};
 const std::vector<TFrame> kLeak = {{"train.py", 42, "train_step"}};
-const std::vector<TFrame> kAdam = {{"/lib/torch/optim/adam.py", 98, "_init_group"}, {"train.py", 44, "train_step"}};
-const std::vector<TFrame> kGrad = {{"/lib/torch/autograd/__init__.py", 266, "backward"}, {"train.py", 43, "train_step"}};
+const std::vector<TFrame> kAdam = {{"/lib/torch/optim/adam.py", 98, "_init_group"},
+                                   {"train.py", 44, "train_step"}};
+const std::vector<TFrame> kGrad = {{"/lib/torch/autograd/__init__.py", 266, "backward"},
+                                   {"train.py", 43, "train_step"}};
 
 const Finding* find(const std::vector<Finding>& fs, FindingKind k) {
   for (const auto& f : fs) {
@@ -197,8 +205,8 @@ TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {
     for (const auto& e : f->evidence) {
       activations_listed |= e.text.find("live") == 0 && e.bytes == 60 * MiB;
       // The call graph at the OOM: all 60 MiB flow through train.py:41 into model.py:30.
-      hot_path |= e.text == "heaviest call path at the OOM" && e.bytes == 60 * MiB && e.frames.size() == 2 &&
-                  e.frames[0].display() == "model.py:30 forward";
+      hot_path |= e.text == "heaviest call path at the OOM" && e.bytes == 60 * MiB &&
+                  e.frames.size() == 2 && e.frames[0].display() == "model.py:30 forward";
     }
     EXPECT_TRUE(activations_listed);
     EXPECT_TRUE(hot_path);
@@ -210,7 +218,8 @@ TEST(Findings, CacheBloatAndTemporarySpike) {
   Sim s(2048 * MiB);
   s.alloc(100 * MiB, kParams);
   for (int i = 0; i < 20; ++i) s.free(s.alloc(1 * MiB, kAct));
-  uint64_t big = s.alloc(1500 * MiB, {{"model.py", 77, "attention"}, {"train.py", 41, "train_step"}});
+  uint64_t big =
+      s.alloc(1500 * MiB, {{"model.py", 77, "attention"}, {"train.py", 41, "train_step"}});
   s.free(big);
   for (int i = 0; i < 20; ++i) s.free(s.alloc(1 * MiB, kAct));
   auto fs = findFindings(s.build(), 0);
@@ -249,8 +258,10 @@ TEST(Findings, PendingFreesHeldAtThePeak) {
 
 TEST(CallGraph, InclusiveSelfAndHotPath) {
   Sim s(64 * MiB);
-  s.alloc(3 * MiB, {{"model.py", 30, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
-  s.alloc(2 * MiB, {{"model.py", 31, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
+  s.alloc(3 * MiB,
+          {{"model.py", 30, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
+  s.alloc(2 * MiB,
+          {{"model.py", 31, "forward"}, {"train.py", 41, "step"}, {"train.py", 10, "main"}});
   s.alloc(1 * MiB, {{"opt.py", 5, "update"}, {"train.py", 44, "step"}, {"train.py", 10, "main"}});
   s.alloc(7 * MiB, {});  // recorded but empty: not attributable
   auto snap = s.build();

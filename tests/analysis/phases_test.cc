@@ -21,7 +21,8 @@ using memforensics::testing::TSnapshot;
 constexpr uint64_t kBase = 0x7f0000000000ULL;
 constexpr uint64_t kSeg = 1ULL << 34;
 
-void annotate(format::Snapshot& s, int64_t device, int64_t t, std::string_view name, std::string_view stage) {
+void annotate(format::Snapshot& s, int64_t device, int64_t t, std::string_view name,
+              std::string_view stage) {
   format::Annotation a;
   a.device = device;
   a.time_us = t;
@@ -76,12 +77,12 @@ TEST(Phases, FromAnnotationsNestedAndOpen) {
   b.time = 1000;
   auto st = stackAt("/home/u/model.py", 10, "forward");
   b.ev.push_back(b.make("segment_alloc", kBase, kSeg, nullptr));  // t=1010, event 0
-  for (int i = 0; i < 10; ++i) b.alloc(1024, st);                   // t=1020..1110, events 1..10
+  for (int i = 0; i < 10; ++i) b.alloc(1024, st);                 // t=1020..1110, events 1..10
   TSnapshot t;
   t.traces.push_back(b.ev);
   auto snap = buildSnapshot(t);
   annotate(snap, 0, 1015, "ProfilerStep#7", "START");
-  annotate(snap, -1, 1030, "## forward ##", "START");   // device -1: every device
+  annotate(snap, -1, 1030, "## forward ##", "START");  // device -1: every device
   annotate(snap, -1, 1050, "## forward ##", "END");
   annotate(snap, 0, 1061, "Optimizer.step#AdamW.step", "START");
   annotate(snap, 0, 1062, "Optimizer.step#AdamW.step", "END");  // no event inside: empty range
@@ -146,7 +147,8 @@ Steps buildTraining(TraceBuilder& b, int steps, bool with_time) {
   auto loss = stackAt("/home/u/train.py", 22, "train_step");
   std::vector<TFrame> bwd = {{"??", 0, "torch::autograd::Engine::evaluate_function"},
                              {"??", 0, "at::native::mm"}};
-  auto opt = stackAt("/usr/lib/python3/site-packages/torch/optim/adam.py", 400, "_multi_tensor_adam");
+  auto opt =
+      stackAt("/usr/lib/python3/site-packages/torch/optim/adam.py", 400, "_multi_tensor_adam");
   auto param = stackAt("/home/u/model.py", 5, "__init__");
   if (with_time) b.time = 1'000'000;
   Steps s;
@@ -192,7 +194,8 @@ TEST(Phases, DetectsIterationsOfAPeriodicStream) {
       EXPECT_EQ(its[k].iteration, static_cast<int>(k));
       EXPECT_EQ(its[k].name, "iteration " + std::to_string(k));
       EXPECT_EQ(its[k].first_event, s.starts[k]) << k;
-      int64_t end = k + 1 < s.starts.size() ? s.starts[k + 1] - 1 : static_cast<int64_t>(b.ev.size()) - 1;
+      int64_t end =
+          k + 1 < s.starts.size() ? s.starts[k + 1] - 1 : static_cast<int64_t>(b.ev.size()) - 1;
       EXPECT_EQ(its[k].last_event, end) << k;
       if (with_time) {
         EXPECT_EQ(its[k].start_us, b.ev[s.starts[k]].time_us);
@@ -305,14 +308,15 @@ TEST(Phases, RealSnapshots) {
     ASSERT_TRUE(snap.ok()) << p;
     for (int64_t d : snap->devices()) {
       auto ps = detectPhases(*snap, d);
-      std::cout << "[phases] " << p.filename().string() << " device " << d << ": " << snap->annotations.size()
-                << " annotations, " << snap->trace(static_cast<size_t>(d)).size() << " events, " << ps.size()
+      std::cout << "[phases] " << p.filename().string() << " device " << d << ": "
+                << snap->annotations.size() << " annotations, "
+                << snap->trace(static_cast<size_t>(d)).size() << " events, " << ps.size()
                 << " phases\n";
       for (const auto& ph : ps) {
         std::cout << "[phases]   " << phaseKindName(ph.kind) << " "
-                  << (ph.source == PhaseSource::Annotation ? "annotation" : "detected") << " \"" << ph.name
-                  << "\" events " << ph.first_event << ".." << ph.last_event << " it=" << ph.iteration
-                  << (ph.open ? " open" : "") << "\n";
+                  << (ph.source == PhaseSource::Annotation ? "annotation" : "detected") << " \""
+                  << ph.name << "\" events " << ph.first_event << ".." << ph.last_event
+                  << " it=" << ph.iteration << (ph.open ? " open" : "") << "\n";
         EXPECT_GE(ph.first_event, 0);
         EXPECT_LT(ph.last_event, static_cast<int64_t>(snap->trace(static_cast<size_t>(d)).size()));
       }

@@ -49,7 +49,8 @@ void expectBlocksCoverSegments(const DeviceReportData& d) {
           EXPECT_LE(b.free_bytes + b.pending_bytes, b.size);
         }
       }
-      EXPECT_EQ(sum, s.size) << "segment 0x" << std::hex << s.address << " at event " << std::dec << k.event;
+      EXPECT_EQ(sum, s.size) << "segment 0x" << std::hex << s.address << " at event " << std::dec
+                             << k.event;
       reserved += s.size;
     }
     EXPECT_EQ(reserved, k.at.reserved) << "event " << k.event;
@@ -77,8 +78,9 @@ TEST(ReportData, SampleKeyframesCarryTheReplayedPeaksAndTheOom) {
   ASSERT_NE(oom, nullptr);
   EXPECT_EQ(oom->event, sum.ooms[0].event);
   EXPECT_EQ(oom->at.allocated, sum.ooms[0].at.allocated);
-  EXPECT_TRUE(std::is_sorted(d.keyframes.begin(), d.keyframes.end(),
-                             [](const Keyframe& x, const Keyframe& y) { return x.event < y.event; }));
+  EXPECT_TRUE(
+      std::is_sorted(d.keyframes.begin(), d.keyframes.end(),
+                     [](const Keyframe& x, const Keyframe& y) { return x.event < y.event; }));
   EXPECT_GT(d.keyframes.size(), 10u);  // evenly spaced ones besides the peaks
   expectBlocksCoverSegments(d);
   // Nothing was merged or dropped on a file this small: no caps but the timeline's, if any.
@@ -115,7 +117,8 @@ TEST(ReportData, IcicleAddsUpToTheLiveBytesAtThePeak) {
     ASSERT_LT(static_cast<size_t>(ic[i].parent), i);  // parents first
     children[static_cast<size_t>(ic[i].parent)] += ic[i].bytes;
   }
-  for (size_t i = 0; i < ic.size(); ++i) EXPECT_EQ(children[i] + ic[i].self, ic[i].bytes) << "node " << i;
+  for (size_t i = 0; i < ic.size(); ++i)
+    EXPECT_EQ(children[i] + ic[i].self, ic[i].bytes) << "node " << i;
 }
 
 // Many small live blocks in many segments: more than a small budget allows.
@@ -158,7 +161,8 @@ TEST(ReportData, BlockBudgetMergesSmallBlocksIntoRunsThatKeepTheirBytes) {
     }
   }
   EXPECT_TRUE(any_run);
-  EXPECT_LE(cost(d), 2 * opt.max_blocks);  // each keyframe may overshoot its share by a segment's runs
+  EXPECT_LE(cost(d),
+            2 * opt.max_blocks);  // each keyframe may overshoot its share by a segment's runs
   ASSERT_FALSE(r.caps.empty());
   EXPECT_NE(r.caps[0].find("merged into runs"), std::string::npos) << r.caps[0];
   // The same input with room for everything: no runs.
@@ -181,7 +185,8 @@ TEST(ReportData, ManySegmentsThinOutTheEvenlySpacedKeyframesButKeepThePeaks) {
   EXPECT_LT(d.keyframes.size(), opt.even_keyframes);
   EXPECT_LE(cost(d), opt.max_blocks + opt.max_blocks / 4);
   bool said = false;
-  for (const auto& c : r.caps) said |= c.find("evenly spaced keyframes were left out") != std::string::npos;
+  for (const auto& c : r.caps)
+    said |= c.find("evenly spaced keyframes were left out") != std::string::npos;
   EXPECT_TRUE(said);
 }
 
@@ -189,8 +194,9 @@ TEST(ReportData, DevicesBeyondTheDetailLimitKeepTheirSummaryOnly) {
   TSnapshot t;
   for (int dev = 0; dev < 3; ++dev) {
     uint64_t base = kB + static_cast<uint64_t>(dev) * 1024 * kMiB;
-    std::vector<TEvent> ev = {{"segment_alloc", base, (4u + static_cast<uint64_t>(dev)) * 2 * kMiB, 0, 1},
-                              {"alloc", base, 2 * kMiB, 0, 2}};
+    std::vector<TEvent> ev = {
+        {"segment_alloc", base, (4u + static_cast<uint64_t>(dev)) * 2 * kMiB, 0, 1},
+        {"alloc", base, 2 * kMiB, 0, 2}};
     if (dev == 0) ev.push_back({"oom", 64 * kMiB, 512 * kMiB, 0, 3});
     t.traces.push_back(ev);
   }

@@ -47,11 +47,18 @@ TEST(Timeline, ExactSeries) {
   EXPECT_FALSE(d.downsampled);
   EXPECT_TRUE(d.has_times);
   ASSERT_EQ(d.points.size(), 9u);  // start state + 8 events
-  struct Row { int64_t event, time; uint64_t reserved, allocated, requested, pending; };
-  const Row want[] = {{-1, -1, 0, 0, 0, 0},          {0, 100, k20M, 0, 0, 0},
-                      {1, 110, k20M, 1024, 1000, 0}, {2, 120, k20M, 4096, 4000, 0},
-                      {3, 130, k20M, 3072, 4000, 1024}, {4, 140, k20M, 3072, 4000, 1024},
-                      {5, 150, k20M, 3072, 3000, 0}, {6, 160, k20M, 0, 3000, 3072},
+  struct Row {
+    int64_t event, time;
+    uint64_t reserved, allocated, requested, pending;
+  };
+  const Row want[] = {{-1, -1, 0, 0, 0, 0},
+                      {0, 100, k20M, 0, 0, 0},
+                      {1, 110, k20M, 1024, 1000, 0},
+                      {2, 120, k20M, 4096, 4000, 0},
+                      {3, 130, k20M, 3072, 4000, 1024},
+                      {4, 140, k20M, 3072, 4000, 1024},
+                      {5, 150, k20M, 3072, 3000, 0},
+                      {6, 160, k20M, 0, 3000, 3072},
                       {7, 170, k20M, 0, 0, 0}};
   for (size_t i = 0; i < 9; ++i) {
     const auto& p = d.points[i];
@@ -111,7 +118,8 @@ TEST(Timeline, DownsamplingKeepsPeaksAndEveryOom) {
   EXPECT_EQ(d.peak_requested.event, spike_event);
   EXPECT_EQ(d.peak_requested.bytes, 5u << 20);
   auto at = [&](int64_t e) {
-    return std::find_if(d.points.begin(), d.points.end(), [&](const auto& p) { return p.event == e; });
+    return std::find_if(d.points.begin(), d.points.end(),
+                        [&](const auto& p) { return p.event == e; });
   };
   auto peak = at(spike_event);
   ASSERT_NE(peak, d.points.end());
@@ -245,8 +253,10 @@ format::Snapshot nestedRanges(size_t n, size_t ranges) {
   auto mark = [&](int64_t time, const std::string& name, const char* stage) {
     snap.annotations.push_back({0, time, snap.strings.intern(name), snap.strings.intern(stage)});
   };
-  for (size_t k = 0; k < ranges; ++k) mark(static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "START");
-  for (size_t k = ranges; k-- > 0;) mark(end - static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "END");
+  for (size_t k = 0; k < ranges; ++k)
+    mark(static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "START");
+  for (size_t k = ranges; k-- > 0;)
+    mark(end - static_cast<int64_t>(k * n / ranges), "r" + std::to_string(k), "END");
   for (int64_t k = 0; k < 20; ++k) {  // disjoint short ranges, some steps
     const int64_t a = 1 + k * end / 20;
     mark(a, k % 2 ? "ProfilerStep#" + std::to_string(k) : "d" + std::to_string(k), "START");

@@ -1,8 +1,6 @@
 // capture_api_test.cc: memforensics::start/stop (src/capture/memforensics_capture.h), and what a
 // file looks like after the process writing it gets SIGTERM, SIGINT or SIGKILL (forked children;
 // the parent reads what they left).
-#include "capture/memforensics_capture.h"
-
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -11,6 +9,7 @@
 
 #include <thread>
 
+#include "capture/memforensics_capture.h"
 #include "capture/recorder.h"
 #include "capture_test_util.h"
 #include "format/load.h"
@@ -35,7 +34,8 @@ mc::CaptureRecord nth(uint64_t i) {
 
 bool matchesNth(const mt::TraceEvent& e, uint64_t i) {
   mc::CaptureRecord r = nth(i);
-  return e.action == r.action && e.addr == r.addr && e.size == r.size && e.stream == r.stream && e.device == 0;
+  return e.action == r.action && e.addr == r.addr && e.size == r.size && e.stream == r.stream &&
+         e.device == 0;
 }
 
 memforensics::CaptureOptions quietOptions() {
@@ -145,7 +145,9 @@ TEST(CaptureSignals, SigtermFinishesTheFileThenTerminates) {
 }
 
 volatile sig_atomic_t g_previous_handler_ran = 0;
-void previousHandler(int) { g_previous_handler_ran = 1; }
+void previousHandler(int) {
+  g_previous_handler_ran = 1;
+}
 
 TEST(CaptureSignals, SigintFlushesAndChainsToThePreviousHandler) {
   const std::string path = tempPath("sigint.bin");
@@ -229,7 +231,8 @@ TEST(CaptureSignals, SigkilledWriterLeavesAReadablePrefix) {
   ASSERT_TRUE(snap.ok()) << snap.error().describe();
   EXPECT_EQ(snap->events.size(), back.events.size());
   bool incomplete = false;
-  for (const auto& w : snap->load_warnings) incomplete |= w.find("incomplete native trace") != std::string::npos;
+  for (const auto& w : snap->load_warnings)
+    incomplete |= w.find("incomplete native trace") != std::string::npos;
   EXPECT_TRUE(incomplete);
 }
 

@@ -2,6 +2,7 @@
 // trace back with the format library's reader.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,8 +10,6 @@
 #include <iterator>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "format/trace_reader.h"
 
@@ -29,7 +28,8 @@ inline std::vector<uint8_t> readBytes(const std::string& path) {
 
 struct ReadBack {
   std::vector<format::trace::TraceEvent> events;
-  std::vector<std::vector<std::string>> event_frames;  // per event: "file:name:line", innermost first
+  std::vector<std::vector<std::string>>
+      event_frames;  // per event: "file:name:line", innermost first
   format::trace::TraceEnd end;
   format::trace::TrailerInfo trailer;
   bool final_state = false;
@@ -54,8 +54,8 @@ inline ReadBack readTrace(const std::vector<uint8_t>& bytes) {
       if (e.stack > kTraceRootStack) {
         for (uint32_t n = e.stack; n != kTraceRootStack; n = rd.stacks()[n].parent) {
           const FrameRec& f = rd.frames()[rd.stacks()[n].frame];
-          frames.push_back(std::string(rd.string(f.filename)) + ":" + std::string(rd.string(f.name)) + ":" +
-                           std::to_string(f.line));
+          frames.push_back(std::string(rd.string(f.filename)) + ":" +
+                           std::string(rd.string(f.name)) + ":" + std::to_string(f.line));
         }
       }
       out.event_frames.push_back(std::move(frames));

@@ -18,14 +18,18 @@ using mc::testing::readTrace;
 using mc::testing::tempPath;
 
 // Outside the anonymous namespace: an exported symbol that dladdr can name.
-__attribute__((noinline)) bool memfCaptureTestRecordFromHere(memforensics::capture::Recorder& r, uint64_t addr);
+__attribute__((noinline)) bool memfCaptureTestRecordFromHere(memforensics::capture::Recorder& r,
+                                                             uint64_t addr);
 
 namespace {
 
 // A fake clock for the recorder: ticks advance 3 per nanosecond of CLOCK_MONOTONIC.
-uint64_t fakeTicks() { return mc::monotonicTicks() * 3; }
+uint64_t fakeTicks() {
+  return mc::monotonicTicks() * 3;
+}
 
-mc::CaptureRecord rec(uint8_t action, uint64_t addr, uint64_t size, uint32_t device = 0, int64_t stream = 7) {
+mc::CaptureRecord rec(uint8_t action, uint64_t addr, uint64_t size, uint32_t device = 0,
+                      int64_t stream = 7) {
   mc::CaptureRecord r;
   r.action = action;
   r.addr = addr;
@@ -40,7 +44,8 @@ mc::CaptureRecord rec(uint8_t action, uint64_t addr, uint64_t size, uint32_t dev
 // A training-loop-like sequence on two devices: segments, allocs and frees.
 std::vector<mc::CaptureRecord> sequence(size_t steps) {
   std::vector<mc::CaptureRecord> out;
-  for (uint32_t d = 0; d < 2; ++d) out.push_back(rec(3, 0x7f0000000000 + (uint64_t{d} << 32), 20u << 20, d));
+  for (uint32_t d = 0; d < 2; ++d)
+    out.push_back(rec(3, 0x7f0000000000 + (uint64_t{d} << 32), 20u << 20, d));
   for (size_t i = 0; i < steps; ++i) {
     uint32_t d = i % 2;
     uint64_t base = 0x7f0000000000 + (uint64_t{d} << 32);
@@ -145,7 +150,8 @@ TEST(Recorder, FullRingDropsAreCountedInTheTrailer) {
   auto snap = memforensics::format::loadSnapshotFile(path);
   ASSERT_TRUE(snap.ok());
   bool warned = false;
-  for (const auto& w : snap->load_warnings) warned |= w.find("dropped by the capture") != std::string::npos;
+  for (const auto& w : snap->load_warnings)
+    warned |= w.find("dropped by the capture") != std::string::npos;
   EXPECT_TRUE(warned);
 }
 
@@ -156,7 +162,8 @@ struct FakeContext {
 
 class FakeResolver : public mc::StackResolver {
  public:
-  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode mode, std::vector<mc::ResolvedFrame>& frames,
+  void resolve(std::span<const std::shared_ptr<void>> contexts, mc::FinishMode mode,
+               std::vector<mc::ResolvedFrame>& frames,
                std::vector<std::vector<uint32_t>>& stacks) override {
     ++batches;
     if (mode == mc::FinishMode::Signal) ++signal_batches;
@@ -206,8 +213,10 @@ TEST(Recorder, StacksAreInternedOnce) {
   hooks.resolver = resolver;
   auto r = mc::Recorder::create(path, {}, hooks);
   ASSERT_TRUE(r.ok());
-  auto stackA = std::make_shared<FakeContext>(FakeContext{{{"model.py", "forward", 12}, {"train.py", "main", 40}}});
-  auto stackB = std::make_shared<FakeContext>(FakeContext{{{"optim.py", "step", 7}, {"train.py", "main", 41}}});
+  auto stackA = std::make_shared<FakeContext>(
+      FakeContext{{{"model.py", "forward", 12}, {"train.py", "main", 40}}});
+  auto stackB = std::make_shared<FakeContext>(
+      FakeContext{{{"optim.py", "step", 7}, {"train.py", "main", 41}}});
   auto stackEmpty = std::make_shared<FakeContext>();
   for (int i = 0; i < 300; ++i) {
     std::shared_ptr<void> ctx;
@@ -233,12 +242,14 @@ TEST(Recorder, StacksAreInternedOnce) {
   EXPECT_GT(b, mt::kTraceRootStack);
   EXPECT_NE(a, b);
   EXPECT_EQ(empty, mt::kTraceRootStack);  // recorded, but empty
-  for (size_t i = 0; i < 300; ++i) EXPECT_EQ(back.events[i].stack, i % 3 == 0 ? a : i % 3 == 1 ? b : empty) << i;
+  for (size_t i = 0; i < 300; ++i)
+    EXPECT_EQ(back.events[i].stack, i % 3 == 0 ? a : i % 3 == 1 ? b : empty) << i;
   EXPECT_EQ(back.events[300].stack, mt::kTraceNoStack);
-  EXPECT_EQ(back.event_frames[0], (std::vector<std::string>{"model.py:forward:12", "train.py:main:40"}));
-  EXPECT_EQ(back.event_frames[1], (std::vector<std::string>{"optim.py:step:7", "train.py:main:41"}));
+  EXPECT_EQ(back.event_frames[0],
+            (std::vector<std::string>{"model.py:forward:12", "train.py:main:40"}));
+  EXPECT_EQ(back.event_frames[1],
+            (std::vector<std::string>{"optim.py:step:7", "train.py:main:41"}));
 }
-
 
 TEST(Recorder, NativeStacksNameTheCaller) {
   std::string path = tempPath("native.bin");
@@ -246,14 +257,16 @@ TEST(Recorder, NativeStacksNameTheCaller) {
   o.native_depth = 16;
   auto r = mc::Recorder::create(path, o);
   ASSERT_TRUE(r.ok());
-  for (uint64_t a : {0x1000, 0x2000}) ASSERT_TRUE(memfCaptureTestRecordFromHere(**r, a));  // one call site
+  for (uint64_t a : {0x1000, 0x2000})
+    ASSERT_TRUE(memfCaptureTestRecordFromHere(**r, a));  // one call site
   ASSERT_TRUE((*r)->stop().ok());
   auto back = readTrace(readBytes(path));
   ASSERT_EQ(back.events.size(), 2u);
   EXPECT_EQ(back.events[0].stack, back.events[1].stack);  // same call site, same interned stack
   ASSERT_FALSE(back.event_frames[0].empty());
   bool named = false;
-  for (const auto& f : back.event_frames[0]) named |= f.find("memfCaptureTestRecordFromHere") != std::string::npos;
+  for (const auto& f : back.event_frames[0])
+    named |= f.find("memfCaptureTestRecordFromHere") != std::string::npos;
   EXPECT_TRUE(named) << back.event_frames[0][0];
 }
 
@@ -286,9 +299,9 @@ TEST(Recorder, DerivedFinalStateMatchesTheEvents) {
   ASSERT_TRUE(r.ok());
   const uint64_t seg = 0x200000;
   ASSERT_TRUE((*r)->record(rec(3, seg, 2u << 20)));
-  ASSERT_TRUE((*r)->record(rec(0, seg, 1000)));          // live: 1024-byte block
-  ASSERT_TRUE((*r)->record(rec(0, seg + 1024, 5000)));   // freed below
-  ASSERT_TRUE((*r)->record(rec(0, seg + 6144, 512)));    // pending free at the end
+  ASSERT_TRUE((*r)->record(rec(0, seg, 1000)));         // live: 1024-byte block
+  ASSERT_TRUE((*r)->record(rec(0, seg + 1024, 5000)));  // freed below
+  ASSERT_TRUE((*r)->record(rec(0, seg + 6144, 512)));   // pending free at the end
   ASSERT_TRUE((*r)->record(rec(1, seg + 1024, 5000)));
   ASSERT_TRUE((*r)->record(rec(2, seg + 1024, 5000)));
   ASSERT_TRUE((*r)->record(rec(1, seg + 6144, 512)));
@@ -334,7 +347,8 @@ TEST(Recorder, ReportedFinalStateIsWrittenWithTheAllocStacks) {
   auto back = readTrace(readBytes(path));
   ASSERT_TRUE(back.final_state);
   ASSERT_EQ(back.segments.size(), 1u);
-  EXPECT_EQ(back.segments[0].allocated_size, 2048u);  // the allocator's block size (rounding would say 1536)
+  EXPECT_EQ(back.segments[0].allocated_size,
+            2048u);  // the allocator's block size (rounding would say 1536)
   EXPECT_FALSE(back.segments[0].is_large);
   ASSERT_EQ(back.blocks.size(), 2u);
   EXPECT_EQ(back.blocks[0].stack, back.events[1].stack);

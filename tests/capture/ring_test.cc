@@ -57,7 +57,8 @@ TEST(CaptureRing, PartialDrainAndSideIndex) {
       side[idx] = i * 100;
     }));
   }
-  EXPECT_EQ(ring.drain([&](const Rec& r, size_t idx) { EXPECT_EQ(side[idx], r.seq * 100); }, 2), 2u);
+  EXPECT_EQ(ring.drain([&](const Rec& r, size_t idx) { EXPECT_EQ(side[idx], r.seq * 100); }, 2),
+            2u);
   EXPECT_EQ(ring.size(), 1u);
   for (uint64_t i = 3; i < 6; ++i) {
     ASSERT_TRUE(ring.tryPush([&](Rec& r, size_t idx) {
@@ -91,7 +92,8 @@ TEST(CaptureRing, ConcurrentProducerConsumer) {
   bool ok = true;
   while (next < kN) {
     ring.drain([&](const Rec& r, size_t) {
-      ok = ok && r.seq == next && r.payload[0] == next && r.payload[1] == ~next && r.payload[2] == next * 3;
+      ok = ok && r.seq == next && r.payload[0] == next && r.payload[1] == ~next &&
+           r.payload[2] == next * 3;
       ++next;
     });
   }

@@ -79,17 +79,17 @@ TEST(TorchEntry, NegativeDeviceIsOutOfRange) {
 TEST(TickConverter, InterpolatesBetweenAnchorAndLatestSample) {
   // A 2.5 GHz TSC: 2.5 ticks per ns.
   mc::TickConverter c(1.0);
-  EXPECT_EQ(c.toUnixUs(1000), -1);  // not calibrated
+  EXPECT_EQ(c.toUnixUs(1000), -1);               // not calibrated
   const int64_t t0 = 1'700'000'000'000'000'000;  // ns
   c.addSample(1'000'000, t0);
-  EXPECT_DOUBLE_EQ(c.nsPerTick(), 1.0);  // the guess until 10 ms have passed
+  EXPECT_DOUBLE_EQ(c.nsPerTick(), 1.0);                // the guess until 10 ms have passed
   c.addSample(1'000'000 + 2'500'000, t0 + 1'000'000);  // 1 ms later: too short, still the guess
   EXPECT_DOUBLE_EQ(c.nsPerTick(), 1.0);
   c.addSample(1'000'000 + 250'000'000, t0 + 100'000'000);  // 100 ms later
   EXPECT_DOUBLE_EQ(c.nsPerTick(), 0.4);
   EXPECT_EQ(c.toUnixUs(1'000'000), t0 / 1000);
   EXPECT_EQ(c.toUnixUs(1'000'000 + 25'000'000), t0 / 1000 + 10'000);  // 10 ms after the anchor
-  EXPECT_EQ(c.toUnixUs(1'000'000 - 2'500), t0 / 1000 - 1);           // just before the anchor
+  EXPECT_EQ(c.toUnixUs(1'000'000 - 2'500), t0 / 1000 - 1);            // just before the anchor
 }
 
 TEST(TickConverter, DefaultClockCountsNanoseconds) {
@@ -109,9 +109,15 @@ TEST(TorchEntry, FabricatedStepLoadsAsTheSnapshotWould) {
     int action;
     uint64_t addr, size;
   } steps[] = {
-      {3, seg, 20u << 20},           {0, seg, 4u << 20},           {0, seg + (4u << 20), 8u << 20},
-      {1, seg, 4u << 20},            {2, seg, 4u << 20},           {0, seg, 1u << 20},
-      {8, 512u << 20, 64ull << 30},  {1, seg + (4u << 20), 8u << 20}, {2, seg + (4u << 20), 8u << 20},
+      {3, seg, 20u << 20},
+      {0, seg, 4u << 20},
+      {0, seg + (4u << 20), 8u << 20},
+      {1, seg, 4u << 20},
+      {2, seg, 4u << 20},
+      {0, seg, 1u << 20},
+      {8, 512u << 20, 64ull << 30},
+      {1, seg + (4u << 20), 8u << 20},
+      {2, seg + (4u << 20), 8u << 20},
   };
   for (const E& s : steps) {
     mc::TorchEntry e;

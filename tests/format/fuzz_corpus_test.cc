@@ -1,7 +1,7 @@
 // fuzz_corpus_test.cc: every committed fuzzer input (fuzz/corpus/<target>/) goes through the same
-// pipeline as the fuzzers (load, analyze, render, dump) in the ordinary test build, so an input that
-// once crashed stays fixed even where nobody runs scripts/fuzz.sh. Errors are fine; crashes (and, in
-// the sanitizer build, sanitizer reports) are not.
+// pipeline as the fuzzers (load, analyze, render, dump) in the ordinary test build, so an input
+// that once crashed stays fixed even where nobody runs scripts/fuzz.sh. Errors are fine; crashes
+// (and, in the sanitizer build, sanitizer reports) are not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,7 +42,8 @@ TEST(FuzzCorpus, EveryCommittedInputLoadsOrFailsCleanly) {
     SCOPED_TRACE(path.string());
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << "cannot read " << path;
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
     auto snap = loadSnapshotBytes(bytes);
     if (!snap) {
       EXPECT_FALSE(snap.error().describe().empty());
@@ -67,14 +68,16 @@ TEST(FuzzCorpus, EveryCommittedInputLoadsOrFailsCleanly) {
 TEST(FuzzCorpus, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   const size_t depth = 200000;
   std::string text = "{\"segments\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
-  auto snap = loadSnapshotBytes(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  auto snap =
+      loadSnapshotBytes(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
   ASSERT_FALSE(snap.ok());
   EXPECT_NE(snap.error().message.find("levels deep"), std::string::npos) << snap.error().message;
 }
 
 TEST(FuzzCorpus, JsonNumberBeyondADoubleIsAnError) {
   std::string text = R"({"segments": [], "device_traces": [[{"action": "alloc", "size": 1e400}]]})";
-  auto snap = loadSnapshotBytes(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  auto snap =
+      loadSnapshotBytes(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
   ASSERT_FALSE(snap.ok());
   EXPECT_NE(snap.error().message.find("invalid JSON"), std::string::npos) << snap.error().message;
 }

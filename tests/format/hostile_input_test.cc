@@ -18,7 +18,10 @@ using memforensics::testing::TSnapshot;
 
 TSnapshot smallSnapshot() {
   TSnapshot t;
-  t.segments.push_back({0, 0x7f0000000000, 0, "large",
+  t.segments.push_back({0,
+                        0x7f0000000000,
+                        0,
+                        "large",
                         {{1048576, 1000000, "active_allocated", {{"train.py", 10, "main"}}},
                          {19922944, 0, "inactive", {}}}});
   t.traces.push_back({{"segment_alloc", 0x7f0000000000, 20971520, 0, 1, {}, false},
@@ -37,8 +40,10 @@ struct Refused {
 TEST(HostileInput, CodeExecutingOpcodesAreRefusedWithNameAndOffset) {
   // Classic payloads: os.system via GLOBAL+REDUCE, STACK_GLOBAL, INST, OBJ, NEWOBJ, BUILD, PERSID.
   std::vector<Refused> cases = {
-      {"GLOBAL", {0x80, 2, 'c', 'o', 's', '\n', 's', 'y', 's', 't', 'e', 'm', '\n', 'X', 2, 0, 0, 0, 'i', 'd', 0x85, 'R', '.'}},
-      {"STACK_GLOBAL", {0x80, 4, 0x8c, 2, 'o', 's', 0x8c, 6, 's', 'y', 's', 't', 'e', 'm', 0x93, '.'}},
+      {"GLOBAL", {0x80, 2,   'c', 'o', 's', '\n', 's', 'y', 's',  't', 'e', 'm',
+                  '\n', 'X', 2,   0,   0,   0,    'i', 'd', 0x85, 'R', '.'}},
+      {"STACK_GLOBAL",
+       {0x80, 4, 0x8c, 2, 'o', 's', 0x8c, 6, 's', 'y', 's', 't', 'e', 'm', 0x93, '.'}},
       {"REDUCE", {0x80, 4, 'N', ')', 'R', '.'}},
       {"BUILD", {0x80, 4, '}', '}', 'b', '.'}},
       {"INST", {0x80, 2, '(', 'i', 'o', 's', '\n', 's', 'y', 's', 't', 'e', 'm', '\n', '.'}},
@@ -54,7 +59,8 @@ TEST(HostileInput, CodeExecutingOpcodesAreRefusedWithNameAndOffset) {
   for (const auto& c : cases) {
     auto r = readSnapshotPickle(c.bytes);
     ASSERT_FALSE(r.ok()) << c.name;
-    EXPECT_NE(r.error().message.find(std::string("refused opcode ") + c.name + " "), std::string::npos)
+    EXPECT_NE(r.error().message.find(std::string("refused opcode ") + c.name + " "),
+              std::string::npos)
         << c.name << ": " << r.error().message;
     EXPECT_GE(r.error().offset, 2) << c.name;
   }
@@ -82,8 +88,11 @@ TEST(HostileInput, PayloadAfterAValidPrefixIsStillRefused) {
 }
 
 TEST(HostileInput, UnsupportedButHarmlessOpcodesGetAClearError) {
-  for (auto [op, name] : std::vector<std::pair<uint8_t, const char*>>{
-           {'I', "INT"}, {'S', "STRING"}, {'B', "BINBYTES"}, {0x8f, "EMPTY_SET"}, {0x97, "NEXT_BUFFER"}}) {
+  for (auto [op, name] : std::vector<std::pair<uint8_t, const char*>>{{'I', "INT"},
+                                                                      {'S', "STRING"},
+                                                                      {'B', "BINBYTES"},
+                                                                      {0x8f, "EMPTY_SET"},
+                                                                      {0x97, "NEXT_BUFFER"}}) {
     std::vector<uint8_t> b = {0x80, 4, op, '.'};
     auto r = readSnapshotPickle(b);
     ASSERT_FALSE(r.ok());
@@ -144,7 +153,8 @@ TEST(HostileInput, RandomByteFlipsNeverCrash) {
 
 TEST(HostileInput, TruncatedRealSnapshotIsACleanErrorAtManyCutPoints) {
   namespace fs = std::filesystem;
-  fs::path p = fs::path(MEMF_REAL_SNAPSHOTS) / "silmont2000__assignment2-systems__mem_snapshot.pickle";
+  fs::path p =
+      fs::path(MEMF_REAL_SNAPSHOTS) / "silmont2000__assignment2-systems__mem_snapshot.pickle";
   if (!fs::exists(p)) GTEST_SKIP() << "real snapshots not found at " << MEMF_REAL_SNAPSHOTS;
   std::ifstream in(p, std::ios::binary);
   std::vector<uint8_t> full((std::istreambuf_iterator<char>(in)), {});

@@ -16,7 +16,8 @@ std::string base64(const std::vector<uint8_t>& in) {
   static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   for (size_t i = 0; i < in.size(); i += 3) {
-    uint32_t v = in[i] << 16 | (i + 1 < in.size() ? in[i + 1] << 8 : 0) | (i + 2 < in.size() ? in[i + 2] : 0);
+    uint32_t v = in[i] << 16 | (i + 1 < in.size() ? in[i + 1] << 8 : 0) |
+                 (i + 2 < in.size() ? in[i + 2] : 0);
     out += t[v >> 18 & 63];
     out += t[v >> 12 & 63];
     out += i + 1 < in.size() ? t[v >> 6 & 63] : '=';
@@ -31,7 +32,12 @@ std::span<const uint8_t> bytesOf(const std::string& s) {
 
 memforensics::testing::TSnapshot sample() {
   memforensics::testing::TSnapshot t;
-  t.segments.push_back({0, 0x200000, 0, "small", {{512, 300, "active_allocated", {{"m.py", 4, "f"}}}, {2096640, 0, "inactive", {}}}});
+  t.segments.push_back(
+      {0,
+       0x200000,
+       0,
+       "small",
+       {{512, 300, "active_allocated", {{"m.py", 4, "f"}}}, {2096640, 0, "inactive", {}}}});
   t.traces.push_back({{"alloc", 0x200000, 300, 0, 10, {{"m.py", 4, "f"}}, true}});
   return t;
 }
@@ -39,8 +45,10 @@ memforensics::testing::TSnapshot sample() {
 TEST(Load, MemoryVizHtmlPageWithZeroPadding) {
   auto pk = memforensics::testing::buildPickle(sample());
   while (pk.size() % 3 != 0) pk.push_back(0);  // what _memory_viz does before base64
-  std::string html = "<!DOCTYPE html><html><body><script>\nconst data = [{\"name\": \"snapshot.pickle\", \"base64\": \"" +
-                     base64(pk) + "\"}];\n</script></body></html>";
+  std::string html =
+      "<!DOCTYPE html><html><body><script>\nconst data = [{\"name\": \"snapshot.pickle\", "
+      "\"base64\": \"" +
+      base64(pk) + "\"}];\n</script></body></html>";
   auto s = loadSnapshotBytes(bytesOf(html));
   ASSERT_TRUE(s.ok()) << s.error().describe();
   EXPECT_EQ(s->source, SourceFormat::MemoryVizHtml);
@@ -70,7 +78,8 @@ TEST(Load, JsonFormMatchesPickle) {
   ASSERT_EQ(s->blocks.size(), p->blocks.size());
   EXPECT_EQ(s->blocks[0].requested_size, p->blocks[0].requested_size);
   EXPECT_EQ(s->trace(0)[0].addr, p->trace(0)[0].addr);
-  EXPECT_EQ(s->strings.get(s->stacks.frame(s->stacks.stack(s->trace(0)[0].stack)[0]).filename), "m.py");
+  EXPECT_EQ(s->strings.get(s->stacks.frame(s->stacks.stack(s->trace(0)[0].stack)[0]).filename),
+            "m.py");
 }
 
 TEST(Load, InvalidJsonReportsPosition) {
@@ -83,7 +92,8 @@ TEST(Load, InvalidJsonReportsPosition) {
 TEST(Load, UnknownContentAndMissingFiles) {
   auto s = loadSnapshotBytes(bytesOf("PK\x03\x04 zip file"));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("unrecognized file content (first byte 0x50)"), std::string::npos);
+  EXPECT_NE(s.error().message.find("unrecognized file content (first byte 0x50)"),
+            std::string::npos);
   auto m = loadSnapshotFile("/nonexistent/file.pickle");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("cannot open '/nonexistent/file.pickle'"), std::string::npos);

@@ -12,7 +12,9 @@ namespace {
 using memforensics::testing::buildPickle;
 using memforensics::testing::TSnapshot;
 
-Expected<Snapshot> read(const std::vector<uint8_t>& b) { return readSnapshotPickle(b); }
+Expected<Snapshot> read(const std::vector<uint8_t>& b) {
+  return readSnapshotPickle(b);
+}
 
 // A minimal valid snapshot whose one trace event's fields are written by `body`.
 template <typename F>
@@ -36,13 +38,20 @@ std::vector<uint8_t> oneEvent(F body, int protocol = 4) {
 
 TEST(PickleReader, ReadsEventFieldsWithEveryIntegerEncoding) {
   auto bytes = oneEvent([](PickleWriter& w) {
-    w.str("action"); w.str("alloc");
-    w.str("addr"); w.uinteger(0x7f12345600ULL);         // LONG1, 5 bytes
-    w.str("size"); w.integer(70000);                    // BININT
-    w.str("stream"); w.integer(-1);                     // negative BININT
-    w.str("time_us"); w.integer(1783874495854988LL);    // LONG1, 7 bytes
-    w.str("compile_context"); w.str("N/A");
-    w.str("user_metadata"); w.str("step=3");
+    w.str("action");
+    w.str("alloc");
+    w.str("addr");
+    w.uinteger(0x7f12345600ULL);  // LONG1, 5 bytes
+    w.str("size");
+    w.integer(70000);  // BININT
+    w.str("stream");
+    w.integer(-1);  // negative BININT
+    w.str("time_us");
+    w.integer(1783874495854988LL);  // LONG1, 7 bytes
+    w.str("compile_context");
+    w.str("N/A");
+    w.str("user_metadata");
+    w.str("step=3");
   });
   auto s = read(bytes);
   ASSERT_TRUE(s.ok()) << s.error().describe();
@@ -65,16 +74,23 @@ TEST(PickleReader, ReadsEventFieldsWithEveryIntegerEncoding) {
 TEST(PickleReader, NineByteLong1LineIsUnknownLine) {
   // A real 2.6 file stores an unknown frame line as 2^64-1: LONG1 with 9 bytes.
   auto bytes = oneEvent([](PickleWriter& w) {
-    w.str("action"); w.str("alloc");
-    w.str("addr"); w.integer(4096);
-    w.str("size"); w.integer(512);
-    w.str("stream"); w.integer(0);
+    w.str("action");
+    w.str("alloc");
+    w.str("addr");
+    w.integer(4096);
+    w.str("size");
+    w.integer(512);
+    w.str("stream");
+    w.integer(0);
     w.str("frames");
     w.beginList();
     w.beginDict();
-    w.str("filename"); w.str("??");
-    w.str("line"); w.uinteger(~uint64_t{0});
-    w.str("name"); w.str("f");
+    w.str("filename");
+    w.str("??");
+    w.str("line");
+    w.uinteger(~uint64_t{0});
+    w.str("name");
+    w.str("f");
     w.endDict();
     w.endList();
   });
@@ -89,23 +105,43 @@ TEST(PickleReader, MemoSharedFramesListsBecomeOneStack) {
   // Python memoizes a frames list once and refers to it with BINGET for later events.
   PickleWriter w(4);
   w.beginDict();
-  w.str("segments"); w.beginList(); w.endList();
+  w.str("segments");
+  w.beginList();
+  w.endList();
   w.str("device_traces");
   w.beginList();
   w.beginList();
   for (int i = 0; i < 3; ++i) {
     w.beginDict();
-    w.str("action"); w.str("alloc");
-    w.str("addr"); w.integer(512 * (i + 1));
-    w.str("size"); w.integer(100);
-    w.str("stream"); w.integer(0);
+    w.str("action");
+    w.str("alloc");
+    w.str("addr");
+    w.integer(512 * (i + 1));
+    w.str("size");
+    w.integer(100);
+    w.str("stream");
+    w.integer(0);
     w.str("frames");
     if (i == 0) {
       w.raw({']'});  // EMPTY_LIST
       w.memoize();   // memo 0 = the frames list
       w.raw({'('});
-      w.beginDict(); w.str("filename"); w.str("a.py"); w.str("line"); w.integer(1); w.str("name"); w.str("f"); w.endDict();
-      w.beginDict(); w.str("filename"); w.str("b.py"); w.str("line"); w.integer(2); w.str("name"); w.str("g"); w.endDict();
+      w.beginDict();
+      w.str("filename");
+      w.str("a.py");
+      w.str("line");
+      w.integer(1);
+      w.str("name");
+      w.str("f");
+      w.endDict();
+      w.beginDict();
+      w.str("filename");
+      w.str("b.py");
+      w.str("line");
+      w.integer(2);
+      w.str("name");
+      w.str("g");
+      w.endDict();
       w.endList();
     } else {
       w.get(0);
@@ -128,7 +164,12 @@ TEST(PickleReader, MemoSharedFramesListsBecomeOneStack) {
 TEST(PickleReader, ProtocolTwoWithBinputAndEmptyListsParses) {
   TSnapshot t;
   t.protocol = 2;
-  t.segments.push_back({0, 0x10000, 0, "small", {{512, 100, "active_allocated", {{"x.py", 3, "h"}}}, {2096640, 0, "inactive", {}}}});
+  t.segments.push_back(
+      {0,
+       0x10000,
+       0,
+       "small",
+       {{512, 100, "active_allocated", {{"x.py", 3, "h"}}}, {2096640, 0, "inactive", {}}}});
   t.traces.push_back({{"alloc", 0x10000, 100, 0, 5, {{"x.py", 3, "h"}}, true}});
   auto s = read(buildPickle(t));
   ASSERT_TRUE(s.ok()) << s.error().describe();
@@ -145,23 +186,34 @@ TEST(PickleReader, TopLevelListIsASegmentList) {
   PickleWriter w(4);
   w.beginList();
   w.beginDict();
-  w.str("device"); w.integer(1);
-  w.str("address"); w.integer(1 << 20);
-  w.str("total_size"); w.integer(2097152);
-  w.str("stream"); w.integer(0);
-  w.str("segment_type"); w.str("small");
+  w.str("device");
+  w.integer(1);
+  w.str("address");
+  w.integer(1 << 20);
+  w.str("total_size");
+  w.integer(2097152);
+  w.str("stream");
+  w.integer(0);
+  w.str("segment_type");
+  w.str("small");
   w.str("blocks");
   w.beginList();
   // 1.13 legacy block: no address, history[0] carries the requested size and frames.
   w.beginDict();
-  w.str("size"); w.integer(2097152);
-  w.str("state"); w.str("active_allocated");
+  w.str("size");
+  w.integer(2097152);
+  w.str("state");
+  w.str("active_allocated");
   w.str("history");
   w.beginList();
   w.beginDict();
-  w.str("addr"); w.integer(1 << 20);
-  w.str("real_size"); w.integer(2000000);
-  w.str("frames"); w.beginList(); w.endList();
+  w.str("addr");
+  w.integer(1 << 20);
+  w.str("real_size");
+  w.integer(2000000);
+  w.str("frames");
+  w.beginList();
+  w.endList();
   w.endDict();
   w.endList();
   w.endDict();
@@ -182,16 +234,16 @@ TEST(PickleReader, OtherPlainOpcodesAreAccepted) {
   // NONE, DICT/LIST/TUPLE built from marks, TUPLE1/3, SETITEM, POP, POP_MARK, DUP, BINFLOAT,
   // BINUNICODE8, LONG4, NEWTRUE/NEWFALSE, FRAME: all legal, none executes anything.
   PickleWriter w(4);
-  w.raw({0x95, 2, 0, 0, 0, 0, 0, 0, 0});   // FRAME of 2 bytes (just skipped)
-  w.raw({'N', '0'});                       // NONE, POP
-  w.raw({'(', 'N', '1'});                  // MARK NONE POP_MARK
-  w.raw({'(', 'l', '0'});                  // MARK LIST POP
-  w.raw({'(', 'd', '0'});                  // MARK DICT POP
-  w.raw({'K', 1, 0x85, '0'});              // BININT1 TUPLE1 POP
-  w.raw({'K', 1, 'K', 2, 'K', 3, 0x87, '0'});  // TUPLE3
-  w.raw({'(', 'K', 1, 't', '0'});          // MARK ... TUPLE
-  w.raw({0x8b, 2, 0, 0, 0, 1, 2, '0'});    // LONG4
-  w.raw({0x88, '2', '0', '0'});            // NEWTRUE DUP POP POP
+  w.raw({0x95, 2, 0, 0, 0, 0, 0, 0, 0});            // FRAME of 2 bytes (just skipped)
+  w.raw({'N', '0'});                                // NONE, POP
+  w.raw({'(', 'N', '1'});                           // MARK NONE POP_MARK
+  w.raw({'(', 'l', '0'});                           // MARK LIST POP
+  w.raw({'(', 'd', '0'});                           // MARK DICT POP
+  w.raw({'K', 1, 0x85, '0'});                       // BININT1 TUPLE1 POP
+  w.raw({'K', 1, 'K', 2, 'K', 3, 0x87, '0'});       // TUPLE3
+  w.raw({'(', 'K', 1, 't', '0'});                   // MARK ... TUPLE
+  w.raw({0x8b, 2, 0, 0, 0, 1, 2, '0'});             // LONG4
+  w.raw({0x88, '2', '0', '0'});                     // NEWTRUE DUP POP POP
   w.raw({0x8d, 1, 0, 0, 0, 0, 0, 0, 0, 'x', '0'});  // BINUNICODE8
   w.raw({0x89, '0'});
   w.beginDict();
@@ -201,7 +253,7 @@ TEST(PickleReader, OtherPlainOpcodesAreAccepted) {
   w.raw({'}'});
   w.str("garbage_collection_threshold");
   w.floating(0.5);
-  w.raw({'s'});                            // SETITEM on the settings dict
+  w.raw({'s'});  // SETITEM on the settings dict
   w.endDict();
   auto s = read(w.finish());
   ASSERT_TRUE(s.ok()) << s.error().describe();
@@ -212,17 +264,25 @@ TEST(PickleReader, OtherPlainOpcodesAreAccepted) {
 TEST(PickleReader, AllocatorSettingsRoundupDivisions) {
   PickleWriter w(4);
   w.beginDict();
-  w.str("segments"); w.beginList(); w.endList();
+  w.str("segments");
+  w.beginList();
+  w.endList();
   w.str("allocator_settings");
   w.beginDict();
-  w.str("PYTORCH_CUDA_ALLOC_CONF"); w.str("roundup_power2_divisions:4");
-  w.str("max_split_size"); w.integer(-1);
-  w.str("expandable_segments"); w.boolean(true);
+  w.str("PYTORCH_CUDA_ALLOC_CONF");
+  w.str("roundup_power2_divisions:4");
+  w.str("max_split_size");
+  w.integer(-1);
+  w.str("expandable_segments");
+  w.boolean(true);
   w.str("roundup_power2_divisions");
   w.beginDict();
-  w.str("1"); w.integer(4);
-  w.str("64"); w.integer(8);
-  w.str("3"); w.integer(2);  // not a power of two: ignored
+  w.str("1");
+  w.integer(4);
+  w.str("64");
+  w.integer(8);
+  w.str("3");
+  w.integer(2);  // not a power of two: ignored
   w.endDict();
   w.endDict();
   w.endDict();
@@ -243,12 +303,15 @@ TEST(PickleReader, MissingRequiredKeyNamesThePath) {
   w.str("segments");
   w.beginList();
   w.beginDict();
-  w.str("address"); w.integer(0);
-  w.str("total_size"); w.integer(512);
+  w.str("address");
+  w.integer(0);
+  w.str("total_size");
+  w.integer(512);
   w.str("blocks");
   w.beginList();
   w.beginDict();
-  w.str("state"); w.str("inactive");
+  w.str("state");
+  w.str("inactive");
   w.endDict();
   w.endList();
   w.endDict();
@@ -272,7 +335,8 @@ TEST(PickleReader, BlocksMustCoverTheSegment) {
   bytes[pos + 2] = 0x08;  // 1024 -> 2048
   auto s = read(bytes);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("blocks cover 1024 bytes but total_size is 2048"), std::string::npos)
+  EXPECT_NE(s.error().message.find("blocks cover 1024 bytes but total_size is 2048"),
+            std::string::npos)
       << s.error().message;
 }
 

@@ -1,6 +1,7 @@
 // snapshot_pickle_test.cc: the snapshot pickle writer, checked by reading its output back.
 //
-//   * every real snapshot and snapshots/sample_training.pickle: read, write, read again, and the two
+//   * every real snapshot and snapshots/sample_training.pickle: read, write, read again, and the
+//   two
 //     models are equal field by field (stacks compared as resolved frames, not ids); writing the
 //     read-back model again gives the same bytes; the file stays about as small as PyTorch's;
 //   * fabricated edge cases: unknown actions, unknown line numbers, [] versus absent frames, OOM
@@ -9,7 +10,6 @@
 //   * streaming: the pieces add up to the buffered bytes, and a sink error stops the writer.
 // With MEMF_PICKLE_ROUNDTRIP_DIR set, the real-file test also leaves its output there for
 // tools/compare_pickles.py, which checks it against the original with Python's own unpickler.
-#include "fixtures/real_snapshots.h"
 #include "format/snapshot_pickle.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +23,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load.h"
 #include "format/pickle_reader.h"
@@ -49,7 +50,8 @@ std::optional<std::vector<ResolvedFrame>> resolve(const Snapshot& s, StackId id)
   std::vector<ResolvedFrame> out;
   for (FrameId f : s.stacks.stack(id)) {
     const Frame& fr = s.stacks.frame(f);
-    out.emplace_back(std::string(s.strings.get(fr.filename)), std::string(s.strings.get(fr.name)), fr.line);
+    out.emplace_back(std::string(s.strings.get(fr.filename)), std::string(s.strings.get(fr.name)),
+                     fr.line);
   }
   return out;
 }
@@ -91,8 +93,10 @@ class Differ {
     if (!diff_.empty() || same_stacks_.count({x, y})) return;
     auto rx = resolve(a_, x);
     auto ry = resolve(b_, y);
-    if (rx != ry) diff_ = path + ": " + describeStack(rx) + " != " + describeStack(ry);
-    else same_stacks_.insert({x, y});  // ids are interned: the same pair compares the same again
+    if (rx != ry)
+      diff_ = path + ": " + describeStack(rx) + " != " + describeStack(ry);
+    else
+      same_stacks_.insert({x, y});  // ids are interned: the same pair compares the same again
   }
 
   void traits() {
@@ -121,12 +125,13 @@ class Differ {
     eq("settings.present", x.present, y.present);
     eq("settings.conf", x.conf, y.conf);
     eq("settings.max_split_size", x.max_split_size, y.max_split_size);
-    eq("settings.garbage_collection_threshold", x.garbage_collection_threshold, y.garbage_collection_threshold);
+    eq("settings.garbage_collection_threshold", x.garbage_collection_threshold,
+       y.garbage_collection_threshold);
     eq("settings.expandable_segments", x.expandable_segments, y.expandable_segments);
     eq("settings.has_roundup", x.has_roundup, y.has_roundup);
     for (int k = 0; k < 16; ++k) {
-      eq("settings.roundup_power2_divisions[" + std::to_string(k) + "]", x.roundup_power2_divisions[k],
-         y.roundup_power2_divisions[k]);
+      eq("settings.roundup_power2_divisions[" + std::to_string(k) + "]",
+         x.roundup_power2_divisions[k], y.roundup_power2_divisions[k]);
     }
   }
 
@@ -210,7 +215,9 @@ class Differ {
   std::set<std::pair<StackId, StackId>> same_stacks_;
 };
 
-std::string firstDifference(const Snapshot& a, const Snapshot& b) { return Differ(a, b).run(); }
+std::string firstDifference(const Snapshot& a, const Snapshot& b) {
+  return Differ(a, b).run();
+}
 
 Snapshot readBack(const std::vector<uint8_t>& bytes) {
   auto r = loadSnapshotBytes(bytes);
@@ -219,7 +226,8 @@ Snapshot readBack(const std::vector<uint8_t>& bytes) {
   return std::move(r).value();
 }
 
-// Writes `s`, reads it back, and checks the read-back model equals `s` and rewrites to the same bytes.
+// Writes `s`, reads it back, and checks the read-back model equals `s` and rewrites to the same
+// bytes.
 Snapshot roundTrip(const Snapshot& s) {
   std::vector<uint8_t> bytes = snapshotToPickle(s);
   Snapshot back = readBack(bytes);
@@ -297,7 +305,8 @@ INSTANTIATE_TEST_SUITE_P(Files, PickleRoundTrip, ::testing::ValuesIn(roundTripFi
 // Fabricated edge cases
 
 TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
-  const std::string odd_name = "forward \"q\" 'a' \\b \xe6\xa8\xa1\xe5\x9e\x8b \xc3\xb1 \xf0\x9f\x94\xa5";
+  const std::string odd_name =
+      "forward \"q\" 'a' \\b \xe6\xa8\xa1\xe5\x9e\x8b \xc3\xb1 \xf0\x9f\x94\xa5";
   const std::string long_name(700, 'x');  // over 255 bytes: BINUNICODE, not SHORT_BINUNICODE
   TSnapshot t;
   TSegment seg;
@@ -306,8 +315,10 @@ TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
                 TBlock{1536, 0, "inactive", {}}};
   t.segments = {seg};
   TEvent unknown{"mystery_action", 0x7f0000000000, 512, 0, 1700000000000000, {}, false};
-  TEvent unknown_line{"alloc", 0x7f0000000000, 500, 7, 1700000000000001,
-                      {{"??", kUnknownLine, long_name}, {"train.py", 3, "<module>"}}, true};
+  TEvent unknown_line{
+      "alloc", 0x7f0000000000,   500,
+      7,       1700000000000001, {{"??", kUnknownLine, long_name}, {"train.py", 3, "<module>"}},
+      true};
   TEvent empty_frames{"free_requested", 0x7f0000000000, 500, 7, 1700000000000002, {}, true};
   TEvent no_frames{"free_completed", 0x7f0000000000, 500, 7, 1700000000000003, {}, false};
   TEvent oom{"oom", 123456789012, 4ull << 30, 7, 1700000000000004, {{"a.py", 1, odd_name}}, true};
@@ -329,11 +340,13 @@ TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
   EXPECT_EQ(tr[4].action, Action::Oom);
   EXPECT_EQ(tr[4].addr, 123456789012u);
   EXPECT_EQ(tr[5].stream, -1);
-  EXPECT_EQ(back.strings.get(back.stacks.frame(back.stacks.stack(back.blocks[0].stack)[0]).name), odd_name);
+  EXPECT_EQ(back.strings.get(back.stacks.frame(back.stacks.stack(back.blocks[0].stack)[0]).name),
+            odd_name);
 
   std::vector<uint8_t> bytes = snapshotToPickle(s);
   // 2^64-1 as Python writes it: LONG1 with 9 bytes, the last one 0 so the value stays positive.
-  const std::string unknown_line_op = "\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff" + std::string(1, '\0');
+  const std::string unknown_line_op =
+      "\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff" + std::string(1, '\0');
   EXPECT_EQ(countOccurrences(bytes, unknown_line_op), 1u);
   EXPECT_EQ(countOccurrences(bytes, "device_free"), 1u);
   // Strings and frames are stored once and referenced after that.
@@ -346,34 +359,52 @@ TEST(SnapshotPickle, SegmentListWithLegacyHistoryStaysA113File) {
   PickleWriter w(4);
   w.beginList();
   w.beginDict();
-  w.str("device"); w.integer(0);
-  w.str("address"); w.uinteger(0x7f0000000000);
-  w.str("total_size"); w.uinteger(3 * 512);
-  w.str("allocated_size"); w.uinteger(512);
-  w.str("active_size"); w.uinteger(512);
-  w.str("stream"); w.integer(0);
-  w.str("segment_type"); w.str("small");
+  w.str("device");
+  w.integer(0);
+  w.str("address");
+  w.uinteger(0x7f0000000000);
+  w.str("total_size");
+  w.uinteger(3 * 512);
+  w.str("allocated_size");
+  w.uinteger(512);
+  w.str("active_size");
+  w.uinteger(512);
+  w.str("stream");
+  w.integer(0);
+  w.str("segment_type");
+  w.str("small");
   w.str("blocks");
   w.beginList();
   // Active, with a history of two allocations (the first one owns the block).
   w.beginDict();
-  w.str("size"); w.uinteger(512);
-  w.str("state"); w.str("active_allocated");
+  w.str("size");
+  w.uinteger(512);
+  w.str("state");
+  w.str("active_allocated");
   w.str("history");
   w.beginList();
   w.beginDict();
-  w.str("addr"); w.uinteger(0x7f0000000000);
-  w.str("real_size"); w.uinteger(300);
+  w.str("addr");
+  w.uinteger(0x7f0000000000);
+  w.str("real_size");
+  w.uinteger(300);
   w.str("frames");
   w.beginList();
   w.beginDict();
-  w.str("filename"); w.str("net.py"); w.str("line"); w.integer(9); w.str("name"); w.str("forward");
+  w.str("filename");
+  w.str("net.py");
+  w.str("line");
+  w.integer(9);
+  w.str("name");
+  w.str("forward");
   w.endDict();
   w.endList();
   w.endDict();
   w.beginDict();
-  w.str("addr"); w.uinteger(0x7f0000000000);
-  w.str("real_size"); w.uinteger(200);
+  w.str("addr");
+  w.uinteger(0x7f0000000000);
+  w.str("real_size");
+  w.uinteger(200);
   w.str("frames");
   w.beginList();
   w.endList();
@@ -382,13 +413,17 @@ TEST(SnapshotPickle, SegmentListWithLegacyHistoryStaysA113File) {
   w.endDict();
   // Inactive with a history entry (seen in real files), then inactive without one.
   w.beginDict();
-  w.str("size"); w.uinteger(512);
-  w.str("state"); w.str("inactive");
+  w.str("size");
+  w.uinteger(512);
+  w.str("state");
+  w.str("inactive");
   w.str("history");
   w.beginList();
   w.beginDict();
-  w.str("addr"); w.uinteger(0x7f0000000200);
-  w.str("real_size"); w.uinteger(100);
+  w.str("addr");
+  w.uinteger(0x7f0000000200);
+  w.str("real_size");
+  w.uinteger(100);
   w.str("frames");
   w.beginList();
   w.endList();
@@ -396,8 +431,10 @@ TEST(SnapshotPickle, SegmentListWithLegacyHistoryStaysA113File) {
   w.endList();
   w.endDict();
   w.beginDict();
-  w.str("size"); w.uinteger(512);
-  w.str("state"); w.str("inactive");
+  w.str("size");
+  w.uinteger(512);
+  w.str("state");
+  w.str("inactive");
   w.endDict();
   w.endList();
   w.endDict();
@@ -426,7 +463,8 @@ TEST(SnapshotPickle, LegacyHistoryBlocksOfA20File) {
   Snapshot s;
   s.traits.has_device_traces = true;
   s.traits.has_block_history = true;
-  FrameId f = s.stacks.internFrame(Frame{s.strings.intern("gen.py"), s.strings.intern("generate"), 77});
+  FrameId f =
+      s.stacks.internFrame(Frame{s.strings.intern("gen.py"), s.strings.intern("generate"), 77});
   StackId st = s.stacks.internStack(std::span<const FrameId>(&f, 1));
   Segment seg;
   seg.address = 1 << 20;
@@ -447,7 +485,7 @@ TEST(SnapshotPickle, LegacyHistoryBlocksOfA20File) {
 
   std::vector<uint8_t> bytes = snapshotToPickle(s);
   EXPECT_EQ(countOccurrences(bytes, "history"), 1u);
-  EXPECT_EQ(countOccurrences(bytes, "frames"), 1u);  // only inside history entries
+  EXPECT_EQ(countOccurrences(bytes, "frames"), 1u);   // only inside history entries
   EXPECT_EQ(countOccurrences(bytes, "address"), 1u);  // the segment's; 2.0 blocks have none
   Snapshot back = roundTrip(s);
   EXPECT_EQ(back.traits.era(), "2.0");
@@ -477,7 +515,8 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
     std::string file = "f";
     file += std::to_string(i % 600);
     file += ".py";
-    deep.push_back(s.stacks.internFrame(Frame{s.strings.intern(file), s.strings.intern("fn"), static_cast<uint64_t>(i)}));
+    deep.push_back(s.stacks.internFrame(
+        Frame{s.strings.intern(file), s.strings.intern("fn"), static_cast<uint64_t>(i)}));
   }
   StackId deep_stack = s.stacks.internStack(deep);
   s.pools.push_back({0, 0});
@@ -496,7 +535,8 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
   seg.block_count = 1200;  // two APPENDS batches
   for (uint32_t i = 0; i < seg.block_count; ++i) {
     bool active = i % 2 == 0;
-    s.blocks.push_back(Block{seg.address + i * 4096ull, 4096, active ? 4000u : 0u, active ? deep_stack : kEmptyStack,
+    s.blocks.push_back(Block{seg.address + i * 4096ull, 4096, active ? 4000u : 0u,
+                             active ? deep_stack : kEmptyStack,
                              active ? BlockState::ActiveAllocated : BlockState::Inactive, true});
     seg.total_size += 4096;
     if (active) {
@@ -514,7 +554,9 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
   StrId meta = s.strings.intern("{\"step\": 3}");
   for (int i = 0; i < 2100; ++i) {
     Event e;
-    e.action = i % 3 == 0 ? Action::Alloc : i % 3 == 1 ? Action::FreeRequested : Action::FreeCompleted;
+    e.action = i % 3 == 0   ? Action::Alloc
+               : i % 3 == 1 ? Action::FreeRequested
+                            : Action::FreeCompleted;
     e.action_name = s.strings.intern(actionName(e.action));
     e.addr = seg.address + (i / 3) * 4096ull;
     e.size = 4000;
@@ -535,8 +577,10 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
   s.events.push_back(annotate);
   t.has_annotate_action = true;
   s.trace_begin.push_back(s.events.size());
-  s.annotations.push_back(Annotation{1, 1783874495854000ll, s.strings.intern("ProfilerStep#3"), s.strings.intern("START")});
-  s.annotations.push_back(Annotation{1, 1783874495999000ll, s.strings.intern("ProfilerStep#3"), s.strings.intern("END")});
+  s.annotations.push_back(Annotation{1, 1783874495854000ll, s.strings.intern("ProfilerStep#3"),
+                                     s.strings.intern("START")});
+  s.annotations.push_back(Annotation{1, 1783874495999000ll, s.strings.intern("ProfilerStep#3"),
+                                     s.strings.intern("END")});
 
   Snapshot back = roundTrip(s);
   EXPECT_EQ(back.traits.era(), "2.14+");
@@ -584,11 +628,14 @@ TEST(SnapshotPickle, StreamedPiecesAddUpToTheBufferedBytes) {
   PickleWriter buffered(4);
   std::vector<uint8_t> out;
   size_t calls = 0;
-  PickleWriter streaming(4, [&](std::span<const uint8_t> p) -> Status {
-    out.insert(out.end(), p.begin(), p.end());
-    ++calls;
-    return Status::Ok();
-  }, 7);
+  PickleWriter streaming(
+      4,
+      [&](std::span<const uint8_t> p) -> Status {
+        out.insert(out.end(), p.begin(), p.end());
+        ++calls;
+        return Status::Ok();
+      },
+      7);
   for (PickleWriter* w : {&buffered, &streaming}) {
     w->beginList(true);
     for (int i = 0; i < 50; ++i) {
@@ -615,7 +662,8 @@ TEST(SnapshotPickle, SinkErrorStopsTheWriterAndIsReturned) {
   EXPECT_EQ(st.error().message, "disk full");
   EXPECT_EQ(calls, 1u);
 
-  PickleWriter w(4, [&](std::span<const uint8_t>) -> Status { return Error{"no space"}; }, 4);
+  PickleWriter w(
+      4, [&](std::span<const uint8_t>) -> Status { return Error{"no space"}; }, 4);
   w.str("0123456789");
   EXPECT_FALSE(w.status().ok());
   w.str("more");

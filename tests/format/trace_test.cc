@@ -8,8 +8,8 @@
 #include <random>
 #include <sstream>
 
-#include "fixtures/real_snapshots.h"
 #include "analysis/analyze.h"
+#include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "fixtures/snapshot_compare.h"
 #include "format/load.h"
@@ -26,7 +26,9 @@ using namespace format;
 using namespace format::trace;
 using testing::snapshotDiff;
 
-std::vector<fs::path> realSnapshots() { return testing::realSnapshotPaths(); }
+std::vector<fs::path> realSnapshots() {
+  return testing::realSnapshotPaths();
+}
 
 std::vector<uint8_t> toTrace(const Snapshot& s, const TraceWriteOptions& opt = {}) {
   VectorSink sink;
@@ -76,7 +78,8 @@ TEST(TraceFormat, VarintEdges) {
     EXPECT_EQ(out, v);
     EXPECT_EQ(getVarint(buf, e - 1, out), nullptr) << "a cut varint is refused";
   }
-  for (int64_t v : {int64_t{0}, int64_t{-1}, int64_t{1}, INT64_MIN, INT64_MAX}) EXPECT_EQ(unzigzag(zigzag(v)), v);
+  for (int64_t v : {int64_t{0}, int64_t{-1}, int64_t{1}, INT64_MIN, INT64_MAX})
+    EXPECT_EQ(unzigzag(zigzag(v)), v);
   uint8_t eleven[11] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
   uint64_t out;
   EXPECT_EQ(getVarint(eleven, eleven + 11, out), nullptr) << "more than 10 bytes";
@@ -138,10 +141,10 @@ TEST_P(EventRoundTrip, EveryFieldSurvives) {
   ASSERT_EQ(out.size(), in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     const auto &a = in[i], &b = out[i];
-    ASSERT_TRUE(a.addr == b.addr && a.size == b.size && a.stream == b.stream && a.time_us == b.time_us &&
-                a.device == b.device && a.stack == b.stack && a.compile_context == b.compile_context &&
-                a.user_metadata == b.user_metadata && a.pool == b.pool && a.action == b.action &&
-                a.action_name == b.action_name)
+    ASSERT_TRUE(a.addr == b.addr && a.size == b.size && a.stream == b.stream &&
+                a.time_us == b.time_us && a.device == b.device && a.stack == b.stack &&
+                a.compile_context == b.compile_context && a.user_metadata == b.user_metadata &&
+                a.pool == b.pool && a.action == b.action && a.action_name == b.action_name)
         << "event " << i;
   }
   EXPECT_EQ((*r)->string((*r)->frames()[(*r)->stacks()[s2].frame].name), "g");
@@ -243,7 +246,8 @@ TEST(TraceFormat, UnknownChunkOfANewerMinorIsSkipped) {
   EXPECT_FALSE((*r)->end().complete);
   EXPECT_NE((*r)->end().reason.find("chunks"), std::string::npos) << (*r)->end().reason;
   bool noted = false;
-  for (const auto& n : (*r)->end().notes) noted = noted || n.find("unknown type 42") != std::string::npos;
+  for (const auto& n : (*r)->end().notes)
+    noted = noted || n.find("unknown type 42") != std::string::npos;
   EXPECT_TRUE(noted);
 }
 
@@ -260,7 +264,8 @@ TEST(TraceFormat, FailedSinkErrorIsSticky) {
   TraceWriter w(sink, wo);
   ASSERT_TRUE(w.begin(TraceMeta{}).ok());
   Status last;
-  for (int i = 0; i < 10000 && last.ok(); ++i) last = w.event(TraceEvent{static_cast<uint64_t>(i) * 512, 512, 0, i, 0, 1, 0, 0, 0, 0, 0});
+  for (int i = 0; i < 10000 && last.ok(); ++i)
+    last = w.event(TraceEvent{static_cast<uint64_t>(i) * 512, 512, 0, i, 0, 1, 0, 0, 0, 0, 0});
   ASSERT_FALSE(last.ok());
   EXPECT_EQ(last.error().message, "disk full");
   EXPECT_FALSE(w.close().ok());
@@ -278,7 +283,9 @@ TEST(TraceFormat, DeviceOrdinalOutOfRangeIsRefused) {
 // ---------------------------------------------------------------------------------------------
 // Conversions of the real snapshots and the sample.
 
-std::vector<fs::path> allInputs() { return testing::realSnapshotPathsAndSample(); }
+std::vector<fs::path> allInputs() {
+  return testing::realSnapshotPathsAndSample();
+}
 
 TEST(TraceConversion, RealSnapshotsRoundTripWithIdenticalFigures) {
   auto inputs = allInputs();
@@ -303,7 +310,8 @@ TEST(TraceConversion, RealSnapshotsRoundTripWithIdenticalFigures) {
       }
     }
   }
-  if (realSnapshots().empty()) GTEST_SKIP() << "real snapshots not available; only the sample was checked";
+  if (realSnapshots().empty())
+    GTEST_SKIP() << "real snapshots not available; only the sample was checked";
 }
 
 // A native trace of a real snapshot with small chunks (many cut points) and checkpoints.
@@ -327,7 +335,8 @@ Cut smallChunkTrace(const std::string& name) {
 
 // What a cut-off or damaged file may read as: an error, or a prefix of the original whose loss
 // is stated. Never a silent difference.
-void expectErrorOrHonestPrefix(const Snapshot& orig, std::span<const uint8_t> b, size_t cut, bool salvage) {
+void expectErrorOrHonestPrefix(const Snapshot& orig, std::span<const uint8_t> b, size_t cut,
+                               bool salvage) {
   LoadOptions lo;
   lo.salvage = salvage;
   auto got = loadSnapshotBytes(b, lo);
@@ -343,7 +352,8 @@ void expectErrorOrHonestPrefix(const Snapshot& orig, std::span<const uint8_t> b,
     // Claimed complete: then it must be the whole thing.
     co.prefix = false;
     co.final_state = true;
-    EXPECT_EQ(snapshotDiff(orig, *got, co), "") << "cut at " << cut << " read as complete but differs";
+    EXPECT_EQ(snapshotDiff(orig, *got, co), "")
+        << "cut at " << cut << " read as complete but differs";
   }
 }
 
@@ -365,7 +375,8 @@ TEST(TraceTruncation, EveryChunkBoundaryAndRandomBytes) {
     prev_events = got->events.size();
     expectErrorOrHonestPrefix(c.orig, b, cut, false);
     if (cut + kEndMarkSize < c.bytes.size()) {
-      ASSERT_FALSE(got->load_warnings.empty()) << "cut at " << cut << " must say the file is incomplete";
+      ASSERT_FALSE(got->load_warnings.empty())
+          << "cut at " << cut << " must say the file is incomplete";
     }
   }
   std::mt19937_64 rng(7);
@@ -377,7 +388,11 @@ TEST(TraceTruncation, EveryChunkBoundaryAndRandomBytes) {
 
 TEST(TraceTruncation, EveryByteOfASmallTrace) {
   auto s = testing::buildSnapshot(testing::TSnapshot{
-      {{0, 0x1000, 0, "large", {{2048, 1500, "active_allocated", {{"m.py", 3, "f"}}}, {2048, 0, "inactive", {}}}}},
+      {{0,
+        0x1000,
+        0,
+        "large",
+        {{2048, 1500, "active_allocated", {{"m.py", 3, "f"}}}, {2048, 0, "inactive", {}}}}},
       {{{"segment_alloc", 0x1000, 4096, 0, 10},
         {"alloc", 0x1000, 1500, 0, 11, {{"m.py", 3, "f"}}, true},
         {"alloc", 0x1800, 100, 0, 12, {{"m.py", 4, "g"}}, true},
@@ -453,17 +468,18 @@ TEST(TraceTruncation, KilledWriterWithoutFinalStateIsRebuiltFromEvents) {
     e.stack = st;
     ASSERT_TRUE(w.event(e).ok());
   };
-  ev(3, 0x10000, 1 << 21, 1);   // segment_alloc 2 MiB
-  ev(0, 0x10000, 1000, 2);      // alloc
-  ev(0, 0x10400, 3000, 3);      // alloc
-  ev(1, 0x10000, 1000, 4);      // free_requested
-  ev(0, 0x900000, 512, 5);      // alloc outside every recorded segment
+  ev(3, 0x10000, 1 << 21, 1);  // segment_alloc 2 MiB
+  ev(0, 0x10000, 1000, 2);     // alloc
+  ev(0, 0x10400, 3000, 3);     // alloc
+  ev(1, 0x10000, 1000, 4);     // free_requested
+  ev(0, 0x900000, 512, 5);     // alloc outside every recorded segment
   ASSERT_TRUE(w.flush().ok());
   auto snap = loadSnapshotBytes(sink.data);
   ASSERT_TRUE(snap.ok()) << snap.error().message;
   ASSERT_EQ(snap->events.size(), 5u);
   ASSERT_EQ(snap->load_warnings.size(), 2u);
-  EXPECT_NE(snap->load_warnings[0].find("without a trailer"), std::string::npos) << snap->load_warnings[0];
+  EXPECT_NE(snap->load_warnings[0].find("without a trailer"), std::string::npos)
+      << snap->load_warnings[0];
   EXPECT_NE(snap->load_warnings[1].find("rebuilt"), std::string::npos);
   EXPECT_NE(snap->load_warnings[1].find("1 live allocations lie outside"), std::string::npos);
   ASSERT_EQ(snap->segments.size(), 2u);
@@ -479,7 +495,8 @@ TEST(TraceTruncation, KilledWriterWithoutFinalStateIsRebuiltFromEvents) {
   // Replay of the rebuilt state is consistent: no error anomaly.
   auto r = analysis::analyzeSnapshot(*snap);
   ASSERT_EQ(r.devices.size(), 1u);
-  for (const auto& a : r.devices[0].anomalies) EXPECT_NE(a.severity, replay::Severity::Error) << a.id;
+  for (const auto& a : r.devices[0].anomalies)
+    EXPECT_NE(a.severity, replay::Severity::Error) << a.id;
   // free_requested does not lower requested bytes (free_completed does): 1000 + 3000 + 512.
   EXPECT_EQ(r.devices[0].summary.peak_requested.bytes, 4512u);
 }

@@ -9,11 +9,12 @@
 // Except where the file contradicts itself (kContradictory): there replay must say so, with
 // history_contradicts_final_state and final_state_mismatch and the figures it cannot vouch for
 // (start, peaks, final_replayed, block_layout), and its counters must still be sane.
+#include "fixtures/real_snapshots.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "fixtures/real_snapshots.h"
 #include "analysis/analyze.h"
 #include "format/load.h"
 #include "replay/replay.h"
@@ -23,7 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<fs::path> realFiles() { return testing::realSnapshotPaths(); }
+std::vector<fs::path> realFiles() {
+  return testing::realSnapshotPaths();
+}
 
 // Real files whose trace cannot lead to their final state (see ../shared/snapshots-real/README.md):
 // drisspg's holds the first 50 events while the segments are the state at the end, all free.
@@ -44,8 +47,9 @@ TEST_P(RealSnapshot, ReplayInvariantsHold) {
     if (contradictory(GetParam())) {
       using replay::AnomalyKind;
       EXPECT_FALSE(s.consistent);
-      EXPECT_EQ(replay::untrustedNames(s.untrusted),
-                (std::vector<std::string_view>{"start", "peaks", "final_replayed", "block_layout"}));
+      EXPECT_EQ(
+          replay::untrustedNames(s.untrusted),
+          (std::vector<std::string_view>{"start", "peaks", "final_replayed", "block_layout"}));
       const auto& h = s.anomalies[static_cast<size_t>(AnomalyKind::HistoryContradictsFinalState)];
       EXPECT_EQ(h.count, 24u);  // the 24 allocs that are never freed in the trace
       EXPECT_EQ(h.first_event, 1);
@@ -88,7 +92,8 @@ TEST_P(RealSnapshot, ReplayInvariantsHold) {
     for (const auto& e : r.events()) {
       if (e.action == format::Action::SegmentAlloc || e.action == format::Action::SegmentMap) {
         reserved += static_cast<int64_t>(e.size);
-      } else if (e.action == format::Action::SegmentFree || e.action == format::Action::SegmentUnmap) {
+      } else if (e.action == format::Action::SegmentFree ||
+                 e.action == format::Action::SegmentUnmap) {
         reserved -= static_cast<int64_t>(e.size);
       }
       ASSERT_GE(reserved, 0);

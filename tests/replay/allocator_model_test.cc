@@ -29,8 +29,12 @@ format::Snapshot trace(std::vector<TEvent> ev) {
   return buildSnapshot(t);
 }
 
-TEvent alloc(uint64_t addr, uint64_t size, int64_t stream = 0) { return {"alloc", addr, size, stream}; }
-TEvent segAlloc(uint64_t addr, uint64_t size, int64_t stream = 0) { return {"segment_alloc", addr, size, stream}; }
+TEvent alloc(uint64_t addr, uint64_t size, int64_t stream = 0) {
+  return {"alloc", addr, size, stream};
+}
+TEvent segAlloc(uint64_t addr, uint64_t size, int64_t stream = 0) {
+  return {"segment_alloc", addr, size, stream};
+}
 void freeBoth(std::vector<TEvent>& ev, uint64_t addr, uint64_t size, int64_t stream = 0) {
   ev.push_back({"free_requested", addr, size, stream});
   ev.push_back({"free_completed", addr, size, stream});
@@ -55,14 +59,13 @@ TEST(AllocationSize, FollowsGetAllocationSize) {
 }
 
 TEST(AllocatorModel, BestFitTakesTheSmallestBlockAndKeepsLargeSlackUnsplit) {
-  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB),
-                         alloc(kB, 2 * kMiB),                   // split: 18 MiB stays free
-                         alloc(kB + 2 * kMiB, 3 * kMiB / 2),
-                         alloc(kB + 7 * kMiB / 2, 4 * kMiB),
+  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB),  // split: 18 MiB stays free
+                         alloc(kB + 2 * kMiB, 3 * kMiB / 2), alloc(kB + 7 * kMiB / 2, 4 * kMiB),
                          alloc(kB + 15 * kMiB / 2, 3 * kMiB / 2)};
   freeBoth(ev, kB, 2 * kMiB);
   freeBoth(ev, kB + 7 * kMiB / 2, 4 * kMiB);
-  ev.push_back(alloc(kB + 7 * kMiB / 2, 3 * kMiB));  // the 4 MiB hole, not 2 MiB (too small) or the tail
+  ev.push_back(
+      alloc(kB + 7 * kMiB / 2, 3 * kMiB));  // the 4 MiB hole, not 2 MiB (too small) or the tail
   auto snap = trace(ev);
   DeviceAllocatorModel m(snap, 0);
   const auto& c = m.runCheck();
@@ -78,11 +81,13 @@ TEST(AllocatorModel, BestFitTakesTheSmallestBlockAndKeepsLargeSlackUnsplit) {
   EXPECT_EQ(l[0].blocks[2].size, 4 * kMiB);
   EXPECT_EQ(l[0].blocks[2].requested, 3 * kMiB);
   EXPECT_EQ(l[0].blocks[2].alloc_event, 9);
-  EXPECT_EQ(freeBlocks(l), (std::vector<std::pair<uint64_t, uint64_t>>{{kB, 2 * kMiB}, {kB + 9 * kMiB, 11 * kMiB}}));
+  EXPECT_EQ(freeBlocks(l), (std::vector<std::pair<uint64_t, uint64_t>>{
+                               {kB, 2 * kMiB}, {kB + 9 * kMiB, 11 * kMiB}}));
 }
 
 TEST(AllocatorModel, ReportsTheBestFitWhenTheTraceDisagrees) {
-  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB), alloc(kB + 2 * kMiB, 2 * kMiB)};
+  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB),
+                         alloc(kB + 2 * kMiB, 2 * kMiB)};
   freeBoth(ev, kB, 2 * kMiB);
   ev.push_back(alloc(kB + 4 * kMiB, 2 * kMiB));  // the allocator would reuse kB
   ev.push_back(alloc(kB, 2 * kMiB));             // after the mismatch the model is still in sync
@@ -99,12 +104,13 @@ TEST(AllocatorModel, ReportsTheBestFitWhenTheTraceDisagrees) {
 }
 
 TEST(AllocatorModel, SplitThresholdsOfBothPools) {
-  std::vector<TEvent> ev{segAlloc(kB, 2 * kMiB),
-                         alloc(kB, kMiB),                      // small: 1 MiB remainder split off
-                         alloc(kB + kMiB, kMiB - 512),         // small: a 512-byte remainder still splits
-                         alloc(kB + 2 * kMiB - 512, 100),      // into that 512-byte block
-                         segAlloc(kB + 64 * kMiB, 20 * kMiB),
-                         alloc(kB + 64 * kMiB, 19 * kMiB - 512)};  // large: remainder 1 MiB + 512 > 1 MiB: split
+  std::vector<TEvent> ev{
+      segAlloc(kB, 2 * kMiB),
+      alloc(kB, kMiB),                  // small: 1 MiB remainder split off
+      alloc(kB + kMiB, kMiB - 512),     // small: a 512-byte remainder still splits
+      alloc(kB + 2 * kMiB - 512, 100),  // into that 512-byte block
+      segAlloc(kB + 64 * kMiB, 20 * kMiB),
+      alloc(kB + 64 * kMiB, 19 * kMiB - 512)};  // large: remainder 1 MiB + 512 > 1 MiB: split
   auto snap = trace(ev);
   DeviceAllocatorModel m(snap, 0);
   const auto& c = m.runCheck();
@@ -122,8 +128,9 @@ TEST(AllocatorModel, SplitThresholdsOfBothPools) {
 }
 
 TEST(AllocatorModel, CoalescesWithBothNeighbours) {
-  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB), alloc(kB + 2 * kMiB, 2 * kMiB),
-                         alloc(kB + 4 * kMiB, 2 * kMiB), alloc(kB + 6 * kMiB, 2 * kMiB)};
+  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB),
+                         alloc(kB + 2 * kMiB, 2 * kMiB), alloc(kB + 4 * kMiB, 2 * kMiB),
+                         alloc(kB + 6 * kMiB, 2 * kMiB)};
   freeBoth(ev, kB, 2 * kMiB);
   freeBoth(ev, kB + 4 * kMiB, 2 * kMiB);
   ev.push_back({"free_requested", kB + 2 * kMiB, 2 * kMiB, 0});
@@ -146,11 +153,13 @@ TEST(AllocatorModel, CoalescesWithBothNeighbours) {
 }
 
 TEST(AllocatorModel, StreamsNeverShareBlocksAndANewSegmentIsPredicted) {
-  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB),
-                         segAlloc(kB + 64 * kMiB, 20 * kMiB, 7),  // stream 7 cannot use stream 0's 18 MiB
-                         alloc(kB + 64 * kMiB, 2 * kMiB, 7),
-                         segAlloc(kB + 128 * kMiB, 20 * kMiB),    // wrong: stream 0's tail fits
-                         alloc(kB + 128 * kMiB, 2 * kMiB)};
+  std::vector<TEvent> ev{
+      segAlloc(kB, 20 * kMiB),
+      alloc(kB, 2 * kMiB),
+      segAlloc(kB + 64 * kMiB, 20 * kMiB, 7),  // stream 7 cannot use stream 0's 18 MiB
+      alloc(kB + 64 * kMiB, 2 * kMiB, 7),
+      segAlloc(kB + 128 * kMiB, 20 * kMiB),  // wrong: stream 0's tail fits
+      alloc(kB + 128 * kMiB, 2 * kMiB)};
   auto snap = trace(ev);
   DeviceAllocatorModel m(snap, 0);
   const auto& c = m.runCheck();
@@ -169,7 +178,8 @@ TEST(AllocatorModel, OversizeBlocksWithMaxSplitSize) {
   // A normal request never takes a block >= max_split_size: a new 20 MiB segment.
   ev.push_back(segAlloc(kB + 64 * kMiB, 20 * kMiB));
   ev.push_back(alloc(kB + 64 * kMiB, 5 * kMiB));
-  // An oversize request takes the oversize block if it is < request + 20 MiB, and does not split it.
+  // An oversize request takes the oversize block if it is < request + 20 MiB, and does not split
+  // it.
   ev.push_back(alloc(kB, 45 * kMiB));
   auto snap = trace(ev);
   snap.settings.present = true;
@@ -191,7 +201,8 @@ TEST(AllocatorModel, OversizeBlocksWithMaxSplitSize) {
 }
 
 TEST(AllocatorModel, SegmentFreeNeedsAnUnsplitFreeSegment) {
-  std::vector<TEvent> ev{segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB), {"segment_free", kB, 20 * kMiB, 0}};
+  std::vector<TEvent> ev{
+      segAlloc(kB, 20 * kMiB), alloc(kB, 2 * kMiB), {"segment_free", kB, 20 * kMiB, 0}};
   auto snap = trace(ev);
   DeviceAllocatorModel m(snap, 0);
   const auto& c = m.runCheck();
@@ -202,12 +213,13 @@ TEST(AllocatorModel, SegmentFreeNeedsAnUnsplitFreeSegment) {
 
 TEST(AllocatorModel, ExpandableSegmentsMapAndUnmap) {
   const uint64_t e = kB;
-  std::vector<TEvent> ev{{"segment_map", e, 20 * kMiB, 0},
-                         alloc(e, 5 * kMiB),
-                         // 30 MiB: the free 15 MiB before the unmapped space grows by one 20 MiB page.
-                         {"segment_map", e + 20 * kMiB, 20 * kMiB, 0},
-                         alloc(e + 5 * kMiB, 30 * kMiB),
-                         alloc(e + 35 * kMiB, 3 * kMiB)};  // 5 MiB left: expandable splits down to 512
+  std::vector<TEvent> ev{
+      {"segment_map", e, 20 * kMiB, 0},
+      alloc(e, 5 * kMiB),
+      // 30 MiB: the free 15 MiB before the unmapped space grows by one 20 MiB page.
+      {"segment_map", e + 20 * kMiB, 20 * kMiB, 0},
+      alloc(e + 5 * kMiB, 30 * kMiB),
+      alloc(e + 35 * kMiB, 3 * kMiB)};  // 5 MiB left: expandable splits down to 512
   freeBoth(ev, e, 5 * kMiB);
   freeBoth(ev, e + 5 * kMiB, 30 * kMiB);
   ev.push_back({"segment_unmap", e, 20 * kMiB, 0});
@@ -233,7 +245,8 @@ TEST(AllocatorModel, ExpandableSegmentsMapAndUnmap) {
   auto l3 = m.layoutAt(2);
   ASSERT_EQ(l3.size(), 1u);
   EXPECT_EQ(l3[0].size, 40 * kMiB);
-  EXPECT_EQ(freeBlocks(l3), (std::vector<std::pair<uint64_t, uint64_t>>{{e + 5 * kMiB, 35 * kMiB}}));
+  EXPECT_EQ(freeBlocks(l3),
+            (std::vector<std::pair<uint64_t, uint64_t>>{{e + 5 * kMiB, 35 * kMiB}}));
 }
 
 // Real files: the two complete histories must match at 100 %, and wherever every prediction
@@ -250,11 +263,13 @@ TEST(AllocatorModelReal, ReproducesTheAllocatorOnRealFiles) {
     for (int64_t d : snap->devices()) {
       DeviceAllocatorModel m(*snap, d);
       const auto& c = m.runCheck();
-      std::cout << p.filename().string() << " device " << d << ": allocs " << c.alloc_matches << "/" << c.allocs
-                << ", segment events " << c.segment_matches << "/" << c.segment_events << "\n";
+      std::cout << p.filename().string() << " device " << d << ": allocs " << c.alloc_matches << "/"
+                << c.allocs << ", segment events " << c.segment_matches << "/" << c.segment_events
+                << "\n";
       for (const auto& mm : c.first_mismatches) {
-        std::cout << "  event " << mm.event << " " << format::actionName(mm.action) << " recorded 0x" << std::hex
-                  << mm.recorded << " predicted 0x" << mm.predicted << std::dec << ": " << mm.why << "\n";
+        std::cout << "  event " << mm.event << " " << format::actionName(mm.action)
+                  << " recorded 0x" << std::hex << mm.recorded << " predicted 0x" << mm.predicted
+                  << std::dec << ": " << mm.why << "\n";
       }
       const std::string name = p.filename().string();
       if (name.starts_with("silmont2000__assignment2-systems__mem_snapshot") ||

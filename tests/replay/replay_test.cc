@@ -16,7 +16,9 @@ using memforensics::testing::TSnapshot;
 constexpr uint64_t kBase = 0x7f0000000000ULL;
 constexpr uint64_t k20M = 20971520;
 
-uint64_t count(const DeviceSummary& s, AnomalyKind k) { return s.anomalies[static_cast<size_t>(k)].count; }
+uint64_t count(const DeviceSummary& s, AnomalyKind k) {
+  return s.anomalies[static_cast<size_t>(k)].count;
+}
 uint64_t errors(const DeviceSummary& s) {
   uint64_t n = 0;
   for (size_t k = 0; k < kAnomalyKinds; ++k) {
@@ -36,17 +38,20 @@ TEST(RoundSize, MatchesThePyTorchRule) {
   // Power-of-two divisions apply only above 512 * divisions (CUDACachingAllocator round_size);
   // the format doc's "1200 -> 1280" example contradicts that condition, the source wins: 1536.
   EXPECT_EQ(roundSize(1200, four), 1536u);
-  EXPECT_EQ(roundSize(3000, four), 3072u);           // step 2048/4 = 512 -> 3072
-  EXPECT_EQ(roundSize(5000, four), 5120u);           // step 4096/4 = 1024 -> 5120
-  EXPECT_EQ(roundSize(1048576, four), 1048576u);     // a power of two stays
-  EXPECT_EQ(roundSize(1100000, four), 1310720u);     // 1 MiB + 256 KiB steps
+  EXPECT_EQ(roundSize(3000, four), 3072u);        // step 2048/4 = 512 -> 3072
+  EXPECT_EQ(roundSize(5000, four), 5120u);        // step 4096/4 = 1024 -> 5120
+  EXPECT_EQ(roundSize(1048576, four), 1048576u);  // a power of two stays
+  EXPECT_EQ(roundSize(1100000, four), 1310720u);  // 1 MiB + 256 KiB steps
   EXPECT_EQ(roundSize(300, four), 512u);
 }
 
 // A complete history from an empty allocator: one segment, two allocations, one freed.
 TSnapshot completeHistory() {
   TSnapshot t;
-  t.segments.push_back({0, kBase, 0, "large",
+  t.segments.push_back({0,
+                        kBase,
+                        0,
+                        "large",
                         {{4000256, 4000000, "active_allocated", {{"train.py", 10, "main"}}},
                          {k20M - 4000256, 0, "inactive", {}}}});
   t.traces.push_back({
@@ -96,7 +101,8 @@ TEST(Replay, TruncatedHistoryPutsFreedBlocksIntoTheStartState) {
   // The ring buffer lost the alloc of the block freed at the start.
   TSnapshot t;
   t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
-  t.traces.push_back({{"free_requested", kBase, 1000000, 0, 5}, {"free_completed", kBase, 1000000, 0, 5}});
+  t.traces.push_back(
+      {{"free_requested", kBase, 1000000, 0, 5}, {"free_completed", kBase, 1000000, 0, 5}});
   auto snap = buildSnapshot(t);
   DeviceReplayer r(snap, 0);
   EXPECT_EQ(r.startCounters().requested, 1000000u);
@@ -111,7 +117,12 @@ TEST(Replay, TruncatedHistoryPutsFreedBlocksIntoTheStartState) {
 
 TEST(Replay, PendingFreeAcrossStreams) {
   TSnapshot t;
-  t.segments.push_back({0, kBase, 7, "large", {{2097152, 2000000, "active_pending_free", {}}, {k20M - 2097152, 0, "inactive", {}}}});
+  t.segments.push_back(
+      {0,
+       kBase,
+       7,
+       "large",
+       {{2097152, 2000000, "active_pending_free", {}}, {k20M - 2097152, 0, "inactive", {}}}});
   t.traces.push_back({{"alloc", kBase, 2000000, 7, 1}, {"free_requested", kBase, 2000000, 7, 2}});
   auto snap = buildSnapshot(t);
   DeviceReplayer r(snap, 0);
@@ -126,7 +137,8 @@ TEST(Replay, UnmatchedFreesAreTruncatedHistoryNotErrors) {
   // A free whose alloc is not in the trace means the alloc happened before recording began.
   TSnapshot t;
   t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
-  t.traces.push_back({{"free_requested", kBase + 512, 1000, 0, 1}, {"free_completed", kBase + 512, 1000, 0, 1},
+  t.traces.push_back({{"free_requested", kBase + 512, 1000, 0, 1},
+                      {"free_completed", kBase + 512, 1000, 0, 1},
                       {"segment_free", kBase * 3, k20M, 0, 2}});
   auto snap = buildSnapshot(t);
   DeviceReplayer r(snap, 0);
@@ -140,7 +152,9 @@ TEST(Replay, SkippedFreeCompletedActionsStillBalance) {
   // skip_actions=["free_completed"]: free_requested must act as the free.
   TSnapshot t;
   t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
-  t.traces.push_back({{"segment_alloc", kBase, k20M, 0, 1}, {"alloc", kBase, 1000, 0, 2}, {"free_requested", kBase, 1000, 0, 3}});
+  t.traces.push_back({{"segment_alloc", kBase, k20M, 0, 1},
+                      {"alloc", kBase, 1000, 0, 2},
+                      {"free_requested", kBase, 1000, 0, 3}});
   auto snap = buildSnapshot(t);
   DeviceReplayer r(snap, 0);
   auto s = summarizeDevice(r);
@@ -155,14 +169,14 @@ TEST(Replay, DetectorsFireOnBrokenTraces) {
   t.traces.push_back({
       {"segment_alloc", kBase, k20M, 0, 10},
       {"alloc", kBase, 1000, 0, 11},
-      {"alloc", kBase, 1000, 0, 12},                  // double alloc
-      {"snapshot", 0, 123, 0, 13},                    // wrong active bytes
-      {"free_requested", kBase, 1000, 0, 9},          // time goes back
+      {"alloc", kBase, 1000, 0, 12},          // double alloc
+      {"snapshot", 0, 123, 0, 13},            // wrong active bytes
+      {"free_requested", kBase, 1000, 0, 9},  // time goes back
       {"free_completed", kBase, 1000, 0, 14},
-      {"free_requested", kBase, 1000, 0, 15},         // double free: no live block any more
-      {"alloc", kBase * 2, 512, 0, 16},               // outside every segment
+      {"free_requested", kBase, 1000, 0, 15},  // double free: no live block any more
+      {"alloc", kBase * 2, 512, 0, 16},        // outside every segment
       {"segment_free", kBase, k20M, 0, 17},
-      {"segment_free", kBase, k20M, 0, 18},           // double segment free
+      {"segment_free", kBase, k20M, 0, 18},  // double segment free
       {"bogus_action", 0, 0, 0, 19},
   });
   auto snap = buildSnapshot(t);

@@ -128,7 +128,8 @@ TEST(ReplayValidation, CountersSaturateInsteadOfWrapping) {
   // The same segment of 2^63 bytes allocated twice (SegmentOverlap): reserved would wrap to 0;
   // the overlapping event is ignored, so the bytes are counted once.
   TSnapshot u;
-  u.traces.push_back({{"segment_alloc", 0, uint64_t{1} << 63}, {"segment_alloc", 0, uint64_t{1} << 63}});
+  u.traces.push_back(
+      {{"segment_alloc", 0, uint64_t{1} << 63}, {"segment_alloc", 0, uint64_t{1} << 63}});
   auto s2 = summarize(buildSnapshot(u));
   EXPECT_EQ(count(s2, AnomalyKind::SegmentOverlap), 1u);
   EXPECT_EQ(s2.final_replayed.reserved, uint64_t{1} << 63);

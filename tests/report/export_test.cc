@@ -1,5 +1,4 @@
 // export_test.cc: the Perfetto and collapsed-stack exports, on fabricated and real snapshots.
-#include "fixtures/real_snapshots.h"
 #include "report/export.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +11,7 @@
 #include <optional>
 #include <sstream>
 
+#include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load.h"
 #include "replay/replay.h"
@@ -440,7 +440,9 @@ TEST(ExportCollapsed, SanitizesSeparatorsAndInvalidUtf8) {
 
 namespace fs = std::filesystem;
 
-std::vector<fs::path> realFiles() { return testing::realSnapshotPaths(); }
+std::vector<fs::path> realFiles() {
+  return testing::realSnapshotPaths();
+}
 
 class RealExport : public ::testing::TestWithParam<fs::path> {};
 
@@ -539,7 +541,8 @@ TEST_P(RealExport, CollapsedSumsToThePeak) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, RealExport, ::testing::ValuesIn(realFiles()), [](const auto& info) { return testing::testNameOf(info.param); });
+INSTANTIATE_TEST_SUITE_P(Files, RealExport, ::testing::ValuesIn(realFiles()),
+                         [](const auto& info) { return testing::testNameOf(info.param); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RealExport);
 
 }  // namespace

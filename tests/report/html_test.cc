@@ -1,7 +1,6 @@
 // html_test.cc: the self-contained page: every placeholder filled, no network location, the data
-// document equal to analyze --json's, and hostile snapshot strings unable to leave their JSON string.
-#include "report/render_html.h"
-
+// document equal to analyze --json's, and hostile snapshot strings unable to leave their JSON
+// string.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "analysis/report_data.h"
 #include "fixtures/snapshot_builder.h"
 #include "report/render.h"
+#include "report/render_html.h"
 
 namespace memforensics::report {
 namespace {
@@ -48,7 +48,8 @@ Page render(const format::Snapshot& snap, const std::string& path) {
   const std::string open = "<script id=\"memf-data\" type=\"application/json\">";
   size_t a = p.html.find(open);
   size_t b = a == std::string::npos ? a : p.html.find("</script>", a);
-  if (a != std::string::npos && b != std::string::npos) p.data = p.html.substr(a + open.size(), b - a - open.size());
+  if (a != std::string::npos && b != std::string::npos)
+    p.data = p.html.substr(a + open.size(), b - a - open.size());
   return p;
 }
 
@@ -64,7 +65,8 @@ format::Snapshot hostile() {
 
 TEST(Html, HostileStringsStayInsideTheirJsonString) {
   Page p = render(hostile(), "/tmp/" + kEvil + ".pickle");
-  // Exactly the page's own three script elements (error hook, data, script) close; nothing from the data.
+  // Exactly the page's own three script elements (error hook, data, script) close; nothing from the
+  // data.
   EXPECT_EQ(count(p.html, "</script>"), 3u);
   EXPECT_EQ(count(p.html, "<img"), 0u);
   EXPECT_EQ(p.data.find('<'), std::string::npos);
@@ -75,7 +77,8 @@ TEST(Html, HostileStringsStayInsideTheirJsonString) {
   auto doc = nlohmann::json::parse(p.data);
   EXPECT_EQ(doc["analysis"]["path"], "/tmp/" + kEvil + ".pickle");
   bool frame_found = false;
-  for (const auto& f : doc["frames"]) frame_found |= f[1] == "forward" + kEvil && f[0] == kEvil + ".py";
+  for (const auto& f : doc["frames"])
+    frame_found |= f[1] == "forward" + kEvil && f[0] == kEvil + ".py";
   EXPECT_TRUE(frame_found);
 }
 
@@ -94,7 +97,7 @@ TEST(Html, EveryPlaceholderIsFilledAndNothingLeavesThePage) {
   std::string nonce = p.html.substr(at + 7, 32);
   EXPECT_EQ(count(p.html, "<script nonce=\"" + nonce + "\">"), 2u);
   EXPECT_NE(p.html.find("function fmtBytes"), std::string::npos);  // the script is in
-  EXPECT_NE(p.html.find(".stats {"), std::string::npos);            // the style is in
+  EXPECT_NE(p.html.find(".stats {"), std::string::npos);           // the style is in
 }
 
 TEST(Html, TheEmbeddedAnalysisIsAnalyzeJson) {
@@ -104,7 +107,8 @@ TEST(Html, TheEmbeddedAnalysisIsAnalyzeJson) {
   auto expected = nlohmann::json::parse(renderJsonString(p.analysis));
   EXPECT_EQ(doc["analysis"], expected);
   ASSERT_EQ(doc["devices"].size(), 1u);
-  EXPECT_EQ(doc["devices"][0]["peaks"]["requested"]["bytes"], expected["devices"][0]["peak_requested_bytes"]);
+  EXPECT_EQ(doc["devices"][0]["peaks"]["requested"]["bytes"],
+            expected["devices"][0]["peak_requested_bytes"]);
 }
 
 // ---- The page bound holds for any input, and its notes are true ------------------------------
@@ -126,10 +130,12 @@ std::string dataOf(const std::string& html) {
   return html.substr(a + open.size(), b - a - open.size());
 }
 
-Bounded renderBounded(const format::Snapshot& snap, size_t max_bytes, const analysis::ReportDataOptions& o = {}) {
+Bounded renderBounded(const format::Snapshot& snap, size_t max_bytes,
+                      const analysis::ReportDataOptions& o = {}) {
   Bounded b;
   analysis::AnalyzeOptions ao;
-  ao.top_frames = 10;  // as `report` asks (cmd_report.cc): the call graph at the peak is in the page
+  ao.top_frames =
+      10;  // as `report` asks (cmd_report.cc): the call graph at the peak is in the page
   auto a = analysis::analyzeSnapshot(snap, ao);
   a.path = "hostile.pickle";
   auto data = analysis::buildReportData(snap, o);
@@ -140,7 +146,8 @@ Bounded renderBounded(const format::Snapshot& snap, size_t max_bytes, const anal
 }
 
 // The number N in the first note containing `what` ("... N <what> ..."), -1 when there is none.
-int64_t noteCount(const std::vector<std::string>& caps, const std::string& what, const std::string& prefix) {
+int64_t noteCount(const std::vector<std::string>& caps, const std::string& what,
+                  const std::string& prefix) {
   for (const auto& c : caps) {
     size_t at = c.find(what);
     if (at == std::string::npos || c.rfind(prefix, 0) != 0) continue;
@@ -164,8 +171,9 @@ TEST(HtmlBound, LongFrameNamesAreTruncatedAndCounted) {
   std::vector<TEvent> tr = {{"segment_alloc", 0x7f0000000000ULL, 1ULL << 30, 0, 1}};
   for (int i = 0; i < 21; ++i) {  // 21 frame names of 1 MiB, each live at the peak
     TEvent al{"alloc", 0x7f0000000000ULL + static_cast<uint64_t>(i) * 4096, 4096, 0, 2 + i};
-    al.frames = {{"f" + std::to_string(i) + ".py", 1, std::string(1 << 20, static_cast<char>('A' + i))},
-                 {"train.py", 1, "<module>"}};
+    al.frames = {
+        {"f" + std::to_string(i) + ".py", 1, std::string(1 << 20, static_cast<char>('A' + i))},
+        {"train.py", 1, "<module>"}};
     al.with_frames = true;
     tr.push_back(al);
   }
@@ -181,15 +189,21 @@ TEST(HtmlBound, LongFrameNamesAreTruncatedAndCounted) {
   });
   EXPECT_GT(marked, 20u);
   EXPECT_LE(longest, kPageStringBytes + 32);  // the limit and its marker
-  EXPECT_EQ(noteCount(b.caps, "strings truncated to 1024 bytes", "page: "), static_cast<int64_t>(marked));
+  EXPECT_EQ(noteCount(b.caps, "strings truncated to 1024 bytes", "page: "),
+            static_cast<int64_t>(marked));
 }
 
 TEST(HtmlBound, DeepStacksKeepTheirEndsAndCountWhatIsLeftOut) {
   std::vector<memforensics::testing::TFrame> deep;
-  for (int i = 0; i < 100000; ++i) deep.push_back({"m.py", static_cast<uint64_t>(i + 1), "f" + std::to_string(i)});
+  for (int i = 0; i < 100000; ++i)
+    deep.push_back({"m.py", static_cast<uint64_t>(i + 1), "f" + std::to_string(i)});
   TSnapshot t;
   t.segments.push_back(
-      {0, 0x7f0000000000ULL, 0, "large", {{4096, 4096, "active_allocated", deep}, {2097152 - 4096, 0, "inactive", {}}}});
+      {0,
+       0x7f0000000000ULL,
+       0,
+       "large",
+       {{4096, 4096, "active_allocated", deep}, {2097152 - 4096, 0, "inactive", {}}}});
   TEvent seg{"segment_alloc", 0x7f0000000000ULL, 2097152, 0, 1};
   TEvent al{"alloc", 0x7f0000000000ULL, 4096, 0, 2};
   al.frames = deep;
@@ -204,7 +218,8 @@ TEST(HtmlBound, DeepStacksKeepTheirEndsAndCountWhatIsLeftOut) {
   std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& j) {
     if (j.is_object()) {
       for (auto it = j.begin(); it != j.end(); ++it) {
-        if ((it.key() == "frames" || it.key() == "where" || it.key() == "hot_path") && it.value().is_array()) {
+        if ((it.key() == "frames" || it.key() == "where" || it.key() == "hot_path") &&
+            it.value().is_array()) {
           EXPECT_LE(it.value().size(), kPageFramesPerList + 1) << it.key();
           for (const auto& f : it.value()) {
             const auto& fr = f.contains("frame") ? f["frame"] : f;
@@ -223,7 +238,8 @@ TEST(HtmlBound, DeepStacksKeepTheirEndsAndCountWhatIsLeftOut) {
   };
   walk(b.doc["analysis"]);
   EXPECT_GT(lists, 0u);
-  const std::string prefix = "page: " + std::to_string(lists) + " stacks show their 24 innermost and 24 outermost frames (";
+  const std::string prefix = "page: " + std::to_string(lists) +
+                             " stacks show their 24 innermost and 24 outermost frames (";
   bool noted = false;
   for (const auto& c : b.caps) {
     if (c.rfind(prefix, 0) == 0) {
@@ -250,9 +266,10 @@ format::Snapshot manyRanges(size_t ranges) {
   auto snap = buildSnapshot(t);
   for (size_t k = 0; k < ranges; ++k) {
     const std::string name = "range " + std::to_string(k);
-    snap.annotations.push_back({0, static_cast<int64_t>(k), snap.strings.intern(name), snap.strings.intern("START")});
     snap.annotations.push_back(
-        {0, static_cast<int64_t>(2 * ranges + 1 - k), snap.strings.intern(name), snap.strings.intern("END")});
+        {0, static_cast<int64_t>(k), snap.strings.intern(name), snap.strings.intern("START")});
+    snap.annotations.push_back({0, static_cast<int64_t>(2 * ranges + 1 - k),
+                                snap.strings.intern(name), snap.strings.intern("END")});
   }
   snap.traits.has_annotations_key = true;
   return snap;

@@ -16,7 +16,8 @@ using memforensics::testing::TSnapshot;
 
 TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
   TSnapshot t;
-  std::vector<memforensics::testing::TFrame> bad = {{"</script><img src=x onerror=alert(1)>\xff.py", 1, "\"quoted\"\n"}};
+  std::vector<memforensics::testing::TFrame> bad = {
+      {"</script><img src=x onerror=alert(1)>\xff.py", 1, "\"quoted\"\n"}};
   t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 5, "active_allocated", bad}}});
   t.traces.push_back({{"alloc", 0x1000000, 5, 0, 1, bad, true}, {"oom", 100, 1 << 30, 0, 2}});
   auto snap = buildSnapshot(t);
@@ -26,9 +27,9 @@ TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
   EXPECT_EQ(j["schema_version"], kJsonSchemaVersion);
   ASSERT_EQ(j["devices"].size(), 1u);
   const auto& d = j["devices"][0];
-  for (const char* key : {"device", "events", "peak_reserved_bytes", "peak_requested_bytes",
-                          "peak_allocated_bytes", "final_reserved_bytes", "final_requested_bytes",
-                          "oom_count", "anomalies"}) {
+  for (const char* key :
+       {"device", "events", "peak_reserved_bytes", "peak_requested_bytes", "peak_allocated_bytes",
+        "final_reserved_bytes", "final_requested_bytes", "oom_count", "anomalies"}) {
     EXPECT_TRUE(d.contains(key)) << key;
   }
   EXPECT_EQ(d["oom_count"], 1);
@@ -43,7 +44,8 @@ TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
 TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
   TSnapshot t;
   t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 0, "inactive", {}}}});
-  t.traces.push_back({{"free_requested", 0x1000000, 7, 0, 1}, {"free_completed", 0x1000000, 7, 0, 1}});
+  t.traces.push_back(
+      {{"free_requested", 0x1000000, 7, 0, 1}, {"free_completed", 0x1000000, 7, 0, 1}});
   auto snap = buildSnapshot(t);
   auto r = analysis::analyzeSnapshot(snap);
   r.path = "y.pickle";
