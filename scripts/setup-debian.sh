@@ -3,7 +3,9 @@
 # Safe to run again; skips apt entirely when everything is already installed.
 set -euo pipefail
 packages=(build-essential cmake ninja-build python3 libcli11-dev nlohmann-json3-dev
-          libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev pkg-config time)
+          libboost-graph-dev libgtest-dev libgmock-dev libbenchmark-dev libzstd-dev zlib1g-dev pkg-config time)
+# scripts/check-format.sh: the formatter the committed .clang-format is checked with.
+packages+=(clang-format)
 # scripts/fuzz.sh: clang with libFuzzer and its sanitizer runtimes, llvm-symbolizer for reports.
 packages+=(clang libclang-rt-14-dev llvm)
 # tests/report/browser_test.py: the HTML report opened in headless Chromium through ChromeDriver.
