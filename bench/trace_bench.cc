@@ -13,10 +13,10 @@
 #include <fstream>
 #include <random>
 
-#include "format/load.h"
-#include "format/snapshot_trace.h"
-#include "format/trace_reader.h"
-#include "format/trace_writer.h"
+#include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_reader.h"
+#include "format/trace/trace_writer.h"
 
 namespace mf = memforensics;
 using namespace mf::format::trace;

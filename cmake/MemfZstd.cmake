@@ -1,4 +1,4 @@
-# memf_zstd: libzstd for the native trace writer and reader (src/format/trace_writer.cc,
+# memf_zstd: libzstd for the native trace writer and reader (src/format/trace/trace_writer.cc,
 # trace_reader.cc), as one INTERFACE target visible in every directory (an IMPORTED target from
 # pkg_check_modules is directory-scoped, which is why src/capture used to look for zstd again).
 #

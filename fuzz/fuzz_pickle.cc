@@ -12,8 +12,8 @@
 #include <streambuf>
 
 #include "analysis/analyze.h"
-#include "format/dump.h"
-#include "format/load.h"
+#include "format/load/load.h"
+#include "format/model/dump.h"
 #include "null_stream.h"
 #include "report/render.h"
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "format/dump.h"
-#include "format/load.h"
-#include "format/trace_reader.h"
+#include "format/load/load.h"
+#include "format/model/dump.h"
+#include "format/trace/trace_reader.h"
 #include "null_stream.h"
 #include "report/render.h"
 

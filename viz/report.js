@@ -421,8 +421,8 @@
     cap.dataset.event = String(k.event);
     cap.dataset.keyframe = String(S.kf);
     const base = TL ? TL.base : 0;
-    let text = "Layout " + kfLabel(k, base) + ": reserved " + fmtBytes(k.at.reserved) + ", allocated " + fmtBytes(k.at.allocated) +
-      ", pending free " + fmtBytes(k.at.pending) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
+    let text = "Layout " + kfLabel(k, base) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
+      ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
     if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (nearest precomputed moment to event " + S.picked + ")";
     cap.textContent = text;
     BM = decodeKeyframe(k);

@@ -11,7 +11,7 @@
 #include "analysis/callgraph.h"
 #include "analysis/findings.h"
 #include "analysis/frames.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 
 namespace memforensics::analysis {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "analysis/frames.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {

@@ -13,7 +13,7 @@
 #include "analysis/callgraph.h"
 #include "analysis/frames.h"
 #include "analysis/phases.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::analysis {
 

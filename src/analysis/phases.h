@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::analysis {
 

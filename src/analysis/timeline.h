@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "analysis/phases.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {

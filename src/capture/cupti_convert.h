@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-#include "format/trace_format.h"
+#include "format/trace/trace_format.h"
 
 namespace memforensics::capture::cupti {
 

@@ -44,7 +44,7 @@
 
 #include "capture/cupti_convert.h"
 #include "capture/cupti_stacks.h"
-#include "format/trace_writer.h"
+#include "format/trace/trace_writer.h"
 
 namespace ft = memforensics::format::trace;
 namespace mc = memforensics::capture::cupti;

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "format/trace_writer.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::capture::cupti {
 

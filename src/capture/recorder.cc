@@ -25,9 +25,9 @@ using namespace format::trace;
 
 namespace {
 
-// FormatTraits bits (format/snapshot_trace.cc, kTraitBits order) of what a capture holds: device
-// traces, block addresses, segment pool ids and event times, as a PyTorch 2.2+ snapshot does. A
-// capture converted to a pickle then carries the same keys as PyTorch's own file.
+// FormatTraits bits (format/load/snapshot_trace.cc, kTraitBits order) of what a capture holds:
+// device traces, block addresses, segment pool ids and event times, as a PyTorch 2.2+ snapshot
+// does. A capture converted to a pickle then carries the same keys as PyTorch's own file.
 constexpr uint64_t kCaptureTraits = (1u << 1) | (1u << 3) | (1u << 4) | (1u << 5);
 
 // Batches larger than this are written without waiting for the flush interval.

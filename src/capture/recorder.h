@@ -30,8 +30,8 @@
 #include "capture/record.h"
 #include "capture/ring.h"
 #include "common/status.h"
-#include "format/trace_state.h"
-#include "format/trace_writer.h"
+#include "format/trace/trace_state.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::capture {
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "capture/record.h"
-#include "format/trace_format.h"
+#include "format/trace/trace_format.h"
 
 namespace memforensics::capture {
 

@@ -10,7 +10,7 @@
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
-#include "format/load.h"
+#include "format/load/load.h"
 #include "report/render_blocks.h"
 
 namespace memforensics::cli {

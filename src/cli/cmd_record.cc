@@ -27,7 +27,7 @@
 #include "analysis/analyze.h"
 #include "cli/load_cli.h"
 #include "common/format_bytes.h"
-#include "format/trace_writer.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::cli {
 

@@ -10,13 +10,13 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/report_data.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "cli/output.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
+#include "report/html/report_data.h"
 #include "report/render_html.h"
 
 namespace memforensics::cli {

@@ -3,7 +3,7 @@
 
 #include "cli/diagnostics.h"
 #include "cli/progress.h"
-#include "format/load.h"
+#include "format/load/load.h"
 
 namespace memforensics::cli {
 

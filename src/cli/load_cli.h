@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::cli {
 

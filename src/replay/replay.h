@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "common/flat_map.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::replay {
 

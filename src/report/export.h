@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::report {
 

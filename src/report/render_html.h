@@ -2,7 +2,7 @@
 //
 // One file, no request to any network location: the page (viz/report.html, .css, .js, compiled
 // into the binary) plus one JSON document with the analysis (the same document `analyze --json`
-// prints) and the bounded drawing data of analysis/report_data.h. Every string from the snapshot
+// prints) and the bounded drawing data of report/html/report_data.h. Every string from the snapshot
 // travels inside that JSON, with <, > and & written as \u escapes so that nothing in it can close
 // the script element; the page puts strings into the DOM as text only.
 #pragma once
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "analysis/report_data.h"
+#include "report/html/report_data.h"
 
 namespace memforensics::report {
 

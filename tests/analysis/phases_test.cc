@@ -8,7 +8,7 @@
 
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
-#include "format/load.h"
+#include "format/load/load.h"
 
 namespace memforensics::analysis {
 namespace {

@@ -20,7 +20,7 @@
 
 #include "capture/memforensics_capture.h"
 #include "capture/record.h"
-#include "format/trace_reader.h"
+#include "format/trace/trace_reader.h"
 
 #ifndef MEMF_HAVE_ZSTD
 #define MEMF_HAVE_ZSTD 1

@@ -12,7 +12,7 @@
 #include "capture/memforensics_capture.h"
 #include "capture/recorder.h"
 #include "capture_test_util.h"
-#include "format/load.h"
+#include "format/load/load.h"
 
 namespace mc = memforensics::capture;
 namespace mt = memforensics::format::trace;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "format/trace_reader.h"
+#include "format/trace/trace_reader.h"
 
 namespace memforensics::capture::testing {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "format/snapshot_trace.h"
-#include "format/trace_writer.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::capture::cupti {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "format/snapshot_trace.h"
+#include "format/load/snapshot_trace.h"
 
 namespace memforensics::capture::cupti {
 

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "capture_test_util.h"
-#include "format/load.h"
-#include "format/snapshot.h"
+#include "format/load/load.h"
+#include "format/model/snapshot.h"
 
 namespace mc = memforensics::capture;
 namespace mt = memforensics::format::trace;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "format/dump.h"
-#include "format/load.h"
+#include "format/load/load.h"
+#include "format/model/dump.h"
 #include "report/render.h"
 
 namespace memforensics::format {

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "fixtures/snapshot_builder.h"
-#include "format/pickle_reader.h"
-#include "format/pickle_writer.h"
+#include "format/pickle/pickle_reader.h"
+#include "format/pickle/pickle_writer.h"
 
 namespace memforensics::format {
 namespace {

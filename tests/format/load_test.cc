@@ -1,5 +1,5 @@
 // load_test.cc: content sniffing and the HTML / JSON forms.
-#include "format/load.h"
+#include "format/load/load.h"
 
 #include <gtest/gtest.h>
 

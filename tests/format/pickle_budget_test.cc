@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "format/load.h"
-#include "format/pickle_reader.h"
+#include "format/load/load.h"
+#include "format/pickle/pickle_reader.h"
 
 namespace memforensics::format {
 namespace {

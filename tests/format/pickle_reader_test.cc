@@ -1,10 +1,10 @@
 // pickle_reader_test.cc: every supported opcode, memo sharing, integer edge cases, model shapes.
-#include "format/pickle_reader.h"
+#include "format/pickle/pickle_reader.h"
 
 #include <gtest/gtest.h>
 
 #include "fixtures/snapshot_builder.h"
-#include "format/pickle_writer.h"
+#include "format/pickle/pickle_writer.h"
 
 namespace memforensics::format {
 namespace {

@@ -10,7 +10,7 @@
 //   * streaming: the pieces add up to the buffered bytes, and a sink error stops the writer.
 // With MEMF_PICKLE_ROUNDTRIP_DIR set, the real-file test also leaves its output there for
 // tools/compare_pickles.py, which checks it against the original with Python's own unpickler.
-#include "format/snapshot_pickle.h"
+#include "format/pickle/snapshot_pickle.h"
 
 #include <gtest/gtest.h>
 
@@ -25,9 +25,9 @@
 
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
-#include "format/load.h"
-#include "format/pickle_reader.h"
-#include "format/pickle_writer.h"
+#include "format/load/load.h"
+#include "format/pickle/pickle_reader.h"
+#include "format/pickle/pickle_writer.h"
 
 namespace memforensics::format {
 namespace {

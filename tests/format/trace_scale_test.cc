@@ -22,12 +22,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "format/pickle_reader.h"
-#include "format/pickle_writer.h"
-#include "format/snapshot_pickle.h"
-#include "format/snapshot_trace.h"
-#include "format/trace_reader.h"
-#include "format/trace_writer.h"
+#include "format/load/snapshot_trace.h"
+#include "format/pickle/pickle_reader.h"
+#include "format/pickle/pickle_writer.h"
+#include "format/pickle/snapshot_pickle.h"
+#include "format/trace/trace_reader.h"
+#include "format/trace/trace_writer.h"
 
 // AddressSanitizer builds (gcc defines __SANITIZE_ADDRESS__, clang has __has_feature).
 #if defined(__SANITIZE_ADDRESS__)

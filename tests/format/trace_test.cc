@@ -12,10 +12,10 @@
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "fixtures/snapshot_compare.h"
-#include "format/load.h"
-#include "format/snapshot_trace.h"
-#include "format/trace_reader.h"
-#include "format/trace_writer.h"
+#include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_reader.h"
+#include "format/trace/trace_writer.h"
 #include "report/render.h"
 
 namespace memforensics {

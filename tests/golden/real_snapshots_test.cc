@@ -16,7 +16,7 @@
 #include <filesystem>
 
 #include "analysis/analyze.h"
-#include "format/load.h"
+#include "format/load/load.h"
 #include "replay/replay.h"
 
 namespace memforensics {

@@ -13,7 +13,7 @@
 
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
-#include "format/load.h"
+#include "format/load/load.h"
 #include "replay/replay.h"
 
 namespace memforensics::report {

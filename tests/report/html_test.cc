@@ -11,8 +11,8 @@
 
 #include "analysis/analyze.h"
 #include "analysis/phases.h"
-#include "analysis/report_data.h"
 #include "fixtures/snapshot_builder.h"
+#include "report/html/report_data.h"
 #include "report/render.h"
 #include "report/render_html.h"
 

@@ -1,5 +1,5 @@
 // trace_writer.cc: see trace_writer.h; the byte layout is in trace_format.h.
-#include "format/trace_writer.h"
+#include "format/trace/trace_writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>

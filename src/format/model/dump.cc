@@ -1,5 +1,5 @@
 // dump.cc: see dump.h for the line format.
-#include "format/dump.h"
+#include "format/model/dump.h"
 
 #include <cinttypes>
 #include <cstdio>

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "common/status.h"
-#include "format/load.h"
-#include "format/snapshot.h"
-#include "format/trace_writer.h"
+#include "format/load/load.h"
+#include "format/model/snapshot.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::format {
 

@@ -7,7 +7,7 @@
 //      the moment they are filled (SETITEMS / APPENDS), see reduceDict / reduceList.
 //   3. Conversion of the root object into the Snapshot model, with a path in every error
 //      ("segments[3].blocks[7]: ...").
-#include "format/pickle_reader.h"
+#include "format/pickle/pickle_reader.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // snapshot_trace.cc: see snapshot_trace.h.
-#include "format/snapshot_trace.h"
+#include "format/load/snapshot_trace.h"
 
 #include <unistd.h>
 
@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "common/memory.h"
-#include "format/trace_reader.h"
-#include "format/trace_state.h"
+#include "format/trace/trace_reader.h"
+#include "format/trace/trace_state.h"
 
 namespace memforensics::format {
 

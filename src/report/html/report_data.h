@@ -18,7 +18,7 @@
 #include "analysis/findings.h"
 #include "analysis/frames.h"
 #include "analysis/timeline.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"
 

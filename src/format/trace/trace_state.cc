@@ -1,5 +1,5 @@
 // trace_state.cc: see trace_state.h.
-#include "format/trace_state.h"
+#include "format/trace/trace_state.h"
 
 namespace memforensics::format::trace {
 

@@ -1,5 +1,5 @@
 // snapshot.cc: interning tables and small helpers of the snapshot model.
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 #include <algorithm>
 #include <cstdlib>

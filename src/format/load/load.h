@@ -10,8 +10,8 @@
 #include <string>
 
 #include "common/status.h"
-#include "format/pickle_reader.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
+#include "format/pickle/pickle_reader.h"
 
 namespace memforensics::format {
 

@@ -6,7 +6,7 @@
 
 #include <ostream>
 
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::format {
 

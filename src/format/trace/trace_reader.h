@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "format/trace_format.h"
-#include "format/trace_state.h"
+#include "format/trace/trace_format.h"
+#include "format/trace/trace_state.h"
 
 namespace memforensics::format::trace {
 

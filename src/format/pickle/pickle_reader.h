@@ -19,7 +19,7 @@
 #include <span>
 
 #include "common/status.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::format {
 

@@ -1,5 +1,5 @@
 // pickle_writer.cc: the opcode emitter.
-#include "format/pickle_writer.h"
+#include "format/pickle/pickle_writer.h"
 
 #include <algorithm>
 #include <cstring>

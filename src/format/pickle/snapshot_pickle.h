@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "format/snapshot.h"
+#include "format/model/snapshot.h"
 
 namespace memforensics::format {
 

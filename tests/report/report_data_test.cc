@@ -1,7 +1,7 @@
 // report_data_test.cc: the HTML report's data set: keyframes at the right moments with the replayed
 // numbers, blocks covering their segments exactly (merged runs included), the icicle adding up to
 // the live bytes, and the bounds holding on inputs built to exceed them.
-#include "analysis/report_data.h"
+#include "report/html/report_data.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "analysis/analyze.h"
 #include "fixtures/snapshot_builder.h"
-#include "format/load.h"
+#include "format/load/load.h"
 
 namespace memforensics::analysis {
 namespace {

@@ -1,5 +1,5 @@
 // trace_format.cc: CRC-32C and chunk names for the native trace format.
-#include "format/trace_format.h"
+#include "format/trace/trace_format.h"
 
 #include <array>
 

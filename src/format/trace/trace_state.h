@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/flat_map.h"
-#include "format/trace_format.h"
+#include "format/trace/trace_format.h"
 
 namespace memforensics::format::trace {
 

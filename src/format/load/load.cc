@@ -1,5 +1,5 @@
 // load.cc: content sniffing, file mapping with page release behind the reader, HTML and JSON forms.
-#include "format/load.h"
+#include "format/load/load.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,9 +15,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "format/pickle_writer.h"
-#include "format/snapshot_trace.h"
-#include "format/trace_reader.h"
+#include "format/load/snapshot_trace.h"
+#include "format/pickle/pickle_writer.h"
+#include "format/trace/trace_reader.h"
 
 namespace memforensics::format {
 

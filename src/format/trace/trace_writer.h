@@ -18,8 +18,8 @@
 
 #include "common/flat_map.h"
 #include "common/status.h"
-#include "format/trace_format.h"
-#include "format/trace_state.h"
+#include "format/trace/trace_format.h"
+#include "format/trace/trace_state.h"
 
 namespace memforensics::format::trace {
 

@@ -1,5 +1,5 @@
 // report_data.cc: the bounded data set behind the HTML report (see report_data.h).
-#include "analysis/report_data.h"
+#include "report/html/report_data.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,12 +1,12 @@
 // snapshot_pickle.cc: see snapshot_pickle.h. One pass over the model, no per-event allocation: the
 // memo slots of strings, frames, stacks and pools are vectors sized from the model's tables up
 // front.
-#include "format/snapshot_pickle.h"
+#include "format/pickle/snapshot_pickle.h"
 
 #include <cstdio>
 #include <string_view>
 
-#include "format/pickle_writer.h"
+#include "format/pickle/pickle_writer.h"
 
 namespace memforensics::format {
 

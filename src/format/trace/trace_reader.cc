@@ -1,5 +1,5 @@
 // trace_reader.cc: see trace_reader.h; the byte layout is in trace_format.h.
-#include "format/trace_reader.h"
+#include "format/trace/trace_reader.h"
 
 #ifndef MEMF_HAVE_ZSTD  // cmake/MemfZstd.cmake sets 0 for capture-only builds without libzstd
 #define MEMF_HAVE_ZSTD 1
