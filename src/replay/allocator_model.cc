@@ -392,10 +392,15 @@ std::optional<Request> nextRequest(const Impl& m, size_t i) {
   if (j < 0) return std::nullopt;
   const Event& a = m.events[static_cast<size_t>(j)];
   Request r = requestOf(m, a, false);
+  if (a.action == Action::Oom) {
+    // CCA malloc() records the OOM with params.size(): the rounded request of the failed malloc.
+    r.size = a.size;
+    r.large = a.size > kModelSmallSize;
+  }
   if (a.pool == 0) {
     if (auto it = m.final_kind.find(m.events[i].addr); it != m.final_kind.end())
       r.pool = it->second.first;
-    else if (const Seg* s = m.segAt(a.addr))
+    else if (const Seg* s = a.action == Action::Alloc ? m.segAt(a.addr) : nullptr)
       r.pool = s->pool;
   }
   return r;
@@ -492,18 +497,48 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   m.segs.erase(it);
 }
 
+// The group of an expandable reservation: CCA keeps one ExpandableSegment per BlockPool (private
+// pool x small/large) and stream.
+bool sameGroup(const Seg& s, PoolId pool, bool large, int64_t stream) {
+  return s.pool == pool && s.is_large == large && s.stream == stream;
+}
+
+// A reservation whose last block is the unmapped rest of its address space: cut it at `at` (a new
+// reservation of another group starts there). Returns false when `at` is not in that block.
+bool cutReservationTail(Impl& m, Seg& s, uint64_t at) {
+  auto last = std::prev(s.blocks.end());
+  ModelBlock& u = last->second;
+  if (u.mapped || !u.isFree() || at < u.address) return false;
+  m.unindex(s, u);
+  if (at == u.address) {
+    s.blocks.erase(last);
+  } else {
+    u.size = at - u.address;
+    m.index(s, u);
+  }
+  s.size = at - s.address;
+  if (s.blocks.empty()) m.segs.erase(s.address);
+  return true;
+}
+
 void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (rejectInvalidRange(i, e, c)) return;
   auto r = nextRequest(m, i);
+  // CCA map_block maps whole pages: 2 MiB in the small pool, 20 MiB in the large one, and a small
+  // request (<= 1 MiB) never needs more than one page per map: the size tells the pool kind.
+  const bool large = e.size != kModelSmallBuffer;
+  const PoolId pool = r ? r->pool : eventPoolOf(m, e);
   std::string why;
   uint64_t expect = 0;
   if (!m.group_open) {
     // The first map of a malloc: CCA malloc() maps only after get_free_block() failed, at
     // try_allocate_expandable_block() -> find_expandable_block()'s candidate.
     if (!r) {
-      why = "no alloc follows the segment_map";
+      why = "no alloc or oom follows the segment_map";
     } else if (const Key* k = bestFit(m, *r)) {
       why = "the free block " + hex(k->addr) + " of the " + poolName(*r) + " fits the next alloc";
+    } else if (r->large != large || r->stream != e.stream) {
+      why = "the map is not of the next request's pool and stream (" + poolName(*r) + ")";
     } else if (auto cand = findExpandable(m, *r)) {
       m.pending_new = *cand;
       Seg* s = m.segAt(*cand);
@@ -513,7 +548,9 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
         why = "find_expandable_block picks " + hex(*cand) + ", mapping at " + hex(expect);
     } else {
       m.pending_new = e.addr;  // a new reservation: its address is the driver's choice
-      if (const Seg* s = m.segAt(e.addr); s != nullptr) why = "a new reservation was expected";
+      const Seg* s = m.segAt(e.addr);
+      if (s != nullptr && (!s->expandable || sameGroup(*s, pool, large, e.stream)))
+        why = "a new reservation was expected, but " + hex(e.addr) + " is inside one";
     }
   } else {
     // A further map of the same malloc continues right after the grown free block.
@@ -536,6 +573,10 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (!m.pending_new) m.pending_new = e.addr;
 
   Seg* s = m.segAt(e.addr);
+  if (s != nullptr && s->expandable && !sameGroup(*s, pool, large, e.stream) &&
+      cutReservationTail(m, *s, e.addr)) {
+    s = nullptr;  // the address space of another reservation begins here
+  }
   if (s == nullptr) {
     // A new reservation (CCA find_expandable_block: one ExpandableSegment per pool and stream).
     Seg ns;
@@ -545,13 +586,8 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       ns.size = std::min(ns.size, nx->first - e.addr);
     ns.stream = e.stream;
     ns.expandable = true;
-    if (r) {
-      ns.pool = r->pool;
-      ns.is_large = r->large;
-    } else {
-      ns.pool = eventPoolOf(m, e);
-      ns.is_large = e.size % kModelLargeBuffer == 0;
-    }
+    ns.pool = pool;
+    ns.is_large = large;
     ModelBlock b;
     b.address = e.addr;
     b.size = ns.size;
@@ -573,29 +609,58 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   m.mergeNeighbours(*s, b);
 }
 
+// CCA ExpandableSegment page size of a reservation.
+uint64_t pageOf(const Seg& s) {
+  return s.is_large ? kModelLargeBuffer : kModelSmallBuffer;
+}
+
 void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
+  // release_cached_blocks() runs between a failed attempt and the retry: a later map belongs to
+  // a fresh try_allocate_expandable_block().
+  m.pending_new.reset();
+  m.group_open = false;
   if (rejectInvalidRange(i, e, c)) return;
   Seg* s = m.segAt(e.addr);
   ModelBlock* b = s && s->expandable ? Impl::blockAt(*s, e.addr) : nullptr;
-  const bool ok =
+  const bool inside =
       b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;  // no wrap: valid
-  if (c != nullptr) {
-    ++c->segment_events;
-    if (ok) {
-      ++c->segment_matches;
-    } else {
-      // CCA unmap_block(): only fully free pages of a free block are unmapped.
-      addMismatch(c, i, Action::SegmentUnmap, e.addr, 0,
-                  "the range is not inside one free mapped block of the model");
+  std::string why;
+  if (!inside) {
+    why = "the range is not inside one free mapped block of the model";
+  } else {
+    // CCA unmap_block() -> ExpandableSegment::unmap(): every completely free page of the block,
+    // pages counted from the reservation's base.
+    const uint64_t page = pageOf(*s);
+    const uint64_t lo = b->address - s->address, hi = lo + b->size;
+    const uint64_t first = (lo + page - 1) / page, last = hi / page;
+    const uint64_t want_addr = s->address + first * page;
+    const uint64_t want_size = last > first ? (last - first) * page : 0;
+    if (e.addr != want_addr || e.size != want_size) {
+      why = "unmap_block of the free block " + hex(b->address) + " (" + std::to_string(b->size) +
+            " bytes) unmaps " + std::to_string(want_size) + " bytes at " + hex(want_addr);
     }
   }
-  if (!ok) return;
+  if (c != nullptr) {
+    ++c->segment_events;
+    if (why.empty()) {
+      ++c->segment_matches;
+    } else {
+      addMismatch(c, i, Action::SegmentUnmap, e.addr, 0, why);
+    }
+  }
+  if (!inside) return;
   b = m.splitAt(*s, e.addr);
   if (b->size > e.size) m.splitAt(*s, e.addr + e.size);
   m.unindex(*s, *b);
   b->mapped = false;
   m.index(*s, *b);
-  m.mergeNeighbours(*s, b);
+  b = m.mergeNeighbours(*s, b);
+  // CCA release_blocks(): a reservation left as one unmapped block is released (no trace entry);
+  // the next map of its pool and stream reserves a new one.
+  if (s->blocks.size() == 1) {
+    m.unindex(*s, *b);
+    m.segs.erase(s->address);
+  }
 }
 
 void applyEvent(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -641,29 +706,110 @@ void applyEvent(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   }
 }
 
-// Mapped ranges of expandable segments during the backward pass: begin -> (end, template seg).
+// Mapped ranges of expandable segments during the backward pass: begin -> (end, group). Touching
+// ranges of one group are kept merged, so that undoing a map removes it whatever pieces it was
+// unmapped in (a map undone across two unmaps left both pieces behind: a phantom start state).
 struct ExpRange {
   uint64_t end;
   int64_t stream;
   PoolId pool;
   bool is_large;
+  bool sameGroup(const ExpRange& o) const {
+    return stream == o.stream && pool == o.pool && is_large == o.is_large;
+  }
 };
+using ExpRanges = std::map<uint64_t, ExpRange>;
 
-void removeExpRange(std::map<uint64_t, ExpRange>& r, uint64_t b, uint64_t e) {
+// Inserts [b, x.end), merging with touching ranges of the same group; an overlap is ignored (the
+// replay counts the contradiction).
+void addExpRange(ExpRanges& r, uint64_t b, ExpRange x) {
+  auto nx = r.lower_bound(b);
+  if (nx != r.end() && nx->first < x.end) return;
+  if (nx != r.begin()) {
+    auto pv = std::prev(nx);
+    if (pv->second.end > b) return;
+    if (pv->second.end == b && pv->second.sameGroup(x)) {
+      b = pv->first;
+      r.erase(pv);
+    }
+  }
+  if (nx != r.end() && nx->first == x.end && nx->second.sameGroup(x)) {
+    x.end = nx->second.end;
+    r.erase(nx);
+  }
+  r.emplace(b, x);
+}
+
+// Removes whatever part of [b, e) is mapped.
+void removeExpRange(ExpRanges& r, uint64_t b, uint64_t e) {
   auto it = r.upper_bound(b);
-  if (it == r.begin()) return;
-  --it;
-  if (it->second.end < e) return;
-  ExpRange x = it->second;
-  uint64_t rb = it->first;
-  r.erase(it);
-  if (rb < b) r.emplace(rb, ExpRange{b, x.stream, x.pool, x.is_large});
-  if (e < x.end) r.emplace(e, ExpRange{x.end, x.stream, x.pool, x.is_large});
+  if (it != r.begin()) --it;
+  while (it != r.end() && it->first < e) {
+    const uint64_t rb = it->first;
+    const ExpRange x = it->second;
+    if (x.end <= b) {
+      ++it;
+      continue;
+    }
+    it = r.erase(it);
+    if (rb < b) r.emplace(rb, ExpRange{b, x.stream, x.pool, x.is_large});
+    if (e < x.end) {
+      r.emplace(e, x);
+      break;
+    }
+  }
+}
+
+// The group of a range unmapped in the trace: small when its size is not a whole number of
+// 20 MiB pages; else the group of a map of the trace over the same addresses, else of the mapped
+// range of its stream it touches or lies nearest to.
+ExpRange unmapGroup(const ExpRanges& mapped, const ExpRanges& map_events, const Event& e,
+                    PoolId pool) {
+  ExpRange x{e.addr + e.size, e.stream, pool, e.size % kModelLargeBuffer == 0};
+  if (auto it = map_events.lower_bound(x.end); it != map_events.begin()) {
+    --it;
+    if (it->second.end > e.addr && it->second.stream == e.stream) {
+      x.pool = it->second.pool;
+      x.is_large = x.is_large && it->second.is_large;
+      return x;
+    }
+  }
+  if (!x.is_large) return x;
+  const ExpRange* best = nullptr;
+  uint64_t best_dist = ~uint64_t{0};
+  auto consider = [&](uint64_t b, const ExpRange& y) {
+    if (y.stream != e.stream) return;
+    const uint64_t d = y.end <= e.addr ? e.addr - y.end : b >= x.end ? b - x.end : 0;
+    if (d < best_dist) {
+      best_dist = d;
+      best = &y;
+    }
+  };
+  auto it = mapped.lower_bound(e.addr);
+  for (int k = 0; k < 4 && it != mapped.end(); ++k, ++it) consider(it->first, it->second);
+  it = mapped.lower_bound(e.addr);
+  for (int k = 0; k < 4 && it != mapped.begin(); ++k) {
+    --it;
+    consider(it->first, it->second);
+  }
+  if (best != nullptr) {
+    x.pool = best->pool;
+    x.is_large = best->is_large;
+  }
+  return x;
 }
 
 }  // namespace
 
 DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t device)
+    : DeviceAllocatorModel(snap, device, nullptr) {}
+
+DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t device,
+                                           const DeviceReplayer& seed)
+    : DeviceAllocatorModel(snap, device, &seed) {}
+
+DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t device,
+                                           const DeviceReplayer* seed)
     : snap_(snap),
       device_(device),
       settings_(modelSettingsOf(snap)),
@@ -676,7 +822,10 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
 
   // Final segments, then segment events undone backward (format doc 6.2).
   std::map<uint64_t, Seg> fixed;  // non-expandable, blocks filled later
-  std::map<uint64_t, ExpRange> exp;
+  ExpRanges exp;
+  // Every expandable range the history shows (final, mapped or unmapped in the trace), with its
+  // group: they tell how far down each reservation reaches.
+  std::vector<std::pair<uint64_t, ExpRange>> seen;
   bool any_final_pending = false;
   const FinalState fin = validateFinalState(snap, device);  // the segments replay accepts
   for (const auto& fseg : fin.segments) {
@@ -686,7 +835,10 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     for (const auto& b : snap.blocksOf(fs))
       any_final_pending |= b.state == BlockState::ActivePendingFree;
     if (fs.is_expandable) {
-      exp.emplace(fs.address, ExpRange{fs.address + fs.total_size, fs.stream, pool, fs.is_large});
+      // segment_type from the file: a small-pool reservation is never taken for a large one.
+      const ExpRange x{fs.address + fs.total_size, fs.stream, pool, fs.is_large};
+      addExpRange(exp, fs.address, x);
+      seen.push_back({fs.address, x});
     } else {
       Seg s;
       s.address = fs.address;
@@ -696,6 +848,21 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
       s.is_large = fs.is_large;
       fixed.emplace(s.address, std::move(s));
     }
+  }
+  m.next_alloc.assign(events_.size(), -1);
+  for (int64_t k = static_cast<int64_t>(events_.size()) - 1, nxt = -1; k >= 0; --k) {
+    m.next_alloc[static_cast<size_t>(k)] = nxt;
+    const auto a = events_[static_cast<size_t>(k)].action;
+    // The request a segment event serves: the next alloc, or the OOM of a malloc that failed.
+    if (a == Action::Alloc || a == Action::Oom) nxt = k;
+  }
+  // The maps of the trace by address, with the group of the request each served.
+  ExpRanges map_events;
+  for (size_t k = 0; k < events_.size(); ++k) {
+    const Event& e = events_[k];
+    if (e.action != Action::SegmentMap || !validRange(e.addr, e.size)) continue;
+    const PoolId pool = eventPoolOf(m, e);
+    map_events[e.addr] = ExpRange{e.addr + e.size, e.stream, pool, e.size != kModelSmallBuffer};
   }
   uint64_t n_req = 0, n_comp = 0;
   for (size_t k = events_.size(); k-- > 0;) {
@@ -720,19 +887,15 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
         fixed[e.addr] = std::move(s);
         break;
       }
-      case Action::SegmentMap:
+      case Action::SegmentMap: {
         removeExpRange(exp, e.addr, e.addr + e.size);
+        seen.push_back({e.addr, map_events[e.addr]});
         break;
+      }
       case Action::SegmentUnmap: {
-        ExpRange x{e.addr + e.size, e.stream, eventPoolOf(m, e), e.size % kModelLargeBuffer == 0};
-        for (const auto& [b, y] : exp) {  // inherit the kind of a range of the same stream
-          if (y.stream == e.stream) {
-            x.pool = y.pool;
-            x.is_large = y.is_large;
-            if (y.end == e.addr || b == e.addr + e.size) break;
-          }
-        }
-        exp.emplace(e.addr, x);
+        const ExpRange x = unmapGroup(exp, map_events, e, eventPoolOf(m, e));
+        addExpRange(exp, e.addr, x);
+        seen.push_back({e.addr, x});
         break;
       }
       default:
@@ -740,27 +903,52 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     }
   }
   m.complete_on_request = n_req > 0 && n_comp == 0 && !any_final_pending;
-  m.next_alloc.assign(events_.size(), -1);
-  for (int64_t k = static_cast<int64_t>(events_.size()) - 1, nxt = -1; k >= 0; --k) {
-    m.next_alloc[static_cast<size_t>(k)] = nxt;
-    const auto a = events_[static_cast<size_t>(k)].action;
-    if (a == Action::Alloc) nxt = k;
-    if (a == Action::Oom) nxt = -1;
-  }
 
-  // Start segments: fixed ones as they are; expandable ranges grouped into one reservation per
-  // (pool, stream, kind) (CCA: a new ExpandableSegment only when the old one is full).
+  // Start segments: fixed ones as they are; expandable ones one reservation per run of ranges of
+  // one group in address order (CCA: one ExpandableSegment per pool and stream, a new one only
+  // when the old one is full or was released). A reservation starts at the lowest address the
+  // history shows for it, mapped or not at the start, so that a later map of its low end extends
+  // it instead of starting a second, touching segment.
   m.start = std::move(fixed);
-  std::map<std::tuple<PoolId, int64_t, bool>, std::vector<std::pair<uint64_t, uint64_t>>> groups;
-  for (const auto& [b, x] : exp) groups[{x.pool, x.stream, x.is_large}].push_back({b, x.end});
-  for (auto& [key, ranges] : groups) {
+  std::sort(seen.begin(), seen.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  struct Cluster {
+    uint64_t begin, end;
+    ExpRange group;
+  };
+  std::vector<Cluster> clusters;
+  for (const auto& [b, x] : seen) {
+    if (!clusters.empty()) {
+      Cluster& cl = clusters.back();
+      auto fx = m.start.lower_bound(cl.end);
+      const bool barrier = fx != m.start.end() && fx->first < b;
+      if (cl.group.sameGroup(x) && !barrier) {
+        cl.end = std::max(cl.end, x.end);
+        continue;
+      }
+      if (b < cl.end) continue;  // overlaps a reservation of another group: hostile, ignored
+    }
+    clusters.push_back({b, x.end, x});
+  }
+  for (size_t ci = 0; ci < clusters.size(); ++ci) {
+    const Cluster& cl = clusters[ci];
+    // The ranges mapped at the start inside this reservation.
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    const uint64_t limit = ci + 1 < clusters.size() ? clusters[ci + 1].begin : ~uint64_t{0};
+    for (auto it = exp.lower_bound(cl.begin); it != exp.end() && it->first < limit; ++it) {
+      if (it->second.sameGroup(cl.group)) ranges.push_back({it->first, it->second.end});
+    }
+    if (ranges.empty()) continue;  // not reserved when the trace starts (or released)
     Seg s;
-    s.address = ranges.front().first;
+    s.address = cl.begin;
     s.size = reservationAt(s.address);
+    if (limit != ~uint64_t{0}) s.size = std::min(s.size, limit - s.address);
     if (auto nx = m.start.upper_bound(s.address); nx != m.start.end())
       s.size = std::min(s.size, nx->first - s.address);
     s.size = std::max(s.size, ranges.back().second - s.address);
-    std::tie(s.pool, s.stream, s.is_large) = key;
+    s.pool = cl.group.pool;
+    s.stream = cl.group.stream;
+    s.is_large = cl.group.is_large;
     s.expandable = true;
     uint64_t pos = s.address;
     for (auto [b, e] : ranges) {
@@ -819,10 +1007,15 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
 
   // Blocks alive at the start (DeviceReplayer's backward pass) carved out of the free ranges; what
   // is left between them stays one free block per gap, as coalescing guarantees.
-  DeviceReplayer rep(snap, device);
-  rep.reset();
+  std::unique_ptr<DeviceReplayer> own;
+  if (seed == nullptr) {
+    own = std::make_unique<DeviceReplayer>(snap, device);
+    seed = own.get();
+  }
   std::vector<std::pair<uint64_t, LiveBlock>> live;
-  rep.live().forEach([&](uint64_t addr, const LiveBlock& lb) { live.push_back({addr, lb}); });
+  seed->startLive().forEach([&](uint64_t addr, const LiveBlock& lb) {
+    live.push_back({addr, lb});
+  });
   std::sort(live.begin(), live.end(),
             [](const auto& x, const auto& y) { return x.first < y.first; });
   m.segs = std::move(m.start);
@@ -906,6 +1099,13 @@ std::vector<ModelSegment> DeviceAllocatorModel::layout() const {
   return out;
 }
 
+bool DeviceAllocatorModel::hasFinalState() const {
+  for (const auto& s : snap_.segments) {
+    if (s.device == device_) return true;
+  }
+  return false;
+}
+
 std::string DeviceAllocatorModel::compareWithFinal() const {
   auto mine = layout();
   std::vector<const format::Segment*> file;
@@ -947,6 +1147,33 @@ std::string DeviceAllocatorModel::compareWithFinal() const {
 ModelCheck checkAllocatorModel(const format::Snapshot& snap, int64_t device) {
   DeviceAllocatorModel m(snap, device);
   return m.runCheck();
+}
+
+ModelVerdict modelVerdict(DeviceAllocatorModel& m) {
+  const ModelCheck& c = m.runCheck();
+  ModelVerdict v;
+  v.allocs = c.allocs;
+  v.alloc_matches = c.alloc_matches;
+  v.segment_events = c.segment_events;
+  v.segment_matches = c.segment_matches;
+  v.final_compared = m.hasFinalState();
+  if (v.final_compared) v.final_diff = m.compareWithFinal();
+  if (c.alloc_matches != c.allocs) {
+    v.why = std::to_string(c.allocs - c.alloc_matches) + " of " + std::to_string(c.allocs) +
+            " alloc addresses not predicted";
+  } else if (c.segment_matches != c.segment_events) {
+    v.why = std::to_string(c.segment_events - c.segment_matches) + " of " +
+            std::to_string(c.segment_events) + " segment events not predicted";
+  } else if (!v.final_diff.empty()) {
+    v.why = "final layout differs from the file: " + v.final_diff;
+  }
+  v.exact = v.why.empty();
+  return v;
+}
+
+ModelVerdict verifyAllocatorModel(const format::Snapshot& snap, int64_t device) {
+  DeviceAllocatorModel m(snap, device);
+  return modelVerdict(m);
 }
 
 }  // namespace memforensics::replay

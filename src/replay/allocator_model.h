@@ -94,6 +94,9 @@ ModelSettings modelSettingsOf(const format::Snapshot& snap);
 class DeviceAllocatorModel {
  public:
   DeviceAllocatorModel(const format::Snapshot& snap, int64_t device);
+  // The same, seeded with the start live set of `seed` (a DeviceReplayer of this device, already
+  // constructed): no second backward pass (analysis/session.h steps both together).
+  DeviceAllocatorModel(const format::Snapshot& snap, int64_t device, const DeviceReplayer& seed);
   ~DeviceAllocatorModel();
   DeviceAllocatorModel(const DeviceAllocatorModel&) = delete;
   DeviceAllocatorModel& operator=(const DeviceAllocatorModel&) = delete;
@@ -123,10 +126,14 @@ class DeviceAllocatorModel {
   // After the last event: "" when layout() equals the file's final segments block by block
   // (address, size, state), else a description of the first difference.
   std::string compareWithFinal() const;
+  // The file has at least one segment of this device (a final state to compare with).
+  bool hasFinalState() const;
 
   struct Impl;
 
  private:
+  DeviceAllocatorModel(const format::Snapshot& snap, int64_t device, const DeviceReplayer* seed);
+
   const format::Snapshot& snap_;
   int64_t device_;
   std::span<const format::Event> events_;
@@ -139,5 +146,23 @@ class DeviceAllocatorModel {
 
 // Convenience: builds the model for a device and runs the full check.
 ModelCheck checkAllocatorModel(const format::Snapshot& snap, int64_t device);
+
+// Whether figures derived from the model may be called exact for a device (issue 12, part 5).
+// `exact` holds only when every alloc address and every segment event of the trace was predicted
+// AND, where the file has a final state for the device, the layout after the last event equals it
+// block by block. Anything else is an estimate; `why` says why in one line.
+struct ModelVerdict {
+  bool exact = false;
+  uint64_t allocs = 0, alloc_matches = 0;            // allocs predicted / total
+  uint64_t segment_events = 0, segment_matches = 0;  // segment events predicted / total
+  bool final_compared = false;  // the file has segments of this device to compare with
+  std::string final_diff;       // compareWithFinal(): "" when equal (or not compared)
+  std::string why;              // "" when exact
+};
+// Steps the model to the end (if it is not there), compares with the file's final state, and
+// returns the verdict; the model is left after its last event.
+ModelVerdict modelVerdict(DeviceAllocatorModel& m);
+// Builds a model for the device and returns its verdict (one backward and one forward pass).
+ModelVerdict verifyAllocatorModel(const format::Snapshot& snap, int64_t device);
 
 }  // namespace memforensics::replay

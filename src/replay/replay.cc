@@ -263,7 +263,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
 }
 
 void DeviceReplayer::note(AnomalyKind k, int64_t event) {
-  if (!checking_) return;
+  if (event >= 0 && static_cast<size_t>(event) < checked_) return;  // counted on its first visit
   auto& a = anomalies_[static_cast<size_t>(k)];
   if (a.count++ == 0) a.first_event = event;
 }
@@ -390,7 +390,6 @@ void DeviceReplayer::backward() {
 }
 
 void DeviceReplayer::reset() {
-  if (next_ > 0) checking_ = false;
   live_ = start_live_;
   ranges_ = start_ranges_;
   cur_ = start_;
@@ -402,6 +401,7 @@ bool DeviceReplayer::step() {
   if (next_ >= events_.size()) return false;
   apply(next_, events_[next_]);
   ++next_;
+  checked_ = std::max(checked_, next_);
   return true;
 }
 
@@ -514,6 +514,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
 }
 
 void DeviceReplayer::checkFinalState() {
+  if (next_ != events_.size()) return;  // only after the last event
   bool same = live_.size() == final_live_.size() && ranges_ == final_ranges_ &&
               cur_.reserved == file_final_.reserved && cur_.requested == file_final_.requested &&
               cur_.allocated == file_final_.allocated && cur_.pending == file_final_.pending;
@@ -523,7 +524,8 @@ void DeviceReplayer::checkFinalState() {
       if (b == nullptr || b->requested != fb.requested || b->pending != fb.pending) same = false;
     });
   }
-  if (!same) note(AnomalyKind::FinalStateMismatch, -1);
+  if (!same && !final_checked_) note(AnomalyKind::FinalStateMismatch, -1);
+  final_checked_ = true;
 }
 
 DeviceSummary summarizeDevice(DeviceReplayer& r) {

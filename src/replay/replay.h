@@ -212,6 +212,8 @@ class DeviceReplayer {
   const Counters& counters() const { return cur_; }
   const Counters& startCounters() const { return start_; }
   const U64Map<LiveBlock>& live() const { return live_; }
+  // The live set of the start state (the backward pass's result), e.g. to seed the allocator model.
+  const U64Map<LiveBlock>& startLive() const { return start_live_; }
   const std::array<AnomalyStat, kAnomalyKinds>& anomalies() const { return anomalies_; }
   // Final state as the file states it (sum over this device's segments and active blocks).
   const Counters& fileFinal() const { return file_final_; }
@@ -255,7 +257,11 @@ class DeviceReplayer {
   Counters cur_;
   size_t next_ = 0;
   int64_t last_time_ = -1;
-  bool checking_ = true;  // count anomalies only during the first forward pass
+  // Anomalies of event i are counted the first time it is applied (events [0, checked_) have
+  // been), whatever resets and partial passes came before; FinalStateMismatch the first time
+  // checkFinalState() runs after the last event.
+  size_t checked_ = 0;
+  bool final_checked_ = false;
   std::vector<std::pair<uint64_t, uint64_t>> final_ranges_;
 
   Counters file_final_;
@@ -294,8 +300,8 @@ struct DeviceSummary {
   std::array<AnomalyStat, kAnomalyKinds> anomalies{};
 };
 
-// Runs a full forward pass on `r` (from its start state) and collects the summary. Anomalies are
-// counted during the first full pass of a replayer only.
+// Runs a full forward pass on `r` (from its start state) and collects the summary. Each anomaly is
+// counted once per event, however the replayer was moved before (a partial pass, then a reset).
 DeviceSummary summarizeDevice(DeviceReplayer& r);
 
 }  // namespace memforensics::replay

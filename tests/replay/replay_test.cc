@@ -163,7 +163,7 @@ TEST(Replay, SkippedFreeCompletedActionsStillBalance) {
   EXPECT_EQ(s.peak_requested.bytes, 1000u);
 }
 
-TEST(Replay, DetectorsFireOnBrokenTraces) {
+TSnapshot brokenTrace() {
   TSnapshot t;
   t.segments.push_back({0, kBase, 0, "large", {{k20M, 0, "inactive", {}}}});
   t.traces.push_back({
@@ -179,9 +179,10 @@ TEST(Replay, DetectorsFireOnBrokenTraces) {
       {"segment_free", kBase, k20M, 0, 18},  // double segment free
       {"bogus_action", 0, 0, 0, 19},
   });
-  auto snap = buildSnapshot(t);
-  DeviceReplayer r(snap, 0);
-  auto s = summarizeDevice(r);
+  return t;
+}
+
+void expectBrokenTraceAnomalies(const DeviceSummary& s) {
   EXPECT_EQ(count(s, AnomalyKind::DoubleAlloc), 1u);
   EXPECT_EQ(s.anomalies[static_cast<size_t>(AnomalyKind::DoubleAlloc)].first_event, 2);
   EXPECT_EQ(count(s, AnomalyKind::SnapshotMismatch), 1u);
@@ -192,6 +193,29 @@ TEST(Replay, DetectorsFireOnBrokenTraces) {
   EXPECT_EQ(count(s, AnomalyKind::SegmentNotMapped), 1u);
   EXPECT_EQ(count(s, AnomalyKind::UnknownAction), 1u);
   EXPECT_EQ(count(s, AnomalyKind::FinalStateMismatch), 1u);
+}
+
+TEST(Replay, DetectorsFireOnBrokenTraces) {
+  auto snap = buildSnapshot(brokenTrace());
+  DeviceReplayer r(snap, 0);
+  expectBrokenTraceAnomalies(summarizeDevice(r));
+}
+
+// Issue 12 (hidden state): anomalies used to be counted only until the first reset after a step,
+// so a replayer moved part of the way (to a peak, an OOM) and rewound counted none of the later
+// events, nor the final-state mismatch. Now each event's anomalies count on its first visit,
+// whatever order the replayer is moved in, and never twice.
+TEST(Replay, AnomaliesDoNotDependOnHowTheReplayerWasMovedBefore) {
+  auto snap = buildSnapshot(brokenTrace());
+  DeviceReplayer r(snap, 0);
+  r.advanceTo(2);  // past the double alloc only
+  r.reset();
+  expectBrokenTraceAnomalies(summarizeDevice(r));
+  expectBrokenTraceAnomalies(summarizeDevice(r));  // a second full pass counts nothing again
+  DeviceReplayer q(snap, 0);
+  q.advanceTo(5);
+  q.checkFinalState();  // not at the end: no verdict yet
+  expectBrokenTraceAnomalies(summarizeDevice(q));
 }
 
 TEST(Replay, CleanTraceRaisesNoDetector) {
