@@ -32,8 +32,6 @@ struct ReportArgs {
 };
 ReportArgs g_args;
 
-constexpr size_t kMaxReportBytes = 4'750'000;  // the budget is 5 MB; keep a margin
-
 std::string defaultOutput(const std::string& in) {
   std::string base = in;
   size_t slash = base.find_last_of('/');
@@ -100,32 +98,13 @@ int runReportCommand() {
   result.path = g_args.file;
   std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
   g_args.data.device = g_args.device;
-  // The page must stay under kMaxReportBytes whatever the input: the data's own bounds keep it
-  // there in practice; should a file still overflow them (say, tens of thousands of segments with
-  // long frame names), every bound is halved and the data rebuilt, and the page says so.
-  analysis::ReportDataOptions opt = g_args.data;
-  analysis::ReportData data;
-  std::string page;
+  // Built once. The page must stay under report::kReportPageBytes whatever the input: the data's
+  // own bounds keep it there in practice; should a file still overflow them (say, tens of
+  // thousands of segments with long frame names), renderHtmlWithin halves the bounds on the data
+  // already built, then drops sections, and the page says so.
+  analysis::ReportData data = analysis::buildReportData(*snap, g_args.data);
   std::vector<std::string> page_notes;  // what the page's own bounds cut
-  for (int attempt = 0;; ++attempt) {
-    data = analysis::buildReportData(*snap, opt);
-    if (attempt > 0) {
-      data.caps.push_back("the report's bounds were halved " + std::to_string(attempt) +
-                          " time(s) to keep the page under 5 MB");
-    }
-    // The last attempt drops sections until the page fits (report::renderHtmlWithin).
-    page = report::renderHtmlWithin(result, data, attempt == 4 ? kMaxReportBytes : SIZE_MAX,
-                                    &page_notes);
-    if (page.size() <= kMaxReportBytes || attempt == 4) break;
-    std::cerr << "memforensics: the report would be " << formatBytes(page.size())
-              << "; halving its bounds\n";
-    opt.max_points = std::max<size_t>(64, opt.max_points / 2);
-    opt.even_keyframes /= 2;
-    opt.max_blocks = std::max<size_t>(1000, opt.max_blocks / 2);
-    opt.max_icicle_nodes = std::max<size_t>(100, opt.max_icicle_nodes / 2);
-    opt.max_stacks = std::max<size_t>(100, opt.max_stacks / 2);
-    opt.max_frames_per_stack = std::max<size_t>(8, opt.max_frames_per_stack / 2);
-  }
+  std::string page = report::renderHtmlWithin(result, data, report::kReportPageBytes, &page_notes);
   data.caps.insert(data.caps.end(), page_notes.begin(), page_notes.end());
 
   setActivity("writing " + out);

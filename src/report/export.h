@@ -43,8 +43,9 @@ struct PerfettoOptions {
 //     (time_regression anomalies are clamped). A file without any time_us gets
 //     otherData.time_axis = "event_index" and ts = event index + 1.
 //   * OOMs are process instants named "OOM" (args: request_bytes, device_free_bytes, stream, event,
-//     time_us, the four counters, frames = user frames as "name (file:line)" text); peaks are
-//     instants "peak reserved" / "peak requested" / "peak allocated".
+//     time_us, the counters as countersJson (json_analysis.h) spells them, frames = user frames
+//     as "name (file:line)" text); peaks are instants "peak reserved" / "peak requested" /
+//     "peak allocated".
 //   * external_annotations START/END pairs (matched by name, innermost first) are "B"/"E" slices
 //     on thread "annotations" of their device; pairs that would not nest there go to
 //     "annotations 2", ... Unmatched stages are thread instants. Annotations without a device go to

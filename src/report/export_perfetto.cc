@@ -13,6 +13,7 @@
 #include "analysis/frames.h"
 #include "replay/replay.h"
 #include "report/export.h"
+#include "report/json_analysis.h"
 
 namespace memforensics::report {
 
@@ -158,12 +159,6 @@ void writeCounters(EventWriter& w, int64_t device, replay::DeviceReplayer& r,
   }
 }
 
-json countersArgs(const replay::Counters& c) {
-  return {{"reserved_bytes", c.reserved},
-          {"allocated_bytes", c.allocated},
-          {"requested_bytes", c.requested},
-          {"pending_free_bytes", c.pending}};
-}
 json optTime(int64_t t) {
   return t < 0 ? json(nullptr) : json(t);
 }
@@ -171,7 +166,7 @@ json optTime(int64_t t) {
 void writeOoms(EventWriter& w, const format::Snapshot& snap, const replay::DeviceSummary& s,
                const std::vector<int64_t>& ts, const PerfettoOptions& opt) {
   for (const auto& o : s.ooms) {
-    json args = countersArgs(o.at);
+    json args = countersJson(o.at);
     args["request_bytes"] = o.request_bytes;
     args["device_free_bytes"] = o.device_free;
     args["stream"] = o.stream;

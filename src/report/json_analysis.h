@@ -9,4 +9,10 @@ namespace memforensics::report {
 
 nlohmann::json analysisJson(const analysis::AnalysisResult& r);
 
+// The four replayed counters and active = allocated + pending, as every JSON output of report/
+// spells them (analyze --json's "start"/"final"/OOM "state", the HTML report's keyframes, the
+// Perfetto export's OOM args): {"reserved_bytes", "requested_bytes", "allocated_bytes",
+// "pending_free_bytes", "active_bytes"}. The one place these names are written.
+nlohmann::json countersJson(const replay::Counters& c);
+
 }  // namespace memforensics::report

@@ -46,13 +46,6 @@ json peakJson(const replay::Peak& p) {
   return {{"bytes", p.bytes}, {"event", p.event}, {"time_us", p.time_us}};
 }
 
-json countersJson(const replay::Counters& c) {
-  return {{"reserved", c.reserved},
-          {"allocated", c.allocated},
-          {"requested", c.requested},
-          {"pending", c.pending}};
-}
-
 // Blocks of one segment appended to a keyframe's flat array: [size, requested, code, stack,
 // alloc_event] per block, and for a run (code & 32) [size, requested, code, count, free_bytes,
 // pending_bytes]. code = state | category << 2. Returns the number of values appended.
@@ -421,6 +414,13 @@ std::string renderHtmlWithin(const analysis::AnalysisResult& analysis,
   analysis::ReportData cut = data;
   PageLimits lim;
   std::vector<std::string> notes;
+  analysis::HalvingCuts halved;
+  for (size_t times = 1; times <= kPageHalvings; ++times) {
+    halved += analysis::halveReportData(cut);
+    notes = {analysis::halvingNote(halved, times, max_bytes)};
+    page = render(cut, lim, notes);
+    if (page.size() <= max_bytes) return page;
+  }
   for (int level = 1; level <= 4; ++level) {
     if (level == 1) {
       size_t keyframes = 0, phases = 0, nodes = 0;

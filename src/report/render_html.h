@@ -27,11 +27,18 @@ namespace memforensics::report {
 // Each cut is named in the page's notes ("Shown in part"). `analyze --json` is not affected.
 constexpr size_t kPageStringBytes = 1024;
 constexpr size_t kPageFramesPerList = 48;
+// The page `report` writes stays under this many bytes (the budget is 5 MB; a margin).
+constexpr size_t kReportPageBytes = 4'750'000;
+// How many times renderHtmlWithin halves the data's bounds (analysis::halveReportData) before it
+// drops whole sections.
+constexpr size_t kPageHalvings = 4;
 
 void renderHtml(const analysis::AnalysisResult& analysis, const analysis::ReportData& data,
                 std::ostream& out);
 
-// The page, at most max_bytes long for any input: rendered as it is when it fits; otherwise
+// The page, at most max_bytes long for any input: rendered as it is when it fits; otherwise the
+// data's bounds are halved (analysis::halveReportData, on the data already built: nothing is
+// replayed) up to kPageHalvings times until it does, with one note saying what went; then
 // sections are dropped in this order until it does, each with a note on the page: evenly spaced
 // keyframes, phases beyond 100, call-tree nodes beyond 500 (level 1); every list of the analysis
 // document cut to 100 entries and strings to 128 bytes (level 2); the drawings of every device

@@ -23,13 +23,6 @@ json framesJson(const std::vector<analysis::FrameText>& fs) {
 json opt(int64_t v) {
   return v < 0 ? json(nullptr) : json(v);
 }
-json countersJson(const replay::Counters& c) {
-  return {{"reserved_bytes", c.reserved},
-          {"requested_bytes", c.requested},
-          {"allocated_bytes", c.allocated},
-          {"pending_free_bytes", c.pending},
-          {"active_bytes", c.active()}};
-}
 void peak(json& j, const char* name, const replay::Peak& p) {
   std::string base = std::string("peak_") + name;
   j[base + "_bytes"] = p.bytes;
@@ -37,6 +30,14 @@ void peak(json& j, const char* name, const replay::Peak& p) {
   j[base + "_time_us"] = opt(p.time_us);
 }
 }  // namespace
+
+nlohmann::json countersJson(const replay::Counters& c) {
+  return {{"reserved_bytes", c.reserved},
+          {"requested_bytes", c.requested},
+          {"allocated_bytes", c.allocated},
+          {"pending_free_bytes", c.pending},
+          {"active_bytes", c.active()}};
+}
 
 nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
   json doc;

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -283,6 +284,11 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
             ink = wd.js(INK_JS, canvas)
             if not ink or ink <= 0.001:
                 failures.append(f"{name} device {dev['device']}: the {canvas} canvas is blank (ink {ink})")
+        # The block map's caption quotes the keyframe's counters (countersJson's names): a renamed
+        # field would print NaN or undefined there.
+        caption = wd.js("return document.getElementById('blockmap-caption').textContent") or ""
+        if "NaN" in caption or "undefined" in caption or not re.search(r"reserved [0-9]", caption):
+            failures.append(f"{name} device {dev['device']}: the block map caption is {caption!r}")
         # Clicking the timeline near each end: the block map must move to another moment.
         keyframe_events = wd.js("return Array.from(document.querySelectorAll('#keyframe option')).length")
         if keyframe_events >= 2:

@@ -11,10 +11,12 @@
 #include <optional>
 #include <sstream>
 
+#include "analysis/analyze.h"
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
 #include "replay/replay.h"
+#include "report/render.h"
 
 namespace memforensics::report {
 namespace {
@@ -201,6 +203,26 @@ TEST(ExportPerfetto, TimedCountersOomPeaksAndTimeOrigin) {
   no_peaks.peak_instants = false;
   json doc2 = json::parse(perfetto(snap, no_peaks));
   EXPECT_EQ(eventsWhere(doc2, "i", 1).size(), 1u);  // the OOM only
+}
+
+// The OOM instant carries the counters under the names and with the values that analyze --json
+// gives the same OOM ("state"): one spelling of the counters in every output (countersJson).
+TEST(ExportPerfetto, OomCountersAreSpelledAsAnalyzeJsonSpellsThem) {
+  auto snap = buildSnapshot(timedSnapshot());
+  json doc = json::parse(perfetto(snap));
+  json analyzed = json::parse(renderJsonString(analysis::analyzeSnapshot(snap)));
+  const json& state = analyzed["devices"][0]["ooms"][0]["state"];
+  ASSERT_TRUE(state.is_object());
+  ASSERT_EQ(state.size(), 5u);  // reserved, requested, allocated, pending_free, active
+  json oom;
+  for (const auto& e : eventsWhere(doc, "i", 1)) {
+    if (e["name"] == "OOM") oom = e;
+  }
+  ASSERT_TRUE(oom.is_object());
+  for (auto it = state.begin(); it != state.end(); ++it) {
+    ASSERT_TRUE(oom["args"].contains(it.key())) << it.key();
+    EXPECT_EQ(oom["args"][it.key()], it.value()) << it.key();
+  }
 }
 
 TEST(ExportPerfetto, AnnotationsBecomeNestedSlicesOnLanes) {

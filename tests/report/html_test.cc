@@ -111,9 +111,29 @@ TEST(Html, TheEmbeddedAnalysisIsAnalyzeJson) {
             expected["devices"][0]["peak_requested_bytes"]);
 }
 
+// A keyframe's counters are spelled as analyze --json spells the device's "start" and "final"
+// (countersJson), and the start keyframe's values are the start state's.
+TEST(Html, KeyframeCountersAreSpelledAsAnalyzeJsonSpellsThem) {
+  TSnapshot t;
+  TEvent seg{"segment_alloc", 0x7f0000000000ULL, 2097152, 0, 1};
+  TEvent al{"alloc", 0x7f0000000000ULL, 4096, 0, 2};
+  TEvent fr{"free_requested", 0x7f0000000000ULL, 4096, 0, 3};
+  t.traces.push_back({seg, al, fr});
+  auto snap = buildSnapshot(t);
+  Page p = render(snap, "x.pickle");
+  auto doc = nlohmann::json::parse(p.data);
+  const auto& final_state = doc["analysis"]["devices"][0]["final"];
+  ASSERT_EQ(final_state.size(), 5u);
+  const auto& kfs = doc["devices"][0]["keyframes"];
+  ASSERT_FALSE(kfs.empty());
+  const auto& last = kfs.back();
+  ASSERT_EQ(last["event"], 2);
+  EXPECT_EQ(last["at"], final_state);  // same keys, same values (4096 B pending free)
+}
+
 // ---- The page bound holds for any input, and its notes are true ------------------------------
 
-constexpr size_t kCliBound = 4'750'000;  // what `report` asks renderHtmlWithin for (cmd_report.cc)
+constexpr size_t kCliBound = kReportPageBytes;  // what `report` asks renderHtmlWithin for
 const std::string kEllipsis = "\xE2\x80\xA6";
 
 struct Bounded {
@@ -312,6 +332,10 @@ TEST(HtmlBound, SectionsAreDroppedUntilThePageFitsAndTheNotesSayWhich) {
       walk(b.doc["analysis"]);
     }
     if (b.html.size() < full.html.size()) EXPECT_FALSE(b.caps.empty());
+    // Before any section goes, the data's bounds are halved on the data already built.
+    bool halved = false;
+    for (const auto& c : b.caps) halved |= c.find("bounds were halved") != std::string::npos;
+    EXPECT_TRUE(halved);
   }
 }
 

@@ -190,6 +190,72 @@ TEST(ReportData, ManySegmentsThinOutTheEvenlySpacedKeyframesButKeepThePeaks) {
   EXPECT_TRUE(said);
 }
 
+// The over-budget path cuts the data already built (nothing replayed): the timeline keeps the
+// points computeTimeline keeps at the coarser bucket, the labelled keyframes all stay, blocks
+// still cover their segments, the call tree still adds up, and every index stays valid.
+TEST(ReportData, HalvingCutsTheBuiltDataAsCoarserBoundsWould) {
+  format::Snapshot snap = crowded(40, 60);
+  ReportDataOptions opt;
+  opt.max_points = 300;
+  ReportData full = buildReportData(snap, opt);
+  ReportData r = full;
+  ASSERT_EQ(r.devices.size(), 1u);
+  const size_t points0 = r.devices[0].timeline.points.size();
+  const size_t bucket0 = r.devices[0].timeline.bucket_size;
+  ASSERT_TRUE(r.devices[0].timeline.downsampled);
+  size_t even0 = 0, labelled0 = 0, pieces0 = 0;
+  for (const auto& k : r.devices[0].keyframes) {
+    (k.labels.empty() ? even0 : labelled0) += 1;
+    for (const auto& s : k.segments) pieces0 += s.blocks.size();
+  }
+  ASSERT_GE(even0, 4u);
+
+  HalvingCuts c = halveReportData(r);
+  const auto& d = r.devices[0];
+  // Timeline: the points computeTimeline keeps with the new bucket size.
+  EXPECT_EQ(d.timeline.bucket_size % bucket0, 0u);
+  EXPECT_GT(d.timeline.bucket_size, bucket0);
+  EXPECT_EQ(c.points, points0 - d.timeline.points.size());
+  TimelineOptions topt;
+  topt.max_points = (d.timeline.total_points + d.timeline.bucket_size - 1) / d.timeline.bucket_size;
+  TimelineResult coarse = computeTimeline(snap, topt);
+  ASSERT_EQ(coarse.devices[0].bucket_size, d.timeline.bucket_size);
+  ASSERT_EQ(coarse.devices[0].points.size(), d.timeline.points.size());
+  for (size_t i = 0; i < d.timeline.points.size(); ++i) {
+    EXPECT_EQ(coarse.devices[0].points[i].event, d.timeline.points[i].event) << i;
+  }
+  // Keyframes: every other evenly spaced one; the peaks, OOMs and the end all stay.
+  size_t even = 0, labelled_n = 0, pieces = 0;
+  for (const auto& k : d.keyframes) {
+    (k.labels.empty() ? even : labelled_n) += 1;
+    for (const auto& s : k.segments) pieces += s.blocks.size();
+  }
+  EXPECT_EQ(labelled_n, labelled0);
+  EXPECT_EQ(even, (even0 + 1) / 2);
+  EXPECT_EQ(c.keyframes, even0 - even);
+  EXPECT_LT(pieces, pieces0);
+  EXPECT_GT(c.blocks_merged, 0u);
+  expectBlocksCoverSegments(d);
+  for (const auto& k : d.keyframes) {
+    for (const auto& s : k.segments) {
+      for (const auto& b : s.blocks) EXPECT_LT(b.stack, static_cast<int32_t>(r.stacks.size()));
+    }
+  }
+  for (const auto& st : r.stacks) {
+    for (int32_t f : st) EXPECT_LT(static_cast<size_t>(f), r.frames.size());
+  }
+  // The call tree: the same live bytes at its root.
+  EXPECT_EQ(d.icicle[0].bytes, full.devices[0].icicle[0].bytes);
+  // Deterministic, and the note names what went.
+  ReportData again = full;
+  halveReportData(again);
+  EXPECT_EQ(again.devices[0].timeline.points.size(), d.timeline.points.size());
+  EXPECT_EQ(again.devices[0].keyframes.size(), d.keyframes.size());
+  const std::string note = halvingNote(c, 1, 1000);
+  EXPECT_NE(note.find("halved 1 time(s)"), std::string::npos) << note;
+  EXPECT_NE(note.find("evenly spaced keyframes"), std::string::npos) << note;
+}
+
 TEST(ReportData, DevicesBeyondTheDetailLimitKeepTheirSummaryOnly) {
   TSnapshot t;
   for (int dev = 0; dev < 3; ++dev) {

@@ -100,9 +100,8 @@ size_t blockCount(const std::vector<replay::ModelSegment>& layout) {
 // ones as one run that closes once it reaches the threshold (threshold 0: every block alone).
 // Calls f(first, last) per piece, [first, last) indexing seg.blocks. Counting and building the
 // pieces share this, so the cap is met by what is built.
-template <typename F>
-void forEachPiece(const replay::ModelSegment& seg, uint64_t threshold, F&& f) {
-  const auto& bl = seg.blocks;
+template <typename Blocks, typename F>
+void forEachPiece(const Blocks& bl, uint64_t threshold, F&& f) {
   size_t start = 0;
   uint64_t run = 0;
   bool in_run = false;
@@ -127,10 +126,55 @@ void forEachPiece(const replay::ModelSegment& seg, uint64_t threshold, F&& f) {
   if (in_run) f(start, bl.size());
 }
 
-size_t pieceCount(const replay::ModelSegment& seg, uint64_t threshold) {
+template <typename Blocks>
+size_t pieceCount(const Blocks& bl, uint64_t threshold) {
   size_t n = 0;
-  forEachPiece(seg, threshold, [&](size_t, size_t) { ++n; });
+  forEachPiece(bl, threshold, [&](size_t, size_t) { ++n; });
   return n;
+}
+
+// The bytes of a block by state: a run keeps its own split, a single block is all one state.
+uint64_t freeBytes(const MapBlock& b) {
+  return b.count > 1 ? b.free_bytes : b.state == MapState::Free ? b.size : 0;
+}
+uint64_t pendingBytes(const MapBlock& b) {
+  return b.count > 1 ? b.pending_bytes : b.state == MapState::PendingFree ? b.size : 0;
+}
+
+// Blocks (or runs) [first, last) as one run: a run names no single allocation, it keeps its bytes
+// by state and is drawn in the state holding most of them.
+MapBlock mergeRun(const std::vector<MapBlock>& bl, size_t first, size_t last) {
+  MapBlock run;
+  run.count = 0;
+  for (size_t i = first; i < last; ++i) {
+    const MapBlock& mb = bl[i];
+    run.size += mb.size;
+    run.requested += mb.requested;
+    run.free_bytes += freeBytes(mb);
+    run.pending_bytes += pendingBytes(mb);
+    run.count += mb.count;
+  }
+  uint64_t alloc = run.size - run.free_bytes - run.pending_bytes;
+  run.state = run.free_bytes >= alloc && run.free_bytes >= run.pending_bytes ? MapState::Free
+              : alloc >= run.pending_bytes                                   ? MapState::Allocated
+                                           : MapState::PendingFree;
+  return run;
+}
+
+// The smallest threshold (doubling from reserved / cap, at least 512) that brings the pieces of
+// `segments` (each with a `blocks` vector) to at most `cap`; 0 when `blocks` already fit. A
+// segment is drawn even when all of it is one run, so the cap may stay out of reach.
+template <typename Segments>
+uint64_t mergeThreshold(const Segments& segments, size_t blocks, uint64_t reserved, size_t cap) {
+  if (blocks <= cap || cap == 0) return 0;
+  uint64_t threshold = std::max<uint64_t>(512, reserved / cap);
+  while (true) {
+    size_t n = 0;
+    for (const auto& s : segments) n += pieceCount(s.blocks, threshold);
+    if (n <= cap || threshold > reserved) break;
+    threshold *= 2;
+  }
+  return threshold;
 }
 
 class KeyframeBuilder {
@@ -145,17 +189,7 @@ class KeyframeBuilder {
     uint64_t reserved = 0;
     for (const auto& s : layout) reserved += s.size;
     // The smallest threshold (doubling) that brings the block count under the cap.
-    uint64_t threshold = 0;
-    if (k.blocks_before_merge > cap && cap > 0) {
-      threshold = std::max<uint64_t>(512, reserved / cap);
-      // A segment is drawn even when all of it is one run, so the cap may stay out of reach.
-      while (true) {
-        size_t n = 0;
-        for (const auto& s : layout) n += pieceCount(s, threshold);
-        if (n <= cap || threshold > reserved) break;
-        threshold *= 2;
-      }
-    }
+    const uint64_t threshold = mergeThreshold(layout, k.blocks_before_merge, reserved, cap);
     for (const auto& s : layout) {
       MapSegment ms;
       ms.address = s.address;
@@ -163,26 +197,15 @@ class KeyframeBuilder {
       ms.stream = s.stream;
       ms.pool = poolName(s);
       ms.expandable = s.is_expandable;
-      forEachPiece(s, threshold, [&](size_t first, size_t last) {
+      forEachPiece(s.blocks, threshold, [&](size_t first, size_t last) {
         if (last - first == 1) {
           ms.blocks.push_back(convert(s.blocks[first]));
           return;
         }
-        // A run of several blocks names no single allocation: it keeps bytes by state.
-        MapBlock run;
-        run.count = static_cast<uint32_t>(last - first);
-        for (size_t i = first; i < last; ++i) {
-          MapBlock mb = convert(s.blocks[i]);
-          run.size += mb.size;
-          run.requested += mb.requested;
-          if (mb.state == MapState::Free) run.free_bytes += mb.size;
-          if (mb.state == MapState::PendingFree) run.pending_bytes += mb.size;
-        }
-        uint64_t alloc = run.size - run.free_bytes - run.pending_bytes;
-        run.state = run.free_bytes >= alloc && run.free_bytes >= run.pending_bytes ? MapState::Free
-                    : alloc >= run.pending_bytes ? MapState::Allocated
-                                                 : MapState::PendingFree;
-        ms.blocks.push_back(run);
+        std::vector<MapBlock> piece;
+        piece.reserve(last - first);
+        for (size_t i = first; i < last; ++i) piece.push_back(convert(s.blocks[i]));
+        ms.blocks.push_back(mergeRun(piece, 0, piece.size()));
       });
       for (const auto& b : s.blocks) {
         if (b.state == format::BlockState::ActiveAllocated) {
@@ -216,6 +239,34 @@ class KeyframeBuilder {
   AllocationCategories cats_;
   Tables& tables_;
 };
+
+// Keeps the max_nodes heaviest nodes of a tree whose parents come before their children; a parent
+// weighs at least as much as its child, and on ties the parent (created first) wins, so every kept
+// node's parent is kept. Returns how many nodes went; their bytes stay in their parents.
+uint64_t pruneIcicle(std::vector<IcicleNode>& nodes, size_t max_nodes) {
+  if (nodes.size() <= max_nodes) return 0;
+  std::vector<int32_t> order(nodes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return nodes[a].bytes > nodes[b].bytes; });
+  std::vector<int32_t> remap(nodes.size(), -1);
+  std::vector<uint8_t> keep(nodes.size(), 0);
+  for (size_t i = 0; i < max_nodes; ++i) keep[order[i]] = 1;
+  std::vector<IcicleNode> out;
+  uint64_t cut = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!keep[i] || (nodes[i].parent >= 0 && remap[nodes[i].parent] < 0 && i != 0)) {
+      ++cut;
+      continue;
+    }
+    remap[i] = static_cast<int32_t>(out.size());
+    IcicleNode n = std::move(nodes[i]);
+    if (n.parent >= 0) n.parent = remap[n.parent];
+    out.push_back(std::move(n));
+  }
+  nodes = std::move(out);
+  return cut;
+}
 
 std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device, int64_t event,
                                     Tables& tables, size_t max_nodes, uint64_t& nodes_cut) {
@@ -268,28 +319,8 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device
     }
     nodes[cur].self += v.first;
   }
-  if (nodes.size() <= max_nodes) return nodes;
-  // Keep the heaviest nodes; a parent weighs at least as much as its child, and on ties the parent
-  // (created first) wins, so every kept node's parent is kept.
-  std::vector<int32_t> order(nodes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return nodes[a].bytes > nodes[b].bytes; });
-  std::vector<int32_t> remap(nodes.size(), -1);
-  std::vector<uint8_t> keep(nodes.size(), 0);
-  for (size_t i = 0; i < max_nodes; ++i) keep[order[i]] = 1;
-  std::vector<IcicleNode> out;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!keep[i] || (nodes[i].parent >= 0 && remap[nodes[i].parent] < 0 && i != 0)) {
-      ++nodes_cut;
-      continue;
-    }
-    remap[i] = static_cast<int32_t>(out.size());
-    IcicleNode n = nodes[i];
-    if (n.parent >= 0) n.parent = remap[n.parent];
-    out.push_back(std::move(n));
-  }
-  return out;
+  nodes_cut += pruneIcicle(nodes, max_nodes);
+  return nodes;
 }
 
 std::string fmtCount(uint64_t n) {
@@ -303,7 +334,175 @@ size_t keyframeCost(const Keyframe& k) {
   return n;
 }
 
+// The kept points of a timeline thinned to half as many buckets (at least kHalvingMinPoints), as
+// computeTimeline would keep them with that bucket size: the new bucket is a multiple of the old
+// one, so the first points where a bucket's series take their extremes are among the kept ones;
+// the start state, every OOM and every peak stay. Returns how many points went.
+size_t thinPoints(DeviceTimeline& t) {
+  const size_t total = t.total_points, old_bucket = std::max<size_t>(1, t.bucket_size);
+  const size_t buckets = (total + old_bucket - 1) / old_bucket;
+  const size_t target = std::max(kHalvingMinPoints, buckets / 2);
+  if (total <= target || t.points.size() <= kHalvingMinPoints) return 0;
+  size_t bucket = (total + target - 1) / target;
+  bucket = (bucket + old_bucket - 1) / old_bucket * old_bucket;
+  if (bucket <= old_bucket) return 0;
+  std::vector<int64_t> always = {-1, t.peak_reserved.event, t.peak_requested.event,
+                                 t.peak_allocated.event, t.peak_active.event};
+  for (const auto& o : t.ooms) always.push_back(o.event);
+  std::sort(always.begin(), always.end());
+  const auto& pts = t.points;
+  std::vector<uint8_t> keep(pts.size(), 0);
+  auto bucketOf = [&](size_t i) { return static_cast<uint64_t>(pts[i].event + 1) / bucket; };
+  for (size_t b0 = 0; b0 < pts.size();) {
+    size_t b1 = b0 + 1;
+    while (b1 < pts.size() && bucketOf(b1) == bucketOf(b0)) ++b1;
+    size_t req_lo = b0, req_hi = b0, res_hi = b0, alloc_hi = b0, pend_hi = b0;
+    for (size_t i = b0 + 1; i < b1; ++i) {
+      const replay::Counters& c = pts[i].at;
+      if (c.requested < pts[req_lo].at.requested) req_lo = i;
+      if (c.requested > pts[req_hi].at.requested) req_hi = i;
+      if (c.reserved > pts[res_hi].at.reserved) res_hi = i;
+      if (c.allocated > pts[alloc_hi].at.allocated) alloc_hi = i;
+      if (c.pending > pts[pend_hi].at.pending) pend_hi = i;
+    }
+    for (size_t i : {req_lo, req_hi, res_hi, alloc_hi, pend_hi}) keep[i] = 1;
+    b0 = b1;
+  }
+  std::vector<TimelinePoint> kept;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if (keep[i] || std::binary_search(always.begin(), always.end(), pts[i].event))
+      kept.push_back(pts[i]);
+  }
+  const size_t cut = pts.size() - kept.size();
+  t.points = std::move(kept);
+  t.bucket_size = bucket;
+  t.downsampled = true;
+  return cut;
+}
+
+// A keyframe's blocks merged into runs until at most `cap` pieces are drawn (mergeThreshold).
+// Returns how many drawn pieces went.
+size_t remergeKeyframe(Keyframe& k, size_t cap) {
+  size_t pieces = 0;
+  uint64_t reserved = 0;
+  for (const auto& s : k.segments) {
+    pieces += s.blocks.size();
+    reserved += s.size;
+  }
+  const uint64_t threshold = mergeThreshold(k.segments, pieces, reserved, cap);
+  if (threshold == 0) return 0;
+  size_t after = 0;
+  for (auto& s : k.segments) {
+    std::vector<MapBlock> merged;
+    forEachPiece(s.blocks, threshold, [&](size_t first, size_t last) {
+      merged.push_back(last - first == 1 ? s.blocks[first] : mergeRun(s.blocks, first, last));
+    });
+    s.blocks = std::move(merged);
+    after += s.blocks.size();
+  }
+  return pieces - after;
+}
+
+std::string plural(uint64_t n, const char* one, const char* many) {
+  return fmtCount(n) + " " + (n == 1 ? one : many);
+}
+
 }  // namespace
+
+HalvingCuts halveReportData(ReportData& data) {
+  HalvingCuts c;
+  for (auto& d : data.devices) {
+    c.points += thinPoints(d.timeline);
+    // Every other evenly spaced keyframe; the labelled ones (peaks, OOMs, the end) all stay.
+    size_t even = 0;
+    const size_t before = d.keyframes.size();
+    std::erase_if(d.keyframes, [&](const Keyframe& k) { return k.labels.empty() && even++ % 2; });
+    c.keyframes += before - d.keyframes.size();
+    for (auto& k : d.keyframes) {
+      size_t pieces = 0;
+      for (const auto& s : k.segments) pieces += s.blocks.size();
+      c.blocks_merged += remergeKeyframe(k, std::max(kHalvingMinKeyframeBlocks, pieces / 2));
+    }
+    c.icicle_nodes += pruneIcicle(d.icicle, std::max(kHalvingMinIcicleNodes, d.icicle.size() / 2));
+  }
+  // Stacks: the first half keep their names (those named first: the peaks' and OOMs' blocks).
+  if (data.stacks.size() > kHalvingMinStacks) {
+    const size_t keep = std::max(kHalvingMinStacks, data.stacks.size() / 2);
+    c.stacks += data.stacks.size() - keep;
+    data.stacks.resize(keep);
+    for (auto& d : data.devices) {
+      for (auto& k : d.keyframes) {
+        for (auto& s : k.segments) {
+          for (auto& b : s.blocks) {
+            if (b.stack >= static_cast<int32_t>(keep)) b.stack = -1;
+          }
+        }
+      }
+    }
+  }
+  // Frames per stack: the innermost half of the longest (where the memory was allocated).
+  size_t longest = 0;
+  for (const auto& st : data.stacks) longest = std::max(longest, st.size());
+  if (longest > kHalvingMinFramesPerStack) {
+    const size_t keep = std::max(kHalvingMinFramesPerStack, longest / 2);
+    for (auto& st : data.stacks) {
+      if (st.size() <= keep) continue;
+      c.stack_frames += st.size() - keep;
+      st.resize(keep);
+    }
+  }
+  // The frame table keeps the frames still named by a stack or a call-tree node.
+  std::vector<int32_t> remap(data.frames.size(), -1);
+  auto use = [&](int32_t f) {
+    if (f >= 0 && static_cast<size_t>(f) < remap.size()) remap[static_cast<size_t>(f)] = 0;
+  };
+  for (const auto& st : data.stacks) {
+    for (int32_t f : st) use(f);
+  }
+  for (const auto& d : data.devices) {
+    for (const auto& n : d.icicle) use(n.frame);
+  }
+  std::vector<FrameText> frames;
+  for (size_t i = 0; i < remap.size(); ++i) {
+    if (remap[i] < 0) continue;
+    remap[i] = static_cast<int32_t>(frames.size());
+    frames.push_back(std::move(data.frames[i]));
+  }
+  if (frames.size() < data.frames.size()) {
+    auto to = [&](int32_t f) { return f >= 0 ? remap[static_cast<size_t>(f)] : f; };
+    for (auto& st : data.stacks) {
+      for (int32_t& f : st) f = to(f);
+    }
+    for (auto& d : data.devices) {
+      for (auto& n : d.icicle) n.frame = to(n.frame);
+    }
+    data.frames = std::move(frames);
+  }
+  return c;
+}
+
+std::string halvingNote(const HalvingCuts& c, size_t times, size_t max_bytes) {
+  std::vector<std::string> parts;
+  if (c.points) parts.push_back(plural(c.points, "timeline point", "timeline points"));
+  if (c.keyframes)
+    parts.push_back(plural(c.keyframes, "evenly spaced keyframe", "evenly spaced keyframes"));
+  if (c.blocks_merged)
+    parts.push_back(plural(c.blocks_merged, "block-map piece merged into runs",
+                           "block-map pieces merged into runs"));
+  if (c.icicle_nodes) parts.push_back(plural(c.icicle_nodes, "call-tree node", "call-tree nodes"));
+  if (c.stacks)
+    parts.push_back(plural(c.stacks, "stack no longer named", "stacks no longer named"));
+  if (c.stack_frames)
+    parts.push_back(plural(c.stack_frames, "outer stack frame", "outer stack frames"));
+  std::string what;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    what += i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ";
+    what += parts[i];
+  }
+  return "the report's bounds were halved " + std::to_string(times) +
+         " time(s) to keep the page under " + fmtCount(max_bytes) + " bytes" +
+         (what.empty() ? std::string() : ": " + what + " left out");
+}
 
 std::string_view mapStateName(MapState s) {
   switch (s) {

@@ -101,6 +101,37 @@ struct ReportDataOptions {
 
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});
 
+// The page's over-budget path (report::renderHtmlWithin): data already built, cut as if every
+// bound of ReportDataOptions had been halved, without replaying anything. Deterministic; per
+// device: the timeline thinned to half its buckets (the new bucket a multiple of the old, so the
+// kept points are those computeTimeline would keep; every peak and OOM stays), every other evenly
+// spaced keyframe (labelled ones stay), each keyframe's drawn pieces halved by merging runs, the
+// lightest half of the call-tree nodes; for the whole report, the second half of the named stacks
+// (their blocks name none) and the outer half of the longest stack's frames. Never below the
+// floors below. Returns what went, for the note (halvingNote).
+constexpr size_t kHalvingMinPoints = 64;          // timeline buckets per device
+constexpr size_t kHalvingMinKeyframeBlocks = 64;  // drawn pieces per keyframe
+constexpr size_t kHalvingMinIcicleNodes = 100;    // per device
+constexpr size_t kHalvingMinStacks = 100;         // named stacks in the report
+constexpr size_t kHalvingMinFramesPerStack = 8;
+
+struct HalvingCuts {
+  uint64_t points = 0, keyframes = 0, blocks_merged = 0, icicle_nodes = 0, stacks = 0,
+           stack_frames = 0;
+  HalvingCuts& operator+=(const HalvingCuts& o) {
+    points += o.points;
+    keyframes += o.keyframes;
+    blocks_merged += o.blocks_merged;
+    icicle_nodes += o.icicle_nodes;
+    stacks += o.stacks;
+    stack_frames += o.stack_frames;
+    return *this;
+  }
+};
+HalvingCuts halveReportData(ReportData& data);
+// "the report's bounds were halved N time(s) to keep the page under M bytes: ... left out".
+std::string halvingNote(const HalvingCuts& cuts, size_t times, size_t max_bytes);
+
 std::string_view mapStateName(MapState s);
 
 }  // namespace memforensics::analysis
