@@ -72,17 +72,22 @@ bool isPlumbingFrame(const format::Snapshot& s, const format::Frame& f) {
   return false;
 }
 
-std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max) {
-  std::vector<FrameText> out;
+FrameText frameText(const format::Snapshot& s, format::FrameId id) {
+  const format::Frame& f = s.stacks.frame(id);
+  return FrameText{std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)),
+                   f.line};
+}
+
+std::vector<format::FrameId> userFrameIds(const format::Snapshot& s, format::StackId stack,
+                                          size_t max) {
+  std::vector<format::FrameId> out;
   if (stack == format::kNoStack) return out;
   auto frames = s.stacks.stack(stack);
   auto take = [&](auto pred) {
     for (format::FrameId id : frames) {
-      const format::Frame& f = s.stacks.frame(id);
-      if (!pred(f)) continue;
-      out.push_back(
-          {std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)), f.line});
       if (out.size() >= max) return;
+      const format::Frame& f = s.stacks.frame(id);
+      if (pred(f)) out.push_back(id);
     }
   };
   take([&](const format::Frame& f) { return !isLibraryFrame(s, f); });
@@ -95,6 +100,12 @@ std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId sta
     take([&](const format::Frame& f) { return !isNoiseFrame(s, f) && !isPlumbingFrame(s, f); });
   }
   if (out.empty()) take([&](const format::Frame& f) { return !isNoiseFrame(s, f); });
+  return out;
+}
+
+std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max) {
+  std::vector<FrameText> out;
+  for (format::FrameId id : userFrameIds(s, stack, max)) out.push_back(frameText(s, id));
   return out;
 }
 

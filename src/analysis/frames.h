@@ -33,5 +33,11 @@ bool isPlumbingFrame(const format::Snapshot& s, const format::Frame& f);
 //   3. if there are none, non-noise C++ frames past the allocator and dispatcher plumbing;
 //   4. if there are none, any non-noise frames.
 std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max);
+// The same frames as ids, innermost first.
+std::vector<format::FrameId> userFrameIds(const format::Snapshot& s, format::StackId stack,
+                                          size_t max);
+
+// The text of one frame of the snapshot.
+FrameText frameText(const format::Snapshot& s, format::FrameId id);
 
 }  // namespace memforensics::analysis

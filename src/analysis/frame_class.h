@@ -1,0 +1,86 @@
+// frame_class.h: the one frame classifier. What kind of code a frame is, and what a whole stack
+// says about the code that allocated (backward, optimizer step, parameter creation, forward), for
+// every consumer: the displayed frames (frames.h userFrames), phases (phases.cc), categories and
+// findings (findings.cc), the frame tree (frame_tree.h) and the call graph.
+//
+// The rule per frame, first match wins (docs/findings.md, "Frames"):
+//   Python frames (file ends in .py):
+//     * Python's own runtime (a standard-library file: /lib/python3.X/, \Lib\, <frozen ...>, e.g.
+//       threading.py _bootstrap, runpy.py)                                   -> Plumbing
+//     * PyTorch (a file under torch/ or site-packages/torch):
+//         torch/optim/                                                       -> Optimizer
+//         torch/autograd/, torch/_tensor.py backward                         -> Autograd
+//         nn/modules/module.py _call_impl / _wrapped_call_impl (the call wrappers)
+//                                                                            -> Plumbing
+//         anything else                                                      -> Framework
+//     * every other .py file                                                 -> User
+//   other frames (C++, or files that are not .py):
+//     * interpreter glue, unwinder and dispatcher boilerplate that PyTorch's viewers hide
+//       (format doc 2.6: PyEval_*, ceval.c, core/boxing, ...)                -> Plumbing
+//     * libc / pthread / thread start-up (start_thread, clone, pthread_create.c,
+//       execute_native_thread_routine, __libc_start_main, _start)           -> Plumbing
+//     * the allocator, tensor factories and the dispatcher (c10::, at::detail::, at::_ops::,
+//       wrapper_*, at::empty*, at::native::empty*, at::meta::, VariableType, ...), matched on the
+//       function's qualified name with any return type stripped ("at::TensorBase
+//       at::detail::_empty_generic<long>(...)" is at::detail::)              -> Plumbing
+//     * the autograd engine and backward functions (autograd::Engine, autograd::generated,
+//       autograd::Node, AccumulateGrad, evaluate_function, PythonEngine)     -> Autograd
+//     * anything else                                                        -> CppOp
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "format/model/snapshot.h"
+
+namespace memforensics::analysis {
+
+enum class FrameKind : uint8_t {
+  User,       // the program's own Python code
+  Framework,  // PyTorch's Python code (torch/nn, torch/functional, ...)
+  Autograd,   // the autograd engine and backward functions (Python or C++)
+  Optimizer,  // torch/optim
+  Plumbing,   // interpreter, threads, libc, call wrappers, allocator/dispatcher: says nothing
+  CppOp,      // a C++ frame that is none of the above: an operator's implementation
+};
+std::string_view frameKindName(FrameKind k);
+
+FrameKind classifyFrame(std::string_view filename, std::string_view name);
+FrameKind classifyFrame(const format::Snapshot& s, const format::Frame& f);
+
+// The function's qualified name without return type or arguments: "at::TensorBase
+// at::detail::_empty_generic<long>(c10::ArrayRef<long>, ...)" ->
+// "at::detail::_empty_generic<long>".
+std::string_view qualifiedFunctionName(std::string_view name);
+
+bool isPythonFile(std::string_view filename);
+
+// What a stack says about the code that allocated. Frame indices are into s.stacks.stack(id),
+// innermost first; -1 = none.
+struct StackFacts {
+  bool backward = false;        // an Autograd frame: made by the autograd engine / a backward pass
+  bool optimizer = false;       // an Optimizer frame: made by an optimizer (step, state init)
+  bool module_init = false;     // parameter creation: an __init__ outside torch/optim, or
+                                // nn.Module._apply / to / cuda / convert
+  bool forward = false;         // a model's forward: a `forward` frame, the module call wrappers,
+                                // or torch/nn/functional.py
+  bool python = false;          // any Python frame
+  int32_t innermost_user = -1;  // the innermost User frame
+  int32_t op = -1;  // the innermost CppOp or Autograd C++ frame (the operator, for C++-only stacks)
+};
+StackFacts stackFacts(const format::Snapshot& s, format::StackId id);
+
+// stackFacts() memoized per stack id (stacks repeat across millions of events).
+class StackFactsCache {
+ public:
+  explicit StackFactsCache(const format::Snapshot& s) : s_(s) {}
+  const StackFacts& of(format::StackId id);
+
+ private:
+  const format::Snapshot& s_;
+  std::vector<StackFacts> facts_;
+  std::vector<uint8_t> known_;
+};
+
+}  // namespace memforensics::analysis

@@ -1,0 +1,141 @@
+// frame_class_test.cc: the one frame classifier on the real frame shapes of PyTorch snapshots
+// (names and files copied from the real snapshots' stacks), and userFrames() built on it.
+#include "analysis/frame_class.h"
+
+#include <gtest/gtest.h>
+
+#include "analysis/frames.h"
+
+namespace memforensics::analysis {
+namespace {
+
+struct F {
+  std::string file;
+  uint64_t line;
+  std::string name;
+};
+
+// Interns `frames` (innermost first) as one stack of `s`.
+format::StackId stackOf(format::Snapshot& s, const std::vector<F>& frames) {
+  std::vector<format::FrameId> ids;
+  for (const F& f : frames) {
+    format::Frame fr;
+    fr.filename = s.strings.intern(f.file);
+    fr.name = s.strings.intern(f.name);
+    fr.line = f.line;
+    ids.push_back(s.stacks.internFrame(fr));
+  }
+  return s.stacks.internStack(ids);
+}
+
+[[maybe_unused]] std::vector<std::string> shown(const format::Snapshot& s, format::StackId st,
+                                                size_t max = 8) {
+  std::vector<std::string> out;
+  for (const FrameText& f : userFrames(s, st, max)) out.push_back(f.display());
+  return out;
+}
+
+const F kUnwind{"??", 0, "torch::unwind::unwind()"};
+const F kGather{"??", 0, "torch::CapturedTraceback::gather(bool, bool, bool)"};
+const F kMalloc{"CUDACachingAllocator.cpp", 0,
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed "
+                "char, unsigned long, CUstream_st*)"};
+const F kEmptyGeneric{"", 0,
+                      "at::TensorBase at::detail::_empty_generic<long>(c10::ArrayRef<long>, "
+                      "c10::Allocator*, c10::DispatchKeySet, c10::ScalarType, "
+                      "std::optional<c10::MemoryFormat>)"};
+const F kEmptyStridedCuda{"??", 0,
+                          "at::native::empty_strided_cuda(c10::ArrayRef<long>, "
+                          "c10::ArrayRef<long>, std::optional<c10::ScalarType>, "
+                          "std::optional<c10::Layout>, std::optional<c10::Device>, "
+                          "std::optional<bool>)"};
+const F kWrapperCuda{"RegisterCUDA.cpp", 0,
+                     "at::(anonymous namespace)::(anonymous "
+                     "namespace)::wrapper_CUDA__empty_strided(c10::ArrayRef<c10::SymInt>, "
+                     "c10::ArrayRef<c10::SymInt>)"};
+const F kDivBackwardFormula{"", 0,
+                            "torch::autograd::generated::details::div_tensor_other_backward(at::"
+                            "Tensor const&, at::Tensor const&, at::Tensor const&)"};
+const F kDivBackward{"??", 0,
+                     "torch::autograd::generated::DivBackward0::apply(std::vector<at::Tensor, "
+                     "std::allocator<at::Tensor> >&&)"};
+const F kEvaluate{"??", 0,
+                  "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::"
+                  "GraphTask>&, torch::autograd::Node*, torch::autograd::InputBuffer&, "
+                  "std::shared_ptr<torch::autograd::ReadyQueue> const&)"};
+const F kThreadMain{"??", 0,
+                    "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::"
+                    "GraphTask> const&)"};
+const F kNativeThread{"thread48.o", 0, "execute_native_thread_routine"};
+const F kStartThread{"./nptl/pthread_create.c", 442, "start_thread"};
+const F kClone3{"./misc/../sysdeps/unix/sysv/linux/x86_64/clone3.S", 81, "__clone3"};
+const F kBootstrapInner{"/usr/lib/python3.10/threading.py", 1016, "_bootstrap_inner"};
+const F kBootstrap{"/usr/lib/python3.10/threading.py", 973, "_bootstrap"};
+const F kCallImpl{"/usr/local/lib/python3.10/dist-packages/torch/nn/modules/module.py", 1747,
+                  "_call_impl"};
+const F kLinear{"/usr/local/lib/python3.10/dist-packages/torch/nn/modules/linear.py", 125,
+                "forward"};
+const F kAdam{"/usr/local/lib/python3.10/dist-packages/torch/optim/adam.py", 160, "step"};
+const F kTensorBackward{"/usr/local/lib/python3.10/dist-packages/torch/_tensor.py", 581,
+                        "backward"};
+const F kUserModel{"/home/u/model.py", 54, "forward"};
+const F kUserTrain{"/home/u/train.py", 12, "main"};
+
+TEST(FrameClass, KindsOfRealFrames) {
+  auto kind = [](const F& f) { return classifyFrame(f.file, f.name); };
+  EXPECT_EQ(kind(kUnwind), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kMalloc), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kEmptyGeneric), FrameKind::Plumbing);  // return type before at::detail::
+  EXPECT_EQ(kind(kEmptyStridedCuda), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kWrapperCuda), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kStartThread), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kClone3), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kNativeThread), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kBootstrap), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kBootstrapInner), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kCallImpl), FrameKind::Plumbing);
+  EXPECT_EQ(kind(kDivBackwardFormula), FrameKind::Autograd);
+  EXPECT_EQ(kind(kDivBackward), FrameKind::Autograd);
+  EXPECT_EQ(kind(kEvaluate), FrameKind::Autograd);
+  EXPECT_EQ(kind(kTensorBackward), FrameKind::Autograd);
+  EXPECT_EQ(kind(kAdam), FrameKind::Optimizer);
+  EXPECT_EQ(kind(kLinear), FrameKind::Framework);
+  EXPECT_EQ(kind(kUserModel), FrameKind::User);
+  EXPECT_EQ(classifyFrame("", "at::native::addmm_out_cuda(at::Tensor const&)"), FrameKind::CppOp);
+  // A package installed into Python's lib folder is not Python's runtime.
+  EXPECT_EQ(classifyFrame("/usr/lib/python3.10/site-packages/ray/worker.py", "main_loop"),
+            FrameKind::Framework);
+  EXPECT_EQ(classifyFrame("<frozen runpy>", "_run_module_as_main"), FrameKind::Plumbing);
+}
+
+TEST(FrameClass, QualifiedFunctionName) {
+  EXPECT_EQ(qualifiedFunctionName(kEmptyGeneric.name), "at::detail::_empty_generic<long>");
+  EXPECT_EQ(qualifiedFunctionName(kWrapperCuda.name),
+            "at::(anonymous namespace)::(anonymous namespace)::wrapper_CUDA__empty_strided");
+  EXPECT_EQ(qualifiedFunctionName("torch::autograd::Node::operator()(std::vector<at::Tensor>&&)"),
+            "torch::autograd::Node::operator()");
+  EXPECT_EQ(qualifiedFunctionName("c10::intrusive_ptr<c10::TensorImpl, c10::detail::x<c10::T> > "
+                                  "c10::make_intrusive<c10::TensorImpl>(int)"),
+            "c10::make_intrusive<c10::TensorImpl>");
+  EXPECT_EQ(qualifiedFunctionName("start_thread"), "start_thread");
+}
+
+// One classifier for phases and categories: the Python backward call, the C++ engine and a
+// backward formula alone each mark a stack backward; torch/optim marks it optimizer.
+TEST(FrameClass, StackFactsBackwardAndOptimizer) {
+  format::Snapshot s;
+  EXPECT_TRUE(stackFacts(s, stackOf(s, {kMalloc, kTensorBackward, kUserTrain})).backward);
+  EXPECT_TRUE(stackFacts(s, stackOf(s, {kMalloc, kDivBackward})).backward);
+  EXPECT_TRUE(stackFacts(s, stackOf(s, {kMalloc, kEvaluate})).backward);
+  auto opt = stackFacts(s, stackOf(s, {kMalloc, kAdam, kUserTrain}));
+  EXPECT_TRUE(opt.optimizer);
+  EXPECT_FALSE(opt.backward);
+  EXPECT_FALSE(stackFacts(s, format::kNoStack).backward);
+  StackFactsCache cache(s);
+  auto st = stackOf(s, {kMalloc, kAdam});
+  EXPECT_TRUE(cache.of(st).optimizer);
+  EXPECT_TRUE(cache.of(st).optimizer);
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
