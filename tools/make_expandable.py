@@ -443,6 +443,19 @@ def scenario_oom_flush():
     except OutOfMemory:
         pass
     a.free(x)
+    # A map, a failed map, then the retry's release_cached_blocks unmaps the gap AND the free
+    # pages of another stream's reservation, and the retry maps again and succeeds.
+    x = a.malloc(100 * MIB, 0)
+    y = a.malloc(100 * MIB, 0)
+    z = a.malloc(100 * MIB, 0)
+    w = a.malloc(300 * MIB, SIDE_STREAM)
+    a.free(y)
+    a.empty_cache()
+    a.free(z)
+    a.free(w)
+    v = a.malloc(700 * MIB, 0)  # map gap, failed map of the tail, unmaps, map, alloc
+    a.free(v)
+    a.free(x)
     rng = random.Random(33)
     random_workload(a, rng, 1200, [0, SIDE_STREAM], 0.35, flush_every=97, big=700 * MIB)
     return [a]

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"
@@ -33,6 +34,7 @@ format::Snapshot load(const std::string& name) {
 // What a trace exercises, counted from its events.
 struct Features {
   uint64_t maps = 0, unmaps = 0, ooms = 0, multi_maps = 0, maps_then_unmaps = 0;
+  uint64_t retried_maps = 0;  // map, unmaps (the OOM retry's flush), map again, alloc
   uint64_t small_segments = 0, large_segments = 0;
   bool starts_with_map = false;
 };
@@ -43,25 +45,33 @@ Features featuresOf(const format::Snapshot& snap, int64_t d) {
   f.starts_with_map = !ev.empty() && ev[0].action == Action::SegmentMap;
   int run = 0;  // segment_maps since the last alloc/oom/unmap
   bool mapped_before_unmap = false;
+  bool flushed_after_map = false, retry_pending = false;
   for (const auto& e : ev) {
     switch (e.action) {
       case Action::SegmentMap:
         ++f.maps;
+        if (flushed_after_map) retry_pending = true;
         if (++run == 2) ++f.multi_maps;
         mapped_before_unmap = true;
         break;
       case Action::SegmentUnmap:
         ++f.unmaps;
-        if (mapped_before_unmap && run > 0) ++f.maps_then_unmaps;
+        if (mapped_before_unmap && run > 0) {
+          ++f.maps_then_unmaps;
+          flushed_after_map = true;
+        }
         run = 0;
         mapped_before_unmap = false;
         break;
       case Action::Oom:
         ++f.ooms;
+        retry_pending = flushed_after_map = false;
         run = 0;
         mapped_before_unmap = false;
         break;
       case Action::Alloc:
+        if (retry_pending) ++f.retried_maps;
+        retry_pending = flushed_after_map = false;
         run = 0;
         mapped_before_unmap = false;
         break;
@@ -127,6 +137,7 @@ TEST(ExpandableSegments, FailedMapsCacheFlushesAndOoms) {
   EXPECT_GE(f.ooms, 5u);
   EXPECT_GE(f.unmaps, 20u);
   EXPECT_GE(f.maps_then_unmaps, 1u);  // a map of a malloc that failed later, then the flush
+  EXPECT_GE(f.retried_maps, 1u);      // ... and the retry mapping again and succeeding
   expectExact(snap, "exp_oom_flush");
 }
 
@@ -139,6 +150,31 @@ TEST(ExpandableSegments, RingBufferTracesThatStartWithAMap) {
     EXPECT_GE(f.unmaps, 5u) << d;
   }
   expectExact(snap, "exp_ring");
+}
+
+// CCA release_blocks -> unmap_block unmaps every completely free page of a free block, not part of
+// them: an unmap of one of two free pages is flagged, the full range is predicted.
+TEST(ExpandableSegments, UnmapMustBeEveryFullyFreePageOfTheBlock) {
+  constexpr uint64_t e = 0x7f0000000000ULL, kMiB = 1048576;
+  auto run = [&](uint64_t unmap_addr, uint64_t unmap_size) {
+    memforensics::testing::TSnapshot t;
+    t.traces.push_back({{"segment_map", e, 60 * kMiB, 0},
+                        {"alloc", e, 5 * kMiB, 0},
+                        {"segment_unmap", unmap_addr, unmap_size, 0}});
+    auto snap = memforensics::testing::buildSnapshot(t);
+    snap.settings.present = true;
+    snap.settings.expandable_segments = true;
+    DeviceAllocatorModel m(snap, 0);
+    return m.runCheck();
+  };
+  const ModelCheck full = run(e + 20 * kMiB, 40 * kMiB);  // pages 1 and 2: [e+20, e+60) MiB
+  EXPECT_EQ(full.segment_matches, 2u);
+  const ModelCheck part = run(e + 20 * kMiB, 20 * kMiB);
+  EXPECT_EQ(part.segment_events, 2u);
+  EXPECT_EQ(part.segment_matches, 1u);
+  ASSERT_FALSE(part.first_mismatches.empty());
+  EXPECT_NE(part.first_mismatches[0].why.find("unmaps 41943040 bytes"), std::string::npos)
+      << part.first_mismatches[0].why;
 }
 
 }  // namespace
