@@ -38,6 +38,7 @@
 #include "analysis/analyze.h"
 #include "analysis/blocks.h"
 #include "analysis/timeline.h"
+#include "cli/at_option.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
 #include "format/model/dump.h"
@@ -879,7 +880,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         p.ConsumeRandomLengthString(12),
     };
     for (const auto& text : ats) {
-      auto at = analysis::parseBlocksAt(text);
+      auto at = cli::parseAtOption(text);
       if (!at) continue;
       auto r = analysis::computeBlocks(s, pickDevice(p, s), *at);
       if (!r) continue;

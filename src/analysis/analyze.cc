@@ -9,7 +9,8 @@ namespace memforensics::analysis {
 
 namespace {
 
-std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::DeviceReplayer& r,
+std::vector<StackGroup> topGroups(const format::Snapshot& snap,
+                                  const U64Map<replay::LiveBlock>& live,
                                   const AnalyzeOptions& opt) {
   struct Group {
     StackGroup g;
@@ -17,7 +18,7 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::De
     uint64_t first_addr = UINT64_MAX;  // lowest block address
   };
   std::unordered_map<format::StackId, Group> groups;
-  r.live().forEach([&](uint64_t addr, const replay::LiveBlock& b) {
+  live.forEach([&](uint64_t addr, const replay::LiveBlock& b) {
     if (b.pending) return;  // freed by the user already; only the stream keeps it
     Group& gr = groups[b.stack];
     gr.g.requested_bytes += b.requested;
@@ -50,6 +51,21 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap, const replay::De
 }  // namespace
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& opt) {
+  AnalysisResult res = analysisHeader(snap);
+  for (int64_t d : snap.devices()) {
+    if (opt.device && *opt.device != d) continue;
+    // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
+    // over the moments the top groups, the call graph and the detectors read.
+    DeviceSession session(snap, d);
+    const int64_t peak = session.facts().summary.peak_requested.event;
+    session.requestLive(peak, kMomentPeakRequested);
+    if (opt.findings) session.requestFindingMoments(kLayoutOoms);
+    res.devices.push_back(analyzeDevice(snap, session.take(), opt));
+  }
+  return res;
+}
+
+AnalysisResult analysisHeader(const format::Snapshot& snap) {
   AnalysisResult res;
   res.source_format = std::string(format::sourceFormatName(snap.source));
   res.pickle_protocol = snap.pickle_protocol;
@@ -65,20 +81,24 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   res.origin = snap.origin;
   res.live_capture = snap.live_capture;
   res.warnings = snap.load_warnings;
-  for (int64_t d : snap.devices()) {
-    if (opt.device && *opt.device != d) continue;
-    DeviceAnalysis da;
-    replay::DeviceReplayer r(snap, d);
-    da.summary = replay::summarizeDevice(r);
-    for (const auto& seg : snap.segments) da.segments += seg.device == d;
-    r.advanceTo(da.summary.peak_requested.event);
-    da.live_at_peak = r.live().size();
-    da.top_at_peak = topGroups(snap, r, opt);
+  return res;
+}
+
+DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
+                             const AnalyzeOptions& opt) {
+  DeviceAnalysis da;
+  da.summary = facts.summary;
+  da.segments = facts.segments;
+  if (const MomentFacts* m = facts.at(da.summary.peak_requested.event); m && m->has_live) {
+    da.live_at_peak = m->live.size();
+    da.top_at_peak = topGroups(snap, m->live, opt);
     if (opt.top_frames > 0) {
       da.has_frames = true;
-      da.frames_at_peak = buildCallGraph(snap, r.live(), opt.top_frames);
+      da.frames_at_peak = buildCallGraph(snap, m->live, opt.top_frames);
     }
-    if (opt.findings) da.findings = findFindings(snap, r, da.summary);
+  }
+  if (opt.findings) da.findings = findFindings(snap, facts);
+  {
     for (const auto& o : da.summary.ooms) {
       da.ooms.push_back({o, userFrames(snap, o.stack, opt.frames_per_group)});
     }
@@ -92,9 +112,10 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
     }
     std::stable_sort(da.anomalies.begin(), da.anomalies.end(),
                      [](const auto& a, const auto& b) { return a.severity > b.severity; });
-    res.devices.push_back(std::move(da));
   }
-  return res;
+  da.model = facts.model;
+  da.passes = facts.passes;
+  return da;
 }
 
 }  // namespace memforensics::analysis

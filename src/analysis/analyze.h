@@ -1,7 +1,8 @@
 // analyze.h: the `analyze` result: per device summary, peaks, OOMs, top allocations at the peak.
 //
 // A pure function from a Snapshot to a self-contained result struct: everything a renderer needs,
-// frames included as text, so report/ never looks at the snapshot or replays anything.
+// frames included as text, so report/ never looks at the snapshot or replays anything. Per device
+// one DeviceSession (analysis/session.h) walks the history; everything here reads its facts.
 #pragma once
 
 #include <optional>
@@ -11,6 +12,7 @@
 #include "analysis/callgraph.h"
 #include "analysis/findings.h"
 #include "analysis/frames.h"
+#include "analysis/session.h"
 #include "format/model/snapshot.h"
 #include "replay/replay.h"
 
@@ -47,6 +49,10 @@ struct DeviceAnalysis {
   std::vector<Finding> findings;         // see findings.h; high severity first
   bool has_frames = false;               // top_frames computed (AnalyzeOptions::top_frames > 0)
   CallGraphSummary frames_at_peak;       // live bytes by frame at the requested peak
+  // The allocator model, when a finding needed a layout (an OOM): its whole-device verdict (allocs
+  // predicted / total) and whether layout figures may be called exact (session.h ModelFacts).
+  ModelFacts model;
+  replay::PassStats passes;  // how often this device's history was walked (replay/pass_stats.h)
 };
 
 struct AnalysisResult {
@@ -74,5 +80,12 @@ struct AnalyzeOptions {
 };
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& options = {});
+// The input fields of the result (no device): analyzeSnapshot is this plus analyzeDevice per
+// device; `report` adds the devices from the sessions it shares with its drawings.
+AnalysisResult analysisHeader(const format::Snapshot& snap);
+// One device's analysis: a pure function of its session facts (which should hold the live set at
+// the requested peak and, with options.findings, the finding moments).
+DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
+                             const AnalyzeOptions& options = {});
 
 }  // namespace memforensics::analysis

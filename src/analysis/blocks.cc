@@ -2,7 +2,6 @@
 #include "analysis/blocks.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 
 namespace memforensics::analysis {
@@ -27,53 +26,63 @@ void addFree(FreeSpace& f, uint64_t size) {
 
 }  // namespace
 
-Expected<BlocksAt> parseBlocksAt(std::string_view s) {
-  BlocksAt a;
-  if (s == "peak") return a;
-  if (s == "oom") {
-    a.kind = BlocksAt::Kind::Oom;
-    return a;
-  }
-  std::string_view num = s;
-  if (!s.empty() && s[0] == 't') {
-    a.kind = BlocksAt::Kind::Time;
-    num = s.substr(1);
-  } else {
-    a.kind = BlocksAt::Kind::Event;
-  }
-  auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), a.value);
-  if (num.empty() || ec != std::errc() || p != num.data() + num.size()) {
-    return Error{"--at expects peak, oom, an event index or tTIME_US, got '" + std::string(s) +
-                 "'"};
-  }
-  return a;
-}
-
-Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device,
-                                     const BlocksAt& at) {
+Expected<int64_t> blocksDevice(const format::Snapshot& snap, std::optional<int64_t> device) {
   auto devs = snap.devices();
-  int64_t d = -1;
   if (device) {
     if (std::find(devs.begin(), devs.end(), *device) == devs.end()) {
       return Error{"the snapshot has no device " + std::to_string(*device)};
     }
-    d = *device;
-  } else {
-    for (int64_t x : devs) {
-      if (!snap.trace(static_cast<size_t>(x)).empty()) {
-        d = x;
-        break;
-      }
-    }
-    if (d < 0 && !devs.empty()) d = devs.front();
-    if (d < 0) return Error{"the snapshot has no device"};
+    return *device;
   }
-  const auto events = snap.trace(static_cast<size_t>(d));
+  for (int64_t x : devs) {
+    if (!snap.trace(static_cast<size_t>(x)).empty()) return x;
+  }
+  if (!devs.empty()) return devs.front();
+  return Error{"the snapshot has no device"};
+}
+
+Expected<int64_t> resolveBlocksAt(const DeviceFacts& facts, const BlocksAt& at) {
+  const auto events = facts.events;
+  const int64_t d = facts.device;
+  int64_t event = -1;
+  switch (at.kind) {
+    case BlocksAt::Kind::Peak:
+      return facts.summary.peak_requested.event;
+    case BlocksAt::Kind::Oom:
+      for (size_t i = 0; i < events.size(); ++i) {
+        if (events[i].action == Action::Oom) return static_cast<int64_t>(i);
+      }
+      return Error{"device " + std::to_string(d) + " has no OOM event"};
+    case BlocksAt::Kind::Event:
+      if (at.value < -1 || at.value >= static_cast<int64_t>(events.size())) {
+        return Error{"event " + std::to_string(at.value) + " is out of range: device " +
+                     std::to_string(d) + " has " + std::to_string(events.size()) +
+                     " events (-1 = the start state)"};
+      }
+      return at.value;
+    case BlocksAt::Kind::Time: {
+      bool any_time = false;
+      for (size_t i = 0; i < events.size(); ++i) {
+        if (events[i].time_us < 0) continue;
+        any_time = true;
+        if (events[i].time_us <= at.value) event = static_cast<int64_t>(i);
+      }
+      if (!any_time) return Error{"device " + std::to_string(d) + " has no time_us in its trace"};
+      return event;
+    }
+  }
+  return event;
+}
+
+BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::string_view at,
+                      const format::Snapshot& snap) {
+  const auto events = facts.events;
+  const replay::DeviceSummary& summary = facts.summary;
   BlocksResult r;
-  r.device = d;
+  r.device = facts.device;
   r.events = events.size();
-  replay::DeviceReplayer rep(snap, d);
-  const replay::DeviceSummary summary = replay::summarizeDevice(rep);
+  r.at = std::string(at);
+  r.event = m.event;
   r.consistent = summary.consistent;
   r.untrusted = summary.untrusted;
   for (size_t k = 0; k < replay::kAnomalyKinds; ++k) {
@@ -82,51 +91,15 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
     if (a.count == 0 || replay::anomalySeverity(kind) != replay::Severity::Error) continue;
     r.errors.push_back({std::string(replay::anomalyId(kind)), a.count, a.first_event});
   }
-  switch (at.kind) {
-    case BlocksAt::Kind::Peak: {
-      r.at = "peak";
-      r.event = summary.peak_requested.event;
-      break;
-    }
-    case BlocksAt::Kind::Oom: {
-      r.at = "oom";
-      for (size_t i = 0; i < events.size() && r.event < 0; ++i) {
-        if (events[i].action == Action::Oom) r.event = static_cast<int64_t>(i);
-      }
-      if (r.event < 0) return Error{"device " + std::to_string(d) + " has no OOM event"};
-      break;
-    }
-    case BlocksAt::Kind::Event:
-      r.at = "event";
-      if (at.value < -1 || at.value >= static_cast<int64_t>(events.size())) {
-        return Error{"event " + std::to_string(at.value) + " is out of range: device " +
-                     std::to_string(d) + " has " + std::to_string(events.size()) +
-                     " events (-1 = the start state)"};
-      }
-      r.event = at.value;
-      break;
-    case BlocksAt::Kind::Time: {
-      r.at = "time";
-      bool any_time = false;
-      for (size_t i = 0; i < events.size(); ++i) {
-        if (events[i].time_us < 0) continue;
-        any_time = true;
-        if (events[i].time_us <= at.value) r.event = static_cast<int64_t>(i);
-      }
-      if (!any_time) return Error{"device " + std::to_string(d) + " has no time_us in its trace"};
-      break;
-    }
-  }
   if (r.event >= 0) r.time_us = events[static_cast<size_t>(r.event)].time_us;
-
-  replay::DeviceAllocatorModel model(snap, d);
-  model.advanceTo(r.event);
-  r.model = model.check();
-  r.layout_exact = r.model.complete() && (r.untrusted & replay::kUntrustedBlockLayout) == 0;
+  r.model = m.model_prefix;
+  r.verdict = facts.model.verdict;
+  r.layout_exact = facts.model.layout_exact;
+  r.estimate_reason = facts.model.ran ? facts.model.estimate_reason : "the model did not run";
 
   std::map<std::string, FreeSpace> pools;
   std::map<int64_t, FreeSpace> streams;
-  for (auto& seg : model.layout()) {
+  for (const auto& seg : m.layout) {
     SegmentBlocks sb;
     const std::string pl = poolLabel(seg.is_large, seg.pool);
     FreeSpace& pf = pools[pl];
@@ -163,7 +136,7 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
     r.free_blocks += sb.free_blocks;
     r.largest_free = std::max(r.largest_free, sb.largest_free);
     r.internal_waste += sb.internal_waste;
-    sb.segment = std::move(seg);
+    sb.segment = seg;
     r.segments.push_back(std::move(sb));
   }
   if (r.free_bytes > 0) {
@@ -198,6 +171,24 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
     r.oom = v;
   }
   return r;
+}
+
+std::optional<OomVerdict> oomVerdictAt(const format::Snapshot& snap, const DeviceFacts& facts,
+                                       const MomentFacts& m) {
+  return blocksAt(facts, m, "oom", snap).oom;
+}
+
+Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device,
+                                     const BlocksAt& at) {
+  auto d = blocksDevice(snap, device);
+  if (!d) return d.error();
+  DeviceSession session(snap, *d);
+  auto event = resolveBlocksAt(session.facts(), at);
+  if (!event) return event.error();
+  session.requestLayout(*event, kMomentAt);
+  const DeviceFacts facts = session.take();
+  static constexpr std::string_view kAtNames[] = {"peak", "oom", "event", "time"};
+  return blocksAt(facts, *facts.at(*event), kAtNames[static_cast<size_t>(at.kind)], snap);
 }
 
 }  // namespace memforensics::analysis

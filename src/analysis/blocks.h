@@ -1,11 +1,14 @@
-// blocks.h: the exact block layout of a device at one moment, and its fragmentation metrics.
+// blocks.h: the block layout of a device at one moment, and its fragmentation metrics.
 //
-// Pure function of the snapshot: DeviceAllocatorModel (replay/allocator_model.h) is replayed to the
-// chosen event and every segment's blocks (allocated, pending-free, free) are measured: free bytes
+// A pure function of a session's facts (analysis/session.h): the layout DeviceAllocatorModel
+// (replay/allocator_model.h) had after the chosen event, as the session copied it, is measured
+// segment by segment (allocated, pending-free, free blocks): free bytes
 // inside segments, the largest free block per pool and per stream, external fragmentation
 // (1 - largest free / total free), internal waste (block size - requested), and at an OOM whether
 // the failed request would have fit into the free bytes of its pool and stream but into no single
-// free block there (the fragmentation verdict).
+// free block there (the fragmentation verdict). The layout is exact only when the model reproduced
+// the whole device (ModelFacts::layout_exact); otherwise every figure here is an estimate and
+// `estimate_reason` says why.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/session.h"
 #include "common/status.h"
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
@@ -21,14 +25,12 @@
 namespace memforensics::analysis {
 
 // Where to look: the requested-bytes peak, the first OOM, an event index (-1 = the start state),
-// or the last event at or before a time_us.
+// or the last event at or before a time_us. (The CLI parses `--at` into this: cli/cmd_blocks.cc.)
 struct BlocksAt {
   enum class Kind : uint8_t { Peak, Oom, Event, Time };
   Kind kind = Kind::Peak;
   int64_t value = 0;
 };
-// "peak" | "oom" | EVENT_INDEX | tTIME_US
-Expected<BlocksAt> parseBlocksAt(std::string_view s);
 
 struct SegmentBlocks {
   replay::ModelSegment segment;
@@ -81,8 +83,11 @@ struct BlocksResult {
   int64_t time_us = -1;
   size_t events = 0;
   replay::ModelCheck model;  // predictions checked on events [0, event]
-  bool layout_exact =
-      false;  // every prediction up to `event` matched, and the history is consistent
+  // The model reproduced the whole device (every alloc address and segment event of the trace,
+  // and the file's final layout) and the history is consistent: ModelFacts::layout_exact.
+  bool layout_exact = false;
+  std::string estimate_reason;   // "" when layout_exact, else why the layout is an estimate
+  replay::ModelVerdict verdict;  // the model's whole-device verdict
   // false when the trace cannot lead to the file's final state: `untrusted`
   // (replay::UntrustedFigure bits) then includes the block layout.
   bool consistent = true;
@@ -97,7 +102,22 @@ struct BlocksResult {
   std::optional<OomVerdict> oom;        // when the chosen event is an OOM
 };
 
-// Errors: no such device, `oom` without an OOM, an event index out of range, no time_us.
+// The device `blocks` looks at: `device` (an error when the snapshot has none such), else the
+// first with a trace, else the first.
+Expected<int64_t> blocksDevice(const format::Snapshot& snap, std::optional<int64_t> device);
+// The event `at` names on a device, from pass-1 facts. Errors: `oom` without an OOM, an event index
+// out of range, no time_us.
+Expected<int64_t> resolveBlocksAt(const DeviceFacts& facts, const BlocksAt& at);
+// The metrics of the layout at moment `m` (which must hold one: MomentFacts::has_layout). `at`
+// names how the moment was chosen ("peak", "oom", "event", "time"). Pure.
+BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::string_view at,
+                      const format::Snapshot& snap);
+// The fragmentation verdict at an OOM moment with a layout, or nullopt when `m` is no OOM.
+std::optional<OomVerdict> oomVerdictAt(const format::Snapshot& snap, const DeviceFacts& facts,
+                                       const MomentFacts& m);
+
+// Convenience for the command: one session of the device, the layout at `at`. Errors: those of
+// blocksDevice and resolveBlocksAt.
 Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional<int64_t> device,
                                      const BlocksAt& at);
 

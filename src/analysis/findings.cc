@@ -110,61 +110,52 @@ uint8_t stackFlags(const format::Snapshot& s, StackId id) {
   return f;
 }
 
-struct Alloc {
-  int64_t event = 0;
-  int64_t freed = -1;  // event of free_requested (or free_completed without one); -1 = alive at end
-  uint64_t requested = 0;
-  StackId stack = format::kNoStack;
-  int64_t stream = 0;
-  int iteration = -1;  // index into Ctx::iters, -1 = outside every iteration
-  Category cat = Category::Unknown;
-};
-
+// One device's facts as the detectors read them, with a per-call cache of stack flags (no state
+// survives a call: the detectors are pure functions of the facts).
 struct Ctx {
   const format::Snapshot& s;
+  const DeviceFacts& facts;
   int64_t device;
   std::span<const Event> ev;
-  std::vector<Phase> phases;
-  std::vector<Phase> iters;  // Iteration phases, in order
-  std::string basis;
-  std::vector<Alloc> allocs;
-  std::vector<int32_t> alloc_at;  // per event: index into allocs for alloc events, else -1
-  std::vector<uint8_t> flags;     // per stack id, 0xff = not computed
-  replay::DeviceSummary summary;
-  // One replayer for every detector: its backward pass is the expensive part; advanceTo() rewinds
-  // only when asked for an earlier event. Owned here, or the caller's.
-  std::unique_ptr<replay::DeviceReplayer> owned;
-  replay::DeviceReplayer* replayer = nullptr;
+  const std::vector<Phase>& iters;  // Iteration phases, in order
+  const std::string& basis;
+  const std::vector<AllocFact>& allocs;
+  const std::vector<int32_t>& alloc_at;  // per event: index into allocs for alloc events, else -1
+  const replay::DeviceSummary& summary;
+  std::vector<uint8_t> flags;  // per stack id, 0xff = not computed
 
-  replay::DeviceReplayer& at(int64_t event) {
-    replayer->advanceTo(event);
-    return *replayer;
+  Ctx(const format::Snapshot& snap, const DeviceFacts& f)
+      : s(snap),
+        facts(f),
+        device(f.device),
+        ev(f.events),
+        iters(f.iterations),
+        basis(f.iteration_basis),
+        allocs(f.allocs),
+        alloc_at(f.alloc_at),
+        summary(f.summary) {}
+
+  // The moment after `event` with its live set, or nullptr when the facts do not hold one.
+  const MomentFacts* live(int64_t event) const {
+    const MomentFacts* m = facts.at(event);
+    return m != nullptr && m->has_live ? m : nullptr;
   }
-
   uint8_t flagsOf(StackId id) {
-    if (id >= flags.size()) flags.resize(s.stacks.stackCount(), 0xff);
+    if (id >= flags.size()) flags.resize(std::max<size_t>(s.stacks.stackCount(), id + 1), 0xff);
     if (flags[id] == 0xff) flags[id] = stackFlags(s, id);
     return flags[id];
-  }
-  int iterationOf(int64_t event) const {
-    auto it = std::upper_bound(iters.begin(), iters.end(), event,
-                               [](int64_t e, const Phase& p) { return e < p.first_event; });
-    if (it == iters.begin()) return -1;
-    --it;
-    return event <= it->last_event ? static_cast<int>(it - iters.begin()) : -1;
   }
   std::vector<FrameText> frames(StackId id, size_t n = 3) const { return userFrames(s, id, n); }
 };
 
 // Category of a pre-trace block (alive when the history begins): only its stack is known.
-Category preTraceCategory(Ctx& c, StackId stack) {
-  uint8_t f = c.flagsOf(stack);
+Category preTraceCategoryOfFlags(uint8_t f) {
   if (f & kOptimizer) return Category::OptimizerState;
   if (f & kAutograd) return Category::Gradient;
   return Category::Parameter;
 }
 
-Category categorize(Ctx& c, const Alloc& a) {
+Category categorize(Ctx& c, const AllocFact& a) {
   uint8_t f = c.flagsOf(a.stack);
   const bool have_iters = !c.iters.empty();
   int64_t iter_end = a.iteration >= 0 ? c.iters[a.iteration].last_event : -1;
@@ -191,59 +182,11 @@ Category categorize(Ctx& c, const Alloc& a) {
   return (f & kForward) ? Category::Activation : Category::Unknown;
 }
 
-// Phases, allocations with lifetimes and categories; the replayer and summary are set by the
-// caller.
-Ctx buildContext(const format::Snapshot& s, int64_t device) {
-  Ctx c{s, device, {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr};
-  if (device >= 0 && static_cast<size_t>(device) < s.traceCount())
-    c.ev = s.trace(static_cast<size_t>(device));
-  c.phases = detectPhases(s, device);
-  for (const Phase& p : c.phases) {
-    if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) c.iters.push_back(p);
-  }
-  if (!c.iters.empty()) {
-    c.basis = c.iters.front().source == PhaseSource::Annotation
-                  ? "iterations from external_annotations"
-                  : "iterations detected from the repeating allocation pattern";
-  }
-  c.alloc_at.assign(c.ev.size(), -1);
-  U64Map<int32_t> open;
-  for (size_t i = 0; i < c.ev.size(); ++i) {
-    const Event& e = c.ev[i];
-    if (e.action == Action::Alloc) {
-      Alloc a;
-      a.event = static_cast<int64_t>(i);
-      a.requested = e.size;
-      a.stack = e.stack;
-      a.stream = e.stream;
-      a.iteration = c.iterationOf(a.event);
-      c.alloc_at[i] = static_cast<int32_t>(c.allocs.size());
-      open.insert(e.addr, static_cast<int32_t>(c.allocs.size()));
-      c.allocs.push_back(a);
-    } else if (e.action == Action::FreeRequested || e.action == Action::FreeCompleted) {
-      if (int32_t* k = open.find(e.addr)) {
-        if (c.allocs[*k].freed < 0) c.allocs[*k].freed = static_cast<int64_t>(i);
-        if (e.action == Action::FreeCompleted) open.erase(e.addr);
-      }
-    }
-  }
-  for (Alloc& a : c.allocs) a.cat = categorize(c, a);
-  return c;
-}
-
-Ctx ownContext(const format::Snapshot& s, int64_t device) {
-  Ctx c = buildContext(s, device);
-  c.owned = std::make_unique<replay::DeviceReplayer>(s, device);
-  c.replayer = c.owned.get();
-  c.summary = replay::summarizeDevice(*c.replayer);
-  return c;
-}
-
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
   if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= c.alloc_at.size())
-    return preTraceCategory(c, b.stack);
+    return preTraceCategoryOfFlags(c.flagsOf(b.stack));
   int32_t k = c.alloc_at[static_cast<size_t>(b.alloc_event)];
-  return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].cat;
+  return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].category;
 }
 
 std::string pct(uint64_t part, uint64_t whole) {
@@ -274,41 +217,45 @@ std::vector<std::pair<StackId, uint64_t>> topStacks(
 // Detectors
 
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
-  if (c.summary.ooms.empty()) return;
-  for (const replay::OomEvent& oom : c.summary.ooms) {
-    replay::DeviceReplayer& r = c.at(oom.event);
-    const replay::Counters& at = r.counters();
+  const ModelFacts& model = c.facts.model;
+  for (size_t k = 0; k < c.summary.ooms.size(); ++k) {
+    const replay::OomEvent& oom = c.summary.ooms[k];
+    const MomentFacts* m = c.facts.at(oom.event);
+    const replay::Counters& at = m != nullptr ? m->at : oom.at;
+    const bool have_live = m != nullptr && m->has_live;
     uint64_t cached_free = at.reserved > at.active() ? at.reserved - at.active() : 0;
     CategoryBytes cat;
-    r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
-      if (!b.pending) cat.bytes[static_cast<size_t>(categoryOfLive(c, b))] += b.requested;
-    });
+    if (have_live) {
+      m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
+        if (!b.pending) cat.bytes[static_cast<size_t>(categoryOfLive(c, b))] += b.requested;
+      });
+    }
     Finding f;
     f.kind = FindingKind::OomVerdict;
     f.severity = FindingSeverity::High;
     f.device = c.device;
     f.bytes = oom.request_bytes;
     f.basis = c.basis.empty() ? "replayed allocator state at the OOM" : c.basis;
-    // The verdict: what the failed request ran into. The exact block layout (allocator model)
-    // says whether the request's pool and stream had the bytes but not in one block; without it
-    // (the model could not be built) the cached free bytes of the whole device are the guide.
+    // The verdict: what the failed request ran into. The block layout (allocator model) says
+    // whether the request's pool and stream had the bytes but not in one block; it is called exact
+    // only when the model reproduced the whole device (ModelFacts::layout_exact), else an estimate
+    // with the reason. Without a layout (past opt.layout_ooms) the cached free bytes of the whole
+    // device are the guide.
     std::string verdict;
-    std::optional<OomVerdict> exact;
-    if (out.size() < opt.exact_ooms) {
-      if (auto blocks = computeBlocks(c.s, c.device, BlocksAt{BlocksAt::Kind::Event, oom.event});
-          blocks.ok()) {
-        exact = blocks->oom;
-      }
-    }
-    bool fragmentation = exact ? exact->fragmentation : oom.request_bytes <= cached_free;
+    std::optional<OomVerdict> layout;
+    if (k < opt.layout_ooms && m != nullptr && m->has_layout)
+      layout = oomVerdictAt(c.s, c.facts, *m);
+    const bool exact = layout && model.layout_exact;
+    bool fragmentation = layout ? layout->fragmentation : oom.request_bytes <= cached_free;
     if (fragmentation) {
-      verdict =
-          exact ? "the " + exact->pool + " pool of this stream had " +
-                      formatBytes(exact->pool_free) + " free, but its largest free block was " +
-                      formatBytes(exact->pool_largest) + ": fragmentation"
-                : "the request fits into the " + formatBytes(cached_free) +
-                      " the allocator holds cached but free, yet no single cached block was large "
-                      "enough: fragmentation";
+      verdict = layout ? std::string(exact ? "" : "by the allocator model's estimate, ") + "the " +
+                             layout->pool + " pool of this stream had " +
+                             formatBytes(layout->pool_free) +
+                             " free, but its largest free block was " +
+                             formatBytes(layout->pool_largest) + ": fragmentation"
+                       : "the request fits into the " + formatBytes(cached_free) +
+                             " the allocator holds cached but free, yet no single cached block was "
+                             "large enough: fragmentation";
       f.fix =
           "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so that "
           "freed space "
@@ -322,38 +269,56 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
           "tensors that are "
           "no longer needed) or the size of this request";
     }
-    if (exact) {
-      f.evidence.push_back({"free in the request's pool and stream (exact block layout)",
+    if (layout) {
+      f.evidence.push_back({exact ? "free in the request's pool and stream (exact block layout)"
+                                  : "free in the request's pool and stream (estimate: " +
+                                        model.estimate_reason + ")",
                             -1,
                             -1,
-                            exact->pool_free,
+                            layout->pool_free,
                             {}});
-      f.evidence.push_back({"largest free block there", -1, -1, exact->pool_largest, {}});
+      f.evidence.push_back(
+          {exact ? "largest free block there" : "largest free block there (estimate)",
+           -1,
+           -1,
+           layout->pool_largest,
+           {}});
     }
     f.title = "OOM at event " + std::to_string(oom.event) + ": a request of " +
               formatBytes(oom.request_bytes) + " failed; " + verdict;
     f.where = c.frames(oom.stack);
     f.evidence.push_back(
         {"failed request", oom.event, oom.time_us, oom.request_bytes, c.frames(oom.stack)});
-    for (size_t k = 0; k < kCategoryCount; ++k) {
-      if (cat.bytes[k] == 0) continue;
+    for (size_t j = 0; j < kCategoryCount; ++j) {
+      if (cat.bytes[j] == 0) continue;
       f.evidence.push_back(
-          {"live " + std::string(categoryName(static_cast<Category>(k))) + " (inferred)",
+          {"live " + std::string(categoryName(static_cast<Category>(j))) + " (inferred)",
            -1,
            -1,
-           cat.bytes[k],
+           cat.bytes[j],
            {}});
     }
     if (cached_free > 0)
       f.evidence.push_back({"cached but free in reserved segments", -1, -1, cached_free, {}});
     if (at.pending > 0)
       f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
+    if (!have_live) {
+      f.evidence.push_back({"live set at this OOM not kept (more than " +
+                                std::to_string(kMaxLiveMoments) +
+                                " moments on the device): stacks not listed",
+                            oom.event,
+                            oom.time_us,
+                            0,
+                            {}});
+      out.push_back(std::move(f));
+      continue;
+    }
     for (const auto& [st, bytes] :
-         topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
+         topStacks(m->live, opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
       f.evidence.push_back({"live at the OOM from this stack", -1, -1, bytes, c.frames(st)});
     }
     // The call graph at the OOM: the call path that holds the most, innermost frame first.
-    CallGraphSummary g = buildCallGraph(c.s, r.live(), 1);
+    CallGraphSummary g = buildCallGraph(c.s, m->live, 1);
     if (!g.hot_path.empty()) {
       std::vector<FrameText> path;
       for (auto it = g.hot_path.rbegin(); it != g.hot_path.rend() && path.size() < 8; ++it)
@@ -371,9 +336,7 @@ struct IterationEnds {
 };
 
 IterationEnds iterationEnds(Ctx& c) {
-  IterationEnds e;
-  for (const Phase& p : c.iters) e.live.push_back(c.at(p.last_event).counters().requested);
-  return e;
+  return {c.facts.requested_at_iteration_end};
 }
 
 // Survivors: allocations made in iteration k (k >= 1: the first step creates state lazily) that
@@ -390,7 +353,7 @@ Survivors survivors(Ctx& c) {
   if (c.iters.size() < 3) return s;
   int64_t end = c.iters.back().last_event;
   std::vector<bool> seen(c.iters.size(), false);
-  for (const Alloc& a : c.allocs) {
+  for (const AllocFact& a : c.allocs) {
     // The last iteration's allocations are still in use at its end by design; skip them too.
     if (a.iteration < 1 || a.iteration + 1 >= static_cast<int>(c.iters.size())) continue;
     if (a.freed >= 0 && a.freed <= end) continue;
@@ -398,7 +361,7 @@ Survivors survivors(Ctx& c) {
     e.first += a.requested;
     if (e.second.empty() || e.second.back() != a.iteration) e.second.push_back(a.iteration);
     s.bytes += a.requested;
-    if (a.cat == Category::Activation) s.activation_bytes += a.requested;
+    if (a.category == Category::Activation) s.activation_bytes += a.requested;
     seen[static_cast<size_t>(a.iteration)] = true;
   }
   s.iterations_with_survivors = static_cast<int>(std::count(seen.begin(), seen.end(), true));
@@ -411,7 +374,7 @@ Survivors survivors(Ctx& c) {
 bool iterationsAreTrainingSteps(Ctx& c) {
   if (c.iters.empty() || c.iters.front().source == PhaseSource::Annotation) return true;
   std::vector<bool> training(c.iters.size(), false);
-  for (const Alloc& a : c.allocs) {
+  for (const AllocFact& a : c.allocs) {
     if (a.iteration >= 0 && (c.flagsOf(a.stack) & (kAutograd | kOptimizer)))
       training[static_cast<size_t>(a.iteration)] = true;
   }
@@ -494,15 +457,16 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   // Parameter bytes: what is live just before the first iteration (or at the start state) and
   // classified as a parameter; optimizer state: live at the end, classified as optimizer state.
   int64_t before = c.iters.empty() ? -1 : c.iters.front().first_event - 1;
-  replay::DeviceReplayer& r = c.at(before);
+  const MomentFacts* start = c.live(before);
+  const MomentFacts* end = c.live(static_cast<int64_t>(c.ev.size()) - 1);
+  if (start == nullptr || end == nullptr) return;
   uint64_t params = 0;
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+  start->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (!b.pending && categoryOfLive(c, b) == Category::Parameter) params += b.requested;
   });
-  r.advanceTo(static_cast<int64_t>(c.ev.size()) - 1);
   uint64_t state = 0;
   std::unordered_map<StackId, uint64_t> state_stacks;
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+  end->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (!b.pending && categoryOfLive(c, b) == Category::OptimizerState) {
       state += b.requested;
       state_stacks[b.stack] += b.requested;
@@ -546,7 +510,7 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   const replay::Peak& pr = c.summary.peak_reserved;
   if (pr.bytes == 0) return;
   // At the end of the run: how much of what the process holds is unused cache.
-  const replay::Counters end = c.at(static_cast<int64_t>(c.ev.size()) - 1).counters();
+  const replay::Counters end = c.summary.final_replayed;
   uint64_t unused = end.reserved > end.active() ? end.reserved - end.active() : 0;
   // Worth saying when the cache holds at least half of what is reserved and 256 MiB or more.
   if (unused * 2 < end.reserved || unused < 256 * kMiB) return;
@@ -582,16 +546,17 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
 void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_requested;
   if (pk.event < 0 || c.ev.empty()) return;
-  replay::DeviceReplayer& r = c.at(pk.event);
+  const MomentFacts* m = c.live(pk.event);
+  if (m == nullptr) return;
   // Short-lived: freed within 1% of the trace (at least 8 events) after the peak.
   int64_t window = std::max<int64_t>(8, static_cast<int64_t>(c.ev.size()) / 100);
   uint64_t spike = 0;
   std::unordered_map<StackId, uint64_t> stacks;
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+  m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (b.pending || b.alloc_event < 0) return;
     int32_t k = c.alloc_at[static_cast<size_t>(b.alloc_event)];
     if (k < 0) return;
-    const Alloc& a = c.allocs[static_cast<size_t>(k)];
+    const AllocFact& a = c.allocs[static_cast<size_t>(k)];
     if (a.freed < 0 || a.freed - pk.event > window || pk.event - a.event > window) return;
     spike += b.requested;
     stacks[b.stack] += b.requested;
@@ -626,8 +591,9 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
 void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_active;
   if (pk.event < 0) return;
-  replay::DeviceReplayer& r = c.at(pk.event);
-  uint64_t pending = r.counters().pending;
+  const MomentFacts* m = c.live(pk.event);
+  if (m == nullptr) return;
+  uint64_t pending = m->at.pending;
   // Blocks the user freed but another stream still uses: worth saying when they are a tenth of
   // the active bytes at the active peak and at least 64 MiB.
   if (pending * 10 < pk.bytes || pending < 64 * kMiB) return;
@@ -643,7 +609,7 @@ void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions&
       "completes; "
       "synchronize the streams earlier or allocate on the stream that uses the tensor";
   f.basis = "free_requested without free_completed at the active-bytes peak";
-  auto v = topStacks(r.live(), opt.evidence_stacks, [](const auto& b) { return b.pending; });
+  auto v = topStacks(m->live, opt.evidence_stacks, [](const auto& b) { return b.pending; });
   if (!v.empty()) f.where = c.frames(v.front().first);
   f.evidence.push_back({"active-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
   for (const auto& [st, bytes] : v)
@@ -656,6 +622,7 @@ void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions&
 namespace {
 
 std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
+  // Each detector appends only its own findings and reads nothing another wrote.
   std::vector<Finding> out;
   detectOom(c, out, options);
   detectGrowth(c, out, options);
@@ -672,46 +639,55 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
 
 }  // namespace
 
+std::vector<Finding> findFindings(const format::Snapshot& snap, const DeviceFacts& facts,
+                                  const FindingsOptions& options) {
+  Ctx c(snap, facts);
+  return runDetectors(c, options);
+}
+
 std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
                                   const FindingsOptions& options) {
-  Ctx c = ownContext(snap, device);
-  return runDetectors(c, options);
+  DeviceSession session(snap, device);
+  session.requestFindingMoments(options.layout_ooms);
+  const DeviceFacts facts = session.take();
+  return findFindings(snap, facts, options);
 }
 
-std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
-                                  const replay::DeviceSummary& summary,
-                                  const FindingsOptions& options) {
-  Ctx c = buildContext(snap, replayer.device());
-  c.replayer = &replayer;
-  c.summary = summary;
-  return runDetectors(c, options);
+void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts) {
+  std::vector<Category> cats;
+  {
+    Ctx c(snap, facts);
+    cats.reserve(facts.allocs.size());
+    for (const AllocFact& a : facts.allocs) cats.push_back(categorize(c, a));
+  }
+  for (size_t k = 0; k < cats.size(); ++k) facts.allocs[k].category = cats[k];
 }
 
-CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event) {
-  Ctx c = ownContext(snap, device);
-  replay::DeviceReplayer& r = c.at(event);
-  CategoryBytes out;
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
-    if (!b.pending) out.bytes[static_cast<size_t>(categoryOfLive(c, b))] += b.requested;
-  });
-  return out;
+Category preTraceCategory(const format::Snapshot& snap, format::StackId stack) {
+  return preTraceCategoryOfFlags(stackFlags(snap, stack));
 }
 
 struct AllocationCategories::Impl {
-  Ctx c;
+  DeviceFacts facts;
+  std::vector<uint8_t> flags;  // per stack id, 0xff = not computed
 };
 
 AllocationCategories::AllocationCategories(const format::Snapshot& snap, int64_t device)
-    : impl_(std::make_unique<Impl>(Impl{buildContext(snap, device)})) {}
+    : snap_(snap), impl_(std::make_unique<Impl>(Impl{eventFacts(snap, device), {}})) {}
 
 AllocationCategories::~AllocationCategories() = default;
 
 Category AllocationCategories::of(int64_t alloc_event, format::StackId stack) {
-  Ctx& c = impl_->c;
-  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= c.alloc_at.size())
-    return preTraceCategory(c, stack);
-  int32_t k = c.alloc_at[static_cast<size_t>(alloc_event)];
-  return k < 0 ? Category::Unknown : c.allocs[static_cast<size_t>(k)].cat;
+  const DeviceFacts& f = impl_->facts;
+  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= f.alloc_at.size()) {
+    std::vector<uint8_t>& flags = impl_->flags;
+    if (stack >= flags.size())
+      flags.resize(std::max<size_t>(snap_.stacks.stackCount(), stack + 1), 0xff);
+    if (flags[stack] == 0xff) flags[stack] = stackFlags(snap_, stack);
+    return preTraceCategoryOfFlags(flags[stack]);
+  }
+  int32_t k = f.alloc_at[static_cast<size_t>(alloc_event)];
+  return k < 0 ? Category::Unknown : f.allocs[static_cast<size_t>(k)].category;
 }
 
 }  // namespace memforensics::analysis

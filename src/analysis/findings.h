@@ -1,6 +1,9 @@
-// findings.h: answers, not pictures. Each detector is a pure function of one device's history
-// that returns findings with a severity, the bytes involved, the evidence (events, stacks,
-// phases) and the fix to try. The rules, thresholds and their reasons are in docs/findings.md.
+// findings.h: answers, not pictures. Each detector is a pure function of one device's facts
+// (analysis/session.h: summary, phases, allocations, the live sets and layouts at the moments
+// requestFindingMoments() asks for) that returns findings with a severity, the bytes involved, the
+// evidence (events, stacks, phases) and the fix to try. No detector replays anything or reads
+// another's output, so they run in any order with the same result. The rules, thresholds and their
+// reasons are in docs/findings.md.
 #pragma once
 
 #include <cstdint>
@@ -13,23 +16,11 @@
 #include "analysis/callgraph.h"
 #include "analysis/frames.h"
 #include "analysis/phases.h"
+#include "analysis/session.h"
 #include "format/model/snapshot.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {
-
-// What an allocation is for, inferred from its stack, its lifetime and the phases (rules in
-// docs/findings.md). An inference: reported as such.
-enum class Category : uint8_t {
-  Parameter,
-  Gradient,
-  Activation,
-  OptimizerState,
-  Temporary,
-  Unknown
-};
-inline constexpr size_t kCategoryCount = 6;
-std::string_view categoryName(Category c);
 
 enum class FindingKind : uint8_t {
   OomVerdict,
@@ -71,26 +62,29 @@ struct CategoryBytes {
 
 struct FindingsOptions {
   size_t evidence_stacks = 3;  // stacks listed per finding
-  size_t exact_ooms =
-      16;  // OOMs whose verdict uses the exact block layout (each replays the model)
+  // OOMs (the first ones of the device) whose verdict reads the allocator model's block layout;
+  // the facts must hold a layout at each (DeviceSession::requestFindingMoments(layout_ooms)).
+  size_t layout_ooms = kLayoutOoms;
 };
 
-// Every detector on one device, ordered by severity (high first), then bytes.
+// Every detector on one device, ordered by severity (high first), then bytes. A pure function of
+// the facts; moments the facts lack (not requested, or over a session bound) leave out the
+// evidence that needs them.
+std::vector<Finding> findFindings(const format::Snapshot& snap, const DeviceFacts& facts,
+                                  const FindingsOptions& options = {});
+// Convenience: a session for the device with the finding moments, then the detectors.
 std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
                                   const FindingsOptions& options = {});
-// The same, reusing a caller's replayer of that device and its summary (analyze has both: the
-// replayer's backward pass and the summary's forward pass are then not done again). The replayer
-// is left at an unspecified event.
-std::vector<Finding> findFindings(const format::Snapshot& snap, replay::DeviceReplayer& replayer,
-                                  const replay::DeviceSummary& summary,
-                                  const FindingsOptions& options = {});
 
-// Live requested bytes by category at event `event` (-1 = the start state), for reports.
-CategoryBytes liveBytesByCategory(const format::Snapshot& snap, int64_t device, int64_t event);
+// The category rules (docs/findings.md), used by the session to fill AllocFact::category and by
+// DeviceFacts::categoryOf for blocks alive before the trace (judged by their stack alone).
+void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts);
+Category preTraceCategory(const format::Snapshot& snap, format::StackId stack);
 
 // The category of every allocation of one device (the same inference as the detectors'), for
 // colouring blocks: `of(alloc_event, stack)` for a live block; blocks alive before the trace
-// (alloc_event -1) are judged by their stack alone.
+// (alloc_event -1) are judged by their stack alone. Built from eventFacts() (no replay); a caller
+// with a session's DeviceFacts uses DeviceFacts::categoryOf instead.
 class AllocationCategories {
  public:
   AllocationCategories(const format::Snapshot& snap, int64_t device);
@@ -101,6 +95,7 @@ class AllocationCategories {
 
  private:
   struct Impl;
+  const format::Snapshot& snap_;
   std::unique_ptr<Impl> impl_;
 };
 

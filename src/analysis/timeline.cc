@@ -127,39 +127,35 @@ void updPeak(Peak& p, uint64_t v, int64_t event, int64_t time) {
 
 }  // namespace
 
-TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& opt) {
-  TimelineResult res;
+DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts,
+                          const TimelineOptions& opt) {
   const size_t max_points = std::max<size_t>(1, opt.max_points);
-  for (int64_t d : snap.devices()) {
-    if (opt.device && *opt.device != d) continue;
-    DeviceTimeline dt;
-    dt.device = d;
-    replay::DeviceReplayer r(snap, d);
-    // The peaks and OOMs exactly as `analyze` reports them.
-    auto sum = replay::summarizeDevice(r);
-    dt.peak_reserved = sum.peak_reserved;
-    dt.peak_requested = sum.peak_requested;
-    dt.peak_allocated = sum.peak_allocated;
-    dt.peak_active = sum.peak_active;
-    dt.ooms = sum.ooms;
+  const int64_t d = facts.device;
+  DeviceTimeline dt;
+  dt.device = d;
+  // The peaks and OOMs exactly as `analyze` reports them.
+  const replay::DeviceSummary& sum = facts.summary;
+  dt.peak_reserved = sum.peak_reserved;
+  dt.peak_requested = sum.peak_requested;
+  dt.peak_allocated = sum.peak_allocated;
+  dt.peak_active = sum.peak_active;
+  dt.ooms = sum.ooms;
 
-    auto ev = r.events();
-    dt.events = ev.size();
-    dt.total_points = ev.size() + 1;
-    std::vector<Counters> all;
-    all.reserve(dt.total_points);
-    r.reset();
-    all.push_back(r.counters());
+  const auto ev = facts.events;
+  dt.events = ev.size();
+  dt.total_points = ev.size() + 1;
+  // The counters after every event, from the session's first forward pass.
+  const std::vector<Counters>& all = facts.series;
+  if (!facts.has_series || all.size() != dt.total_points) return dt;
+  {
     // Shares per stream and per pool: running sums of the device's changes at their events.
     std::map<int64_t, Signed> by_stream;
     std::map<std::pair<uint64_t, uint64_t>, Signed> by_pool;
     std::vector<std::pair<int64_t, std::pair<uint64_t, uint64_t>>> keys(ev.size());
     std::vector<size_t> always = {0};  // the start state
     for (size_t i = 0; i < ev.size(); ++i) {
-      const Counters before = r.counters();
-      r.step();
-      const Counters& after = r.counters();
-      all.push_back(after);
+      const Counters& before = all[i];
+      const Counters& after = all[i + 1];
       const auto& e = ev[i];
       if (e.time_us >= 0) dt.has_times = true;
       auto pool =
@@ -317,7 +313,7 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
     // Phases with the peaks inside them (the state after each event of the range).
     // Range-maximum queries over the state after each event: O(1) blocks per phase, however many
     // phases nest over however many events.
-    std::vector<Phase> phases = detectPhases(snap, d);
+    std::vector<Phase> phases = facts.phases;
     if (!phases.empty()) {
       std::vector<uint64_t> req(ev.size()), res(ev.size());
       for (size_t i = 0; i < ev.size(); ++i) {
@@ -348,7 +344,18 @@ TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptio
       size_t c = i * cols / all.size();
       dt.requested_columns[c] = std::max(dt.requested_columns[c], all[i].requested);
     }
-    res.devices.push_back(std::move(dt));
+  }
+  return dt;
+}
+
+TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& opt) {
+  TimelineResult res;
+  SessionOptions so;
+  so.series = true;
+  for (int64_t d : snap.devices()) {
+    if (opt.device && *opt.device != d) continue;
+    DeviceSession session(snap, d, so);  // the backward pass and forward pass 1; no moments
+    res.devices.push_back(timelineOf(snap, session.take(), opt));
   }
   return res;
 }

@@ -1,13 +1,13 @@
 // timeline.h: the `timeline` result: watermark series per device, downsampled, with phases.
 //
-// A pure function from a Snapshot to a self-contained result: the replayed counters after every
-// event (reserved, allocated, requested, pending-free bytes), the same per stream and per memory
-// pool when a device has more than one, the exact peaks and OOMs (as `analyze` reports them), and
-// the phases of detectPhases() with the peaks inside each. Long traces are downsampled into
-// at most `max_points` buckets of consecutive points; per bucket the points where requested bytes
-// reach their bucket minimum and maximum and where reserved, allocated and pending-free bytes reach
-// their maximum are kept, with the start state, every OOM event and every peak event, so every
-// exact peak survives.
+// A pure function of a device's session facts (analysis/session.h): the replayed counters after
+// every event (reserved, allocated, requested, pending-free bytes), the same per stream and per
+// memory pool when a device has more than one, the exact peaks and OOMs (as `analyze` reports
+// them), and the phases of detectPhases() with the peaks inside each. Long traces are downsampled
+// into at most `max_points` buckets of consecutive points; per bucket the points where requested
+// bytes reach their bucket minimum and maximum and where reserved, allocated and pending-free bytes
+// reach their maximum are kept, with the start state, every OOM event and every peak event, so
+// every exact peak survives.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "analysis/phases.h"
+#include "analysis/session.h"
 #include "format/model/snapshot.h"
 #include "replay/replay.h"
 
@@ -77,6 +78,11 @@ struct TimelineOptions {
   size_t max_breakdowns = kMaxBreakdowns;  // streams and pools broken down per device
 };
 
+// The timeline of one device: a pure function of its facts (which must hold the series:
+// SessionOptions::series).
+DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts,
+                          const TimelineOptions& options = {});
+// Convenience: one session per device (a backward pass and one forward pass each).
 TimelineResult computeTimeline(const format::Snapshot& snap, const TimelineOptions& options = {});
 
 }  // namespace memforensics::analysis

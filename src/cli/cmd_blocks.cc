@@ -7,10 +7,12 @@
 #include <string>
 
 #include "analysis/blocks.h"
+#include "cli/at_option.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "format/load/load.h"
+#include "replay/pass_stats.h"
 #include "report/render_blocks.h"
 
 namespace memforensics::cli {
@@ -46,7 +48,7 @@ CLI::App* addBlocksCommand(CLI::App& app) {
 }
 
 int runBlocksCommand() {
-  auto at = analysis::parseBlocksAt(g_args.at);
+  auto at = parseAtOption(g_args.at);
   if (!at) {
     printError(at.error().describe());
     return kExitUsage;
@@ -57,9 +59,13 @@ int runBlocksCommand() {
     return kExitError;
   }
   setActivity("computing the block layout of " + g_args.file);
+  replay::resetPassStats();
   // Its errors are about the arguments: no such device, no OOM for --at oom, an event index or
   // time outside the trace.
   auto r = analysis::computeBlocks(*snap, g_args.device, *at);
+  if (replay::passStatsRequested())
+    std::cerr << "memforensics: passes (" << g_args.file << "): " << replay::describePassStats()
+              << "\n";
   if (!r) {
     printError(g_args.file + ": " + r.error().describe());
     return kExitUsage;

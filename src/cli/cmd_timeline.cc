@@ -10,6 +10,7 @@
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "format/load/load.h"
+#include "replay/pass_stats.h"
 #include "report/render_timeline.h"
 
 namespace memforensics::cli {
@@ -55,10 +56,14 @@ int runTimelineCommand() {
     return kExitError;
   }
   setActivity("computing the timeline of " + g_args.file);
+  replay::resetPassStats();
   analysis::TimelineOptions opt;
   opt.device = g_args.device;
   opt.max_points = g_args.max_points;
   auto result = analysis::computeTimeline(*snap, opt);
+  if (replay::passStatsRequested())
+    std::cerr << "memforensics: passes (" << g_args.file << "): " << replay::describePassStats()
+              << "\n";
   result.path = g_args.file;
   if (g_args.device && result.devices.empty()) {
     printWarning(g_args.file + " has no device " + std::to_string(*g_args.device));

@@ -30,6 +30,7 @@
 #include "format/load/snapshot_trace.h"
 #include "format/model/dump.h"
 #include "format/pickle/snapshot_pickle.h"
+#include "replay/pass_stats.h"
 #include "report/export.h"
 #include "report/render.h"
 
@@ -61,12 +62,16 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
       continue;
     }
     mf::cli::setActivity("analyzing " + path);
+    mf::replay::resetPassStats();
     mf::analysis::AnalyzeOptions opt;
     opt.device = device;
     opt.top = top;
     opt.top_frames = top_frames;
     auto result = mf::analysis::analyzeSnapshot(*snap, opt);
     result.path = path;
+    if (mf::replay::passStatsRequested())
+      std::cerr << "memforensics: passes (" << path << "): " << mf::replay::describePassStats()
+                << "\n";
     if (device && result.devices.empty()) {
       printWarning(path + " has no device " + std::to_string(*device));
     }

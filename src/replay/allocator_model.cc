@@ -8,6 +8,8 @@
 #include <optional>
 #include <tuple>
 
+#include "replay/pass_stats.h"
+
 namespace memforensics::replay {
 
 using format::BlockState;
@@ -815,6 +817,7 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
       settings_(modelSettingsOf(snap)),
       impl_(std::make_unique<Impl>()) {
   if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
+  ++passStats()[device].model_seeds;
   Impl& m = *impl_;
   m.snap = &snap;
   m.events = events_;
@@ -1048,6 +1051,9 @@ void DeviceAllocatorModel::reset() {
 
 bool DeviceAllocatorModel::step() {
   if (next_ >= events_.size()) return false;
+  if (stats_ == nullptr) stats_ = &passStats()[device_];
+  stats_->model_forward += next_ == 0;
+  ++stats_->model_events_stepped;
   ModelCheck* c = next_ == checked_ ? &check_ : nullptr;
   applyEvent(*impl_, next_, events_[next_], c);
   if (c != nullptr) ++checked_;

@@ -142,6 +142,7 @@ class DeviceAllocatorModel {
   size_t next_ = 0;
   size_t checked_ = 0;  // events [0, checked_) have been checked once
   ModelCheck check_;
+  PassStats* stats_ = nullptr;  // this device's pass counters (replay/pass_stats.h)
 };
 
 // Convenience: builds the model for a device and runs the full check.

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "replay/pass_stats.h"
+
 namespace memforensics::replay {
 
 namespace {
@@ -294,6 +296,7 @@ uint8_t DeviceReplayer::untrusted() const {
 }
 
 void DeviceReplayer::backward() {
+  ++passStats()[device_].backward;
   const auto& ev = events_;
   alloc_block_size_.assign(ev.size(), 0);
   alloc_size_exact_.assign(ev.size(), 0);
@@ -399,6 +402,9 @@ void DeviceReplayer::reset() {
 
 bool DeviceReplayer::step() {
   if (next_ >= events_.size()) return false;
+  if (stats_ == nullptr) stats_ = &passStats()[device_];
+  stats_->forward += next_ == 0;
+  ++stats_->events_stepped;
   apply(next_, events_[next_]);
   ++next_;
   checked_ = std::max(checked_, next_);
@@ -529,6 +535,11 @@ void DeviceReplayer::checkFinalState() {
 }
 
 DeviceSummary summarizeDevice(DeviceReplayer& r) {
+  return summarizeDevice(r, {});
+}
+
+DeviceSummary summarizeDevice(DeviceReplayer& r,
+                              const std::function<void(size_t, const Counters&)>& after_event) {
   DeviceSummary s;
   r.reset();
   s.device = r.device();
@@ -556,6 +567,7 @@ DeviceSummary summarizeDevice(DeviceReplayer& r) {
       s.last_time_us = e.time_us;
     }
     const Counters& c = r.counters();
+    if (after_event) after_event(i, c);
     auto upd = [&](Peak& p, uint64_t v) {
       if (v > p.bytes) {
         p.bytes = v;

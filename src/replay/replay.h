@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,8 @@ using format::Action;
 using format::Event;
 using format::Snapshot;
 using format::StackId;
+
+struct PassStats;  // replay/pass_stats.h
 
 // PyTorch's CUDACachingAllocator round_size(): 512-byte granularity, or the power-of-two divisions
 // of `roundup_power2_divisions` (index k covers requests in [2^k MiB, 2^(k+1) MiB)).
@@ -274,6 +277,7 @@ class DeviceReplayer {
   bool has_final_state_ = false;
   size_t live_at_start_ = 0;
   size_t freed_before_start_ = 0;
+  PassStats* stats_ = nullptr;  // this device's pass counters (replay/pass_stats.h)
 };
 
 // Everything `analyze` reports for one device, computed in one backward + one forward pass.
@@ -303,5 +307,9 @@ struct DeviceSummary {
 // Runs a full forward pass on `r` (from its start state) and collects the summary. Each anomaly is
 // counted once per event, however the replayer was moved before (a partial pass, then a reset).
 DeviceSummary summarizeDevice(DeviceReplayer& r);
+// The same pass, calling `after_event(i, counters)` after event i is applied: one pass feeds the
+// summary and a caller's observers (analysis/session.h).
+DeviceSummary summarizeDevice(DeviceReplayer& r,
+                              const std::function<void(size_t, const Counters&)>& after_event);
 
 }  // namespace memforensics::replay

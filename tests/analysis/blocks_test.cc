@@ -6,6 +6,7 @@
 
 #include <sstream>
 
+#include "cli/at_option.h"  // --at is parsed by the CLI (header-only)
 #include "fixtures/snapshot_builder.h"
 #include "report/render_blocks.h"
 
@@ -40,19 +41,19 @@ format::Snapshot fragmented(uint64_t oom_request) {
 }
 
 TEST(BlocksAt, Parses) {
-  EXPECT_EQ(parseBlocksAt("peak")->kind, BlocksAt::Kind::Peak);
-  EXPECT_EQ(parseBlocksAt("oom")->kind, BlocksAt::Kind::Oom);
-  auto e = parseBlocksAt("42");
+  EXPECT_EQ(cli::parseAtOption("peak")->kind, BlocksAt::Kind::Peak);
+  EXPECT_EQ(cli::parseAtOption("oom")->kind, BlocksAt::Kind::Oom);
+  auto e = cli::parseAtOption("42");
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->kind, BlocksAt::Kind::Event);
   EXPECT_EQ(e->value, 42);
-  auto t = parseBlocksAt("t1700000000");
+  auto t = cli::parseAtOption("t1700000000");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->kind, BlocksAt::Kind::Time);
   EXPECT_EQ(t->value, 1700000000);
-  EXPECT_FALSE(parseBlocksAt("t").ok());
-  EXPECT_FALSE(parseBlocksAt("12x").ok());
-  EXPECT_FALSE(parseBlocksAt("").ok());
+  EXPECT_FALSE(cli::parseAtOption("t").ok());
+  EXPECT_FALSE(cli::parseAtOption("12x").ok());
+  EXPECT_FALSE(cli::parseAtOption("").ok());
 }
 
 TEST(Blocks, OomThatFitsTheFreeBytesButNoBlockIsFragmentation) {

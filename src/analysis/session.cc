@@ -1,0 +1,276 @@
+// session.cc: see session.h.
+#include "analysis/session.h"
+
+#include <algorithm>
+#include <map>
+
+#include "analysis/findings.h"
+
+namespace memforensics::analysis {
+
+namespace {
+
+using format::Action;
+using format::Event;
+
+replay::PassStats minus(const replay::PassStats& a, const replay::PassStats& b) {
+  replay::PassStats d;
+  d.backward = a.backward - b.backward;
+  d.forward = a.forward - b.forward;
+  d.events_stepped = a.events_stepped - b.events_stepped;
+  d.model_seeds = a.model_seeds - b.model_seeds;
+  d.model_forward = a.model_forward - b.model_forward;
+  d.model_events_stepped = a.model_events_stepped - b.model_events_stepped;
+  return d;
+}
+
+// Index into `iters` of the iteration holding `event`, -1 when none does.
+int iterationOf(const std::vector<Phase>& iters, int64_t event) {
+  auto it = std::upper_bound(iters.begin(), iters.end(), event,
+                             [](int64_t e, const Phase& p) { return e < p.first_event; });
+  if (it == iters.begin()) return -1;
+  --it;
+  return event <= it->last_event ? static_cast<int>(it - iters.begin()) : -1;
+}
+
+// One line saying why figures from the model are not exact ("" when they are).
+std::string estimateReason(const replay::ModelVerdict& v, uint8_t untrusted) {
+  std::string why;
+  if (v.alloc_matches != v.allocs || v.segment_matches != v.segment_events) {
+    why = "the allocator model predicted " + std::to_string(v.alloc_matches) + " of " +
+          std::to_string(v.allocs) + " allocs";
+    if (v.segment_matches != v.segment_events) {
+      why += " and " + std::to_string(v.segment_matches) + " of " +
+             std::to_string(v.segment_events) + " segment events";
+    }
+  } else if (!v.exact) {
+    why = v.why;
+  }
+  if ((untrusted & replay::kUntrustedBlockLayout) != 0) {
+    if (!why.empty()) why += "; ";
+    why += "the trace cannot lead to the file's final state, so the start layout is unknown";
+  }
+  return why;
+}
+
+}  // namespace
+
+const MomentFacts* DeviceFacts::at(int64_t event) const {
+  auto it = std::lower_bound(moments.begin(), moments.end(), event,
+                             [](const MomentFacts& m, int64_t e) { return m.event < e; });
+  return it != moments.end() && it->event == event ? &*it : nullptr;
+}
+
+Category DeviceFacts::categoryOf(const format::Snapshot& snap, const replay::LiveBlock& b) const {
+  if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= alloc_at.size())
+    return preTraceCategory(snap, b.stack);
+  const int32_t k = alloc_at[static_cast<size_t>(b.alloc_event)];
+  return k < 0 ? Category::Unknown : allocs[static_cast<size_t>(k)].category;
+}
+
+DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
+  DeviceFacts f;
+  f.device = device;
+  if (device >= 0 && static_cast<size_t>(device) < snap.traceCount())
+    f.events = snap.trace(static_cast<size_t>(device));
+  for (const auto& seg : snap.segments) f.segments += seg.device == device;
+
+  // Phases once, and the allocation table with lifetimes and categories (no replay).
+  f.phases = detectPhases(snap, device);
+  for (const Phase& p : f.phases) {
+    if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) f.iterations.push_back(p);
+  }
+  if (!f.iterations.empty()) {
+    f.iteration_basis = f.iterations.front().source == PhaseSource::Annotation
+                            ? "iterations from external_annotations"
+                            : "iterations detected from the repeating allocation pattern";
+  }
+  f.alloc_at.assign(f.events.size(), -1);
+  U64Map<int32_t> open;
+  for (size_t i = 0; i < f.events.size(); ++i) {
+    const Event& e = f.events[i];
+    if (e.action == Action::Alloc) {
+      AllocFact a;
+      a.event = static_cast<int64_t>(i);
+      a.requested = e.size;
+      a.stack = e.stack;
+      a.stream = e.stream;
+      a.iteration = iterationOf(f.iterations, a.event);
+      f.alloc_at[i] = static_cast<int32_t>(f.allocs.size());
+      open.insert(e.addr, static_cast<int32_t>(f.allocs.size()));
+      f.allocs.push_back(a);
+    } else if (e.action == Action::FreeRequested || e.action == Action::FreeCompleted) {
+      if (int32_t* k = open.find(e.addr)) {
+        if (f.allocs[static_cast<size_t>(*k)].freed < 0)
+          f.allocs[static_cast<size_t>(*k)].freed = static_cast<int64_t>(i);
+        if (e.action == Action::FreeCompleted) open.erase(e.addr);
+      }
+    }
+  }
+  categorizeAllocations(snap, f);
+
+  return f;
+}
+
+struct DeviceSession::Pending {
+  std::map<int64_t, uint32_t> live, layout;  // event -> MomentReason bits
+};
+
+DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
+                             const SessionOptions& options)
+    : snap_(snap), pending_(std::make_unique<Pending>()) {
+  before_ = replay::passStats()[device];
+  facts_ = eventFacts(snap, device);
+  DeviceFacts& f = facts_;
+  // The backward pass, then forward pass 1.
+  replayer_ = std::make_unique<replay::DeviceReplayer>(snap, device);
+  const auto n = static_cast<int64_t>(f.events.size());
+  // The requested bytes after each iteration's last event (past the trace: its end).
+  std::vector<std::pair<int64_t, size_t>> ends;
+  for (size_t k = 0; k < f.iterations.size(); ++k)
+    ends.push_back({std::min(f.iterations[k].last_event, n - 1), k});
+  std::sort(ends.begin(), ends.end());
+  f.requested_at_iteration_end.assign(f.iterations.size(), 0);
+  size_t next_end = 0;
+  while (next_end < ends.size() && ends[next_end].first < 0) {
+    f.requested_at_iteration_end[ends[next_end].second] = replayer_->startCounters().requested;
+    ++next_end;
+  }
+  f.has_series = options.series;
+  if (f.has_series) {
+    f.series.reserve(f.events.size() + 1);
+    f.series.push_back(replayer_->startCounters());
+  }
+  f.summary = replay::summarizeDevice(*replayer_, [&](size_t i, const replay::Counters& c) {
+    if (f.has_series) f.series.push_back(c);
+    while (next_end < ends.size() && ends[next_end].first == static_cast<int64_t>(i)) {
+      f.requested_at_iteration_end[ends[next_end].second] = c.requested;
+      ++next_end;
+    }
+  });
+  f.passes = minus(replay::passStats()[device], before_);
+}
+
+DeviceSession::~DeviceSession() = default;
+
+namespace {
+
+bool request(std::map<int64_t, uint32_t>& m, int64_t event, uint32_t reason, size_t bound,
+             int64_t n) {
+  if (event < -1 || event >= n) return false;
+  auto it = m.find(event);
+  if (it != m.end()) {
+    it->second |= reason;
+    return true;
+  }
+  if (m.size() >= bound) return false;
+  m.emplace(event, reason);
+  return true;
+}
+
+}  // namespace
+
+bool DeviceSession::requestLive(int64_t event, uint32_t reason) {
+  if (visited_) return false;
+  return request(pending_->live, event, reason, kMaxLiveMoments,
+                 static_cast<int64_t>(facts_.events.size()));
+}
+
+bool DeviceSession::requestLayout(int64_t event, uint32_t reason) {
+  if (visited_) return false;
+  return request(pending_->layout, event, reason, kMaxLayoutMoments,
+                 static_cast<int64_t>(facts_.events.size()));
+}
+
+void DeviceSession::requestFindingMoments(size_t layout_ooms) {
+  const replay::DeviceSummary& s = facts_.summary;
+  const int64_t n = static_cast<int64_t>(facts_.events.size());
+  for (size_t k = 0; k < s.ooms.size(); ++k) {
+    requestLive(s.ooms[k].event, kMomentOom);
+    if (k < layout_ooms) requestLayout(s.ooms[k].event, kMomentOom);
+  }
+  requestLive(s.peak_requested.event, kMomentPeakRequested);
+  requestLive(s.peak_active.event, kMomentPeakActive);
+  requestLive(facts_.iterations.empty() ? -1 : facts_.iterations.front().first_event - 1,
+              kMomentBeforeFirstIteration);
+  requestLive(n - 1, kMomentEnd);
+}
+
+void DeviceSession::visit() {
+  if (visited_) return;
+  visited_ = true;
+  DeviceFacts& f = facts_;
+  const Pending& p = *pending_;
+  std::map<int64_t, uint32_t> all;
+  for (const auto& [e, r] : p.live) all[e] |= r;
+  for (const auto& [e, r] : p.layout) all[e] |= r;
+  if (!all.empty()) {
+    std::unique_ptr<replay::DeviceAllocatorModel> model;
+    if (!p.layout.empty())
+      model = std::make_unique<replay::DeviceAllocatorModel>(snap_, f.device, *replayer_);
+    replay::DeviceReplayer& r = *replayer_;
+    r.reset();
+    const int64_t last_live = p.live.empty() ? -2 : p.live.rbegin()->first;
+    auto capture = [&](int64_t event, uint32_t reasons) {
+      MomentFacts m;
+      m.event = event;
+      m.time_us = event >= 0 ? f.events[static_cast<size_t>(event)].time_us : -1;
+      m.reasons = reasons;
+      m.at = r.counters();
+      if (p.live.count(event) != 0) {
+        m.has_live = true;
+        m.live = r.live();
+      }
+      if (model && p.layout.count(event) != 0) {
+        m.has_layout = true;
+        m.layout = model->layout();
+        m.model_prefix = model->check();
+      }
+      f.moments.push_back(std::move(m));
+    };
+    auto it = all.begin();
+    if (it->first == -1) {
+      capture(-1, it->second);
+      ++it;
+    }
+    // One walk: the replayer up to the last live moment, the model (when a layout is needed) to the
+    // end of the trace, for its verdict.
+    for (size_t i = 0; i < f.events.size(); ++i) {
+      const bool replayer_needed = static_cast<int64_t>(i) <= last_live || it != all.end();
+      if (!replayer_needed && !model) break;
+      if (replayer_needed) r.step();
+      if (model) model->step();
+      if (it != all.end() && it->first == static_cast<int64_t>(i)) {
+        capture(it->first, it->second);
+        ++it;
+      }
+    }
+    if (model) {
+      f.model.ran = true;
+      f.model.verdict = replay::modelVerdict(*model);
+      f.model.estimate_reason = estimateReason(f.model.verdict, f.summary.untrusted);
+      f.model.layout_exact = f.model.estimate_reason.empty();
+    }
+  }
+  f.passes = minus(replay::passStats()[f.device], before_);
+}
+
+DeviceFacts DeviceSession::take() {
+  if (!visited_) visit();
+  return std::move(facts_);
+}
+
+std::vector<DeviceFacts> buildFacts(const format::Snapshot& snap, const FactsRequest& request) {
+  std::vector<DeviceFacts> out;
+  SessionOptions so;
+  so.series = request.series;
+  for (int64_t d : snap.devices()) {
+    if (request.device && *request.device != d) continue;
+    DeviceSession s(snap, d, so);
+    if (request.findings) s.requestFindingMoments(request.layout_ooms);
+    out.push_back(s.take());
+  }
+  return out;
+}
+
+}  // namespace memforensics::analysis

@@ -1,0 +1,193 @@
+// session_test.cc: one session per device (issue 12, part 2): the pass bound of every command
+// whatever the number of OOMs and detectors, the facts being complete, and the honesty of
+// layout figures (exact only where the allocator model reproduced the device).
+#include "analysis/session.h"
+
+#include <gtest/gtest.h>
+
+#include "analysis/analyze.h"
+#include "analysis/blocks.h"
+#include "analysis/findings.h"
+#include "analysis/timeline.h"
+#include "fixtures/model_builder.h"
+#include "replay/pass_stats.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using testing::ModelBuilder;
+using testing::TFrame;
+
+constexpr uint64_t kB = 0x7f0000000000ULL;
+constexpr uint64_t kMiB = 1048576;
+
+// One 20 MiB segment and `ooms` rounds of: two allocations, a free, a 32 MiB request that fails,
+// the other free. With `mispredict`, the first allocation of every round lands 10 MiB into the
+// segment, where the allocator (best fit from the segment's start) would not put it.
+format::Snapshot manyOoms(int ooms, bool mispredict = false) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  const std::vector<TFrame> b{{"model.py", 20, "forward"}, {"train.py", 11, "step"}};
+  ModelBuilder m;
+  m.device(0).segmentAlloc(kB, 20 * kMiB, {.time_us = 1});
+  int64_t t = 2;
+  const uint64_t first = mispredict ? kB + 10 * kMiB : kB;
+  const uint64_t second = mispredict ? kB : kB + 2 * kMiB;
+  for (int k = 0; k < ooms; ++k) {
+    m.alloc(first, 2 * kMiB, {.time_us = t++, .frames = a});
+    m.alloc(second, 4 * kMiB, {.time_us = t++, .frames = b});
+    m.free(first, 2 * kMiB, {.time_us = t++});
+    m.oom(32 * kMiB, kMiB, {.time_us = t++, .frames = b});
+    m.free(second, 4 * kMiB, {.time_us = t++});
+  }
+  return m.build();
+}
+
+void expectBound(const replay::PassStats& p, const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_LE(p.backward, 1u);
+  EXPECT_LE(p.forward, 2u);
+  EXPECT_LE(p.model_seeds, 1u);
+  EXPECT_LE(p.model_forward, 1u);
+}
+
+TEST(Session, AnalyzeWalksEachDeviceAtMostOnceBackwardAndTwiceForwardWhateverTheOoms) {
+  const auto snap = manyOoms(12);
+  replay::resetPassStats();
+  const AnalysisResult r = analyzeSnapshot(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& d = r.devices[0];
+  EXPECT_EQ(d.summary.ooms.size(), 12u);
+  size_t oom_findings = 0;
+  for (const auto& f : d.findings) oom_findings += f.kind == FindingKind::OomVerdict;
+  EXPECT_EQ(oom_findings, 12u);
+  const replay::PassStats& p = replay::passStats()[0];
+  expectBound(p, "analyze");
+  EXPECT_EQ(p.backward, 1u);
+  EXPECT_EQ(p.model_seeds, 1u);  // the OOM verdicts read the layout: the model ran, once
+  // Events stepped: at most two walks of the 61 events (one for the model).
+  EXPECT_LE(p.events_stepped, 2 * snap.trace(0).size());
+  EXPECT_LE(p.model_events_stepped, snap.trace(0).size());
+  // The facts carry the same counts.
+  EXPECT_EQ(d.passes.backward, 1u);
+  EXPECT_EQ(d.passes.forward, p.forward);
+}
+
+TEST(Session, TimelineAndBlocksStayWithinTheBound) {
+  const auto snap = manyOoms(12);
+  replay::resetPassStats();
+  const TimelineResult tl = computeTimeline(snap);
+  ASSERT_EQ(tl.devices.size(), 1u);
+  EXPECT_EQ(tl.devices[0].ooms.size(), 12u);
+  expectBound(replay::passStats()[0], "timeline");
+  EXPECT_EQ(replay::passStats()[0].forward, 1u);  // the series comes from pass 1
+  EXPECT_EQ(replay::passStats()[0].model_seeds, 0u);
+
+  for (const BlocksAt& at : {BlocksAt{BlocksAt::Kind::Oom, 0}, BlocksAt{BlocksAt::Kind::Peak, 0},
+                             BlocksAt{BlocksAt::Kind::Event, 30}}) {
+    replay::resetPassStats();
+    auto b = computeBlocks(snap, 0, at);
+    ASSERT_TRUE(b.ok()) << b.error().describe();
+    expectBound(replay::passStats()[0], "blocks");
+  }
+}
+
+TEST(Session, FindingsAreAPureFunctionOfTheFacts) {
+  const auto snap = manyOoms(12);
+  DeviceSession s(snap, 0);
+  s.requestFindingMoments(kLayoutOoms);
+  const DeviceFacts facts = s.take();
+  replay::resetPassStats();
+  const auto first = findFindings(snap, facts);
+  const auto again = findFindings(snap, facts);
+  // No replay inside a detector: nothing was walked.
+  EXPECT_EQ(replay::passStats()[0].backward, 0u);
+  EXPECT_EQ(replay::passStats()[0].forward, 0u);
+  EXPECT_EQ(replay::passStats()[0].model_forward, 0u);
+  ASSERT_EQ(first.size(), again.size());
+  for (size_t k = 0; k < first.size(); ++k) EXPECT_EQ(first[k].title, again[k].title);
+}
+
+// The first `layout_ooms` OOMs (not the first findings of any kind) read the layout.
+TEST(Session, LayoutOomsCountsOomsOnly) {
+  const auto snap = manyOoms(3);
+  FindingsOptions opt;
+  opt.layout_ooms = 2;
+  DeviceSession s(snap, 0);
+  s.requestFindingMoments(opt.layout_ooms);
+  const DeviceFacts facts = s.take();
+  std::vector<const Finding*> ooms;
+  const auto fs = findFindings(snap, facts, opt);
+  for (const auto& f : fs)
+    if (f.kind == FindingKind::OomVerdict) ooms.push_back(&f);
+  ASSERT_EQ(ooms.size(), 3u);
+  auto has_layout = [](const Finding& f) {
+    for (const auto& e : f.evidence)
+      if (e.text.find("free in the request's pool and stream") != std::string::npos) return true;
+    return false;
+  };
+  int with = 0;
+  for (const Finding* f : ooms) with += has_layout(*f);
+  EXPECT_EQ(with, 2);
+}
+
+TEST(Session, ExactLayoutOnlyWhereTheModelReproducedTheDevice) {
+  {
+    const auto snap = manyOoms(2);
+    DeviceSession s(snap, 0);
+    s.requestFindingMoments(kLayoutOoms);
+    const DeviceFacts f = s.take();
+    ASSERT_TRUE(f.model.ran);
+    EXPECT_TRUE(f.model.layout_exact) << f.model.estimate_reason;
+    EXPECT_EQ(f.model.verdict.alloc_matches, f.model.verdict.allocs);
+    const auto fs = findFindings(snap, f);
+    ASSERT_FALSE(fs.empty());
+    bool exact = false;
+    for (const auto& e : fs.front().evidence)
+      exact |= e.text == "free in the request's pool and stream (exact block layout)";
+    EXPECT_TRUE(exact);
+  }
+  {
+    const auto snap = manyOoms(2, /*mispredict=*/true);
+    DeviceSession s(snap, 0);
+    s.requestFindingMoments(kLayoutOoms);
+    const DeviceFacts f = s.take();
+    ASSERT_TRUE(f.model.ran);
+    EXPECT_FALSE(f.model.layout_exact);
+    EXPECT_LT(f.model.verdict.alloc_matches, f.model.verdict.allocs);
+    // "the allocator model predicted X of 4 allocs"
+    EXPECT_NE(f.model.estimate_reason.find("predicted"), std::string::npos)
+        << f.model.estimate_reason;
+    EXPECT_NE(f.model.estimate_reason.find("of 4 allocs"), std::string::npos)
+        << f.model.estimate_reason;
+    const auto fs = findFindings(snap, f);
+    for (const auto& finding : fs) {
+      for (const auto& e : finding.evidence)
+        EXPECT_EQ(e.text.find("exact"), std::string::npos) << e.text;
+      if (finding.kind != FindingKind::OomVerdict) continue;
+      bool estimate = false;
+      for (const auto& e : finding.evidence)
+        estimate |= e.text.find("(estimate: the allocator model predicted") != std::string::npos;
+      EXPECT_TRUE(estimate);
+    }
+    auto b = computeBlocks(snap, 0, {BlocksAt::Kind::Oom, 0});
+    ASSERT_TRUE(b.ok());
+    // Every prediction up to the first OOM may match; the device as a whole does not.
+    EXPECT_FALSE(b->layout_exact);
+    EXPECT_FALSE(b->estimate_reason.empty());
+  }
+}
+
+TEST(Session, MomentsOutsideTheTraceAreRefusedAndPass2IsSkippedWithoutRequests) {
+  const auto snap = manyOoms(1);
+  replay::resetPassStats();
+  DeviceSession s(snap, 0);
+  EXPECT_FALSE(s.requestLive(-2, kMomentAt));
+  EXPECT_FALSE(s.requestLayout(static_cast<int64_t>(snap.trace(0).size()), kMomentAt));
+  s.visit();
+  EXPECT_TRUE(s.facts().moments.empty());
+  EXPECT_EQ(replay::passStats()[0].forward, 1u);
+  EXPECT_EQ(s.facts().passes.forward, 1u);
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
