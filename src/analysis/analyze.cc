@@ -70,7 +70,11 @@ AnalysisResult analysisHeader(const format::Snapshot& snap) {
   res.source_format = std::string(format::sourceFormatName(snap.source));
   res.pickle_protocol = snap.pickle_protocol;
   // A live capture was written by memforensics, not by some PyTorch: it has no era to infer.
-  res.era = snap.live_capture ? "none (live capture)" : snap.traits.era();
+  res.era = snap.live_capture ? "none (live capture)"
+            : snap.source == format::SourceFormat::ProfilerTrace ||
+                    snap.source == format::SourceFormat::MemoryTimeline
+                ? "none (torch.profiler output)"
+                : snap.traits.era();
   res.input_bytes = snap.input_bytes;
   res.strings = snap.strings.size();
   res.frames = snap.stacks.frameCount();

@@ -58,6 +58,10 @@ int runBlocksCommand() {
     printError(snap.error().describe());
     return kExitError;
   }
+  if (!snap->has_segment_info) {  // torch.profiler inputs: no allocator segments to lay out
+    printError(g_args.file + ": blocks: not available for profiler traces: no segment information");
+    return kExitUsage;
+  }
   setActivity("computing the block layout of " + g_args.file);
   replay::resetPassStats();
   // Its errors are about the arguments: no such device, no OOM for --at oom, an event index or

@@ -17,17 +17,19 @@
 
 #include "format/load/snapshot_trace.h"
 #include "format/pickle/pickle_writer.h"
+#include "format/profiler/profiler_reader.h"
 #include "format/trace/trace_reader.h"
 
 namespace memforensics::format {
 
 namespace {
 
-enum class Kind { Pickle, Html, Json, Trace, Unknown };
+enum class Kind { Pickle, Html, Json, Trace, Gzip, Unknown };
 
 Kind sniff(std::span<const uint8_t> b) {
   if (!b.empty() && b[0] == 0x80) return Kind::Pickle;
   if (trace::looksLikeTrace(b)) return Kind::Trace;
+  if (looksLikeGzip(b)) return Kind::Gzip;  // torch.profiler's .json.gz outputs
   size_t i = 0;
   if (b.size() >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) i = 3;  // UTF-8 BOM
   while (i < b.size() && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) ++i;
@@ -372,7 +374,15 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
       return snap;
     }
     case Kind::Json:
-      return readSnapshotJson(bytes, options);
+      // A Kineto trace or an export_memory_timeline file, or else memory_viz's JSON form.
+      if (sniffProfiler(bytes) == ProfilerKind::NotProfiler)
+        return readSnapshotJson(bytes, options);
+      [[fallthrough]];
+    case Kind::Gzip: {
+      ProfilerReadOptions po;
+      po.progress = options.progress;
+      return readProfilerInput(bytes, po);
+    }
     case Kind::Trace:
       return readSnapshotTrace(bytes, options);
     case Kind::Unknown:
@@ -381,8 +391,8 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
   char hex[16];
   std::snprintf(hex, sizeof hex, "0x%02x", bytes[0]);
   return Error{std::string("unrecognized file content (first byte ") + hex +
-                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page, JSON or "
-                   "a memforensics trace",
+                   "): expected a PyTorch memory snapshot pickle, a memory_viz HTML page, JSON, "
+                   "a torch.profiler trace (plain or gzip) or a memforensics trace",
                0};
 }
 

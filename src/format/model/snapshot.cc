@@ -184,6 +184,10 @@ std::string_view sourceFormatName(SourceFormat f) {
       return "json";
     case SourceFormat::NativeTrace:
       return "native_trace";
+    case SourceFormat::ProfilerTrace:
+      return "profiler_trace";
+    case SourceFormat::MemoryTimeline:
+      return "profiler_memory_timeline";
   }
   return "pickle";
 }

@@ -120,6 +120,9 @@ struct Event {
   StrId action_name = kEmptyStr;  // the action string as written (kept for Unknown actions)
   uint32_t pool = 0;  // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
   Action action = Action::Unknown;
+  // A category the input itself assigned (torch.profiler's export_memory_timeline: 1 + PyTorch's
+  // _CATEGORY_TO_INDEX, names in format/profiler/profiler_reader.h); 0 = none (every other input).
+  uint8_t category = 0;
 };
 static_assert(sizeof(Event) == 56, "Event is stored once per trace entry: keep it compact");
 
@@ -173,7 +176,14 @@ struct AllocatorSettings {
   uint32_t roundup_power2_divisions[16] = {};  // index k covers [2^k MiB, 2^(k+1) MiB)
 };
 
-enum class SourceFormat : uint8_t { Pickle, MemoryVizHtml, Json, NativeTrace };
+enum class SourceFormat : uint8_t {
+  Pickle,
+  MemoryVizHtml,
+  Json,
+  NativeTrace,
+  ProfilerTrace,   // torch.profiler (Kineto) chrome trace JSON, plain or gzip
+  MemoryTimeline,  // torch.profiler export_memory_timeline (.raw.json.gz, .json, .json.gz)
+};
 std::string_view sourceFormatName(SourceFormat f);
 
 // Which generation of PyTorch wrote the file, from the fields present (see the format doc's
@@ -221,6 +231,13 @@ struct Snapshot {
   bool live_capture = false;  // a native trace recorded by memforensics' capture (no PyTorch era)
   std::vector<std::string> load_warnings;
   size_t host_trace_events = 0;  // 2.14 pinned host traces: counted, not replayed
+  // false for torch.profiler inputs: their segments are synthesized from the reserved total (or
+  // the allocated high-water mark) and block addresses are renumbered, so there is no block
+  // layout; commands that need one refuse ("not available for profiler traces").
+  bool has_segment_info = true;
+  // Per device index: the card's memory in bytes (profiler traces' deviceProperties), 0 = unknown.
+  std::vector<uint64_t> device_total_memory;
+  int64_t rank = -1;  // distributed rank (profiler traces' distributedInfo), -1 = unknown
 
   std::span<const Block> blocksOf(const Segment& s) const {
     return {blocks.data() + s.first_block, s.block_count};
