@@ -33,6 +33,10 @@ as the oracle of tests/replay/expandable_test.cc. What it copies, by function:
   snapshot               one segment per contiguous mapped range (head = a block whose prev is
                          unmapped or absent), segment_type from the pool.
 
+For every scenario NAME it writes NAME.pickle (the snapshot) and NAME.expected.json (what the
+simulator knows that the file does not say: "start_reserved", the mapped bytes per device when
+the trace begins, so a test can tell a phantom start state from the real one).
+
 Usage:
     python3 tools/make_expandable.py --out tests/replay/data
     python3 tools/make_expandable.py --check [--out tests/replay/data]
@@ -41,6 +45,7 @@ Python 3 standard library only; deterministic (fixed seeds, no wall clock).
 """
 
 import argparse
+import json
 import os
 import pickle
 import random
@@ -111,12 +116,14 @@ class Allocator:
         self.stats = {"map": 0, "unmap": 0, "oom": 0, "failed_map": 0, "partial": 0,
                       "released": 0, "reservations": 0}
         self.live = {}  # ptr -> block
+        self.phys_after = []     # mapped bytes after each trace entry (the start state's reserved)
         self.cut = None          # the trace keeps entries [cut:] (recording started late)
         self.max_entries = None  # the trace keeps the newest entries (ring buffer), see build()
 
     # -- trace --
     def record(self, action, addr, size, stream, **extra):
         self.t += 7
+        self.phys_after.append(self.phys)  # map/unmap change self.phys before they record
         e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": self.t,
              "frames": []}
         if action == "oom":
@@ -506,12 +513,16 @@ def trimmed_start(trace, max_entries):
 
 def build(name):
     allocs = SCENARIOS[name]()
+    expected = {"start_reserved": []}
     for a in allocs:
+        start = 0
         if a.cut is not None:
-            a.trace = a.trace[a.cut:]
+            start = a.cut
         elif a.max_entries is not None:
-            a.trace = a.trace[trimmed_start(a.trace, a.max_entries):]
-    return allocs, snapshot(allocs)
+            start = trimmed_start(a.trace, a.max_entries)
+        expected["start_reserved"].append(a.phys_after[start - 1] if start > 0 else 0)
+        a.trace = a.trace[start:]
+    return allocs, snapshot(allocs), expected
 
 
 def describe(name, allocs):
@@ -537,23 +548,26 @@ def main(argv=None):
     if not args.check:
         os.makedirs(args.out, exist_ok=True)
     for name in SCENARIOS:
-        allocs, obj = build(name)
+        allocs, obj, expected = build(name)
         if args.verbose:
             print("\n".join(describe(name, allocs)))
-        data = pickle.dumps(obj, protocol=4)
-        path = os.path.join(args.out, name + ".pickle")
-        if args.check:
-            try:
-                with open(path, "rb") as f:
-                    same = f.read() == data
-            except OSError:
-                same = False
-            if not same:
-                print("%s: differs from what tools/make_expandable.py generates" % path)
-                bad += 1
-        else:
-            with open(path, "wb") as f:
-                f.write(data)
+        outputs = {name + ".pickle": pickle.dumps(obj, protocol=4),
+                   name + ".expected.json": (json.dumps(expected, indent=1, sort_keys=True)
+                                             + "\n").encode()}
+        for fname, data in outputs.items():
+            path = os.path.join(args.out, fname)
+            if args.check:
+                try:
+                    with open(path, "rb") as f:
+                        same = f.read() == data
+                except OSError:
+                    same = False
+                if not same:
+                    print("%s: differs from what tools/make_expandable.py generates" % path)
+                    bad += 1
+            else:
+                with open(path, "wb") as f:
+                    f.write(data)
     return 1 if bad else 0
 
 

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
@@ -109,6 +111,16 @@ void expectExact(const format::Snapshot& snap, const std::string& name) {
     DeviceReplayer rep(snap, d);
     const DeviceSummary sum = summarizeDevice(rep);
     EXPECT_TRUE(sum.consistent) << name << " device " << d;
+
+    // No phantom start state: the mapped bytes when the trace begins, as the simulator knew them,
+    // in replay's start state and in the model's start layout.
+    std::ifstream in(dataDir() / (name + ".expected.json"));
+    const auto expected = nlohmann::json::parse(in);
+    const uint64_t start = expected.at("start_reserved").at(static_cast<size_t>(d)).get<uint64_t>();
+    EXPECT_EQ(rep.startCounters().reserved, start) << name << " device " << d;
+    uint64_t mapped = 0;
+    for (const auto& seg : m.layoutAt(-1)) mapped += seg.size;
+    EXPECT_EQ(mapped, start) << name << " device " << d;
   }
 }
 
