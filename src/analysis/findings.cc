@@ -630,6 +630,20 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   detectCacheBloat(c, out);
   detectTemporarySpike(c, out, options);
   detectPendingFree(c, out, options);
+  // A replay that cannot lead to the file's final state spoils the start state, the peaks and
+  // the layout every detector reads: no finding presents its figures as exact then.
+  if (c.summary.untrusted != 0) {
+    std::string names;
+    for (auto n : replay::untrustedNames(c.summary.untrusted))
+      names += (names.empty() ? "" : ", ") + std::string(n);
+    for (Finding& f : out) {
+      f.basis += (f.basis.empty() ? "" : "; ") +
+                 std::string(
+                     "estimate: the trace cannot lead to the file's final state (not "
+                     "exact: ") +
+                 names + ")";
+    }
+  }
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     if (a.severity != b.severity) return a.severity > b.severity;
     return a.bytes > b.bytes;

@@ -177,6 +177,34 @@ TEST(Session, ExactLayoutOnlyWhereTheModelReproducedTheDevice) {
   }
 }
 
+// A history that cannot lead to the file's final state (the trace frees a block the file says is
+// alive at the end): peaks and layout are untrusted, so no finding calls its figures exact.
+TEST(Session, UntrustedReplayMakesEveryFindingAnEstimate) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  const auto snap = ModelBuilder()
+                        .device(0)
+                        .segment(kB, {.size = 20 * kMiB})
+                        .live(2 * kMiB, {.frames = a})
+                        .alloc(kB, 2 * kMiB, {.time_us = 1, .frames = a})
+                        .free(kB, 2 * kMiB, {.time_us = 2})
+                        .oom(64 * kMiB, kMiB, {.time_us = 3, .frames = a})
+                        .build();
+  DeviceSession s(snap, 0);
+  s.requestFindingMoments(kLayoutOoms);
+  const DeviceFacts f = s.take();
+  ASSERT_NE(f.summary.untrusted, 0);
+  EXPECT_FALSE(f.model.layout_exact);
+  const auto fs = findFindings(snap, f);
+  ASSERT_FALSE(fs.empty());
+  for (const auto& finding : fs) {
+    EXPECT_NE(finding.basis.find("estimate: the trace cannot lead to the file's final state"),
+              std::string::npos)
+        << finding.basis;
+    for (const auto& e : finding.evidence)
+      EXPECT_EQ(e.text.find("(exact"), std::string::npos) << e.text;
+  }
+}
+
 TEST(Session, MomentsOutsideTheTraceAreRefusedAndPass2IsSkippedWithoutRequests) {
   const auto snap = manyOoms(1);
   replay::resetPassStats();
