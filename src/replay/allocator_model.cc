@@ -461,7 +461,7 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     std::tie(s.pool, s.is_large) = it->second;
   } else {
     s.pool = eventPoolOf(m, e);
-    s.is_large = e.size != kModelSmallBuffer;
+    s.is_large = alloc::isLargeSegmentSize(e.size);
   }
   ModelBlock b;
   b.address = e.addr;
@@ -528,7 +528,7 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   auto r = nextRequest(m, i);
   // CCA map_block maps whole pages: 2 MiB in the small pool, 20 MiB in the large one, and a small
   // request (<= 1 MiB) never needs more than one page per map: the size tells the pool kind.
-  const bool large = e.size != kModelSmallBuffer;
+  const bool large = e.size != alloc::kSmallExpandablePage;
   const PoolId pool = r ? r->pool : eventPoolOf(m, e);
   std::string why;
   uint64_t expect = 0;
@@ -613,7 +613,7 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
 
 // CCA ExpandableSegment page size of a reservation.
 uint64_t pageOf(const Seg& s) {
-  return s.is_large ? kModelLargeBuffer : kModelSmallBuffer;
+  return s.is_large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
 }
 
 void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -767,7 +767,7 @@ void removeExpRange(ExpRanges& r, uint64_t b, uint64_t e) {
 // range of its stream it touches or lies nearest to.
 ExpRange unmapGroup(const ExpRanges& mapped, const ExpRanges& map_events, const Event& e,
                     PoolId pool) {
-  ExpRange x{e.addr + e.size, e.stream, pool, e.size % kModelLargeBuffer == 0};
+  ExpRange x{e.addr + e.size, e.stream, pool, e.size % alloc::kLargeExpandablePage == 0};
   if (auto it = map_events.lower_bound(x.end); it != map_events.begin()) {
     --it;
     if (it->second.end > e.addr && it->second.stream == e.stream) {
@@ -865,7 +865,8 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
     const Event& e = events_[k];
     if (e.action != Action::SegmentMap || !validRange(e.addr, e.size)) continue;
     const PoolId pool = eventPoolOf(m, e);
-    map_events[e.addr] = ExpRange{e.addr + e.size, e.stream, pool, e.size != kModelSmallBuffer};
+    map_events[e.addr] =
+        ExpRange{e.addr + e.size, e.stream, pool, e.size != alloc::kSmallExpandablePage};
   }
   uint64_t n_req = 0, n_comp = 0;
   for (size_t k = events_.size(); k-- > 0;) {
@@ -886,7 +887,7 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
         s.size = e.size;
         s.stream = e.stream;
         s.pool = eventPoolOf(m, e);
-        s.is_large = e.size != kModelSmallBuffer;  // small segments are exactly kSmallBuffer
+        s.is_large = alloc::isLargeSegmentSize(e.size);
         fixed[e.addr] = std::move(s);
         break;
       }
@@ -905,7 +906,7 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
         break;
     }
   }
-  m.complete_on_request = n_req > 0 && n_comp == 0 && !any_final_pending;
+  m.complete_on_request = alloc::freesCompleteOnRequest(n_req, n_comp, any_final_pending);
 
   // Start segments: fixed ones as they are; expandable ones one reservation per run of ranges of
   // one group in address order (CCA: one ExpandableSegment per pool and stream, a new one only

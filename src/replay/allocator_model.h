@@ -26,19 +26,20 @@
 #include <utility>
 #include <vector>
 
+#include "common/allocator_constants.h"
 #include "replay/replay.h"
 
 namespace memforensics::replay {
 
 using PoolId = std::pair<uint64_t, uint64_t>;  // (0, 0) = the default pools
 
-// Allocator constants (format doc 8.1; c10/core/AllocatorConfig.h).
-inline constexpr uint64_t kModelMinBlockSize = 512;
-inline constexpr uint64_t kModelSmallSize = 1048576;     // 1 MiB
-inline constexpr uint64_t kModelSmallBuffer = 2097152;   // 2 MiB
-inline constexpr uint64_t kModelLargeBuffer = 20971520;  // 20 MiB
-inline constexpr uint64_t kModelMinLargeAlloc = 10485760;
-inline constexpr uint64_t kModelRoundLarge = 2097152;
+// Allocator constants: the one table, common/allocator_constants.h (names kept for callers).
+inline constexpr uint64_t kModelMinBlockSize = alloc::kMinBlockSize;
+inline constexpr uint64_t kModelSmallSize = alloc::kSmallSize;
+inline constexpr uint64_t kModelSmallBuffer = alloc::kSmallBuffer;
+inline constexpr uint64_t kModelLargeBuffer = alloc::kLargeBuffer;
+inline constexpr uint64_t kModelMinLargeAlloc = alloc::kMinLargeAlloc;
+inline constexpr uint64_t kModelRoundLarge = alloc::kRoundLarge;
 
 // get_allocation_size(): bytes of the segment a cudaMalloc for a rounded request would create.
 uint64_t allocationSize(uint64_t rounded);

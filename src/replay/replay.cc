@@ -3,13 +3,14 @@
 
 #include <algorithm>
 
+#include "common/allocator_constants.h"
 #include "replay/pass_stats.h"
 
 namespace memforensics::replay {
 
 namespace {
 
-constexpr uint64_t kMinBlockSize = 512;
+using alloc::kMinBlockSize;  // common/allocator_constants.h
 
 constexpr uint64_t kMaxBytes = ~uint64_t{0};
 
@@ -223,7 +224,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
     n_req += e.action == Action::FreeRequested;
     n_comp += e.action == Action::FreeCompleted;
   }
-  request_on_complete_ = n_comp > 0 && n_req == 0;
+  request_on_complete_ = alloc::freesRequestOnComplete(n_req, n_comp);
 
   // The file's final state for this device, validated (sizes, wraps, overlaps, blocks outside).
   bool any_final_pending = false;
@@ -259,7 +260,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
   // skip_actions=["free_completed"] leaves free_requested as the only free. A trace with no
   // free_completed at all could also just be short, with its frees still pending: the final state
   // tells them apart (pending blocks there mean frees really were pending).
-  complete_on_request_ = n_req > 0 && n_comp == 0 && !any_final_pending;
+  complete_on_request_ = alloc::freesCompleteOnRequest(n_req, n_comp, any_final_pending);
   backward();
   reset();
 }
