@@ -303,9 +303,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     if (at.pending > 0)
       f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
     if (!have_live) {
-      f.evidence.push_back({"live set at this OOM not kept (more than " +
-                                std::to_string(kMaxLiveMoments) +
-                                " moments on the device): stacks not listed",
+      f.evidence.push_back({"live set at this OOM not kept (a session copies at most " +
+                                std::to_string(kMaxLiveMoments) + " live sets and " +
+                                std::to_string(kMaxCopiedBlocks) +
+                                " blocks per device): stacks not listed",
                             oom.event,
                             oom.time_us,
                             0,

@@ -185,15 +185,17 @@ bool DeviceSession::requestLayout(int64_t event, uint32_t reason) {
 void DeviceSession::requestFindingMoments(size_t layout_ooms) {
   const replay::DeviceSummary& s = facts_.summary;
   const int64_t n = static_cast<int64_t>(facts_.events.size());
-  for (size_t k = 0; k < s.ooms.size(); ++k) {
-    requestLive(s.ooms[k].event, kMomentOom);
-    if (k < layout_ooms) requestLayout(s.ooms[k].event, kMomentOom);
-  }
+  // The few fixed moments first, so that a device with more OOMs than kMaxLiveMoments still has
+  // its peaks; then the OOMs in order.
   requestLive(s.peak_requested.event, kMomentPeakRequested);
   requestLive(s.peak_active.event, kMomentPeakActive);
   requestLive(facts_.iterations.empty() ? -1 : facts_.iterations.front().first_event - 1,
               kMomentBeforeFirstIteration);
   requestLive(n - 1, kMomentEnd);
+  for (size_t k = 0; k < s.ooms.size(); ++k) {
+    requestLive(s.ooms[k].event, kMomentOom);
+    if (k < layout_ooms) requestLayout(s.ooms[k].event, kMomentOom);
+  }
 }
 
 void DeviceSession::visit() {
@@ -211,6 +213,7 @@ void DeviceSession::visit() {
     replay::DeviceReplayer& r = *replayer_;
     r.reset();
     const int64_t last_live = p.live.empty() ? -2 : p.live.rbegin()->first;
+    size_t copied = 0;  // blocks copied into live sets and layouts (kMaxCopiedBlocks)
     auto capture = [&](int64_t event, uint32_t reasons) {
       MomentFacts m;
       m.event = event;
@@ -218,13 +221,26 @@ void DeviceSession::visit() {
       m.reasons = reasons;
       m.at = r.counters();
       if (p.live.count(event) != 0) {
-        m.has_live = true;
-        m.live = r.live();
+        if (copied + r.live().size() <= kMaxCopiedBlocks) {
+          copied += r.live().size();
+          m.has_live = true;
+          m.live = r.live();
+        } else {
+          m.over_budget = true;
+        }
       }
       if (model && p.layout.count(event) != 0) {
-        m.has_layout = true;
-        m.layout = model->layout();
+        std::vector<replay::ModelSegment> layout = model->layout();
+        size_t blocks = 0;
+        for (const auto& seg : layout) blocks += seg.blocks.size();
         m.model_prefix = model->check();
+        if (copied + blocks <= kMaxCopiedBlocks) {
+          copied += blocks;
+          m.has_layout = true;
+          m.layout = std::move(layout);
+        } else {
+          m.over_budget = true;
+        }
       }
       f.moments.push_back(std::move(m));
     };

@@ -23,8 +23,11 @@
 // blocks, the timeline, the report data and the exports are pure functions of them (and of the
 // Snapshot, for frame text). Nothing downstream holds a replayer.
 //
-// Bounds: at most kMaxLiveMoments live-set copies and kMaxLayoutMoments layouts per device (named
-// here; requests beyond are refused by request*() returning false, and the consumer says so).
+// Bounds: at most kMaxLiveMoments live-set copies and kMaxLayoutMoments layouts per device, and
+// at most kMaxCopiedBlocks blocks copied in all (named below; requests beyond the moment bounds are
+// refused by request*() returning false; a moment whose copy would pass the block budget is
+// visited without it, in event order, and says so in MomentFacts::over_budget). Consumers say
+// what they could not show.
 // Passes per device, counted by replay/pass_stats.h: 1 backward, <= 2 forward (the second only
 // when a moment was requested), the model seeded at most once and stepped at most once.
 #pragma once
@@ -94,6 +97,8 @@ struct MomentFacts {
   bool has_layout = false;
   std::vector<replay::ModelSegment> layout;  // DeviceAllocatorModel::layout() (has_layout)
   replay::ModelCheck model_prefix;           // the model's checks on events [0, event]
+  // A live set or layout was requested here but not copied: it would pass kMaxCopiedBlocks.
+  bool over_budget = false;
 };
 
 // The allocator model's whole-device verdict, and what may be called exact because of it.
@@ -140,9 +145,12 @@ struct DeviceFacts {
 };
 
 // Bounds on what one session copies (see the header comment): moments with a live set, moments
-// with a layout, per device.
+// with a layout, and blocks copied into live sets and layouts together, per device. A live block
+// costs about 64 bytes in a copy, a layout block about 64: 4 Mi blocks stay near 256 MiB however
+// hostile the input, while a real training run (tens of thousands of live blocks) never reaches it.
 inline constexpr size_t kMaxLiveMoments = 256;
 inline constexpr size_t kMaxLayoutMoments = 256;
+inline constexpr size_t kMaxCopiedBlocks = size_t{1} << 22;
 // OOMs per device whose finding reads the block layout (the first ones), by default.
 inline constexpr size_t kLayoutOoms = 16;
 

@@ -205,6 +205,29 @@ TEST(Session, UntrustedReplayMakesEveryFindingAnEstimate) {
   }
 }
 
+// More OOMs than a session keeps live sets for: the peaks keep theirs, every OOM still has its
+// finding, and those past the bound say what they do not show.
+TEST(Session, MoreOomsThanTheLiveSetBoundStillReportPeaksAndEveryOom) {
+  const int n = static_cast<int>(kMaxLiveMoments) + 20;
+  const auto snap = manyOoms(n);
+  replay::resetPassStats();
+  const AnalysisResult r = analyzeSnapshot(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& d = r.devices[0];
+  expectBound(replay::passStats()[0], "analyze, many OOMs");
+  EXPECT_FALSE(d.top_at_peak.empty());
+  size_t ooms = 0, not_kept = 0;
+  for (const auto& f : d.findings) {
+    if (f.kind != FindingKind::OomVerdict) continue;
+    ++ooms;
+    for (const auto& e : f.evidence)
+      not_kept += e.text.rfind("live set at this OOM not kept", 0) == 0;
+  }
+  EXPECT_EQ(ooms, static_cast<size_t>(n));
+  EXPECT_GT(not_kept, 0u);
+  EXPECT_LT(not_kept, static_cast<size_t>(n));
+}
+
 TEST(Session, MomentsOutsideTheTraceAreRefusedAndPass2IsSkippedWithoutRequests) {
   const auto snap = manyOoms(1);
   replay::resetPassStats();
