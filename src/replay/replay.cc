@@ -30,62 +30,10 @@ inline uint64_t subSat(uint64_t a, uint64_t b) {
   return a > b ? a - b : 0;
 }
 
-// Sorted, disjoint, merged [begin, end) ranges. Segment counts are small (hundreds to a few
-// thousand), so a sorted vector beats a tree here.
-using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
-
-bool addRange(Ranges& r, uint64_t b, uint64_t e) {
-  if (e <= b) return true;
-  auto it = std::lower_bound(r.begin(), r.end(), std::pair{b, uint64_t{0}});
-  if (it != r.end() && it->first < e) return false;
-  if (it != r.begin() && std::prev(it)->second > b) return false;
-  bool merge_prev = it != r.begin() && std::prev(it)->second == b;
-  bool merge_next = it != r.end() && it->first == e;
-  if (merge_prev && merge_next) {
-    std::prev(it)->second = it->second;
-    r.erase(it);
-  } else if (merge_prev) {
-    std::prev(it)->second = e;
-  } else if (merge_next) {
-    it->first = b;
-  } else {
-    r.insert(it, {b, e});
-  }
-  return true;
-}
-
-bool removeRange(Ranges& r, uint64_t b, uint64_t e) {
-  if (e <= b) return true;
-  auto it = std::upper_bound(r.begin(), r.end(), std::pair{b, ~uint64_t{0}});
-  if (it == r.begin()) return false;
-  --it;
-  if (it->first > b || it->second < e) return false;
-  uint64_t rb = it->first, re = it->second;
-  if (rb == b && re == e) {
-    r.erase(it);
-  } else if (rb == b) {
-    it->first = e;
-  } else if (re == e) {
-    it->second = b;
-  } else {
-    it->second = b;
-    r.insert(std::next(it), {e, re});
-  }
-  return true;
-}
-
-bool inRanges(const Ranges& r, uint64_t a) {
-  auto it = std::upper_bound(r.begin(), r.end(), std::pair{a, ~uint64_t{0}});
-  if (it == r.begin()) return false;
-  --it;
-  return a >= it->first && a < it->second;
-}
-
-uint64_t rangesBytes(const Ranges& r) {
-  uint64_t t = 0;
-  bool overflow = false;  // disjoint ranges below 2^64 cannot sum past it
-  for (auto [b, e] : r) t = addSat(t, e - b, &overflow);
-  return t;
+// Reserved address ranges: common/address_range.h's RangeSet (sorted, disjoint, touching ranges
+// merged, so equal bytes compare equal). Every caller checked validRange first.
+AddressRange rangeOf(uint64_t addr, uint64_t size) {
+  return *AddressRange::make(addr, size);
 }
 
 }  // namespace
@@ -239,7 +187,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
   count(AnomalyKind::RequestedExceedsBlock, fin.requested_over_size);
   for (const auto& fs : fin.segments) {
     const auto& seg = snap.segments[fs.index];
-    (void)addRange(final_ranges_, seg.address, seg.address + seg.total_size);
+    (void)final_ranges_.insert(rangeOf(seg.address, seg.total_size));
     add(file_final_.reserved, seg.total_size, -1);
     for (uint32_t bi : fs.blocks) {
       const auto& b = snap.blocks[bi];
@@ -302,7 +250,7 @@ void DeviceReplayer::backward() {
   alloc_block_size_.assign(ev.size(), 0);
   alloc_size_exact_.assign(ev.size(), 0);
   U64Map<LiveBlock> w = final_live_;
-  Ranges ranges = final_ranges_;
+  RangeSet ranges = final_ranges_;
   // Blocks re-inserted by undoing a free carry from_free (in `stream` we keep the real stream).
   U64Map<uint8_t> from_free;
   // Undoing an event must find the state it produced; where it cannot (an alloc whose block is
@@ -359,12 +307,12 @@ void DeviceReplayer::backward() {
       case Action::SegmentAlloc:
       case Action::SegmentMap:
         if (!validRange(e.addr, e.size)) break;  // counted and ignored forward
-        if (!removeRange(ranges, e.addr, e.addr + e.size)) contradiction(k);
+        if (!ranges.erase(rangeOf(e.addr, e.size))) contradiction(k);
         break;
       case Action::SegmentFree:
       case Action::SegmentUnmap:
         if (!validRange(e.addr, e.size)) break;
-        if (!addRange(ranges, e.addr, e.addr + e.size)) contradiction(k);
+        if (!ranges.insert(rangeOf(e.addr, e.size))) contradiction(k);
         break;
       default:
         break;
@@ -373,7 +321,7 @@ void DeviceReplayer::backward() {
   start_live_ = std::move(w);
   start_ranges_ = std::move(ranges);
   start_ = Counters{};
-  start_.reserved = rangesBytes(start_ranges_);
+  start_.reserved = start_ranges_.bytes();
   start_live_.forEach([&](uint64_t addr, const LiveBlock& b) {
     add(start_.requested, b.requested, -1);
     add(b.pending ? start_.pending : start_.allocated, b.size, -1);
@@ -430,7 +378,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         note(AnomalyKind::DoubleAlloc, idx);
         break;
       }
-      if (!inRanges(ranges_, e.addr)) note(AnomalyKind::AllocOutsideSegments, idx);
+      if (!ranges_.contains(e.addr)) note(AnomalyKind::AllocOutsideSegments, idx);
       LiveBlock b;
       b.requested = e.size;
       b.size = alloc_block_size_[i];
@@ -494,7 +442,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         note(AnomalyKind::InvalidSegmentRange, idx);
         break;
       }
-      if (!addRange(ranges_, e.addr, e.addr + e.size)) {
+      if (!ranges_.insert(rangeOf(e.addr, e.size))) {
         note(AnomalyKind::SegmentOverlap, idx);  // ignored, as the model does: bytes counted once
         break;
       }
@@ -506,7 +454,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         note(AnomalyKind::InvalidSegmentRange, idx);
         break;
       }
-      if (!removeRange(ranges_, e.addr, e.addr + e.size)) note(AnomalyKind::SegmentNotMapped, idx);
+      if (!ranges_.erase(rangeOf(e.addr, e.size))) note(AnomalyKind::SegmentNotMapped, idx);
       cur_.reserved = subSat(cur_.reserved, e.size);
       break;
     case Action::Snapshot:

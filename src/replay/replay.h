@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/address_range.h"
 #include "common/flat_map.h"
 #include "format/model/snapshot.h"
 
@@ -250,13 +251,13 @@ class DeviceReplayer {
   // Start state (from the backward pass).
   U64Map<LiveBlock> start_live_;
   Counters start_;
-  std::vector<std::pair<uint64_t, uint64_t>> start_ranges_;  // reserved [begin, end)
+  RangeSet start_ranges_;                   // reserved address ranges
   std::vector<uint64_t> alloc_block_size_;  // per event: block size for allocs (0 for others)
   std::vector<uint8_t> alloc_size_exact_;
 
   // Current state.
   U64Map<LiveBlock> live_;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // sorted, disjoint, merged
+  RangeSet ranges_;  // reserved now
   Counters cur_;
   size_t next_ = 0;
   int64_t last_time_ = -1;
@@ -265,7 +266,7 @@ class DeviceReplayer {
   // checkFinalState() runs after the last event.
   size_t checked_ = 0;
   bool final_checked_ = false;
-  std::vector<std::pair<uint64_t, uint64_t>> final_ranges_;
+  RangeSet final_ranges_;
 
   Counters file_final_;
   U64Map<LiveBlock> final_live_;
