@@ -445,6 +445,10 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
     if (m.pickle_protocol) snap.origin += ", protocol " + std::to_string(m.pickle_protocol);
     if (m.source_bytes) snap.origin += ", " + std::to_string(m.source_bytes) + " bytes";
   }
+  // torch.profiler inputs: their segments are synthesized and their block addresses renumbered in
+  // the trace too, so there is still no block layout.
+  if (m.source_format == "profiler_trace" || m.source_format == "profiler_memory_timeline")
+    snap.has_segment_info = false;
 
   // Events, device by device (trace index = device ordinal, as device_traces is).
   // The trailer of a 1.1 file counts the device traces, empty ones included (device_traces [[]]);

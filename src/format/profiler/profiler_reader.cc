@@ -448,11 +448,11 @@ BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_a
     reserved = target;
   };
   if (have_reserved && n > 0 && ops[0].total_reserved >= 0) {
-    reserve_to(static_cast<uint64_t>(ops[0].total_reserved), t0, kNoStack);
+    reserve_to(static_cast<uint64_t>(ops[0].total_reserved), t0, kEmptyStack);
   }
   if (!have_reserved) {
     uint64_t start = alloc_rounded + (filler > 0 ? round512(static_cast<uint64_t>(filler)) : 0);
-    reserve_to(start, t0, kNoStack);
+    reserve_to(start, t0, kEmptyStack);
   }
   if (filler > 0) {
     Event e;
