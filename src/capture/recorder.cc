@@ -18,6 +18,7 @@
 #include <map>
 
 #include "capture/torch_entry.h"
+#include "common/allocator_constants.h"
 
 namespace memforensics::capture {
 
@@ -43,10 +44,6 @@ void sleepMs(int ms) {
   timespec ts{ms / 1000, static_cast<long>(ms % 1000) * 1'000'000};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
-}
-
-uint64_t roundBlock(uint64_t requested) {
-  return std::max<uint64_t>(512, (requested + 511) / 512 * 512);
 }
 
 }  // namespace
@@ -474,6 +471,7 @@ void Recorder::buildFinalState(FinishMode mode) {
             [&, &m = ls->second](uint64_t a, const LiveAlloc& l) { m.emplace(a, l.stack); });
       }
       const auto& live_stack = ls->second;
+      alloc::StateSums sums;
       for (const FinalBlock& b : f.blocks) {
         TraceBlock t;
         t.address = b.address;
@@ -485,65 +483,23 @@ void Recorder::buildFinalState(FinishMode mode) {
           auto it = live_stack.find(b.address);
           if (it != live_stack.end()) t.stack = it->second;
         }
-        if (b.state == 0) {
-          g.allocated_size += b.size;
-          g.requested_size += b.requested_size;
-        }
-        if (b.state == 0 || b.state == 1) g.active_size += b.size;
+        sums.addBlock(b.state == 0, b.state == 1, b.size, b.requested_size);
         blocks.push_back(t);
       }
+      // As PyTorch's snapshot() sums a segment: requested and active count pending blocks too.
+      g.allocated_size = sums.allocated;
+      g.active_size = sums.active;
+      g.requested_size = sums.requested;
       g.block_count = static_cast<uint32_t>(blocks.size() - g.first_block);
       segs.push_back(g);
     }
   } else {
-    // Derived from the events alone, as the loader would rebuild it (block size = the request
-    // rounded up to 512 bytes, as PyTorch rounds): exact for segments and live requests, an
-    // estimate for block sizes of large-pool blocks the allocator did not split.
+    // Derived from the events alone, as the loader would rebuild it (trace_state.h,
+    // synthesizeFinalState: the one home of that rule).
     const auto& devs = state_.devices();
     for (uint32_t d = 0; d < devs.size(); ++d) {
-      const DeviceTraceState& st = devs[d];
-      std::vector<std::pair<uint64_t, LiveAlloc>> live;
-      st.live().forEach([&](uint64_t a, const LiveAlloc& l) { live.emplace_back(a, l); });
-      std::sort(live.begin(), live.end(),
-                [](const auto& x, const auto& y) { return x.first < y.first; });
-      std::vector<std::pair<uint64_t, uint64_t>> ranges(st.segments().begin(), st.segments().end());
-      for (const auto& [a, l] : live) {  // allocations outside every recorded segment get their own
-        auto it = std::upper_bound(ranges.begin(), ranges.end(), std::pair{a, ~uint64_t{0}});
-        bool inside = it != ranges.begin() && a < std::prev(it)->first + std::prev(it)->second;
-        if (!inside) ranges.insert(it, {a, roundBlock(l.requested)});
-      }
-      size_t li = 0;
-      for (const auto& [base, size] : ranges) {
-        TraceSegment g;
-        g.device = d;
-        g.address = base;
-        g.total_size = size;
-        g.is_large = size != (2u << 20);
-        g.usual_type = true;
-        g.first_block = static_cast<uint32_t>(blocks.size());
-        uint64_t cursor = base;
-        const uint64_t end = base + size;
-        while (li < live.size() && live[li].first < base) ++li;
-        for (; li < live.size() && live[li].first < end; ++li) {
-          const auto& [a, l] = live[li];
-          const uint64_t next = li + 1 < live.size() ? std::min(live[li + 1].first, end) : end;
-          if (a > cursor)
-            blocks.push_back(TraceBlock{cursor, a - cursor, 0, kTraceNoStack, 2, false});
-          const uint64_t bsize = std::min(next - a, roundBlock(l.requested));
-          blocks.push_back(TraceBlock{a, bsize, l.requested, l.stack,
-                                      static_cast<uint8_t>(l.pending ? 1 : 0), true});
-          if (!l.pending) {
-            g.allocated_size += bsize;
-            g.requested_size += l.requested;
-          }
-          g.active_size += bsize;
-          cursor = a + bsize;
-        }
-        if (cursor < end)
-          blocks.push_back(TraceBlock{cursor, end - cursor, 0, kTraceNoStack, 2, false});
-        g.block_count = static_cast<uint32_t>(blocks.size() - g.first_block);
-        segs.push_back(g);
-      }
+      SynthesizedState st = synthesizeFinalState(devs[d], d, blocks);
+      segs.insert(segs.end(), st.segments.begin(), st.segments.end());
     }
   }
   writer_->setFinalState(std::move(segs), std::move(blocks));

@@ -71,6 +71,13 @@ class RangeSet {
   }
   bool contains(uint64_t addr) const { return find(addr).has_value(); }
 
+  // The first range that begins at or after `addr`, if any.
+  std::optional<AddressRange> firstFrom(uint64_t addr) const {
+    auto it = ranges_.lower_bound(addr);
+    if (it == ranges_.end()) return std::nullopt;
+    return AddressRange{it->first, it->second};
+  }
+
   // Does any byte of r lie in the set?
   bool overlaps(const AddressRange& r) const {
     auto it = ranges_.lower_bound(r.begin);

@@ -314,7 +314,10 @@ TEST(Recorder, DerivedFinalStateMatchesTheEvents) {
   EXPECT_EQ(g.total_size, 2u << 20);
   EXPECT_EQ(g.allocated_size, 1024u);
   EXPECT_EQ(g.active_size, 1024u + 512u);
-  EXPECT_EQ(g.requested_size, 1000u);
+  // As PyTorch's snapshot() sums a segment: requested_size counts every active block, the one
+  // freed but pending on another stream too (alloc::StateSums; it was 1000, the allocated block
+  // only, while the loader's synthesis of the same state said 1512).
+  EXPECT_EQ(g.requested_size, 1000u + 512u);
   uint64_t covered = 0;
   for (uint32_t i = 0; i < g.block_count; ++i) covered += back.blocks[g.first_block + i].size;
   EXPECT_EQ(covered, g.total_size);

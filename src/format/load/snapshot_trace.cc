@@ -213,55 +213,25 @@ size_t synthesizeFinalState(Snapshot& snap) {
       t.stack = e.stack;
       st.apply(t);
     }
-    std::vector<std::pair<uint64_t, trace::LiveAlloc>> live;
-    st.live().forEach([&](uint64_t a, const trace::LiveAlloc& l) { live.emplace_back(a, l); });
-    std::sort(live.begin(), live.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
-    std::vector<std::pair<uint64_t, uint64_t>> ranges(st.segments().begin(), st.segments().end());
-    // Allocations outside every reserved range (their segment predates the trace) get a segment
-    // of their own, so the state stays consistent.
-    for (const auto& [a, l] : live) {
-      auto it = std::upper_bound(ranges.begin(), ranges.end(), std::pair{a, ~uint64_t{0}});
-      bool inside = it != ranges.begin() && a < std::prev(it)->first + std::prev(it)->second;
-      if (!inside) {
-        ranges.insert(it, {a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512)});
-        ++orphans;
-      }
-    }
-    size_t li = 0;
-    for (const auto& [base, size] : ranges) {
+    // The one home of the rule (trace_state.h): the capture's recorder rebuilds the same state.
+    std::vector<trace::TraceBlock> blocks;
+    trace::SynthesizedState syn = trace::synthesizeFinalState(st, static_cast<uint32_t>(d), blocks);
+    orphans += syn.orphans;
+    for (const trace::TraceSegment& t : syn.segments) {
       Segment g;
       g.device = static_cast<int64_t>(d);
-      g.address = base;
-      g.total_size = size;
-      g.is_large = size != (2u << 20);
+      g.address = t.address;
+      g.total_size = t.total_size;
+      g.allocated_size = t.allocated_size;
+      g.active_size = t.active_size;
+      g.requested_size = t.requested_size;
+      g.is_large = t.is_large;
       g.first_block = static_cast<uint32_t>(snap.blocks.size());
-      uint64_t cursor = base;
-      const uint64_t end = base + size;
-      while (li < live.size() && live[li].first < base) ++li;
-      for (; li < live.size() && live[li].first < end; ++li) {
-        const auto& [a, l] = live[li];
-        uint64_t next = li + 1 < live.size() ? std::min(live[li + 1].first, end) : end;
-        if (a > cursor)
-          snap.blocks.push_back(
-              Block{cursor, a - cursor, 0, kNoStack, BlockState::Inactive, false});
-        uint64_t bsize =
-            std::min(next - a, std::max<uint64_t>(512, (l.requested + 511) / 512 * 512));
-        Block b{a,
-                bsize,
-                l.requested,
-                l.stack,
-                l.pending ? BlockState::ActivePendingFree : BlockState::ActiveAllocated,
-                true};
-        snap.blocks.push_back(b);
-        g.allocated_size += l.pending ? 0 : bsize;
-        g.active_size += bsize;
-        g.requested_size += l.requested;
-        cursor = a + bsize;
+      for (uint32_t k = t.first_block; k < t.first_block + t.block_count; ++k) {
+        const trace::TraceBlock& b = blocks[k];
+        snap.blocks.push_back(Block{b.address, b.size, b.requested_size, b.stack,
+                                    static_cast<BlockState>(b.state), b.has_requested_size});
       }
-      if (cursor < end)
-        snap.blocks.push_back(
-            Block{cursor, end - cursor, 0, kNoStack, BlockState::Inactive, false});
       g.block_count = static_cast<uint32_t>(snap.blocks.size() - g.first_block);
       snap.segments.push_back(g);
     }

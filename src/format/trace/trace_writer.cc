@@ -438,12 +438,12 @@ Status TraceWriter::writeCheckpoint() {
       prev_stack = l.stack;
       prev_stream = l.stream;
     }
-    putVar(p, ds.segments().size());
+    putVar(p, ds.reserved().size());
     prev_addr = 0;
-    for (const auto& [a, size] : ds.segments()) {
-      putVar(p, a - prev_addr);
-      putVar(p, size);
-      prev_addr = a;
+    for (const AddressRange r : ds.reserved()) {
+      putVar(p, r.begin - prev_addr);
+      putVar(p, r.size());
+      prev_addr = r.begin;
     }
   }
   // A checkpoint is an index, not content: one too large for a chunk (millions of live blocks) is
