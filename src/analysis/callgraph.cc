@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "analysis/frame_tree.h"
+
 namespace memforensics::analysis {
 
 namespace {
@@ -23,16 +25,8 @@ using Graph =
     boost::adjacency_list<boost::setS, boost::vecS, boost::bidirectionalS, VertexData, EdgeData>;
 using Vertex = boost::graph_traits<Graph>::vertex_descriptor;
 
-// Frames that carry no attribution: the allocator, the dispatcher, interpreter glue (the same
-// frames userFrames() skips).
-bool plumbing(const format::Snapshot& s, const format::Frame& f) {
-  return isNoiseFrame(s, f) || isPlumbingFrame(s, f);
-}
-
 FrameText textOf(const format::Snapshot& s, format::FrameId id) {
-  const format::Frame& f = s.stacks.frame(id);
-  return FrameText{std::string(s.strings.get(f.filename)), std::string(s.strings.get(f.name)),
-                   f.line};
+  return frameText(s, id);
 }
 
 }  // namespace
@@ -40,19 +34,15 @@ FrameText textOf(const format::Snapshot& s, format::FrameId id) {
 CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<replay::LiveBlock>& live,
                                 size_t top) {
   CallGraphSummary out;
-  // Group blocks by stack first: the graph work is then per distinct stack, not per block.
-  std::unordered_map<format::StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, blocks
-  live.forEach([&](uint64_t, const replay::LiveBlock& b) {
-    if (b.pending) return;
-    out.total_bytes += b.requested;
-    if (b.stack == format::kNoStack || b.stack == format::kEmptyStack) {
-      out.unattributed_bytes += b.requested;
-      return;
-    }
-    auto& e = by_stack[b.stack];
-    e.first += b.requested;
-    e.second += 1;
-  });
+  // The one frame tree (frame_tree.h) with the frames that carry attribution; the graph merges
+  // the tree's nodes of one frame into one vertex.
+  FrameTreeOptions topt;
+  topt.frames = TreeFrames::Attributable;
+  topt.value = TreeValue::Requested;
+  topt.pending = TreePending::Exclude;
+  const FrameTree tree = buildFrameTree(snap, live, topt);
+  out.total_bytes = tree.nodes[0].bytes;
+  out.unattributed_bytes = tree.unattributed;
 
   Graph g;
   std::unordered_map<format::FrameId, Vertex> vertex_of;
@@ -64,33 +54,43 @@ CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<repla
     }
     return it->second;
   };
-  std::vector<Vertex> path;
-  std::unordered_set<Vertex> seen;
-  for (const auto& [stack, bb] : by_stack) {
-    auto [bytes, blocks] = bb;
-    path.clear();
-    auto frames = snap.stacks.stack(stack);
-    for (size_t i = frames.size(); i-- > 0;) {  // outermost first
-      const format::Frame& f = snap.stacks.frame(frames[i]);
-      if (!plumbing(snap, f)) path.push_back(vertex(frames[i]));
-    }
-    if (path.empty()) {
-      out.unattributed_bytes += bytes;
+  // Vertices in the tree's node order (deterministic), then a depth-first walk that counts a
+  // frame's inclusive bytes once per path (recursion), with the frames on the current path
+  // counted in `depth_of`.
+  for (const FrameTreeNode& n : tree.nodes) {
+    if (n.kind == TreeNodeKind::Frame) vertex(n.frame);
+  }
+  std::unordered_map<format::FrameId, uint32_t> depth_of;
+  struct Visit {
+    int32_t node;
+    bool leaving;
+  };
+  std::vector<Visit> todo = {{0, false}};
+  while (!todo.empty()) {
+    const Visit v = todo.back();
+    todo.pop_back();
+    const FrameTreeNode& n = tree.nodes[static_cast<size_t>(v.node)];
+    const bool is_frame = n.kind == TreeNodeKind::Frame;
+    if (v.leaving) {
+      if (is_frame && --depth_of[n.frame] == 0) depth_of.erase(n.frame);
       continue;
     }
-    seen.clear();
-    for (size_t i = 0; i < path.size(); ++i) {
-      if (seen.insert(path[i]).second) {  // recursion counts a frame once per stack
-        g[path[i]].inclusive += bytes;
-        g[path[i]].blocks += blocks;
+    if (is_frame) {
+      const Vertex x = vertex_of.at(n.frame);
+      if (depth_of[n.frame]++ == 0) {
+        g[x].inclusive += n.bytes;
+        g[x].blocks += n.blocks;
       }
-      if (i > 0 && path[i - 1] != path[i]) {
-        auto [e, added] = boost::add_edge(path[i - 1], path[i], g);
+      g[x].self += n.self;
+      const FrameTreeNode& p = tree.nodes[static_cast<size_t>(n.parent)];
+      if (p.kind == TreeNodeKind::Frame && p.frame != n.frame) {
+        auto [e, added] = boost::add_edge(vertex_of.at(p.frame), x, g);
         (void)added;
-        g[e].bytes += bytes;
+        g[e].bytes += n.bytes;
       }
+      todo.push_back({v.node, true});
     }
-    g[path.back()].self += bytes;
+    for (auto c = n.children.rbegin(); c != n.children.rend(); ++c) todo.push_back({*c, false});
   }
   out.vertices = boost::num_vertices(g);
   out.edges = boost::num_edges(g);

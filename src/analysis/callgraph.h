@@ -1,8 +1,9 @@
 // callgraph.h: live bytes attributed to frames at one moment (the peak, an OOM), as a call graph.
 //
-// Vertices are frames (allocator plumbing and interpreter glue left out, as userFrames() does for
-// display), edges run caller -> callee, and each live block adds its bytes to every frame of its
-// stack once (inclusive) and to its innermost kept frame (self). Built on Boost.Graph; the hot
+// A view of the one frame tree (frame_tree.h, TreeFrames::Attributable: every frame that is not
+// Plumbing by frame_class.h): vertices are frames (the tree's nodes of one frame merged), edges
+// run caller -> callee, and each live block adds its bytes to every frame of its stack once
+// (inclusive) and to its innermost kept frame (self). Built on Boost.Graph; the hot
 // path (from the root with the most inclusive bytes, always into the heaviest callee) is what a
 // person reads first.
 #pragma once

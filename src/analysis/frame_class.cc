@@ -69,8 +69,8 @@ constexpr std::array<std::string_view, 14> kPlumbingPrefixes = {"c10::",
                                                                 "at::native::empty",
                                                                 "at::native::_empty",
                                                                 "at::native::new_empty",
-                                                                "std::thread::",
-                                                                "std::__invoke"};
+                                                                "std::",
+                                                                "pthread_"};
 constexpr std::array<std::string_view, 8> kAutogradNames = {
     "autograd::Engine",  "autograd::generated", "autograd::Node::",        "AccumulateGrad",
     "evaluate_function", "PythonEngine",        "autograd::CopyBackwards", "autograd::CopySlices"};
@@ -78,7 +78,7 @@ constexpr std::array<std::string_view, 8> kAutogradNames = {
 bool isPlumbingCpp(std::string_view name) {
   const std::string_view q = qualifiedFunctionName(name);
   for (std::string_view p : kPlumbingPrefixes) {
-    if (startsWith(q, p) || startsWith(name, p)) return true;
+    if (startsWith(q, p)) return true;
   }
   return contains(q, "wrapper_");
 }

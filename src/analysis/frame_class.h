@@ -20,7 +20,8 @@
 //     * libc / pthread / thread start-up (start_thread, clone, pthread_create.c,
 //       execute_native_thread_routine, __libc_start_main, _start)           -> Plumbing
 //     * the allocator, tensor factories and the dispatcher (c10::, at::detail::, at::_ops::,
-//       wrapper_*, at::empty*, at::native::empty*, at::meta::, VariableType, ...), matched on the
+//       wrapper_*, at::empty*, at::native::empty*, at::meta::, VariableType, ...) and the C and C++
+//       runtimes' own functions (std::, pthread_*), matched on the
 //       function's qualified name with any return type stripped ("at::TensorBase
 //       at::detail::_empty_generic<long>(...)" is at::detail::)              -> Plumbing
 //     * the autograd engine and backward functions (autograd::Engine, autograd::generated,

@@ -1,75 +1,15 @@
-// frames.cc: frame filtering for display.
+// frames.cc: frame filtering for display, on the one classifier (frame_class.h).
 #include "analysis/frames.h"
 
-#include <array>
-#include <string_view>
+#include "analysis/frame_class.h"
 
 namespace memforensics::analysis {
-
-namespace {
-bool endsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-bool contains(std::string_view s, std::string_view part) {
-  return s.find(part) != std::string_view::npos;
-}
-
-// From the format doc 2.6: frames memory_viz hides.
-constexpr std::array<std::string_view, 8> kNoiseNames = {
-    "unwind::unwind",    "CapturedTraceback::gather",
-    "gather_with_cpp",   "_start",
-    "__libc_start_main", "PyEval_",
-    "PyObject_",         "PyFunction_"};
-constexpr std::array<std::string_view, 10> kNoiseFiles = {"core/boxing",
-                                                          "/Register",
-                                                          "/Redispatch",
-                                                          "pythonrun.c",
-                                                          "Modules/main.c",
-                                                          "Objects/call.c",
-                                                          "Objects/methodobject.c",
-                                                          "pycore_ceval.h",
-                                                          "ceval.c",
-                                                          "cpython/abstract.h"};
-}  // namespace
 
 std::string FrameText::display() const {
   std::string out = filename;
   if (line != format::kUnknownLine) out += ":" + std::to_string(line);
   if (!name.empty()) out += " " + name;
   return out;
-}
-
-bool isNoiseFrame(const format::Snapshot& s, const format::Frame& f) {
-  std::string_view name = s.strings.get(f.name);
-  std::string_view file = s.strings.get(f.filename);
-  for (auto n : kNoiseNames) {
-    if (contains(name, n)) return true;
-  }
-  for (auto n : kNoiseFiles) {
-    if (contains(file, n)) return true;
-  }
-  return false;
-}
-
-bool isLibraryFrame(const format::Snapshot& s, const format::Frame& f) {
-  std::string_view file = s.strings.get(f.filename);
-  if (!endsWith(file, ".py")) return true;
-  // PyTorch itself (site-packages/torch/..., or a source checkout's torch/) and Python's runtime.
-  for (std::string_view marker : {"/torch/", "\\torch\\", "<frozen", "/lib/python3", "\\Lib\\",
-                                  "/site-packages/torch", "\\site-packages\\torch"}) {
-    if (contains(file, marker)) return true;
-  }
-  return file.rfind("torch/", 0) == 0;
-}
-
-bool isPlumbingFrame(const format::Snapshot& s, const format::Frame& f) {
-  std::string_view name = s.strings.get(f.name);
-  for (std::string_view p : {"c10::", "at::detail::", "at::_ops::", "c10::impl::", "wrapper_",
-                             "at::(anonymous namespace)::", "at::TensorIteratorBase::",
-                             "torch::autograd::VariableType::", "at::empty", "at::meta::"}) {
-    if (name.rfind(p, 0) == 0 || (p == "wrapper_" && contains(name, p))) return true;
-  }
-  return false;
 }
 
 FrameText frameText(const format::Snapshot& s, format::FrameId id) {
@@ -81,25 +21,34 @@ FrameText frameText(const format::Snapshot& s, format::FrameId id) {
 std::vector<format::FrameId> userFrameIds(const format::Snapshot& s, format::StackId stack,
                                           size_t max) {
   std::vector<format::FrameId> out;
-  if (stack == format::kNoStack) return out;
+  if (stack == format::kNoStack || max == 0) return out;
   auto frames = s.stacks.stack(stack);
+  std::vector<FrameKind> kinds;
+  std::vector<uint8_t> python;
+  kinds.reserve(frames.size());
+  python.reserve(frames.size());
+  for (format::FrameId id : frames) {
+    const format::Frame& f = s.stacks.frame(id);
+    kinds.push_back(classifyFrame(s, f));
+    python.push_back(isPythonFile(s.strings.get(f.filename)) ? 1 : 0);
+  }
   auto take = [&](auto pred) {
-    for (format::FrameId id : frames) {
-      if (out.size() >= max) return;
-      const format::Frame& f = s.stacks.frame(id);
-      if (pred(f)) out.push_back(id);
+    for (size_t i = 0; i < frames.size() && out.size() < max; ++i) {
+      if (pred(kinds[i], python[i] != 0)) out.push_back(frames[i]);
     }
   };
-  take([&](const format::Frame& f) { return !isLibraryFrame(s, f); });
+  take([](FrameKind k, bool) { return k == FrameKind::User; });
   if (out.empty()) {
-    take([&](const format::Frame& f) { return endsWith(s.strings.get(f.filename), ".py"); });
+    take([](FrameKind k, bool py) {
+      return py &&
+             (k == FrameKind::Framework || k == FrameKind::Autograd || k == FrameKind::Optimizer);
+    });
   }
   if (out.empty()) {
-    // C++-only stacks (e.g. allocations made by the autograd engine's thread): skip the
-    // allocator, tensor factory and dispatcher frames so the first frame shown is the operator.
-    take([&](const format::Frame& f) { return !isNoiseFrame(s, f) && !isPlumbingFrame(s, f); });
+    take([](FrameKind k, bool py) {
+      return !py && (k == FrameKind::CppOp || k == FrameKind::Autograd);
+    });
   }
-  if (out.empty()) take([&](const format::Frame& f) { return !isNoiseFrame(s, f); });
   return out;
 }
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "analysis/frames.h"
+#include "analysis/frame_class.h"
 
 namespace memforensics::analysis {
 
@@ -315,9 +315,9 @@ bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event
         bool py = false;
         for (format::FrameId f : snap.stacks.stack(st)) {
           const auto& fr = snap.stacks.frame(f);
-          std::string_view file = snap.strings.get(fr.filename);
-          if (file.size() >= 3 && file.substr(file.size() - 3) == ".py") py = true;
-          if (snap.strings.get(fr.name) == "forward" && !isLibraryFrame(snap, fr) &&
+          if (isPythonFile(snap.strings.get(fr.filename))) py = true;
+          if (snap.strings.get(fr.name) == "forward" &&
+              classifyFrame(snap, fr) == FrameKind::User &&
               std::find(fw.begin(), fw.end(), f) == fw.end()) {
             fw.push_back(f);
           }
@@ -401,40 +401,18 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   return best;
 }
 
-// Sub-phases from frames: the optimizer runs in torch/optim; backward allocations come from the
-// autograd engine (C++ frames) or torch/autograd (Python frames).
-enum Marks : uint8_t { kBackward = 1, kOptimizer = 2 };
-uint8_t marksOf(const format::Snapshot& snap, format::StackId st) {
-  uint8_t m = 0;
-  if (st == format::kNoStack) return m;
-  for (format::FrameId f : snap.stacks.stack(st)) {
-    const auto& fr = snap.stacks.frame(f);
-    std::string_view file = snap.strings.get(fr.filename);
-    std::string_view name = snap.strings.get(fr.name);
-    if (contains(file, "torch/optim/") || contains(file, "torch\\optim\\")) m |= kOptimizer;
-    if (contains(file, "torch/autograd/") || contains(file, "torch\\autograd\\") ||
-        contains(name, "autograd::Engine") || contains(name, "autograd::generated") ||
-        (name == "backward" &&
-         (contains(file, "torch/_tensor.py") || contains(file, "torch\\_tensor.py")))) {
-      m |= kBackward;
-    }
-  }
-  return m;
-}
-
-void addSubPhases(const format::Snapshot& snap, std::span<const Event> ev, const Phase& step,
+void addSubPhases(StackFactsCache& facts, std::span<const Event> ev, const Phase& step,
                   std::vector<Phase>& out) {
-  std::unordered_map<format::StackId, uint8_t> cache;
   int64_t bwd[2] = {-1, -1}, opt[2] = {-1, -1};
   for (int64_t i = step.first_event; i <= step.last_event; ++i) {
     if (ev[i].action != Action::Alloc) continue;
-    auto [it, fresh] = cache.try_emplace(ev[i].stack, 0);
-    if (fresh) it->second = marksOf(snap, ev[i].stack);
-    // The optimizer wins: its own temporaries never come from the autograd engine.
-    if (it->second & kOptimizer) {
+    // Sub-phases from the one classifier (frame_class.h), as the categories use it. The optimizer
+    // wins: its own temporaries never come from the autograd engine.
+    const StackFacts& f = facts.of(ev[i].stack);
+    if (f.optimizer) {
       if (opt[0] < 0) opt[0] = i;
       opt[1] = i;
-    } else if (it->second & kBackward) {
+    } else if (f.backward) {
       if (bwd[0] < 0) bwd[0] = i;
       bwd[1] = i;
     }
@@ -478,6 +456,7 @@ std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<cons
     return static_cast<int64_t>(e);
   };
   const size_t n_alloc = s.token.size();
+  StackFactsCache facts(snap);
   for (size_t j = 0; j < sp->steps.size(); ++j) {
     const auto [b, e] = sp->steps[j];
     Phase p;
@@ -491,7 +470,7 @@ std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<cons
     p.start_us = ev[p.first_event].time_us;
     p.end_us = ev[p.last_event].time_us;
     out.push_back(p);
-    addSubPhases(snap, ev, p, out);
+    addSubPhases(facts, ev, p, out);
   }
   return out;
 }

@@ -28,8 +28,7 @@ format::StackId stackOf(format::Snapshot& s, const std::vector<F>& frames) {
   return s.stacks.internStack(ids);
 }
 
-[[maybe_unused]] std::vector<std::string> shown(const format::Snapshot& s, format::StackId st,
-                                                size_t max = 8) {
+std::vector<std::string> shown(const format::Snapshot& s, format::StackId st, size_t max = 8) {
   std::vector<std::string> out;
   for (const FrameText& f : userFrames(s, st, max)) out.push_back(f.display());
   return out;
@@ -106,6 +105,13 @@ TEST(FrameClass, KindsOfRealFrames) {
   EXPECT_EQ(classifyFrame("/usr/lib/python3.10/site-packages/ray/worker.py", "main_loop"),
             FrameKind::Framework);
   EXPECT_EQ(classifyFrame("<frozen runpy>", "_run_module_as_main"), FrameKind::Plumbing);
+  // The runtimes' own functions, also when mis-symbolized thread start-up (real snapshots).
+  EXPECT_EQ(classifyFrame("??", "pthread_condattr_setpshared"), FrameKind::Plumbing);
+  EXPECT_EQ(classifyFrame("??", "std::error_code::default_error_condition() const"),
+            FrameKind::Plumbing);
+  // A return type that looks like plumbing does not make the function plumbing.
+  EXPECT_EQ(classifyFrame("", "std::vector<at::Tensor> at::native::split(at::Tensor const&)"),
+            FrameKind::CppOp);
 }
 
 TEST(FrameClass, QualifiedFunctionName) {
@@ -118,6 +124,53 @@ TEST(FrameClass, QualifiedFunctionName) {
                                   "c10::make_intrusive<c10::TensorImpl>(int)"),
             "c10::make_intrusive<c10::TensorImpl>");
   EXPECT_EQ(qualifiedFunctionName("start_thread"), "start_thread");
+}
+
+// The autograd thread's stack (C++ only, from the real snapshots): the shown frames are the
+// backward op, never the allocator's factories, libc or the thread start-up.
+TEST(FrameClass, CppOnlyBackwardStackShowsTheOp) {
+  format::Snapshot s;
+  auto st =
+      stackOf(s, {kUnwind, kGather, kMalloc, kEmptyGeneric, kEmptyStridedCuda, kDivBackwardFormula,
+                  kDivBackward, kEvaluate, kThreadMain, kNativeThread, kStartThread, kClone3});
+  auto got = shown(s, st);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.front(), ":0 " + kDivBackwardFormula.name);
+  for (const std::string& f : got) {
+    for (const char* bad :
+         {"_empty_generic", "empty_strided_cuda", "start_thread", "pthread_create", "clone3",
+          "execute_native_thread_routine", "CUDACachingAllocator"}) {
+      EXPECT_EQ(f.find(bad), std::string::npos) << f;
+    }
+  }
+  StackFacts facts = stackFacts(s, st);
+  EXPECT_TRUE(facts.backward);
+  EXPECT_FALSE(facts.optimizer);
+  EXPECT_EQ(facts.innermost_user, -1);
+  EXPECT_EQ(facts.op, 5);  // div_tensor_other_backward
+}
+
+// A Python thread whose only Python frames are threading's bootstrap and torch: the bootstrap is
+// never shown, torch's frames are.
+TEST(FrameClass, PythonBootstrapIsNeverShown) {
+  format::Snapshot s;
+  auto st = stackOf(s, {kMalloc, kEmptyGeneric, kLinear, kCallImpl, kBootstrapInner, kBootstrap});
+  EXPECT_EQ(shown(s, st), (std::vector<std::string>{kLinear.file + ":125 forward"}));
+  auto user = stackOf(s, {kMalloc, kLinear, kCallImpl, kUserModel, kCallImpl, kUserTrain,
+                          kBootstrapInner, kBootstrap});
+  EXPECT_EQ(shown(s, user),
+            (std::vector<std::string>{"/home/u/model.py:54 forward", "/home/u/train.py:12 main"}));
+  StackFacts f = stackFacts(s, user);
+  EXPECT_EQ(f.innermost_user, 3);
+  EXPECT_TRUE(f.forward);
+  EXPECT_FALSE(f.backward);
+}
+
+// A stack of nothing but plumbing shows nothing (no frame of it says who allocated).
+TEST(FrameClass, AllPlumbingShowsNothing) {
+  format::Snapshot s;
+  auto st = stackOf(s, {kUnwind, kMalloc, kEmptyGeneric, kStartThread, kClone3});
+  EXPECT_TRUE(shown(s, st).empty());
 }
 
 // One classifier for phases and categories: the Python backward call, the C++ engine and a

@@ -133,6 +133,8 @@ TEST(FrameTree, CallGraphIsAViewOfTheTree) {
       EXPECT_EQ(fb.self_bytes, 50u);
     }
   }
+  ASSERT_EQ(g.hot_path.size(), 2u);
+  EXPECT_EQ(g.hot_path[1].frame.name, "f");
 
   FrameTreeOptions all;
   all.frames = TreeFrames::All;
