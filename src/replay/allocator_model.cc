@@ -633,11 +633,17 @@ void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     // CCA unmap_block() -> ExpandableSegment::unmap(): every completely free page of the block,
     // pages counted from the reservation's base.
     const uint64_t page = pageOf(*s);
+    // Offsets inside the reservation: the block lies inside it, whose end does not wrap, so no
+    // sum here passes 2^64 (first * page < last * page <= hi when there is a page to unmap).
     const uint64_t lo = b->address - s->address, hi = lo + b->size;
-    const uint64_t first = (lo + page - 1) / page, last = hi / page;
-    const uint64_t want_addr = s->address + first * page;
-    const uint64_t want_size = last > first ? (last - first) * page : 0;
-    if (e.addr != want_addr || e.size != want_size) {
+    const uint64_t first = lo / page + (lo % page != 0), last = hi / page;
+    const bool any = last > first;
+    const uint64_t want_addr = any ? s->address + first * page : 0;
+    const uint64_t want_size = any ? (last - first) * page : 0;
+    if (!any) {
+      why = "the free block " + hex(b->address) + " (" + std::to_string(b->size) +
+            " bytes) holds no completely free page: unmap_block unmaps nothing";
+    } else if (e.addr != want_addr || e.size != want_size) {
       why = "unmap_block of the free block " + hex(b->address) + " (" + std::to_string(b->size) +
             " bytes) unmaps " + std::to_string(want_size) + " bytes at " + hex(want_addr);
     }

@@ -189,5 +189,36 @@ TEST(ExpandableSegments, UnmapMustBeEveryFullyFreePageOfTheBlock) {
       << part.first_mismatches[0].why;
 }
 
+// Hostile input: a reservation at the top of the address space, unmaps that are not pages of any
+// free block, a map of another pool inside a reservation: counted as mismatches, never a wrap.
+TEST(ExpandableSegments, HostileEventsAtTheTopOfTheAddressSpace) {
+  constexpr uint64_t kMiB = 1048576, top = ~uint64_t{0} - 60 * kMiB + 1;
+  memforensics::testing::TSnapshot t;
+  t.traces.push_back({{"segment_map", top, 40 * kMiB, 0},
+                      {"alloc", top, 512, 0},
+                      {"free_requested", top, 512, 0},
+                      {"free_completed", top, 512, 0},
+                      {"segment_unmap", top + 512, 20 * kMiB, 0},     // not page aligned
+                      {"segment_unmap", top, 40 * kMiB, 0},           // the whole free block
+                      {"segment_map", top + 20 * kMiB, 2 * kMiB, 0},  // small pool, same place
+                      {"alloc", top + 20 * kMiB, 4096, 0},
+                      {"segment_unmap", top + 59 * kMiB, ~uint64_t{0}, 0}});  // wraps
+  auto snap = memforensics::testing::buildSnapshot(t);
+  snap.settings.present = true;
+  snap.settings.expandable_segments = true;
+  DeviceAllocatorModel m(snap, 0);
+  const ModelCheck& c = m.runCheck();
+  EXPECT_EQ(c.allocs, 2u);
+  EXPECT_EQ(c.segment_events, 5u);
+  EXPECT_LT(c.segment_matches, c.segment_events);
+  for (const auto& seg : m.layout()) {
+    EXPECT_GE(seg.address + seg.size, seg.address);  // no wrap
+    uint64_t sum = 0;
+    for (const auto& b : seg.blocks) sum += b.size;
+    EXPECT_EQ(sum, seg.size);
+  }
+  EXPECT_FALSE(verifyAllocatorModel(snap, 0).exact);
+}
+
 }  // namespace
 }  // namespace memforensics::replay
