@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "analysis/blocks.h"
+#include "analysis/frame_class.h"
 #include "common/format_bytes.h"
 
 namespace memforensics::analysis {
@@ -72,42 +73,20 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-bool contains(std::string_view s, std::string_view part) {
-  return s.find(part) != std::string_view::npos;
-}
-
-// What a stack says about the code that allocated (cached per stack).
+// What a stack says about the code that allocated, as bits, from the one frame classifier
+// (frame_class.h stackFacts: phases and categories agree on what is backward or optimizer code).
 enum StackFlag : uint8_t {
-  kOptimizer = 1,   // torch/optim/ frames
-  kAutograd = 2,    // autograd engine / backward frames
+  kOptimizer = 1,   // an optimizer frame (torch/optim)
+  kAutograd = 2,    // the autograd engine / a backward function
   kModuleInit = 4,  // parameter creation: nn.Module construction or .to()/.cuda()
-  kForward = 8,     // a model's forward: a `forward` frame or torch.nn.functional
+  kForward = 8,     // a model's forward: a `forward` frame, the module call, torch.nn.functional
 };
 
 uint8_t stackFlags(const format::Snapshot& s, StackId id) {
   if (id == format::kNoStack || id == format::kEmptyStack) return 0;
-  uint8_t f = 0;
-  for (format::FrameId fid : s.stacks.stack(id)) {
-    const format::Frame& fr = s.stacks.frame(fid);
-    std::string_view file = s.strings.get(fr.filename);
-    std::string_view name = s.strings.get(fr.name);
-    if (contains(file, "torch/optim/") || contains(file, "torch\\optim\\")) f |= kOptimizer;
-    if (contains(file, "torch/autograd/") || contains(file, "torch\\autograd\\") ||
-        contains(name, "autograd::Engine") || contains(name, "evaluate_function") ||
-        contains(name, "AccumulateGrad") || (contains(file, "_tensor.py") && name == "backward")) {
-      f |= kAutograd;
-    }
-    if ((contains(file, "nn/modules/module.py") || contains(file, "nn\\modules\\module.py")) &&
-        (name == "_apply" || name == "to" || name == "cuda" || name == "convert")) {
-      f |= kModuleInit;
-    }
-    if (name == "__init__" && !contains(file, "torch/optim/")) f |= kModuleInit;
-    if (name == "forward" || name == "_call_impl" || name == "_wrapped_call_impl" ||
-        contains(file, "nn/functional.py") || contains(file, "nn\\functional.py")) {
-      f |= kForward;
-    }
-  }
-  return f;
+  const StackFacts f = stackFacts(s, id);
+  return static_cast<uint8_t>((f.optimizer ? kOptimizer : 0) | (f.backward ? kAutograd : 0) |
+                              (f.module_init ? kModuleInit : 0) | (f.forward ? kForward : 0));
 }
 
 // One device's facts as the detectors read them, with a per-call cache of stack flags (no state
