@@ -61,14 +61,21 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
     e.bytes = addSat(e.bytes, opt.value == TreeValue::Requested ? b.requested : b.size);
     e.blocks += 1;
   });
-  for (Entry& e : entries) {
-    e.frames = selectedFrames(snap, e.stack, opt);
-    for (format::FrameId f : e.frames) e.text.push_back(frameText(snap, f).display());
-  }
+  for (Entry& e : entries) e.frames = selectedFrames(snap, e.stack, opt);
+  // The frames' text is built only for entries that meet a tie on bytes, once each (one deep
+  // stack would otherwise build a million strings that no comparison reads).
+  auto textOf = [&](Entry& e) -> const std::vector<std::string>& {
+    if (e.text.empty() && !e.frames.empty()) {
+      for (format::FrameId f : e.frames) e.text.push_back(frameText(snap, f).display());
+    }
+    return e.text;
+  };
   // Largest first; then by frames' text; then markers in a fixed order.
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+  std::sort(entries.begin(), entries.end(), [&](Entry& a, Entry& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
-    if (a.text != b.text) return a.text < b.text;
+    const auto& ta = textOf(a);
+    const auto& tb = textOf(b);
+    if (ta != tb) return ta < tb;
     const int ka = a.stack == format::kNoStack ? 2 : a.stack == format::kEmptyStack ? 1 : 0;
     const int kb = b.stack == format::kNoStack ? 2 : b.stack == format::kEmptyStack ? 1 : 0;
     if (ka != kb) return ka < kb;

@@ -23,18 +23,23 @@ std::vector<format::FrameId> userFrameIds(const format::Snapshot& s, format::Sta
   std::vector<format::FrameId> out;
   if (stack == format::kNoStack || max == 0) return out;
   auto frames = s.stacks.stack(stack);
-  std::vector<FrameKind> kinds;
-  std::vector<uint8_t> python;
-  kinds.reserve(frames.size());
-  python.reserve(frames.size());
-  for (format::FrameId id : frames) {
-    const format::Frame& f = s.stacks.frame(id);
-    kinds.push_back(classifyFrame(s, f));
-    python.push_back(isPythonFile(s.strings.get(f.filename)) ? 1 : 0);
-  }
+  // Kinds are found lazily: a stack of a million frames with user frames near the top costs a few
+  // classifications, not a million.
+  constexpr uint8_t kUnknown = 0xff;
+  std::vector<uint8_t> kinds(frames.size(), kUnknown);
+  std::vector<uint8_t> python(frames.size(), 0);
+  auto kindOf = [&](size_t i) {
+    if (kinds[i] == kUnknown) {
+      const format::Frame& f = s.stacks.frame(frames[i]);
+      kinds[i] = static_cast<uint8_t>(classifyFrame(s, f));
+      python[i] = isPythonFile(s.strings.get(f.filename)) ? 1 : 0;
+    }
+    return static_cast<FrameKind>(kinds[i]);
+  };
   auto take = [&](auto pred) {
     for (size_t i = 0; i < frames.size() && out.size() < max; ++i) {
-      if (pred(kinds[i], python[i] != 0)) out.push_back(frames[i]);
+      const FrameKind k = kindOf(i);
+      if (pred(k, python[i] != 0)) out.push_back(frames[i]);
     }
   };
   take([](FrameKind k, bool) { return k == FrameKind::User; });
