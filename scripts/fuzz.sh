@@ -13,7 +13,10 @@
 #     whole runs a few inputs a second), plus the small ones as they are;
 #   * for fuzz_trace: those minimised snapshots converted to native traces (stored and zstd
 #     chunks, a checkpoint every 16 events) and each cut in half;
-#   * fuzz_pipeline builds its snapshots from the input bytes and needs no seeds (-max_len 4096).
+#   * fuzz_pipeline builds its snapshots from the input bytes and needs no seeds (-max_len 4096);
+#   * fuzz_profiler (torch.profiler traces and memory timelines, plain and gzip): the committed
+#     fuzz/corpus/fuzz_profiler/, small fabricated traces that tools/make_profiler_traces.py
+#     --seeds writes (hostile ones included), with fuzz/profiler.dict.
 # A target's dictionary is fuzz/<target without fuzz_>.dict when there is one (fuzz/pickle.dict).
 set -euo pipefail
 seconds=${1:-60}
