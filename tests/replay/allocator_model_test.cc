@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "fixtures/real_snapshots.h"
@@ -300,6 +301,28 @@ TEST(AllocatorModelReal, ReproducesTheAllocatorOnRealFiles) {
       } else if (c.complete()) {
         EXPECT_EQ(m.compareWithFinal(), "") << name << " device " << d;
       }
+    }
+  }
+}
+
+// The sample and every scenario are complete histories from an empty allocator: the model's
+// verdict is exact on each (every alloc and segment event predicted, final layout equal).
+TEST(AllocatorModelCorpus, ExactOnTheSampleAndEveryScenario) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const char* dir : {"snapshots", "snapshots/scenarios"}) {
+    for (const auto& e : fs::directory_iterator(fs::path(MEMF_SOURCE_DIR) / dir)) {
+      if (e.path().extension() == ".pickle") files.push_back(e.path());
+    }
+  }
+  ASSERT_GE(files.size(), 12u);
+  for (const auto& p : files) {
+    auto snap = format::loadSnapshotFile(p.string());
+    ASSERT_TRUE(snap.ok()) << p;
+    for (int64_t d : snap->devices()) {
+      const ModelVerdict v = verifyAllocatorModel(*snap, d);
+      EXPECT_TRUE(v.exact) << p.filename() << " device " << d << ": " << v.why;
+      EXPECT_GT(v.allocs, 0u) << p.filename();
     }
   }
 }
