@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/allocator_constants.h"
 #include "format/trace/trace_format.h"
 
 namespace memforensics::capture::cupti {
@@ -140,9 +141,7 @@ class Converter {
 
   // Sorts a batch by (timestamp, seq) before it is written.
   static void sortBatch(std::vector<TimedEvent>& events);
-  static uint64_t segmentBytes(uint64_t bytes) {
-    return bytes <= 512 ? 512 : (bytes + 511) / 512 * 512;
-  }
+  static uint64_t segmentBytes(uint64_t bytes) { return alloc::estimatedBlockSize(bytes); }
 
  private:
   struct Live {
