@@ -104,6 +104,15 @@
     return ev < 0 ? "at the start" : "after event " + ev + (t ? " (" + fmtTimeUs(t, base) + ")" : "");
   }
 
+  // Exact only where the allocator model reproduced the whole device (the page never says more).
+  function layoutText(d) {
+    if (!d) return "not drawn for this device in this report (see below)";
+    const m = d.model;
+    const counts = "the allocator model predicted " + m.alloc_matches + " of " + m.allocs + " allocations and " +
+      m.segment_matches + " of " + m.segment_events + " segment events";
+    if (d.layout_exact) return "exact (" + counts + (m.final_compared ? ", and the file's final layout" : "") + ")";
+    return "estimate: " + (m.estimate_reason || "the allocator model did not reproduce the trace") + " (" + counts + ")";
+  }
   function renderSummary() {
     const a = devA(), d = dev(), inp = A.input;
     const facts = $("facts");
@@ -117,11 +126,22 @@
       ["Devices", A.devices.map((x) => "cuda:" + x.device).join(", ")],
       ["Events on this device", Number(a.events).toLocaleString("en-US")], ["Time span", span],
       ["Segments at the end", String(a.segments)],
-      ["Block layout", !d ? "not drawn for this device in this report (see below)" : d.layout_exact ? "exact (every allocator prediction matched the trace)" :
-        "approximate: " + d.model.alloc_matches + " of " + d.model.allocs + " allocations matched the allocator model"],
+      ["Block layout", layoutText(d), "layout"],
+      ["Replay", a.consistent ? "consistent with the file's final state" :
+        "not consistent with the file's final state: not exact here: " + (a.untrusted || []).join(", "), "replay"],
     ];
+    if (d && (d.streams_omitted || d.pools_omitted)) {
+      rows.push(["Breakdowns", (d.streams_omitted || 0) + " stream(s) and " + (d.pools_omitted || 0) +
+        " pool(s) beyond those with the highest reserved peaks are not broken down (`timeline` names the bound)", "breakdowns"]);
+    }
     for (const w of inp.warnings) rows.push(["Warning", w]);
-    for (const [k, v] of rows) facts.append(el("dt", { text: k }), el("dd", { text: v }));
+    for (const [k, v, key] of rows) {
+      const dd = el("dd", { text: v });
+      if (key) dd.dataset.fact = key;
+      if (key === "layout" && d) dd.dataset.exact = d.layout_exact ? "1" : "0";
+      if (key === "replay") dd.dataset.consistent = a.consistent ? "1" : "0";
+      facts.append(el("dt", { text: k }), dd);
+    }
 
     const st = $("stats");
     st.textContent = "";
@@ -424,6 +444,7 @@
     let text = "Layout " + kfLabel(k, base) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
       ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
     if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (nearest precomputed moment to event " + S.picked + ")";
+    text += d.layout_exact ? " Exact layout." : " Estimated layout (see Block layout above).";
     cap.textContent = text;
     BM = decodeKeyframe(k);
     drawBlockmap();

@@ -5,17 +5,20 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/session.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "cli/output.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
+#include "replay/pass_stats.h"
 #include "report/html/report_data.h"
 #include "report/render_html.h"
 
@@ -91,18 +94,48 @@ int runReportCommand() {
   }
   setActivity("building the report of " + g_args.file);
   std::cerr << "memforensics: analysing " << escapeText(g_args.file) << "...\n";
+  replay::resetPassStats();
+  g_args.data.device = g_args.device;
   analysis::AnalyzeOptions aopt;
   aopt.device = g_args.device;
   aopt.top_frames = 10;
-  analysis::AnalysisResult result = analysis::analyzeSnapshot(*snap, aopt);
-  result.path = g_args.file;
+  // One session per device serves the analysis and the drawings: the backward pass and forward
+  // pass 1 (with the counters after every event, for the timeline) for every device, so that the
+  // plan can rank them; then one visit each, over the moments both ask for.
+  analysis::SessionOptions so;
+  so.series = true;
+  std::vector<std::unique_ptr<analysis::DeviceSession>> sessions;
+  std::vector<const analysis::DeviceFacts*> pass1;
+  for (int64_t d : snap->devices()) {
+    if (g_args.device && *g_args.device != d) continue;
+    sessions.push_back(std::make_unique<analysis::DeviceSession>(*snap, d, so));
+    pass1.push_back(&sessions.back()->facts());
+  }
+  const analysis::ReportPlan plan = analysis::planReport(pass1, g_args.data);
+  std::vector<analysis::DeviceFacts> facts;
+  for (auto& session : sessions) {
+    session->requestLive(session->facts().summary.peak_requested.event,
+                         analysis::kMomentPeakRequested);
+    session->requestFindingMoments(analysis::kLayoutOoms);
+    analysis::requestReportMoments(*session, plan, g_args.data);
+    session->visit();
+    facts.push_back(session->take());
+    session.reset();
+  }
   std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
-  g_args.data.device = g_args.device;
-  // Built once. The page must stay under report::kReportPageBytes whatever the input: the data's
-  // own bounds keep it there in practice; should a file still overflow them (say, tens of
-  // thousands of segments with long frame names), renderHtmlWithin halves the bounds on the data
-  // already built, then drops sections, and the page says so.
-  analysis::ReportData data = analysis::buildReportData(*snap, g_args.data);
+  analysis::ReportData data = analysis::reportDataOf(*snap, facts, g_args.data);
+  analysis::AnalysisResult result = analysis::analysisHeader(*snap);
+  result.path = g_args.file;
+  for (auto& f : facts)
+    result.devices.push_back(analysis::analyzeDevice(*snap, std::move(f), aopt));
+  facts.clear();
+  if (replay::passStatsRequested())
+    std::cerr << "memforensics: passes (" << escapeText(g_args.file)
+              << "): " << replay::describePassStats() << "\n";
+  // The page must stay under report::kReportPageBytes whatever the input: the data's own bounds
+  // keep it there in practice; should a file still overflow them (say, tens of thousands of
+  // segments with long frame names), renderHtmlWithin halves the bounds on the data already
+  // built, then drops sections, and the page says so.
   std::vector<std::string> page_notes;  // what the page's own bounds cut
   std::string page = report::renderHtmlWithin(result, data, report::kReportPageBytes, &page_notes);
   data.caps.insert(data.caps.end(), page_notes.begin(), page_notes.end());

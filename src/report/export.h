@@ -1,8 +1,9 @@
 // export.h: exports of a snapshot to other tools' formats (`memforensics convert --to ...`).
 //
-// Unlike render.h these work from the Snapshot itself: they replay every device (through
-// replay::DeviceReplayer, so every number is the replayer's) and stream their output, since a
-// counter timeline has one sample per event and would not fit a DOM for large traces.
+// Pure functions of each device's session facts (analysis/session.h: the counters after every
+// event for Perfetto, the live set at the peak for the collapsed stacks); nothing here replays.
+// The overloads without facts build one session per device, one device at a time, and stream
+// their output, since a counter timeline has one sample per event.
 //
 //   * exportPerfetto: Chrome trace-event JSON, opened by ui.perfetto.dev and chrome://tracing.
 //   * exportCollapsed: Brendan Gregg's folded stacks ("a;b;c 123" lines) of the memory live at a
@@ -13,9 +14,11 @@
 #include <cstdint>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include "analysis/session.h"
 #include "common/status.h"
 #include "format/model/snapshot.h"
 
@@ -56,6 +59,10 @@ struct PerfettoOptions {
 // fails.
 Status exportPerfetto(const format::Snapshot& snap, std::ostream& out,
                       const PerfettoOptions& options = {});
+// The same for the devices of `facts` (in that order; each with SessionOptions::series);
+// options.device is not consulted.
+Status exportPerfetto(const format::Snapshot& snap, std::span<const analysis::DeviceFacts> facts,
+                      std::ostream& out, const PerfettoOptions& options = {});
 
 enum class CollapsedValue : uint8_t {
   Requested,  // at the requested peak: requested bytes of every live block, pending-free included
@@ -68,8 +75,8 @@ struct CollapsedOptions {
   bool user_frames_only = false;  // only the frames analysis::userFrames() keeps (default: all)
 };
 
-// For each device (ascending), replays to its peak of `which` (summarizeDevice's peak event) and
-// writes one line per distinct stack of the blocks live there:
+// For each device (ascending), at its peak of `which` (the session summary's peak event), writes
+// one line per distinct stack of the blocks live there:
 //   cuda:<d>;<outermost frame>;...;<innermost frame> <bytes>
 // sorted by stack text, so the values of a device sum to its peak exactly (lines summing to 0 are
 // left out). Frames read "name (file:line)" (":line" omitted when unknown). Since ';' separates
@@ -81,5 +88,12 @@ struct CollapsedOptions {
 // Fails only on an unknown device or when `out` fails.
 Status exportCollapsed(const format::Snapshot& snap, std::ostream& out,
                        const CollapsedOptions& options = {});
+// The same for the devices of `facts` (in that order), each holding the live set at its peak of
+// options.which (collapsedMoment); options.device is not consulted. The lines are the frame tree's
+// (analysis/frame_tree.h) leaves, so they attribute bytes as the call graph and the icicle do.
+Status exportCollapsed(const format::Snapshot& snap, std::span<const analysis::DeviceFacts> facts,
+                       std::ostream& out, const CollapsedOptions& options = {});
+// The event whose live set exportCollapsed reads for a device (its requested or allocated peak).
+int64_t collapsedMoment(const analysis::DeviceFacts& facts, CollapsedValue which);
 
 }  // namespace memforensics::report

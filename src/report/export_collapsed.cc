@@ -1,12 +1,14 @@
 // export_collapsed.cc: folded stacks ("a;b;c 123") of the memory live at each device's peak.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/frame_tree.h"
 #include "analysis/frames.h"
-#include "replay/replay.h"
+#include "analysis/session.h"
 #include "report/export.h"
 
 namespace memforensics::report {
@@ -55,33 +57,6 @@ void appendSanitized(std::string& out, std::string_view s) {
   }
 }
 
-// "cuda:<d>;outermost;...;innermost" for one stack.
-std::string stackText(const format::Snapshot& snap, int64_t device, format::StackId stack,
-                      bool user_frames_only) {
-  std::string out = "cuda:" + std::to_string(device);
-  if (stack == format::kNoStack) return out + ";[no stack recorded]";
-  auto ids = snap.stacks.stack(stack);
-  if (ids.empty()) return out + ";[empty stack]";
-  std::vector<std::string> frames;  // innermost first, as stored
-  if (user_frames_only) {
-    for (const auto& f : analysis::userFrames(snap, stack, ids.size())) {
-      frames.push_back(exportFrameText(f.name, f.filename, f.line));
-    }
-    if (frames.empty()) return out + ";[no user frames]";
-  } else {
-    for (format::FrameId id : ids) {
-      const format::Frame& f = snap.stacks.frame(id);
-      frames.push_back(
-          exportFrameText(snap.strings.get(f.name), snap.strings.get(f.filename), f.line));
-    }
-  }
-  for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-    out += ';';
-    appendSanitized(out, *it);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string exportFrameText(std::string_view name, std::string_view file, uint64_t line) {
@@ -98,6 +73,86 @@ std::string exportFrameText(std::string_view name, std::string_view file, uint64
   return out;
 }
 
+int64_t collapsedMoment(const analysis::DeviceFacts& facts, CollapsedValue which) {
+  return which == CollapsedValue::Requested ? facts.summary.peak_requested.event
+                                            : facts.summary.peak_allocated.event;
+}
+
+namespace {
+
+// The lines of one device: the frame tree of its live set at the peak (all frames, or the user
+// frames), one line per node that ends some stacks, the path from the root as its text. Distinct
+// nodes can read alike (equal frame text under different ids), so lines are summed by text.
+void writeDevice(const format::Snapshot& snap, const analysis::DeviceFacts& f, std::ostream& out,
+                 const CollapsedOptions& opt) {
+  const bool requested = opt.which == CollapsedValue::Requested;
+  const analysis::MomentFacts* m = f.at(collapsedMoment(f, opt.which));
+  if (m == nullptr || !m->has_live) return;
+  analysis::FrameTreeOptions to;
+  to.frames = opt.user_frames_only ? analysis::TreeFrames::User : analysis::TreeFrames::All;
+  to.max_user_frames = SIZE_MAX;
+  // allocated excludes pending-free blocks (memory_allocated drops at free_requested); requested
+  // keeps them until free_completed, and says so with a leaf frame.
+  to.value = requested ? analysis::TreeValue::Requested : analysis::TreeValue::BlockSize;
+  to.pending = requested ? analysis::TreePending::LeafMark : analysis::TreePending::Exclude;
+  const analysis::FrameTree tree = analysis::buildFrameTree(snap, m->live, to);
+  std::vector<std::string> text(tree.nodes.size());  // the path of each node
+  text[0] = "cuda:" + std::to_string(f.device);
+  std::map<std::string, uint64_t> lines;  // sorted by stack text
+  for (size_t i = 1; i < tree.nodes.size(); ++i) {
+    const analysis::FrameTreeNode& n = tree.nodes[i];
+    std::string& t = text[i];
+    t = text[static_cast<size_t>(n.parent)];  // parents come first
+    t += ';';
+    switch (n.kind) {
+      case analysis::TreeNodeKind::Frame: {
+        const format::Frame& fr = snap.stacks.frame(n.frame);
+        appendSanitized(
+            t, exportFrameText(snap.strings.get(fr.name), snap.strings.get(fr.filename), fr.line));
+        break;
+      }
+      case analysis::TreeNodeKind::NoStack:
+        t += "[no stack recorded]";
+        break;
+      case analysis::TreeNodeKind::EmptyStack:
+        t += "[empty stack]";
+        break;
+      case analysis::TreeNodeKind::NoFrames:
+        t += opt.user_frames_only ? "[no user frames]" : "[empty stack]";
+        break;
+      case analysis::TreeNodeKind::Pending:
+        t += "[pending free]";
+        break;
+      case analysis::TreeNodeKind::Root:
+        break;
+    }
+    if (n.self > 0) lines[t] += n.self;
+  }
+  std::string buf;
+  for (const auto& [stack, bytes] : lines) {
+    if (bytes == 0) continue;  // a zero-width frame shows nothing and some tools reject it
+    buf.clear();
+    buf += stack;
+    buf += ' ';
+    buf += std::to_string(bytes);
+    buf += '\n';
+    out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+  }
+}
+
+}  // namespace
+
+Status exportCollapsed(const format::Snapshot& snap, std::span<const analysis::DeviceFacts> facts,
+                       std::ostream& out, const CollapsedOptions& opt) {
+  for (const auto& f : facts) {
+    writeDevice(snap, f, out, opt);
+    if (!out) break;
+  }
+  out.flush();
+  if (!out) return Error{"writing the collapsed stacks failed"};
+  return Status::Ok();
+}
+
 Status exportCollapsed(const format::Snapshot& snap, std::ostream& out,
                        const CollapsedOptions& opt) {
   std::vector<int64_t> devices = snap.devices();
@@ -107,35 +162,12 @@ Status exportCollapsed(const format::Snapshot& snap, std::ostream& out,
     }
     devices = {*opt.device};
   }
-  const bool requested = opt.which == CollapsedValue::Requested;
+  // One session per device, one at a time: the live set at the peak, nothing else.
   for (int64_t d : devices) {
-    replay::DeviceReplayer r(snap, d);
-    replay::DeviceSummary s = replay::summarizeDevice(r);
-    r.advanceTo(requested ? s.peak_requested.event : s.peak_allocated.event);
-    // Blocks share stacks heavily: render each stack once, then aggregate by text (distinct
-    // stacks can render alike, e.g. with user_frames_only).
-    std::unordered_map<format::StackId, std::string> texts;
-    std::map<std::string, uint64_t> lines;  // sorted by stack text
-    r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
-      // allocated excludes pending-free blocks (memory_allocated drops at free_requested);
-      // requested keeps them until free_completed, and says so with a leaf frame.
-      if (!requested && b.pending) return;
-      auto it = texts.find(b.stack);
-      if (it == texts.end())
-        it = texts.emplace(b.stack, stackText(snap, d, b.stack, opt.user_frames_only)).first;
-      uint64_t v = requested ? b.requested : b.size;
-      lines[b.pending ? it->second + ";[pending free]" : it->second] += v;
-    });
-    std::string buf;
-    for (const auto& [stack, bytes] : lines) {
-      if (bytes == 0) continue;  // a zero-width frame shows nothing and some tools reject it
-      buf.clear();
-      buf += stack;
-      buf += ' ';
-      buf += std::to_string(bytes);
-      buf += '\n';
-      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    }
+    analysis::DeviceSession session(snap, d);
+    session.requestLive(collapsedMoment(session.facts(), opt.which), analysis::kMomentAt);
+    const analysis::DeviceFacts f = session.take();
+    writeDevice(snap, f, out, opt);
     if (!out) break;
   }
   out.flush();

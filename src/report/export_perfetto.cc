@@ -1,5 +1,5 @@
 // export_perfetto.cc: Chrome trace-event JSON of the replayed counters, OOMs, peaks and
-// annotations.
+// annotations, from each device's session facts (the counters after every event).
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "analysis/frames.h"
-#include "replay/replay.h"
+#include "analysis/session.h"
 #include "report/export.h"
 #include "report/json_analysis.h"
 
@@ -136,9 +136,9 @@ void writeMetadata(EventWriter& w, int64_t pid, int64_t tid, std::string_view wh
   w.end();
 }
 
-void writeCounters(EventWriter& w, int64_t device, replay::DeviceReplayer& r,
-                   const std::vector<int64_t>& ts) {
-  const int64_t pid = pidOf(device), tid = memoryTid(device);
+// The counters after every event, from the session's series ([0] = the start state).
+void writeCounters(EventWriter& w, const analysis::DeviceFacts& f, const std::vector<int64_t>& ts) {
+  const int64_t pid = pidOf(f.device), tid = memoryTid(f.device);
   auto sample = [&](int64_t t, size_t k, uint64_t v) {
     w.begin("C", t, pid, tid);
     w.raw("name", std::string("\"") + kCounterNames[k] + "\"");
@@ -147,11 +147,11 @@ void writeCounters(EventWriter& w, int64_t device, replay::DeviceReplayer& r,
     w.line() += '}';
     w.end();
   };
-  r.reset();
-  auto prev = values(r.counters());
+  if (f.series.empty()) return;
+  auto prev = values(f.series[0]);
   for (size_t k = 0; k < prev.size(); ++k) sample(0, k, prev[k]);
-  for (size_t i = 0; r.step(); ++i) {
-    auto cur = values(r.counters());
+  for (size_t i = 0; i + 1 < f.series.size() && i < ts.size(); ++i) {
+    auto cur = values(f.series[i + 1]);
     for (size_t k = 0; k < cur.size(); ++k) {
       if (cur[k] != prev[k]) sample(ts[i], k, cur[k]);
     }
@@ -296,17 +296,12 @@ void writeAnnotations(EventWriter& w, const format::Snapshot& snap, int64_t devi
   }
 }
 
-}  // namespace
-
-Status exportPerfetto(const format::Snapshot& snap, std::ostream& out, const PerfettoOptions& opt) {
-  std::vector<int64_t> all = snap.devices();
-  std::vector<int64_t> devices = all;
-  if (opt.device) {
-    if (std::find(all.begin(), all.end(), *opt.device) == all.end()) {
-      return Error{"device " + std::to_string(*opt.device) + " is not in the snapshot"};
-    }
-    devices = {*opt.device};
-  }
+// Writes the document for `devices` (each device's facts handed to `device_facts` in turn, so a
+// caller may build them one at a time).
+template <typename FactsOf>
+Status writePerfetto(const format::Snapshot& snap, const std::vector<int64_t>& devices,
+                     FactsOf&& device_facts, std::ostream& out, const PerfettoOptions& opt) {
+  const std::vector<int64_t> all = snap.devices();
   auto exported = [&](int64_t d) {
     return std::find(devices.begin(), devices.end(), d) != devices.end();
   };
@@ -380,12 +375,11 @@ Status exportPerfetto(const format::Snapshot& snap, std::ostream& out, const Per
     writeMetadata(w, pid, memoryTid(d), "thread_name", "{\"name\":\"memory\"}");
     writeMetadata(w, pid, memoryTid(d), "thread_sort_index", "{\"sort_index\":0}");
 
-    replay::DeviceReplayer r(snap, d);
-    replay::DeviceSummary s = replay::summarizeDevice(r);
-    std::vector<int64_t> ts = eventTimestamps(r.events(), axis);
-    writeCounters(w, d, r, ts);
-    writeOoms(w, snap, s, ts, opt);
-    if (opt.peak_instants) writePeaks(w, s, ts);
+    const analysis::DeviceFacts& f = device_facts(d);
+    std::vector<int64_t> ts = eventTimestamps(f.events, axis);
+    writeCounters(w, f, ts);
+    writeOoms(w, snap, f.summary, ts, opt);
+    if (opt.peak_instants) writePeaks(w, f.summary, ts);
     writeAnnotations(w, snap, d, std::move(anns[d]));
     if (!out) break;
   }
@@ -395,6 +389,41 @@ Status exportPerfetto(const format::Snapshot& snap, std::ostream& out, const Per
   out.flush();
   if (!out) return Error{"writing the trace failed"};
   return Status::Ok();
+}
+
+}  // namespace
+
+Status exportPerfetto(const format::Snapshot& snap, std::span<const analysis::DeviceFacts> facts,
+                      std::ostream& out, const PerfettoOptions& opt) {
+  std::vector<int64_t> devices;
+  for (const auto& f : facts) devices.push_back(f.device);
+  size_t next = 0;
+  return writePerfetto(
+      snap, devices, [&](int64_t) -> const analysis::DeviceFacts& { return facts[next++]; }, out,
+      opt);
+}
+
+Status exportPerfetto(const format::Snapshot& snap, std::ostream& out, const PerfettoOptions& opt) {
+  std::vector<int64_t> devices = snap.devices();
+  if (opt.device) {
+    if (std::find(devices.begin(), devices.end(), *opt.device) == devices.end()) {
+      return Error{"device " + std::to_string(*opt.device) + " is not in the snapshot"};
+    }
+    devices = {*opt.device};
+  }
+  // One session per device, built when its turn comes: a backward pass and forward pass 1 with
+  // the counters after every event; nothing else is visited.
+  analysis::DeviceFacts current;
+  analysis::SessionOptions so;
+  so.series = true;
+  return writePerfetto(
+      snap, devices,
+      [&](int64_t d) -> const analysis::DeviceFacts& {
+        analysis::DeviceSession session(snap, d, so);
+        current = session.take();
+        return current;
+      },
+      out, opt);
 }
 
 }  // namespace memforensics::report

@@ -135,7 +135,12 @@ json deviceJson(const analysis::DeviceReportData& d) {
   j["model"] = {{"allocs", d.model.allocs},
                 {"alloc_matches", d.model.alloc_matches},
                 {"segment_events", d.model.segment_events},
-                {"segment_matches", d.model.segment_matches}};
+                {"segment_matches", d.model.segment_matches},
+                {"final_compared", d.final_compared},
+                {"final_equal", d.final_equal},
+                {"estimate_reason", d.estimate_reason}};
+  j["streams_omitted"] = d.streams_omitted;
+  j["pools_omitted"] = d.pools_omitted;
   json fr = json::array(), pa = json::array(), by = json::array(), se = json::array(),
        bl = json::array(), la = json::object();
   for (size_t i = 0; i < d.icicle.size(); ++i) {

@@ -275,6 +275,19 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
         want_findings = [[f["kind"], f["severity"], f["bytes"]] for f in dev["findings"]]
         if shown_findings != want_findings:
             failures.append(f"{name} device {dev['device']}: findings shown {shown_findings} != analyze {want_findings}")
+        # The layout is called exact only where the model's whole-device check passed, and the
+        # replay's validation is on the page.
+        replay_shown = wd.js("const e = document.querySelector('#facts [data-fact=replay]'); return e ? [e.dataset.consistent, e.textContent] : null")
+        if not replay_shown or replay_shown[0] != ("1" if dev["consistent"] else "0") or \
+                (not dev["consistent"] and not all(u in replay_shown[1] for u in dev["untrusted"])):
+            failures.append(f"{name} device {dev['device']}: replay validation shown {replay_shown}, analyze says consistent={dev['consistent']} untrusted={dev['untrusted']}")
+        if drawn:
+            layout_shown = wd.js("const e = document.querySelector('#facts [data-fact=layout]'); return e ? [e.dataset.exact, e.textContent] : null")
+            want_exact = wd.js("const D = JSON.parse(document.getElementById('memf-data').textContent);"
+                               "const x = D.devices.find(v => v.device === arguments[0]); return x ? x.layout_exact : null", dev["device"])
+            if not layout_shown or (layout_shown[0] == "1") != bool(want_exact) or \
+                    layout_shown[1].startswith("exact") != bool(want_exact):
+                failures.append(f"{name} device {dev['device']}: block layout shown {layout_shown}, data says exact={want_exact}")
         if not drawn:
             summary_only = sum(1 for x in devices if x) - wd.js("return JSON.parse(document.getElementById('memf-data').textContent).devices.length")
             if summary_only <= 0:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "analysis/analyze.h"
@@ -119,6 +120,55 @@ TEST(ReportData, IcicleAddsUpToTheLiveBytesAtThePeak) {
   }
   for (size_t i = 0; i < ic.size(); ++i)
     EXPECT_EQ(children[i] + ic[i].self, ic[i].bytes) << "node " << i;
+}
+
+// The icicle is a view of the one frame tree (frame_tree.h) with the call graph's frame
+// selection: each frame holds the bytes `analyze --top-frames` gives it.
+TEST(ReportData, IcicleGivesEachFrameTheBytesTopFramesGivesIt) {
+  std::vector<std::string> files = {MEMF_SOURCE_DIR "/snapshots/sample_training.pickle",
+                                    MEMF_REAL_SNAPSHOTS
+                                    "/sidsoc12__spring2024-assignment2-systems__mem_snapshot_"
+                                    "ctx128_fp32_train.pickle"};
+  for (const auto& file : files) {
+    SCOPED_TRACE(file);
+    auto snap = format::loadSnapshotFile(file);
+    if (!snap) continue;  // the real snapshots may be absent
+    AnalyzeOptions ao;
+    ao.top_frames = 1000;
+    AnalysisResult a = analyzeSnapshot(*snap, ao);
+    ReportData r = buildReportData(*snap);
+    ASSERT_EQ(r.devices.size(), a.devices.size());
+    std::map<std::string, uint64_t> self;
+    for (const auto& n : r.devices[0].icicle) {
+      if (n.frame >= 0) self[r.frames[static_cast<size_t>(n.frame)].display()] += n.self;
+    }
+    const auto& cg = a.devices[0].frames_at_peak;
+    ASSERT_FALSE(cg.top_self.empty());
+    for (const auto& fb : cg.top_self) {
+      EXPECT_EQ(self[fb.frame.display()], fb.self_bytes) << fb.frame.display();
+    }
+  }
+}
+
+// A layout is called exact only when the model reproduced the whole device: here every alloc is
+// predicted, but the file's final state cannot follow from the trace (the block it says is free
+// was never freed), so the page must say estimate, and why.
+TEST(ReportData, LayoutIsExactOnlyWhenTheWholeDeviceCheckPassed) {
+  TSnapshot t;
+  t.segments.push_back({0, kB, 0, "small", {{2 * kMiB, 0, "inactive", {}}}});
+  t.traces.push_back({{"segment_alloc", kB, 2 * kMiB, 0, 1}, {"alloc", kB, 4096, 0, 2}});
+  ReportData bad = buildReportData(buildSnapshot(t));
+  ASSERT_EQ(bad.devices.size(), 1u);
+  EXPECT_EQ(bad.devices[0].model.alloc_matches, bad.devices[0].model.allocs);
+  EXPECT_FALSE(bad.devices[0].layout_exact);
+  EXPECT_FALSE(bad.devices[0].estimate_reason.empty());
+  // The same history with a final state that follows from it: exact.
+  TSnapshot ok = t;
+  ok.segments[0].blocks = {{4096, 4096, "active_allocated", {}},
+                           {2 * kMiB - 4096, 0, "inactive", {}}};
+  ReportData good = buildReportData(buildSnapshot(ok));
+  EXPECT_TRUE(good.devices[0].layout_exact) << good.devices[0].estimate_reason;
+  EXPECT_TRUE(good.devices[0].estimate_reason.empty()) << good.devices[0].estimate_reason;
 }
 
 // Many small live blocks in many segments: more than a small budget allows.

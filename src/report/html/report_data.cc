@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <utility>
+
+#include "analysis/frame_tree.h"
 
 namespace memforensics::analysis {
 
@@ -179,8 +182,8 @@ uint64_t mergeThreshold(const Segments& segments, size_t blocks, uint64_t reserv
 
 class KeyframeBuilder {
  public:
-  KeyframeBuilder(const format::Snapshot& snap, int64_t device, Tables& tables)
-      : cats_(snap, device), tables_(tables) {}
+  KeyframeBuilder(const format::Snapshot& snap, const DeviceFacts& facts, Tables& tables)
+      : snap_(snap), facts_(facts), tables_(tables) {}
 
   Keyframe build(int64_t event, const std::vector<replay::ModelSegment>& layout, size_t cap) {
     Keyframe k;
@@ -229,14 +232,20 @@ class KeyframeBuilder {
     mb.state = stateOf(b);
     if (mb.state != MapState::Free) {
       mb.requested = b.requested;
-      mb.category = cats_.of(b.alloc_event, b.stack);
+      replay::LiveBlock lb;
+      lb.requested = b.requested;
+      lb.size = b.size;
+      lb.alloc_event = b.alloc_event;
+      lb.stack = b.stack;
+      mb.category = facts_.categoryOf(snap_, lb);
       mb.stack = tables_.stack(b.stack);
       mb.alloc_event = b.alloc_event;
     }
     return mb;
   }
 
-  AllocationCategories cats_;
+  const format::Snapshot& snap_;
+  const DeviceFacts& facts_;
   Tables& tables_;
 };
 
@@ -268,56 +277,46 @@ uint64_t pruneIcicle(std::vector<IcicleNode>& nodes, size_t max_nodes) {
   return cut;
 }
 
-std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, int64_t device, int64_t event,
-                                    Tables& tables, size_t max_nodes, uint64_t& nodes_cut) {
-  replay::DeviceReplayer r(snap, device);
-  r.advanceTo(event);
-  std::unordered_map<StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, blocks
-  r.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
-    if (b.pending) return;
-    auto& e = by_stack[b.stack];
-    e.first += b.requested;
-    e.second += 1;
-  });
+// The call tree at a moment: the one frame tree (frame_tree.h) with the call graph's frame
+// selection (every frame that is not plumbing), requested bytes, pending-free blocks left out, so
+// the icicle gives each frame the bytes `analyze --top-frames` gives it.
+std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
+                                    const U64Map<replay::LiveBlock>& live, Tables& tables,
+                                    size_t max_nodes, uint64_t& nodes_cut) {
+  FrameTreeOptions fo;
+  fo.frames = TreeFrames::Attributable;
+  fo.value = TreeValue::Requested;
+  fo.pending = TreePending::Exclude;
+  const FrameTree tree = buildFrameTree(snap, live, fo);
   std::vector<IcicleNode> nodes;
-  IcicleNode root;
-  root.label = "all live memory";
-  nodes.push_back(root);
-  std::map<std::pair<int32_t, int32_t>, int32_t>
-      child;  // (parent, frame) -> node; frame -1 = no stack
-  std::vector<std::pair<StackId, std::pair<uint64_t, uint64_t>>> stacks(by_stack.begin(),
-                                                                        by_stack.end());
-  // Insertion order decides node order among equals: make it independent of stack ids.
-  std::sort(stacks.begin(), stacks.end(), [&](const auto& a, const auto& b) {
-    if (a.second.first != b.second.first) return a.second.first > b.second.first;
-    return tables.framesOf(a.first) < tables.framesOf(b.first);
-  });
-  for (const auto& entry : stacks) {
-    const auto& v =
-        entry.second;  // not a structured binding: clang 14 cannot capture those in a lambda
-    const std::vector<int32_t>& fr = tables.framesOf(entry.first);
-    nodes[0].bytes += v.first;
-    nodes[0].blocks += v.second;
-    int32_t cur = 0;
-    auto descend = [&](int32_t frame, const char* label) {
-      auto [it, fresh] = child.try_emplace({cur, frame}, static_cast<int32_t>(nodes.size()));
-      if (fresh) {
-        IcicleNode n;
-        n.frame = frame;
-        n.parent = cur;
-        if (label) n.label = label;
-        nodes.push_back(std::move(n));
-      }
-      cur = it->second;
-      nodes[cur].bytes += v.first;
-      nodes[cur].blocks += v.second;
-    };
-    if (fr.empty()) {
-      descend(-1, "(no stack recorded)");
-    } else {
-      for (auto f = fr.rbegin(); f != fr.rend(); ++f) descend(*f, nullptr);
+  nodes.reserve(tree.nodes.size());
+  for (const FrameTreeNode& t : tree.nodes) {
+    IcicleNode n;
+    n.parent = t.parent;
+    n.bytes = t.bytes;
+    n.self = t.self;
+    n.blocks = t.blocks;
+    switch (t.kind) {
+      case TreeNodeKind::Root:
+        n.label = "all live memory";
+        break;
+      case TreeNodeKind::Frame:
+        n.frame = tables.frame(frameText(snap, t.frame));
+        break;
+      case TreeNodeKind::NoStack:
+        n.label = "(no stack recorded)";
+        break;
+      case TreeNodeKind::EmptyStack:
+        n.label = "(empty stack recorded)";
+        break;
+      case TreeNodeKind::NoFrames:
+        n.label = "(only allocator and interpreter frames)";
+        break;
+      case TreeNodeKind::Pending:
+        n.label = "(pending free)";
+        break;
     }
-    nodes[cur].self += v.first;
+    nodes.push_back(std::move(n));
   }
   nodes_cut += pruneIcicle(nodes, max_nodes);
   return nodes;
@@ -516,60 +515,114 @@ std::string_view mapStateName(MapState s) {
   return "free";
 }
 
-ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& opt) {
-  ReportData out;
-  Tables tables(snap, out, opt);
-  std::vector<int64_t> devices;
-  for (int64_t d : snap.devices()) {
-    if (!opt.device || *opt.device == d) devices.push_back(d);
+ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
+                      const ReportDataOptions& opt) {
+  ReportPlan plan;
+  std::vector<const DeviceFacts*> chosen;
+  for (const DeviceFacts* f : devices) {
+    if (!opt.device || *opt.device == f->device) chosen.push_back(f);
   }
-  if (devices.size() > opt.max_detail_devices) {
+  plan.candidates = chosen.size();
+  if (chosen.size() > opt.max_detail_devices) {
     // The devices most worth drawing: with OOMs first, then the highest reserved peak.
     std::vector<std::pair<std::pair<uint64_t, uint64_t>, int64_t>> rank;
-    for (int64_t d : devices) {
-      replay::DeviceReplayer r(snap, d);
-      replay::DeviceSummary sum = replay::summarizeDevice(r);
-      rank.push_back({{sum.ooms.size(), sum.peak_reserved.bytes}, d});
+    for (const DeviceFacts* f : chosen) {
+      rank.push_back({{f->summary.ooms.size(), f->summary.peak_reserved.bytes}, f->device});
     }
     std::stable_sort(rank.begin(), rank.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
-    devices.clear();
     for (size_t i = 0; i < rank.size(); ++i) {
-      if (i < opt.max_detail_devices)
-        devices.push_back(rank[i].second);
-      else
-        out.summary_only.push_back(rank[i].second);
+      (i < opt.max_detail_devices ? plan.drawn : plan.summary_only).push_back(rank[i].second);
     }
-    std::sort(devices.begin(), devices.end());
-    std::sort(out.summary_only.begin(), out.summary_only.end());
+  } else {
+    for (const DeviceFacts* f : chosen) plan.drawn.push_back(f->device);
+  }
+  std::sort(plan.drawn.begin(), plan.drawn.end());
+  std::sort(plan.summary_only.begin(), plan.summary_only.end());
+  // Bounds per device: the block budget is shared; series points, keyframes and tree nodes shrink
+  // with the number of devices drawn (one or two devices get the full amount).
+  const size_t nd = std::max<size_t>(1, plan.drawn.size());
+  const double share = nd <= 2 ? 1.0 : 2.0 / static_cast<double>(nd);
+  plan.block_budget = std::max<size_t>(1, opt.max_blocks / nd);
+  plan.max_points =
+      std::max<size_t>(64, static_cast<size_t>(static_cast<double>(opt.max_points) * share));
+  plan.even_keyframes =
+      static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
+  plan.max_icicle_nodes =
+      std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
+  return plan;
+}
+
+bool ReportPlan::draws(int64_t device) const {
+  return std::binary_search(drawn.begin(), drawn.end(), device);
+}
+
+std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& f, const ReportPlan& plan,
+                                                  const ReportDataOptions& opt) {
+  const replay::DeviceSummary& t = f.summary;
+  const int64_t n = static_cast<int64_t>(f.events.size());
+  std::map<int64_t, KeyframeMoment> all;
+  auto important = [&](int64_t ev, std::string label) {
+    all[ev].labels.push_back(std::move(label));
+    all[ev].important = true;
+  };
+  important(t.peak_requested.event, "requested peak");
+  important(t.peak_reserved.event, "reserved peak");
+  important(t.peak_allocated.event, "allocated peak");
+  for (size_t i = 0; i < t.ooms.size() && i < opt.max_oom_keyframes; ++i) {
+    important(t.ooms[i].event, "OOM " + std::to_string(i + 1));
+  }
+  if (n > 0) {
+    all[n - 1].labels.push_back("end");
+    size_t k = std::min<size_t>(plan.even_keyframes, static_cast<size_t>(n));
+    for (size_t i = 0; i < k; ++i) {
+      int64_t e = static_cast<int64_t>((static_cast<double>(i) + 0.5) * static_cast<double>(n) /
+                                       static_cast<double>(k));
+      all[std::min(e, n - 1)];
+    }
+  }
+  return all;
+}
+
+void requestReportMoments(DeviceSession& session, const ReportPlan& plan,
+                          const ReportDataOptions& opt) {
+  const DeviceFacts& f = session.facts();
+  if (!plan.draws(f.device)) return;
+  for (const auto& [ev, m] : keyframeMoments(f, plan, opt)) {
+    session.requestLayout(ev, m.important ? kMomentPeakRequested : kMomentKeyframe);
+  }
+  session.requestLive(f.summary.peak_requested.event, kMomentPeakRequested);
+}
+
+ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFacts> facts,
+                        const ReportDataOptions& opt) {
+  ReportData out;
+  Tables tables(snap, out, opt);
+  std::vector<const DeviceFacts*> all;
+  for (const DeviceFacts& f : facts) all.push_back(&f);
+  const ReportPlan plan = planReport(all, opt);
+  out.summary_only = plan.summary_only;
+  if (!plan.summary_only.empty()) {
     out.caps.push_back("devices: " + std::to_string(out.summary_only.size()) + " of " +
-                       std::to_string(rank.size()) +
+                       std::to_string(plan.candidates) +
                        " devices have their summary and findings only (drawings for " +
                        std::to_string(opt.max_detail_devices) +
                        " at most: those with OOMs, then the highest reserved peaks; `report "
                        "--device N` draws any one)");
   }
-  // Bounds per device: the block budget is shared; series points, keyframes and tree nodes shrink
-  // with the number of devices drawn (one or two devices get the full amount).
-  const size_t nd = std::max<size_t>(1, devices.size());
-  const double share = nd <= 2 ? 1.0 : 2.0 / static_cast<double>(nd);
-  const size_t block_budget = std::max<size_t>(1, opt.max_blocks / nd);
-  const size_t max_points =
-      std::max<size_t>(64, static_cast<size_t>(static_cast<double>(opt.max_points) * share));
-  const size_t even_keyframes =
-      static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
-  const size_t max_icicle_nodes =
-      std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
+  const size_t block_budget = plan.block_budget;
+  const size_t max_icicle_nodes = plan.max_icicle_nodes;
   uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0,
-           keyframes_dropped = 0, phases_cut = 0;
-  for (int64_t d : devices) {
+           keyframes_dropped = 0, phases_cut = 0, moments_missing = 0;
+  for (const DeviceFacts& f : facts) {
+    if (!plan.draws(f.device)) continue;
+    const int64_t d = f.device;
     DeviceReportData dr;
     dr.device = d;
     TimelineOptions topt;
     topt.device = d;
-    topt.max_points = max_points;
-    TimelineResult tl = computeTimeline(snap, topt);
-    if (!tl.devices.empty()) dr.timeline = std::move(tl.devices.front());
+    topt.max_points = plan.max_points;
+    dr.timeline = timelineOf(snap, f, topt);
     if (dr.timeline.phases.size() > opt.max_phases) {
       // The longest ranges (steps before what they hold), back in their order.
       auto& ph = dr.timeline.phases;
@@ -585,35 +638,18 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
       phases_cut += ph.size() - kept.size();
       ph = std::move(kept);
     }
-    const DeviceTimeline& t = dr.timeline;
-    const int64_t n = static_cast<int64_t>(t.events);
+    const int64_t n = static_cast<int64_t>(f.events.size());
+    if (f.summary.ooms.size() > opt.max_oom_keyframes)
+      ooms_without_keyframe += f.summary.ooms.size() - opt.max_oom_keyframes;
 
     // Keyframes: the moments that matter first, then evenly spaced ones.
-    std::map<int64_t, std::vector<std::string>> important;
-    important[t.peak_requested.event].push_back("requested peak");
-    important[t.peak_reserved.event].push_back("reserved peak");
-    important[t.peak_allocated.event].push_back("allocated peak");
-    for (size_t i = 0; i < t.ooms.size(); ++i) {
-      if (i >= opt.max_oom_keyframes) {
-        ++ooms_without_keyframe;
-        continue;
-      }
-      important[t.ooms[i].event].push_back("OOM " + std::to_string(i + 1));
-    }
-    std::map<int64_t, std::vector<std::string>> all = important;
-    if (n > 0) {
-      all[n - 1].push_back("end");
-      size_t k = std::min<size_t>(even_keyframes, static_cast<size_t>(n));
-      for (size_t i = 0; i < k; ++i) {
-        int64_t e = static_cast<int64_t>((static_cast<double>(i) + 0.5) * static_cast<double>(n) /
-                                         static_cast<double>(k));
-        all[std::min(e, n - 1)];
-      }
-    }
+    const std::map<int64_t, KeyframeMoment> all = keyframeMoments(f, plan, opt);
+    size_t n_imp = 0;
+    for (const auto& [ev, m] : all) n_imp += m.important;
     // The budget counts a drawn block as 1 and a segment as 2 (its own record). Half of it goes to
     // the important moments; the rest to evenly spaced ones, thinned out as they turn out to cost
-    // more (the layout is only known once the model gets there, in one forward pass).
-    size_t n_imp = important.size(), n_rest = all.size() - std::min(all.size(), n_imp);
+    // more (in event order, as a forward pass would meet them).
+    size_t n_rest = all.size() - std::min(all.size(), n_imp);
     size_t cap_imp = std::max<size_t>(
         64, (n_rest ? block_budget / 2 : block_budget) / std::max<size_t>(1, n_imp));
     size_t rest_budget = block_budget - std::min(block_budget, cap_imp * n_imp);
@@ -622,10 +658,9 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
     size_t rest_spent = 0, rest_left = n_rest, rest_skip = 0;
     double rest_cost = 0;  // mean cost of the evenly spaced keyframes built so far
 
-    KeyframeBuilder kb(snap, d, tables);
-    replay::DeviceAllocatorModel model(snap, d);
-    for (auto& [ev, labels] : all) {
-      const bool is_important = important.count(ev) > 0;
+    KeyframeBuilder kb(snap, f, tables);
+    for (const auto& [ev, moment] : all) {
+      const bool is_important = moment.important;
       if (!is_important) {
         // Keep every (skip+1)-th of the remaining evenly spaced moments so their expected cost
         // fits.
@@ -636,9 +671,14 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
           continue;
         }
       }
-      model.advanceTo(ev);
-      Keyframe k = kb.build(ev, model.layout(), is_important ? cap_imp : cap_rest);
-      k.labels = labels;
+      const MomentFacts* m = f.at(ev);
+      if (m == nullptr || !m->has_layout) {  // not requested (requestReportMoments), or refused
+        ++moments_missing;
+        if (!is_important) --rest_left;
+        continue;
+      }
+      Keyframe k = kb.build(ev, m->layout, is_important ? cap_imp : cap_rest);
+      k.labels = moment.labels;
       if (!is_important) {
         size_t cost = keyframeCost(k);
         rest_spent += cost;
@@ -652,8 +692,7 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
                     : affordable == 0       ? rest_left
                                             : (rest_left - affordable) / affordable;
       }
-      if (ev >= 0 && ev < n)
-        k.time_us = snap.trace(static_cast<size_t>(d))[static_cast<size_t>(ev)].time_us;
+      if (ev >= 0 && ev < n) k.time_us = f.events[static_cast<size_t>(ev)].time_us;
       size_t kept = 0;
       for (const auto& s : k.segments) kept += s.blocks.size();
       if (kept < k.blocks_before_merge) {
@@ -662,12 +701,34 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
       }
       dr.keyframes.push_back(std::move(k));
     }
-    dr.model = model.check();
-    dr.layout_exact = dr.model.complete();
+    // What may be called exact: the model's whole-device verdict (session.h ModelFacts), not the
+    // prefix up to the last keyframe.
+    const replay::ModelVerdict& v = f.model.verdict;
+    dr.model.allocs = v.allocs;
+    dr.model.alloc_matches = v.alloc_matches;
+    dr.model.segment_events = v.segment_events;
+    dr.model.segment_matches = v.segment_matches;
+    dr.layout_exact = f.model.ran && f.model.layout_exact;
+    dr.estimate_reason = dr.layout_exact ? std::string()
+                         : f.model.ran   ? f.model.estimate_reason
+                                         : std::string("the allocator model did not run");
+    dr.final_compared = v.final_compared;
+    dr.final_equal = v.final_compared && v.final_diff.empty();
+    dr.streams_omitted = dr.timeline.streams_omitted;
+    dr.pools_omitted = dr.timeline.pools_omitted;
 
-    dr.icicle_event = t.peak_requested.event;
-    dr.icicle = buildIcicle(snap, d, dr.icicle_event, tables, max_icicle_nodes, icicle_cut);
+    dr.icicle_event = f.summary.peak_requested.event;
+    if (const MomentFacts* m = f.at(dr.icicle_event); m && m->has_live) {
+      dr.icicle = buildIcicle(snap, m->live, tables, max_icicle_nodes, icicle_cut);
+    } else {
+      ++moments_missing;
+    }
     out.devices.push_back(std::move(dr));
+  }
+  if (moments_missing > 0) {
+    out.caps.push_back("block map: " + fmtCount(moments_missing) +
+                       " moment(s) have no layout or live set (the session's bound on copied "
+                       "moments was reached)");
   }
   if (merged_keyframes > 0) {
     out.caps.push_back("block map: in " + fmtCount(merged_keyframes) + " keyframe(s), " +
@@ -713,6 +774,28 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
         " kept ones (per bucket the minimum and maximum of each series; every peak and OOM exact)");
   }
   return out;
+}
+
+ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& opt) {
+  // One session per device: pass 1 for every device (the plan ranks them), then one visit each.
+  std::vector<std::unique_ptr<DeviceSession>> sessions;
+  std::vector<const DeviceFacts*> pass1;
+  SessionOptions so;
+  so.series = true;
+  for (int64_t d : snap.devices()) {
+    if (opt.device && *opt.device != d) continue;
+    sessions.push_back(std::make_unique<DeviceSession>(snap, d, so));
+    pass1.push_back(&sessions.back()->facts());
+  }
+  const ReportPlan plan = planReport(pass1, opt);
+  std::vector<DeviceFacts> facts;
+  for (auto& s : sessions) {
+    requestReportMoments(*s, plan, opt);
+    s->visit();
+    facts.push_back(s->take());
+    s.reset();
+  }
+  return reportDataOf(snap, facts, opt);
 }
 
 }  // namespace memforensics::analysis

@@ -1,9 +1,12 @@
 // report_data.h: everything the HTML report draws, computed here so the page never replays a trace.
 //
-// Per device: the downsampled watermark series (timeline.h), block-map keyframes (the exact layout
-// of every segment from DeviceAllocatorModel at a bounded set of moments: the peaks, each OOM and
-// evenly spaced events, in one forward pass), and an icicle tree of live bytes by stack at the
-// requested peak. Frames and stacks are shared tables so a block can name its stack.
+// A pure function of each device's session facts (analysis/session.h), so that `report` replays
+// every device once for the analysis and the drawings together: the downsampled watermark series
+// (timeline.h, from the session's counters after every event), block-map keyframes (the layouts
+// the allocator model had at a bounded set of moments: the peaks, each OOM and evenly spaced
+// events, copied by the session's one forward pass), and an icicle of live bytes by frame at the
+// requested peak (the one frame tree, frame_tree.h). Frames and stacks are shared tables so a
+// block can name its stack.
 //
 // Everything is bounded by ReportDataOptions whatever the input: keyframes, blocks per report
 // (small neighbouring blocks of one state are merged into runs, and the run says how many it
@@ -11,12 +14,14 @@
 // can say what it does not show.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
-#include "analysis/findings.h"
 #include "analysis/frames.h"
+#include "analysis/session.h"
 #include "analysis/timeline.h"
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
@@ -70,10 +75,21 @@ struct DeviceReportData {
   int64_t device = 0;
   DeviceTimeline timeline;
   std::vector<Keyframe> keyframes;  // by event
-  replay::ModelCheck model;         // predictions checked up to the last keyframe
-  bool layout_exact = false;        // every prediction up to the last keyframe matched
-  int64_t icicle_event = -1;        // the requested peak
-  std::vector<IcicleNode> icicle;   // parents before children; node 0 is the root
+  // The allocator model's whole-device verdict (session.h ModelFacts): allocs and segment events
+  // predicted of the whole trace (first_mismatches left empty).
+  replay::ModelCheck model;
+  // The block map may be called exact: the model reproduced the whole device and the replay is
+  // consistent with the file (ModelFacts::layout_exact). Otherwise the page says "estimate" and
+  // estimate_reason why.
+  bool layout_exact = false;
+  std::string estimate_reason;
+  bool final_compared =
+      false;                 // the file's final layout of the device was compared with the model's
+  bool final_equal = false;  // ... and equal
+  size_t streams_omitted = 0;  // streams / pools the timeline did not break down (kMaxBreakdowns)
+  size_t pools_omitted = 0;
+  int64_t icicle_event = -1;       // the requested peak
+  std::vector<IcicleNode> icicle;  // parents before children; node 0 is the root
 };
 
 struct ReportData {
@@ -99,6 +115,42 @@ struct ReportDataOptions {
   size_t max_phases = 1000;  // phases drawn per device: the longest, in their order
 };
 
+// What the report draws, decided from pass-1 facts (DeviceSession::facts() before visit(), or the
+// visited facts: the same answer): the devices drawn (those with OOMs first, then by peak
+// reserved, at most max_detail_devices) and the per-device bounds, which shrink as devices are
+// added so that the whole report stays within one budget.
+struct ReportPlan {
+  std::vector<int64_t> drawn;         // ascending
+  std::vector<int64_t> summary_only;  // ascending
+  size_t candidates = 0;              // devices considered (options.device applied)
+  size_t block_budget = 0, max_points = 0, even_keyframes = 0, max_icicle_nodes = 0;
+  bool draws(int64_t device) const;
+};
+ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
+                      const ReportDataOptions& options);
+
+// A keyframe moment of one device: the peaks and OOMs (important: half the block budget), the
+// end and the evenly spaced ones (labels empty).
+struct KeyframeMoment {
+  std::vector<std::string> labels;
+  bool important = false;
+};
+std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& facts, const ReportPlan& plan,
+                                                  const ReportDataOptions& options);
+
+// Asks a session (after construction, before visit()) for what the report reads of its device:
+// the layout at every keyframe moment and the live set at the requested peak (the call tree). A
+// device the plan does not draw is asked for nothing.
+void requestReportMoments(DeviceSession& session, const ReportPlan& plan,
+                          const ReportDataOptions& options);
+
+// The report data: a pure function of the visited facts of every device of the snapshot (or of
+// options.device), ascending, built with SessionOptions::series and requestReportMoments. Nothing
+// is replayed here.
+ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFacts> facts,
+                        const ReportDataOptions& options = {});
+
+// Convenience (tests, fuzzing): one session per device, then reportDataOf.
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});
 
 // The page's over-budget path (report::renderHtmlWithin): data already built, cut as if every
