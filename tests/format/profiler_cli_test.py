@@ -72,6 +72,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check(second == [("model.py", 8), ("train.py", 20)],
           "step.json: the next group is named by its Python frames (%s)" % second)
 
+    # From a pipe (not a regular file: read into memory, sniffed as gzip).
+    with open(f("step.json.gz"), "rb") as fh:
+        p = subprocess.run([exe, "analyze", "--json", "/dev/stdin"], stdin=fh, capture_output=True,
+                           text=True, timeout=60)
+    check(p.returncode == 0 and
+          json.loads(p.stdout.splitlines()[0])["devices"][0]["peak_requested_bytes"] == 6 << 20,
+          "step.json.gz from a pipe: same peak (exit %d)" % p.returncode)
+
     # Hostile inputs: exit 2 with the reason.
     for name, part in [("hostile_cut.json.gz", "gzip stream truncated"),
                        ("hostile_bomb.json.gz", "decompression bomb"),

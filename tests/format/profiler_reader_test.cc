@@ -208,6 +208,24 @@ TEST(ProfilerTrace, PlainAndGzipGiveTheSameModel) {
   EXPECT_EQ(anomalyCount(s), 0u);
 }
 
+TEST(ProfilerTrace, ConcatenatedGzipMembersAreOneText) {
+  // `gzip a; gzip b; cat a.gz b.gz`: one text split across two members; bytes after the last
+  // member that are no gzip are ignored with a note.
+  std::string t = kineto({mem(1, 512, 1, 0, 512), mem(2, 1024, 2, 0, 1536)});
+  size_t half = t.size() / 2;
+  auto a = bytesOf(t.substr(0, half)), b = bytesOf(t.substr(half));
+  auto both = gzipOf(a);
+  auto second = gzipOf(b);
+  both.insert(both.end(), second.begin(), second.end());
+  auto snap = loadSnapshotBytes(both);
+  ASSERT_TRUE(snap) << snap.error().describe();
+  EXPECT_EQ(summary(*snap, 0).peak_requested.bytes, 1536u);
+  both.push_back('x');
+  auto tail = loadSnapshotBytes(both);
+  ASSERT_TRUE(tail) << tail.error().describe();
+  EXPECT_TRUE(hasWarning(*tail, "1 bytes after the end of the gzip stream ignored"));
+}
+
 TEST(ProfilerTrace, NestedOpsOnTheSameThreadAreTheStackInnermostFirst) {
   std::string t = kineto({
       op("user_annotation", "ProfilerStep#3", 0, 100),
