@@ -95,6 +95,11 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
     if (!d.streams.empty())
       out << "  streams: " << d.streams.size() << " (see --json / --csv for their series)\n";
     if (!d.pools.empty()) out << "  pools: " << d.pools.size() << "\n";
+    if (d.streams_omitted > 0 || d.pools_omitted > 0) {
+      out << "  not broken down: " << d.streams_omitted << " stream(s) and " << d.pools_omitted
+          << " pool(s) beyond the " << analysis::kMaxBreakdowns
+          << " with the highest reserved peaks\n";
+    }
     if (!d.requested_columns.empty()) {
       out << "  requested |" << sparkline(d.requested_columns, d.peak_requested.bytes) << "| 0 .. "
           << formatBytesShort(d.peak_requested.bytes) << "\n";
@@ -182,6 +187,8 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
     for (const auto& b : d.pools) pools.push_back(breakdownJson(b, false));
     j["streams"] = streams;
     j["pools"] = pools;
+    j["streams_omitted"] = d.streams_omitted;  // beyond max_breakdowns: no series of their own
+    j["pools_omitted"] = d.pools_omitted;
     json phases = json::array();
     for (const auto& p : d.phases) {
       json ph = {{"kind", std::string(analysis::phaseKindName(p.phase.kind))},

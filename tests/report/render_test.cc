@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fixtures/snapshot_builder.h"
+#include "report/render_timeline.h"
 
 namespace memforensics::report {
 namespace {
@@ -39,6 +40,24 @@ TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
   std::string fname = d["top_allocations_at_requested_peak"][0]["frames"][0]["filename"];
   EXPECT_EQ(fname.find("</script>"), 0u);
   EXPECT_NE(fname.find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+// Streams and pools beyond the breakdown bound are counted in both outputs, not dropped silently.
+TEST(RenderTimeline, SaysHowManyStreamsAndPoolsWereNotBrokenDown) {
+  analysis::TimelineResult r;
+  r.path = "x.pickle";
+  analysis::DeviceTimeline d;
+  d.streams_omitted = 3;
+  d.pools_omitted = 1;
+  r.devices.push_back(d);
+  std::ostringstream js, text;
+  renderTimelineJson(r, js);
+  auto j = nlohmann::json::parse(js.str());
+  EXPECT_EQ(j["devices"][0]["streams_omitted"], 3);
+  EXPECT_EQ(j["devices"][0]["pools_omitted"], 1);
+  renderTimelineText(r, text);
+  EXPECT_NE(text.str().find("not broken down: 3 stream(s) and 1 pool(s)"), std::string::npos)
+      << text.str();
 }
 
 TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
