@@ -3,46 +3,28 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <unordered_map>
+
+#include "analysis/stack_groups.h"
 
 namespace memforensics::analysis {
 
 namespace {
 
+// The largest groups of live (non-pending) blocks by stack, with the one group-by-stack rule
+// (stack_groups.h: identical-looking stacks merge; ranked by bytes, then has-stack, then frame
+// text, never by stack ids, so the same snapshot in any format ranks the same).
 std::vector<StackGroup> topGroups(const format::Snapshot& snap,
                                   const U64Map<replay::LiveBlock>& live,
                                   const AnalyzeOptions& opt) {
-  struct Group {
-    StackGroup g;
-    int64_t first_event = INT64_MAX;   // earliest alloc among its blocks (-1: before the trace)
-    uint64_t first_addr = UINT64_MAX;  // lowest block address
-  };
-  std::unordered_map<format::StackId, Group> groups;
-  live.forEach([&](uint64_t addr, const replay::LiveBlock& b) {
-    if (b.pending) return;  // freed by the user already; only the stream keeps it
-    Group& gr = groups[b.stack];
-    gr.g.requested_bytes += b.requested;
-    gr.g.block_bytes += b.size;
-    gr.g.count += 1;
-    gr.first_event = std::min(gr.first_event, b.alloc_event);
-    gr.first_addr = std::min(gr.first_addr, addr);
-  });
-  std::vector<std::pair<format::StackId, Group>> v(groups.begin(), groups.end());
-  // Ties are broken by content (first allocation, then address), never by stack ids, which depend
-  // on the order a reader interned stacks: the same snapshot in any format ranks the same.
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    if (a.second.g.requested_bytes != b.second.g.requested_bytes) {
-      return a.second.g.requested_bytes > b.second.g.requested_bytes;
-    }
-    if (a.second.first_event != b.second.first_event)
-      return a.second.first_event < b.second.first_event;
-    return a.second.first_addr < b.second.first_addr;
-  });
   std::vector<StackGroup> out;
-  for (size_t i = 0; i < v.size() && i < opt.top; ++i) {
-    StackGroup g = v[i].second.g;
-    g.has_stack = v[i].first != format::kNoStack && v[i].first != format::kEmptyStack;
-    g.frames = userFrames(snap, v[i].first, opt.frames_per_group);
+  for (LiveGroup& lg :
+       groupLiveByStack(snap, live, PendingBlocks::Exclude, {opt.frames_per_group, opt.top})) {
+    StackGroup g;
+    g.requested_bytes = lg.requested_bytes;
+    g.block_bytes = lg.block_bytes;
+    g.count = lg.count;
+    g.has_stack = lg.has_stack;
+    g.frames = std::move(lg.frames);
     out.push_back(std::move(g));
   }
   return out;

@@ -11,6 +11,7 @@
 
 #include "analysis/blocks.h"
 #include "analysis/frame_class.h"
+#include "analysis/stack_groups.h"
 #include "common/format_bytes.h"
 
 namespace memforensics::analysis {
@@ -176,22 +177,6 @@ std::string pct(uint64_t part, uint64_t whole) {
   return b;
 }
 
-// Live (non-pending) requested bytes by stack, largest first.
-std::vector<std::pair<StackId, uint64_t>> topStacks(
-    const U64Map<replay::LiveBlock>& live, size_t n,
-    const std::function<bool(const replay::LiveBlock&)>& keep) {
-  std::unordered_map<StackId, uint64_t> by;
-  live.forEach([&](uint64_t, const replay::LiveBlock& b) {
-    if (keep(b)) by[b.stack] += b.requested;
-  });
-  std::vector<std::pair<StackId, uint64_t>> v(by.begin(), by.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  if (v.size() > n) v.resize(n);
-  return v;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Detectors
 
@@ -293,9 +278,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
       out.push_back(std::move(f));
       continue;
     }
-    for (const auto& [st, bytes] :
-         topStacks(m->live, opt.evidence_stacks, [](const auto& b) { return !b.pending; })) {
-      f.evidence.push_back({"live at the OOM from this stack", -1, -1, bytes, c.frames(st)});
+    for (const LiveGroup& g :
+         groupLiveByStack(c.s, m->live, PendingBlocks::Exclude, {3, opt.evidence_stacks})) {
+      f.evidence.push_back(
+          {"live at the OOM from this stack", -1, -1, g.requested_bytes, g.frames});
     }
     // The call graph at the OOM: the call path that holds the most, innermost frame first.
     CallGraphSummary g = buildCallGraph(c.s, m->live, 1);
@@ -380,12 +366,11 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
   if (!monotonic || sv.iterations_with_survivors * 2 < middle || growth < kMiB) return;
   uint64_t per_iter = growth / std::max<size_t>(1, steps);
 
-  std::vector<std::pair<StackId, uint64_t>> stacks;
+  StackGrouper grouper(c.s, {6});
   for (const auto& [st, e] : sv.by_stack) {
-    if (static_cast<int>(e.second.size()) * 2 >= middle) stacks.emplace_back(st, e.first);
+    if (static_cast<int>(e.second.size()) * 2 >= middle) grouper.add(st, e.first);
   }
-  std::sort(stacks.begin(), stacks.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
+  const std::vector<LiveGroup> stacks = grouper.take();
   if (stacks.empty()) return;
 
   bool activations = sv.activation_bytes * 2 > sv.bytes;
@@ -418,7 +403,7 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
   }
   // The line to fix: for retained activations the shared outer user frame (the training loop's
   // call), otherwise the innermost user frame of the largest surviving stack.
-  f.where = c.frames(stacks.front().first);
+  f.where = c.frames(stacks.front().representative);
   for (size_t k = 0; k < ends.live.size(); ++k) {
     f.evidence.push_back({"live after " + c.iters[k].name,
                           c.iters[k].last_event,
@@ -427,8 +412,8 @@ void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt)
                           {}});
   }
   for (size_t k = 0; k < stacks.size() && k < opt.evidence_stacks; ++k) {
-    f.evidence.push_back({"survives its iteration, allocated from", -1, -1, stacks[k].second,
-                          c.frames(stacks[k].first, 6)});
+    f.evidence.push_back({"survives its iteration, allocated from", -1, -1,
+                          stacks[k].requested_bytes, stacks[k].frames});
   }
   out.push_back(std::move(f));
 }
@@ -445,11 +430,11 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
     if (!b.pending && categoryOfLive(c, b) == Category::Parameter) params += b.requested;
   });
   uint64_t state = 0;
-  std::unordered_map<StackId, uint64_t> state_stacks;
+  StackGrouper state_stacks(c.s, {6});
   end->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (!b.pending && categoryOfLive(c, b) == Category::OptimizerState) {
       state += b.requested;
-      state_stacks[b.stack] += b.requested;
+      state_stacks.add(b.stack, b.requested, b.size, 1, b.alloc_event);
     }
   });
   if (params < kMiB || state == 0) return;
@@ -473,15 +458,14 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
       "optimizer "
       "that keeps its own, or state not freed when an optimizer is replaced";
   f.basis = c.basis.empty() ? "categories from stacks" : c.basis;
-  std::vector<std::pair<StackId, uint64_t>> v(state_stacks.begin(), state_stacks.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  if (!v.empty()) f.where = c.frames(v.front().first);
+  const std::vector<LiveGroup> v = state_stacks.take();
+  if (!v.empty()) f.where = c.frames(v.front().representative);
   f.evidence.push_back(
       {"parameters live before the first step (inferred)", before, -1, params, {}});
   f.evidence.push_back({"optimizer state live at the end (inferred)", -1, -1, state, {}});
   for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
     f.evidence.push_back(
-        {"optimizer state allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
+        {"optimizer state allocated from", -1, -1, v[k].requested_bytes, v[k].frames});
   }
   out.push_back(std::move(f));
 }
@@ -531,7 +515,7 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   // Short-lived: freed within 1% of the trace (at least 8 events) after the peak.
   int64_t window = std::max<int64_t>(8, static_cast<int64_t>(c.ev.size()) / 100);
   uint64_t spike = 0;
-  std::unordered_map<StackId, uint64_t> stacks;
+  StackGrouper stacks(c.s, {6});
   m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (b.pending || b.alloc_event < 0) return;
     int32_t k = c.alloc_at[static_cast<size_t>(b.alloc_event)];
@@ -539,14 +523,13 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
     const AllocFact& a = c.allocs[static_cast<size_t>(k)];
     if (a.freed < 0 || a.freed - pk.event > window || pk.event - a.event > window) return;
     spike += b.requested;
-    stacks[b.stack] += b.requested;
+    stacks.add(b.stack, b.requested, b.size, 1, b.alloc_event);
   });
   // A spike matters when it is a large share of the peak: removing it lowers the peak that much.
   // Training steps normally hold a quarter of their peak in temporaries (backward, optimizer),
   // so only 40% and more counts.
   if (spike * 10 < pk.bytes * 4 || spike < 64 * kMiB) return;
-  std::vector<std::pair<StackId, uint64_t>> v(stacks.begin(), stacks.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  const std::vector<LiveGroup> v = stacks.take();
   Finding f;
   f.kind = FindingKind::TemporarySpike;
   f.device = c.device;
@@ -559,11 +542,11 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
       "compute this in chunks, in place, or under a smaller dtype; the peak drops by up to this "
       "amount";
   f.basis = "lifetimes around the requested-bytes peak";
-  f.where = c.frames(v.front().first);
+  f.where = c.frames(v.front().representative);
   f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
   for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
     f.evidence.push_back(
-        {"short-lived at the peak, allocated from", -1, -1, v[k].second, c.frames(v[k].first, 6)});
+        {"short-lived at the peak, allocated from", -1, -1, v[k].requested_bytes, v[k].frames});
   }
   out.push_back(std::move(f));
 }
@@ -589,11 +572,11 @@ void detectPendingFree(Ctx& c, std::vector<Finding>& out, const FindingsOptions&
       "completes; "
       "synchronize the streams earlier or allocate on the stream that uses the tensor";
   f.basis = "free_requested without free_completed at the active-bytes peak";
-  auto v = topStacks(m->live, opt.evidence_stacks, [](const auto& b) { return b.pending; });
-  if (!v.empty()) f.where = c.frames(v.front().first);
+  const auto v = groupLiveByStack(c.s, m->live, PendingBlocks::Only, {6, opt.evidence_stacks});
+  if (!v.empty()) f.where = c.frames(v.front().representative);
   f.evidence.push_back({"active-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
-  for (const auto& [st, bytes] : v)
-    f.evidence.push_back({"pending free, allocated from", -1, -1, bytes, c.frames(st, 6)});
+  for (const LiveGroup& g : v)
+    f.evidence.push_back({"pending free, allocated from", -1, -1, g.requested_bytes, g.frames});
   out.push_back(std::move(f));
 }
 

@@ -15,6 +15,42 @@ using memforensics::testing::TSnapshot;
 constexpr uint64_t kBase = 0x7f0000000000ULL;
 constexpr uint64_t k20M = 20971520;
 
+// Stacks that differ only in frames a person is not shown (the allocator's C++ frames, the module
+// call wrapper) are one group at the peak, and equal groups rank by their frames' text, not by
+// the order a reader interned the stacks (the one group-by-stack rule, stack_groups.h).
+TEST(Analyze, IdenticalLookingStacksAreOneGroupRankedByContent) {
+  const std::vector<TFrame> a1 = {
+      {"??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},
+      {"/home/u/model.py", 54, "forward"},
+      {"/home/u/train.py", 120, "main"}};
+  const std::vector<TFrame> a2 = {
+      {"/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1790, "_call_impl"},
+      {"/home/u/model.py", 54, "forward"},
+      {"/home/u/train.py", 120, "main"}};
+  const std::vector<TFrame> z = {{"/home/u/zeta.py", 1, "f"}};
+  const std::vector<TFrame> b = {{"/home/u/beta.py", 1, "f"}};
+  TSnapshot t;
+  t.traces.push_back({
+      {"segment_alloc", kBase, k20M, 0, 1},
+      {"alloc", kBase, 1000000, 0, 2, z, true},  // z interned before b, same bytes as b
+      {"alloc", kBase + 1000448, 1000000, 0, 3, b, true},
+      {"alloc", kBase + 2000896, 3000000, 0, 4, a1, true},
+      {"alloc", kBase + 5001216, 3000000, 0, 5, a2, true},
+  });
+  auto r = analyzeSnapshot(buildSnapshot(t));
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& top = r.devices[0].top_at_peak;
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].requested_bytes, 6000000u);
+  EXPECT_EQ(top[0].count, 2u);
+  ASSERT_FALSE(top[0].frames.empty());
+  EXPECT_EQ(top[0].frames[0].display(), "/home/u/model.py:54 forward");
+  // Equal bytes: beta.py before zeta.py by text, whatever came first in the file.
+  ASSERT_FALSE(top[1].frames.empty());
+  EXPECT_EQ(top[1].frames[0].filename, "/home/u/beta.py");
+  EXPECT_EQ(top[2].frames[0].filename, "/home/u/zeta.py");
+}
+
 TEST(Analyze, TopGroupsAtThePeakByStackWithUserFrames) {
   std::vector<TFrame> act = {
       {"??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},

@@ -435,7 +435,7 @@ KNOWN_NATIVE = {
     "vertex order, which comes from the interned stack and frame ids (unordered_map iteration in "
     "analysis/callgraph.cc), so it depends on how the file encodes its stacks, not on its content: "
     "20 frames from the pickle, 23 from the native trace of the same snapshot"
-    for name in ("report-data.json", "analyze-frames.txt")
+    for name in ("report-data.json",)
 }
 
 INPUT_DESCRIBES_FILE = ("bytes", "format", "origin", "pickle_protocol", "strings", "frames",
