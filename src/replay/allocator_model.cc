@@ -267,16 +267,23 @@ uint64_t expandableSize(const Impl& m, const Key& k) {
 const Key* bestFit(const Impl& m, const Request& r) {
   auto it = m.free.lower_bound(Key{r.pool, r.large, r.stream, r.size, 0});
   if (it == m.free.end() || !samePool(*it, r)) return nullptr;
-  if (m.settings.expandable_segments) {
-    auto isExp = [&](const Key& k) {
-      const Seg* s = m.segAt(k.addr);
-      return s != nullptr && s->expandable;
-    };
+  auto isExp = [&](const Key& k) {
+    const Seg* s = m.segAt(k.addr);
+    return s != nullptr && s->expandable;
+  };
+  if (isExp(*it) && m.settings.expandable_segments) {
     auto next = std::next(it);
     while (isExp(*it) && next != m.free.end() && samePool(*next, r) &&
            expandableSize(m, *next) < expandableSize(m, *it)) {
       it = next++;
     }
+  } else if (isExp(*it)) {
+    // Expandable segments turned off after some were made (e.g. for IPC): only blocks of
+    // ordinary segments are handed out.
+    do {
+      ++it;
+    } while (it != m.free.end() && isExp(*it) && samePool(*it, r));
+    if (it == m.free.end() || !samePool(*it, r)) return nullptr;
   }
   const uint64_t msz = m.settings.max_split_size;
   if (r.size < msz && it->size >= msz) return nullptr;
@@ -426,6 +433,30 @@ bool overlapsModel(const Impl& m, uint64_t addr, uint64_t size) {
   return nx != m.segs.end() && nx->first - addr < size;
 }
 
+// The group of an expandable reservation: CCA keeps one ExpandableSegment per BlockPool (private
+// pool x small/large) and stream.
+bool sameGroup(const Seg& s, PoolId pool, bool large, int64_t stream) {
+  return s.pool == pool && s.is_large == large && s.stream == stream;
+}
+
+// A reservation whose last block is the unmapped rest of its address space: cut it at `at` (a new
+// reservation of another group starts there). Returns false when `at` is not in that block.
+bool cutReservationTail(Impl& m, Seg& s, uint64_t at) {
+  auto last = std::prev(s.blocks.end());
+  ModelBlock& u = last->second;
+  if (u.mapped || !u.isFree() || at < u.address) return false;
+  m.unindex(s, u);
+  if (at == u.address) {
+    s.blocks.erase(last);
+  } else {
+    u.size = at - u.address;
+    m.index(s, u);
+  }
+  s.size = at - s.address;
+  if (s.blocks.empty()) m.segs.erase(s.address);
+  return true;
+}
+
 void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (rejectInvalidRange(i, e, c)) return;
   auto r = nextRequest(m, i);
@@ -449,6 +480,9 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       addMismatch(c, i, Action::SegmentAlloc, e.addr, 0, why);
     }
   }
+  // The end of a reservation is not in the file: a cudaMalloc'd segment inside its unmapped tail
+  // shows where its address space ends.
+  if (Seg* r = m.segAt(e.addr); r != nullptr && r->expandable) cutReservationTail(m, *r, e.addr);
   if (overlapsModel(m, e.addr, e.size)) return;  // overlaps the model: it drifted
   Seg s;
   s.address = e.addr;
@@ -497,30 +531,6 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (it == m.segs.end() || it->second.expandable) return;
   for (auto& [a, b] : it->second.blocks) m.unindex(it->second, b);
   m.segs.erase(it);
-}
-
-// The group of an expandable reservation: CCA keeps one ExpandableSegment per BlockPool (private
-// pool x small/large) and stream.
-bool sameGroup(const Seg& s, PoolId pool, bool large, int64_t stream) {
-  return s.pool == pool && s.is_large == large && s.stream == stream;
-}
-
-// A reservation whose last block is the unmapped rest of its address space: cut it at `at` (a new
-// reservation of another group starts there). Returns false when `at` is not in that block.
-bool cutReservationTail(Impl& m, Seg& s, uint64_t at) {
-  auto last = std::prev(s.blocks.end());
-  ModelBlock& u = last->second;
-  if (u.mapped || !u.isFree() || at < u.address) return false;
-  m.unindex(s, u);
-  if (at == u.address) {
-    s.blocks.erase(last);
-  } else {
-    u.size = at - u.address;
-    m.index(s, u);
-  }
-  s.size = at - s.address;
-  if (s.blocks.empty()) m.segs.erase(s.address);
-  return true;
 }
 
 void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {

@@ -189,6 +189,27 @@ TEST(ExpandableSegments, UnmapMustBeEveryFullyFreePageOfTheBlock) {
       << part.first_mismatches[0].why;
 }
 
+// CCA get_free_block with expandable segments turned off (after some were made): a free block of
+// an expandable segment is never handed out, a new segment is allocated instead.
+TEST(ExpandableSegments, TurnedOffTheirFreeBlocksAreNotReused) {
+  constexpr uint64_t e = 0x7f0000000000ULL, seg = 0x7f4000000000ULL, kMiB = 1048576;
+  memforensics::testing::TSnapshot t;
+  t.traces.push_back({{"segment_map", e, 20 * kMiB, 0},
+                      {"alloc", e, 5 * kMiB, 0},
+                      {"free_requested", e, 5 * kMiB, 0},
+                      {"free_completed", e, 5 * kMiB, 0},
+                      {"segment_alloc", seg, 20 * kMiB, 0},
+                      {"alloc", seg, 5 * kMiB, 0}});
+  auto snap = memforensics::testing::buildSnapshot(t);
+  snap.settings.present = true;
+  snap.settings.expandable_segments = false;  // as the snapshot records it at the end
+  DeviceAllocatorModel m(snap, 0);
+  const ModelCheck& c = m.runCheck();
+  for (const auto& mm : c.first_mismatches) ADD_FAILURE() << mm.event << ": " << mm.why;
+  EXPECT_EQ(c.alloc_matches, 2u);
+  EXPECT_EQ(c.segment_matches, c.segment_events);
+}
+
 // Hostile input: a reservation at the top of the address space, unmaps that are not pages of any
 // free block, a map of another pool inside a reservation: counted as mismatches, never a wrap.
 TEST(ExpandableSegments, HostileEventsAtTheTopOfTheAddressSpace) {
