@@ -14,6 +14,8 @@ inline constexpr int kExitUsage =
 inline constexpr int kExitError =
     2;  // an input could not be read or is invalid, an output could not be written,
         // out of memory, or any other failure while running
+inline constexpr int kExitCheckFailed =
+    3;  // `check` only: the inputs were read and a limit does not hold (cli/cmd_check.h)
 
 // "memforensics: error: MESSAGE" / "memforensics: warning: MESSAGE" on stderr. The message is
 // escaped (common/text_escape.h): it may quote the input (a file name, a key, a string).

@@ -8,6 +8,7 @@
 //   (also
 //      standard output: "cannot write to standard output: ..."), an output that is an input, out of
 //      memory, or any other failure
+//   3  `check` only: every input was read and a limit does not hold (cli/cmd_check.h)
 // `record` exits with the recorded command's status instead (cmd_record.h): 128 + N for signal N,
 // 127 not found, 126 not executable, 2 when its output cannot be created.
 #include <CLI/CLI.hpp>
@@ -19,6 +20,9 @@
 
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
+#include "cli/cmd_check.h"
+#include "cli/cmd_diff.h"
+#include "cli/cmd_ranks.h"
 #include "cli/cmd_record.h"
 #include "cli/cmd_report.h"
 #include "cli/cmd_timeline.h"
@@ -284,6 +288,9 @@ int run(int argc, char** argv) {
   auto* bl = mf::cli::addBlocksCommand(app);
   auto* rp = mf::cli::addReportCommand(app);
   auto* rec = mf::cli::addRecordCommand(app);
+  auto* df = mf::cli::addDiffCommand(app);
+  auto* rk = mf::cli::addRanksCommand(app);
+  auto* ck = mf::cli::addCheckCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -303,6 +310,9 @@ int run(int argc, char** argv) {
   if (bl->parsed()) return mf::cli::runBlocksCommand();
   if (rp->parsed()) return mf::cli::runReportCommand();
   if (rec->parsed()) return mf::cli::runRecordCommand();
+  if (df->parsed()) return mf::cli::runDiffCommand();
+  if (rk->parsed()) return mf::cli::runRanksCommand();
+  if (ck->parsed()) return mf::cli::runCheckCommand();
   return kExitUsage;
 }
 

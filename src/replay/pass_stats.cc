@@ -7,7 +7,8 @@
 namespace memforensics::replay {
 
 std::map<int64_t, PassStats>& passStats() {
-  static std::map<int64_t, PassStats> stats;
+  // Per thread: `ranks` analyses files on several threads at once, each with its own counters.
+  static thread_local std::map<int64_t, PassStats> stats;
   return stats;
 }
 

@@ -4,8 +4,9 @@
 // from the start state, so a rewind followed by stepping is a new pass) and every event stepped is
 // counted per device, for the replayer and for the allocator model separately; the model's seed
 // (its own undo of the segment events, and the replayer it needs for the start live set when none
-// is given) is counted too. Process-wide counters, not thread-safe (the commands are single-
-// threaded); tests reset them, run a command's analysis and assert the bound (<= 1 backward and
+// is given) is counted too. Counters of the calling thread (`ranks` analyses files on several
+// threads; each thread counts its own); tests reset them, run a command's analysis and assert the
+// bound (<= 1 backward and
 // <= 2 forward passes per device). MEMF_PASS_STATS=1 makes analyze, timeline and blocks print them
 // to standard error.
 #pragma once

@@ -1,0 +1,178 @@
+// cmd_ranks.cc: `memforensics ranks FILE... [--jobs N] [--device N] [--json]` and
+// `memforensics ranks --merge SHARD.json...`.
+//
+// Streaming: each worker takes the next file, loads it, profiles it (analysis::profileSnapshot),
+// keeps only its rows (figures and at most kRankLines per-line byte counts) and drops the
+// Snapshot before taking another, so memory is about `jobs` snapshots at a time plus the rows,
+// however many files. Rows land in input order, so the output does not depend on scheduling.
+#include "cli/cmd_ranks.h"
+
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "analysis/compare.h"
+#include "cli/diagnostics.h"
+#include "cli/options.h"
+#include "format/load/load.h"
+#include "report/render_compare.h"
+
+namespace memforensics::cli {
+
+namespace {
+
+// The most worker threads, whatever --jobs or the machine says (each holds one snapshot).
+constexpr size_t kMaxRankJobs = 256;
+// The largest `ranks --json` shard read by --merge.
+constexpr uint64_t kMaxMergeShardBytes = uint64_t{1} << 30;
+
+struct RanksArgs {
+  std::vector<std::string> files;
+  size_t jobs = 0;  // 0 = std::thread::hardware_concurrency()
+  std::optional<int64_t> device;
+  bool merge = false;
+  bool json = false;
+  bool salvage = false;
+};
+RanksArgs g_args;
+
+struct FileResult {
+  std::vector<analysis::RankRow> rows;
+  std::vector<std::string> warnings;
+};
+
+FileResult rankFile(const std::string& path) {
+  FileResult out;
+  try {
+    format::LoadOptions lo;
+    lo.salvage = g_args.salvage;
+    auto snap = format::loadSnapshotFile(path, lo);
+    if (!snap) {
+      out.rows.push_back(analysis::failedRankRow(path, snap.error().describe()));
+      return out;
+    }
+    for (const auto& w : snap->load_warnings) out.warnings.push_back(path + ": " + w);
+    analysis::ProfileOptions po;
+    po.device = g_args.device;
+    analysis::RunProfile p = analysis::profileSnapshot(*snap, po);
+    p.path = path;
+    if (g_args.device && p.devices.empty()) {
+      out.rows.push_back(
+          analysis::failedRankRow(path, "no device " + std::to_string(*g_args.device)));
+      return out;
+    }
+    out.rows = analysis::rankRowsOf(p);
+  } catch (const std::bad_alloc&) {
+    out.rows.assign(1, analysis::failedRankRow(path, "out of memory while analysing " + path));
+  } catch (const std::exception& e) {
+    out.rows.assign(1, analysis::failedRankRow(path, std::string(e.what()) + " (" + path + ")"));
+  }
+  return out;
+}
+
+std::vector<FileResult> rankFiles(const std::vector<std::string>& files) {
+  std::vector<FileResult> results(files.size());
+  size_t jobs = g_args.jobs != 0 ? g_args.jobs : std::thread::hardware_concurrency();
+  jobs = std::max<size_t>(1, std::min({jobs, files.size(), kMaxRankJobs}));
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < files.size(); i = next++) results[i] = rankFile(files[i]);
+  };
+  if (jobs == 1) {
+    worker();
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(jobs);
+    for (size_t t = 0; t < jobs; ++t) pool.emplace_back(worker);
+    for (auto& t : pool) t.join();
+  }
+  return results;
+}
+
+std::vector<FileResult> mergeShards(const std::vector<std::string>& shards) {
+  std::vector<FileResult> results;
+  for (const auto& path : shards) {
+    FileResult fr;
+    std::ifstream in(path, std::ios::binary);
+    std::string text;
+    if (in) {
+      in.seekg(0, std::ios::end);
+      const auto size = in.tellg();
+      in.seekg(0);
+      if (size >= 0 && static_cast<uint64_t>(size) > kMaxMergeShardBytes) {
+        fr.rows.push_back(analysis::failedRankRow(
+            path, path + ": shard larger than " + std::to_string(kMaxMergeShardBytes) + " bytes"));
+        results.push_back(std::move(fr));
+        continue;
+      }
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    if (!in && !in.eof()) {
+      fr.rows.push_back(analysis::failedRankRow(path, "cannot read " + path));
+    } else {
+      auto rows = report::parseRanksJson(text, path);
+      if (!rows) {
+        fr.rows.push_back(analysis::failedRankRow(path, rows.error().describe()));
+      } else {
+        fr.rows = std::move(*rows);
+      }
+    }
+    results.push_back(std::move(fr));
+  }
+  return results;
+}
+
+}  // namespace
+
+CLI::App* addRanksCommand(CLI::App& app) {
+  auto* c = app.add_subcommand(
+      "ranks",
+      "One row per file (rank) and device: peaks, OOMs, high findings, largest holder; outliers "
+      "(peak > 10 % above the median) marked with the line that differs most");
+  c->add_option("FILE", g_args.files,
+                "snapshot files, one per rank (or, with --merge, `ranks --json` outputs)")
+      ->required();
+  c->add_option("--jobs,-j", g_args.jobs,
+                "files analysed at once (default: the number of cores; each holds one snapshot)")
+      ->check(CLI::Range(size_t{1}, kMaxRankJobs));
+  c->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
+  c->add_flag("--merge", g_args.merge,
+              "the FILEs are `ranks --json` outputs (e.g. one per Slurm array task): merge their "
+              "rows and mark the outliers over all of them");
+  c->add_flag("--json", g_args.json, "one JSON document (fields in docs/cli.md)");
+  c->add_flag("--salvage", g_args.salvage,
+              "read the intact part of a native trace that is damaged in the middle");
+  return c;
+}
+
+int runRanksCommand() {
+  setActivity(g_args.merge ? "merging rank shards" : "analysing ranks");
+  std::vector<FileResult> results =
+      g_args.merge ? mergeShards(g_args.files) : rankFiles(g_args.files);
+  std::vector<analysis::RankRow> rows;
+  for (auto& r : results) {
+    for (const auto& w : r.warnings) printWarning(w);
+    for (auto& row : r.rows) rows.push_back(std::move(row));
+  }
+  analysis::RanksSummary s = analysis::markOutliers(rows);
+  for (const auto& r : rows) {
+    if (!r.error.empty()) printError(r.error);
+  }
+  setActivity("writing the ranks");
+  if (g_args.json) {
+    report::renderRanksJson(rows, s, std::cout);
+  } else {
+    report::renderRanksText(rows, s, std::cout);
+  }
+  return s.failed > 0 ? kExitError : kExitOk;
+}
+
+}  // namespace memforensics::cli
