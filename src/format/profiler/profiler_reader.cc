@@ -1554,7 +1554,13 @@ ProfilerKind sniffProfiler(std::span<const uint8_t> bytes) {
   if (i < t.size() && t[i] == '[') {
     ++i;
     ws();
-    if (i < t.size() && t[i] == '[') return ProfilerKind::MemoryTimeline;
+    // A timeline's first item is a row or the times: [[-1, ...  [[10, ...  or empty [[]
+    if (i < t.size() && t[i] == '[') {
+      ++i;
+      ws();
+      if (i < t.size() && (t[i] == '-' || t[i] == ']' || (t[i] >= '0' && t[i] <= '9')))
+        return ProfilerKind::MemoryTimeline;
+    }
     return gz ? ProfilerKind::MemoryTimeline : ProfilerKind::NotProfiler;
   }
   if (i < t.size() && t[i] == '{') {
