@@ -140,13 +140,14 @@ TEST(Phases, AnnotationsNeedTimes) {
 struct Steps {
   std::vector<int64_t> starts;  // event index where each step begins
 };
-Steps buildTraining(TraceBuilder& b, int steps, bool with_time) {
+const std::vector<TFrame> kEngineBackward = {
+    {"??", 0, "torch::autograd::Engine::evaluate_function"}, {"??", 0, "at::native::mm"}};
+Steps buildTraining(TraceBuilder& b, int steps, bool with_time,
+                    const std::vector<TFrame>& bwd = kEngineBackward) {
   auto in = stackAt("/home/u/train.py", 20, "train_step");
   auto act1 = stackAt("/home/u/model.py", 30, "forward");
   auto act2 = stackAt("/home/u/model.py", 31, "forward");
   auto loss = stackAt("/home/u/train.py", 22, "train_step");
-  std::vector<TFrame> bwd = {{"??", 0, "torch::autograd::Engine::evaluate_function"},
-                             {"??", 0, "at::native::mm"}};
   auto opt =
       stackAt("/usr/lib/python3/site-packages/torch/optim/adam.py", 400, "_multi_tensor_adam");
   auto param = stackAt("/home/u/model.py", 5, "__init__");
@@ -218,6 +219,34 @@ TEST(Phases, DetectsIterationsOfAPeriodicStream) {
       EXPECT_LE(opt[k].last_event, its[k].last_event);
       EXPECT_EQ(opt[k].iteration, static_cast<int>(k));
     }
+  }
+}
+
+// Backward allocations whose stack holds only a backward function (a cut-short C++ stack of the
+// autograd thread, real frame names): the one classifier (frame_class.h) calls it backward for
+// the phases as for the categories. marksOf() knew autograd::Engine and autograd::generated but
+// not AccumulateGrad, while the categories' stackFlags() knew AccumulateGrad but not
+// autograd::generated: the two disagreed on these stacks.
+TEST(Phases, BackwardSubPhaseFromEveryAutogradFrame) {
+  const std::vector<std::vector<TFrame>> stacks = {
+      {{"", 0, "torch::autograd::utils::clone_obey_contract(at::Tensor const&, at::Tensor const&)"},
+       {"??", 0,
+        "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor, "
+        "std::allocator<at::Tensor> >&&)"}},
+      {{"??", 0, "at::native::zeros_symint(c10::ArrayRef<c10::SymInt>)"},
+       {"??", 0,
+        "torch::autograd::generated::IndexBackward0::apply(std::vector<at::Tensor, "
+        "std::allocator<at::Tensor> >&&)"}}};
+  for (const auto& bwd_stack : stacks) {
+    TraceBuilder b;
+    buildTraining(b, 5, false, bwd_stack);
+    TSnapshot t;
+    t.traces.push_back(b.ev);
+    auto snap = buildSnapshot(t);
+    auto ps = detectPhases(snap, 0);
+    ASSERT_EQ(ofKind(ps, PhaseKind::Iteration).size(), 5u);
+    EXPECT_EQ(ofKind(ps, PhaseKind::Backward).size(), 5u) << bwd_stack[1].name;
+    EXPECT_EQ(ofKind(ps, PhaseKind::Forward).size(), 5u);
   }
 }
 
