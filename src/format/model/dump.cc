@@ -34,9 +34,11 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
     return stackRef(id);
   };
   out << "# memforensics dump 1\n";
-  out << "# source=" << sourceFormatName(s.source) << " protocol=" << s.pickle_protocol
-      << " era=" << s.traits.era() << " segments=" << s.segments.size()
-      << " devices_with_traces=" << s.traceCount() << "\n";
+  out << "# source=" << sourceFormatName(s.source) << " protocol=" << s.pickle_protocol << " era="
+      << (s.source == SourceFormat::ProfilerTrace || s.source == SourceFormat::MemoryTimeline
+              ? std::string("none")
+              : s.traits.era())
+      << " segments=" << s.segments.size() << " devices_with_traces=" << s.traceCount() << "\n";
   if (s.settings.present) {
     out << "settings conf=" << quoted(s.settings.conf)
         << " max_split_size=" << s.settings.max_split_size
