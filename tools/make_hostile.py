@@ -809,12 +809,14 @@ def generate(out_dir, real_dir=None):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        return 1
-    real = sys.argv[2] if len(sys.argv) > 2 else None
-    for e in generate(sys.argv[1], real):
-        st = os.stat(os.path.join(sys.argv[1], e.name))
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("out_dir", help="folder to write the corpus into (created if absent)")
+    ap.add_argument("real_dir", nargs="?", default=None,
+                    help="folder of real snapshots to derive inputs from (optional)")
+    args = ap.parse_args()
+    for e in generate(args.out_dir, args.real_dir):
+        st = os.stat(os.path.join(args.out_dir, e.name))
         print(f"{e.name}\tclass {e.cls}\t{st.st_size} bytes ({st.st_blocks * 512} on disk)\t{e.note}")
     return 0
 
