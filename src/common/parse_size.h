@@ -53,6 +53,7 @@ inline SizeParse parseSize(std::string_view text) {
     }
   }
   if (!digits) return fail("expected a number such as 20GiB, 512MiB, 1.5GB or 1073741824");
+  const std::string number(text.substr(0, i));
   if (i < text.size() && text[i] == ' ') ++i;
   std::string unit;
   for (; i < text.size(); ++i)
@@ -66,8 +67,8 @@ inline SizeParse parseSize(std::string_view text) {
         kPrefixes.find(unit[0]) == std::string_view::npos || (unit.size() == 3 && unit[1] != 'i')) {
       if (unit.size() == 1 && kPrefixes.find(unit[0]) != std::string_view::npos) {
         const char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
-        return fail(std::string("ambiguous unit '") + u + "': write " + u +
-                    "iB (powers of 1024) or " + u + "B (powers of 1000)");
+        return fail(std::string("ambiguous unit '") + u + "': write " + number + u +
+                    "iB (powers of 1024) or " + number + u + "B (powers of 1000)");
       }
       return fail("unknown unit '" + unit + "' (B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB)");
     }
