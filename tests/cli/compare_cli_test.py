@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""compare_cli: `diff`, `ranks` and `check` through the built executable (exit codes, JSON fields,
+the outlier, the merge of shards, hostile inputs). Usage: compare_cli_test.py BIN SOURCE_DIR REAL_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN, SRC, REAL = sys.argv[1], sys.argv[2], sys.argv[3]
+SCN = os.path.join(SRC, "snapshots", "scenarios")
+failures = []
+
+
+def sc(name):
+    return os.path.join(SCN, name + ".pickle")
+
+
+def run(*args):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+# ---- diff ----
+rc, out, err = run("diff", sc("clean_adam"), sc("leak_list_append"))
+check(rc == 0, f"diff clean vs leak exits 0 (got {rc}: {err})")
+check("findings appeared: 1" in out and "leak (high)" in out, "diff text names the leak that appeared")
+check("+288.00 MiB" in out, "diff text shows +288 MiB")
+
+rc, out, err = run("diff", "--json", sc("clean_adam"), sc("leak_list_append"))
+doc = json.loads(out)
+d = doc["devices"][0]
+check(doc["command"] == "diff" and rc == 0, "diff --json command and exit")
+for k in ("peak_reserved_bytes", "peak_requested_bytes", "peak_allocated_bytes"):
+    check(d["delta"][k] == 288 * 2**20, f"delta.{k} is +288 MiB (got {d['delta'][k]})")
+check(d["findings"]["appeared"][0]["kind"] == "leak", "appeared[0] is the leak")
+check(d["segments"]["only_new_count"] == 9, "9 segments only in new")
+
+rc, out, err = run("diff", "--json", sc("leak_list_append"), sc("clean_adam"))
+d = json.loads(out)["devices"][0]
+check(d["delta"]["peak_reserved_bytes"] == -288 * 2**20, "reversed delta is negative")
+check(len(d["findings"]["disappeared"]) == 1 and not d["findings"]["appeared"],
+      "reversed: the leak disappeared")
+
+rc, out, err = run("diff", "--json", sc("clean_adam"), sc("clean_adam"))
+d = json.loads(out)["devices"][0]
+check(all(v == 0 for v in d["delta"].values()), "same file twice: every delta 0")
+check(all(not p["stacks"]["new_stacks"] and not p["stacks"]["gone_stacks"] for p in d["peaks"]),
+      "same file twice: no new or gone stack")
+
+fp32 = os.path.join(REAL, "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle")
+bf16 = os.path.join(REAL, "silmont2000__assignment2-systems__memory_forward_bf16_128.pickle")
+if os.path.exists(fp32) and os.path.exists(bf16):
+    rc, out, err = run("diff", "--json", fp32, bf16)
+    d = json.loads(out)["devices"][0]
+    check(d["delta"]["peak_reserved_bytes"] == 251658240, "real fp32->bf16 reserved +240 MiB")
+    check(d["delta"]["peak_requested_bytes"] == 222994432, "real fp32->bf16 requested delta")
+    rq = [p for p in d["peaks"] if p["kind"] == "requested"][0]
+    check(rq["stacks"]["matched_function_only"] == 1, "real: one stack matched by function only")
+
+with tempfile.TemporaryDirectory() as tmp:
+    bad = os.path.join(tmp, "bad.pickle")
+    with open(bad, "wb") as f:
+        f.write(b"\x80\x04garbage")
+    cut = os.path.join(tmp, "cut.pickle")
+    with open(sc("clean_adam"), "rb") as f:
+        data = f.read()
+    with open(cut, "wb") as f:
+        f.write(data[: len(data) // 2])
+
+    rc, out, err = run("diff", sc("clean_adam"), bad)
+    check(rc == 2 and "error" in err, f"diff with an unreadable input exits 2 (got {rc})")
+    rc, out, err = run("diff", sc("clean_adam"))
+    check(rc == 1, f"diff with one file is a usage error (got {rc})")
+
+    # ---- ranks ----
+    ranks = [sc("clean_adam"), sc("clean_era20"), sc("clean_no_annotations"), sc("leak_list_append")]
+    rc, out, err = run("ranks", "--json", *ranks)
+    check(rc == 0, f"ranks exits 0 (got {rc}: {err})")
+    doc = json.loads(out)
+    rows = doc["ranks"]
+    check([r["path"] for r in rows] == ranks, "ranks keep the input order")
+    check([r["outlier"] for r in rows] == [False, False, False, True], "the leaking rank is the outlier")
+    check(rows[3]["outlier_line"]["line"] == "/home/user/tinygpt/train.py:58 train_step",
+          f"outlier line is train.py:58 (got {rows[3]['outlier_line']})")
+    check(doc["summary"]["outliers"] == 1, "summary.outliers 1")
+    rc1, out1, _ = run("ranks", "--json", "--jobs", "1", *ranks)
+    check(out1 == out, "ranks output does not depend on --jobs")
+
+    rc, out, err = run("ranks", "--json", sc("clean_adam"), sc("clean_era20"), sc("clean_no_annotations"))
+    check(json.loads(out)["summary"]["outliers"] == 0, "equal ranks: no outlier")
+
+    # A bad file is one row with the error, exit 2 at the end, the other rows kept.
+    rc, out, err = run("ranks", "--json", sc("clean_adam"), bad, cut, sc("leak_list_append"))
+    doc = json.loads(out)
+    check(rc == 2, f"ranks with bad files exits 2 (got {rc})")
+    check(len(doc["ranks"]) == 4 and doc["summary"]["failed"] == 2, "bad files are rows with errors")
+    check(doc["ranks"][1]["error"] and doc["ranks"][2]["error"] and not doc["ranks"][0]["error"],
+          "the error rows are the bad files")
+    rc, out, err = run("ranks", sc("clean_adam"), bad)
+    check(rc == 2 and "error:" in out, "ranks text shows the error row")
+
+    # Merge: two shards give the rows and outliers of one run over all files.
+    s1, s2 = os.path.join(tmp, "s1.json"), os.path.join(tmp, "s2.json")
+    for path, files in ((s1, ranks[:2]), (s2, ranks[2:])):
+        rc, out, err = run("ranks", "--json", *files)
+        with open(path, "w") as f:
+            f.write(out)
+    rc, merged, err = run("ranks", "--json", "--merge", s1, s2)
+    rc_all, whole, _ = run("ranks", "--json", *ranks)
+    check(rc == 0 and json.loads(merged) == json.loads(whole), "merge of two shards == one run")
+    rc, out, err = run("ranks", "--merge", s1, bad)
+    check(rc == 2, f"merge with a bad shard exits 2 (got {rc})")
+
+    # ---- check ----
+    rc, out, err = run("check", sc("clean_adam"), "--max-peak-reserved", "500MiB",
+                       "--max-growth-per-step", "16MiB", "--fail-on", "high")
+    check(rc == 0 and "PASS" in out, f"check passes on the clean run (got {rc}: {out}{err})")
+    rc, out, err = run("check", sc("leak_list_append"), "--max-peak-reserved", "500MiB",
+                       "--max-growth-per-step", "16MiB", "--fail-on", "high")
+    check(rc == 3 and "FAIL" in out, f"check fails on the leak with 3 (got {rc})")
+    check("growth_per_step" in out and "train.py:58 train_step" in out, "violation names the line")
+    rc, out, err = run("check", "--json", sc("leak_list_append"), "--max-peak-reserved", "0.5GB")
+    doc = json.loads(out)
+    check(rc == 3 and doc["passed"] is False, "check --json fails")
+    v = doc["violations"][0]
+    check(v["figure"] == "peak_reserved" and v["limit_bytes"] == 500000000 and v["device"] == 0,
+          "violation: figure, limit, device")
+    rc, out, err = run("check", sc("leak_list_append"), "--baseline", sc("clean_adam"),
+                       "--max-increase", "10")
+    check(rc == 3 and "peak_reserved increase" in out, "baseline increase fails")
+    rc, out, err = run("check", sc("clean_adam"), "--baseline", sc("clean_era20"), "--max-increase", "10")
+    check(rc == 0, f"baseline equal run passes (got {rc})")
+    rc, out, err = run("check", sc("clean_adam"))
+    check(rc == 1 and "at least one limit" in err, "check without a limit is a usage error")
+    rc, out, err = run("check", sc("clean_adam"), "--max-peak-reserved", "20G")
+    check(rc == 1 and "20GiB" in err, "an ambiguous size is a usage error")
+    rc, out, err = run("check", sc("clean_adam"), "--max-increase", "5")
+    check(rc == 1, "--max-increase without --baseline is a usage error")
+    rc, out, err = run("check", bad, "--max-peak-reserved", "1GiB")
+    check(rc == 2, f"check of an unreadable file exits 2 (got {rc})")
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("compare_cli: all checks passed")
