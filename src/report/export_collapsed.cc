@@ -96,14 +96,10 @@ void writeDevice(const format::Snapshot& snap, const analysis::DeviceFacts& f, s
   to.value = requested ? analysis::TreeValue::Requested : analysis::TreeValue::BlockSize;
   to.pending = requested ? analysis::TreePending::LeafMark : analysis::TreePending::Exclude;
   const analysis::FrameTree tree = analysis::buildFrameTree(snap, m->live, to);
-  std::vector<std::string> text(tree.nodes.size());  // the path of each node
-  text[0] = "cuda:" + std::to_string(f.device);
-  std::map<std::string, uint64_t> lines;  // sorted by stack text
-  for (size_t i = 1; i < tree.nodes.size(); ++i) {
-    const analysis::FrameTreeNode& n = tree.nodes[i];
-    std::string& t = text[i];
-    t = text[static_cast<size_t>(n.parent)];  // parents come first
-    t += ';';
+  // Depth first with one running path (a node's text is its parent's plus its own), so a stack of
+  // a million frames costs its own length, not the sum of every prefix.
+  auto own = [&](const analysis::FrameTreeNode& n) {
+    std::string t;
     switch (n.kind) {
       case analysis::TreeNodeKind::Frame: {
         const format::Frame& fr = snap.stacks.frame(n.frame);
@@ -112,21 +108,44 @@ void writeDevice(const format::Snapshot& snap, const analysis::DeviceFacts& f, s
         break;
       }
       case analysis::TreeNodeKind::NoStack:
-        t += "[no stack recorded]";
+        t = "[no stack recorded]";
         break;
       case analysis::TreeNodeKind::EmptyStack:
-        t += "[empty stack]";
+        t = "[empty stack]";
         break;
       case analysis::TreeNodeKind::NoFrames:
-        t += opt.user_frames_only ? "[no user frames]" : "[empty stack]";
+        t = opt.user_frames_only ? "[no user frames]" : "[empty stack]";
         break;
       case analysis::TreeNodeKind::Pending:
-        t += "[pending free]";
+        t = "[pending free]";
         break;
       case analysis::TreeNodeKind::Root:
         break;
     }
-    if (n.self > 0) lines[t] += n.self;
+    return t;
+  };
+  std::map<std::string, uint64_t> lines;  // sorted by stack text
+  std::string path = "cuda:" + std::to_string(f.device);
+  struct Visit {
+    int32_t node;
+    size_t child;      // next child to visit
+    size_t path_size;  // path length before this node's text
+  };
+  std::vector<Visit> stack = {{0, 0, path.size()}};
+  while (!stack.empty()) {
+    Visit& v = stack.back();
+    const analysis::FrameTreeNode& n = tree.nodes[static_cast<size_t>(v.node)];
+    if (v.child == 0 && v.node != 0 && n.self > 0) lines[path] += n.self;
+    if (v.child < n.children.size()) {
+      const int32_t c = n.children[v.child++];
+      const size_t before = path.size();
+      path += ';';
+      path += own(tree.nodes[static_cast<size_t>(c)]);
+      stack.push_back({c, 0, before});
+      continue;
+    }
+    path.resize(v.path_size);
+    stack.pop_back();
   }
   std::string buf;
   for (const auto& [stack, bytes] : lines) {

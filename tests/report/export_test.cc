@@ -445,6 +445,22 @@ TEST(ExportCollapsed, AllocatedPeakUserFramesAndDeviceFilter) {
   EXPECT_TRUE(out.str().empty());
 }
 
+// A line's text is built once, depth first: one stack of 200,000 frames gives one line of its own
+// length (building every node's full path, as a first frame-tree version did, needs the sum of
+// every prefix: about 4 * 10^11 bytes here).
+TEST(ExportCollapsed, OneDeepStackCostsItsOwnLength) {
+  std::vector<TFrame> deep;
+  for (int i = 0; i < 200000; ++i) deep.push_back({"m.py", static_cast<uint64_t>(i + 1), "f"});
+  TSnapshot t;
+  t.segments.push_back({0, 0x1000000, 0, "large", {{512, 10, "active_allocated", deep}}});
+  const std::string text = collapsed(buildSnapshot(t));
+  ASSERT_EQ(std::count(text.begin(), text.end(), '\n'), 1);
+  EXPECT_EQ(std::count(text.begin(), text.end(), ';'), 200000);
+  const std::string innermost = ";f (m.py:1) 10\n";
+  EXPECT_EQ(text.rfind(innermost), text.size() - innermost.size());  // innermost last
+  EXPECT_EQ(text.rfind("cuda:0;f (m.py:200000);", 0), 0u);           // outermost first
+}
+
 TEST(ExportCollapsed, SanitizesSeparatorsAndInvalidUtf8) {
   EXPECT_EQ(exportFrameText("f", "x.py", 3), "f (x.py:3)");
   EXPECT_EQ(exportFrameText("f", "x.cpp", format::kUnknownLine), "f (x.cpp)");

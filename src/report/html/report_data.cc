@@ -252,7 +252,8 @@ class KeyframeBuilder {
 // Keeps the max_nodes heaviest nodes of a tree whose parents come before their children; a parent
 // weighs at least as much as its child, and on ties the parent (created first) wins, so every kept
 // node's parent is kept. Returns how many nodes went; their bytes stay in their parents.
-uint64_t pruneIcicle(std::vector<IcicleNode>& nodes, size_t max_nodes) {
+template <typename Node>
+uint64_t pruneIcicle(std::vector<Node>& nodes, size_t max_nodes) {
   if (nodes.size() <= max_nodes) return 0;
   std::vector<int32_t> order(nodes.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
@@ -261,7 +262,7 @@ uint64_t pruneIcicle(std::vector<IcicleNode>& nodes, size_t max_nodes) {
   std::vector<int32_t> remap(nodes.size(), -1);
   std::vector<uint8_t> keep(nodes.size(), 0);
   for (size_t i = 0; i < max_nodes; ++i) keep[order[i]] = 1;
-  std::vector<IcicleNode> out;
+  std::vector<Node> out;
   uint64_t cut = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!keep[i] || (nodes[i].parent >= 0 && remap[nodes[i].parent] < 0 && i != 0)) {
@@ -269,7 +270,7 @@ uint64_t pruneIcicle(std::vector<IcicleNode>& nodes, size_t max_nodes) {
       continue;
     }
     remap[i] = static_cast<int32_t>(out.size());
-    IcicleNode n = std::move(nodes[i]);
+    Node n = std::move(nodes[i]);
     if (n.parent >= 0) n.parent = remap[n.parent];
     out.push_back(std::move(n));
   }
@@ -288,10 +289,16 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
   fo.value = TreeValue::Requested;
   fo.pending = TreePending::Exclude;
   const FrameTree tree = buildFrameTree(snap, live, fo);
-  std::vector<IcicleNode> nodes;
-  nodes.reserve(tree.nodes.size());
+  // The snapshot's frame of each node travels through the pruning; only the kept nodes' frames
+  // enter the report's frame table (a stack of a million frames keeps a few thousand).
+  struct Raw : IcicleNode {
+    bool is_frame = false;
+    format::FrameId snapshot_frame = 0;
+  };
+  std::vector<Raw> raw;
+  raw.reserve(tree.nodes.size());
   for (const FrameTreeNode& t : tree.nodes) {
-    IcicleNode n;
+    Raw n;
     n.parent = t.parent;
     n.bytes = t.bytes;
     n.self = t.self;
@@ -301,7 +308,8 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
         n.label = "all live memory";
         break;
       case TreeNodeKind::Frame:
-        n.frame = tables.frame(frameText(snap, t.frame));
+        n.is_frame = true;
+        n.snapshot_frame = t.frame;
         break;
       case TreeNodeKind::NoStack:
         n.label = "(no stack recorded)";
@@ -316,9 +324,15 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
         n.label = "(pending free)";
         break;
     }
-    nodes.push_back(std::move(n));
+    raw.push_back(std::move(n));
   }
-  nodes_cut += pruneIcicle(nodes, max_nodes);
+  nodes_cut += pruneIcicle(raw, max_nodes);
+  std::vector<IcicleNode> nodes;
+  nodes.reserve(raw.size());
+  for (Raw& r : raw) {
+    if (r.is_frame) r.frame = tables.frame(frameText(snap, r.snapshot_frame));
+    nodes.push_back(std::move(static_cast<IcicleNode&>(r)));
+  }
   return nodes;
 }
 
