@@ -408,8 +408,9 @@ void renderRanksJson(const std::vector<analysis::RankRow>& rows, const analysis:
   writeDoc(doc, out);
 }
 
-Expected<std::vector<analysis::RankRow>> parseRanksJson(std::string_view text,
-                                                        const std::string& where) {
+namespace {
+Expected<std::vector<analysis::RankRow>> parseRanksDoc(std::string_view text,
+                                                       const std::string& where) {
   auto fail = [&](const std::string& why) -> Error {
     return Error{where + ": not a `memforensics ranks --json` document: " + why, -1};
   };
@@ -471,6 +472,30 @@ Expected<std::vector<analysis::RankRow>> parseRanksJson(std::string_view text,
     }
     rows.push_back(std::move(r));
   }
+  return rows;
+}
+}  // namespace
+
+// One document (compact or laid out), or JSON Lines: one `ranks --json` document per non-empty
+// line (a shard written by several invocations, e.g. xargs splitting a long file list).
+Expected<std::vector<analysis::RankRow>> parseRanksJson(std::string_view text,
+                                                        const std::string& where) {
+  if (json::accept(text.begin(), text.end())) return parseRanksDoc(text, where);
+  std::vector<analysis::RankRow> rows;
+  size_t docs = 0, line_no = 0, pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto part = parseRanksDoc(line, where + " line " + std::to_string(line_no));
+    if (!part) return part.error();
+    ++docs;
+    for (auto& r : *part) rows.push_back(std::move(r));
+  }
+  if (docs == 0) return parseRanksDoc(text, where);
   return rows;
 }
 

@@ -116,6 +116,12 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, merged, err = run("ranks", "--json", "--merge", s1, s2)
     rc_all, whole, _ = run("ranks", "--json", *ranks)
     check(rc == 0 and json.loads(merged) == json.loads(whole), "merge of two shards == one run")
+    # A shard of two documents (xargs split the list): JSON Lines.
+    s12 = os.path.join(tmp, "s12.json")
+    with open(s12, "w") as f:
+        f.write(open(s1).read() + open(s2).read())
+    rc, merged2, err = run("ranks", "--json", "--merge", s12)
+    check(rc == 0 and json.loads(merged2) == json.loads(whole), "a JSON Lines shard merges the same")
     rc, out, err = run("ranks", "--merge", s1, bad)
     check(rc == 2, f"merge with a bad shard exits 2 (got {rc})")
 
