@@ -495,11 +495,39 @@ def scenario_ring():
     return out
 
 
+def random_config(seed):
+    """A random device size, physical limit, 1-3 streams, small/large mix, flush period and big
+    requests; 60 % of them keep only the trace from a segment_map in its second half on."""
+    r = random.Random(seed)
+    total = r.choice([2, 4, 8, 16]) * GIB
+    a = Allocator(0, total, int(total * r.uniform(0.3, 1.0)))
+    streams = [0, SIDE_STREAM, SIDE_STREAM + 4096][:r.randint(1, 3)]
+    random_workload(a, r, r.randint(500, 6000), streams, r.uniform(0, 1),
+                    flush_every=r.choice([0, 37, 101, 499]),
+                    big=r.choice([None, total // 3, total // 2]))
+    if r.random() < 0.6 and len(a.trace) > 10:
+        start = r.randrange(len(a.trace) // 2)
+        while start < len(a.trace) and a.trace[start]["action"] != "segment_map":
+            start += 1
+        a.cut = start
+    return a
+
+
+def scenario_random():
+    """Two random configurations (seeds 1 and 25 of random_config) where a reservation's unknown
+    end matters: a new reservation begins inside the unmapped tail the model guessed for an older
+    one (the model cuts it there and bounds later reservations of the kind)."""
+    a, b = random_config(1), random_config(25)
+    b.device = 1  # segments() writes the device; addresses stay those of device 0's VA range
+    return [a, b]
+
+
 SCENARIOS = {
     "exp_grow": scenario_grow,
     "exp_pools_streams": scenario_pools_streams,
     "exp_oom_flush": scenario_oom_flush,
     "exp_ring": scenario_ring,
+    "exp_random": scenario_random,
 }
 
 

@@ -102,7 +102,10 @@ struct DeviceAllocatorModel::Impl {
   std::set<Key> free;      // mapped free blocks
   std::set<Key> unmapped;  // unmapped ranges of expandable reservations (size field = 0)
   std::optional<uint64_t> pending_new;  // where the next alloc goes after a segment_alloc/map
-  bool group_open = false;              // a segment_alloc/map since the last alloc
+  // Upper bound of a reservation's bytes per pool kind (0 small, 1 large), learnt when a new
+  // reservation of the kind begins inside an older one's unmapped tail.
+  uint64_t reservation_bound[2] = {~uint64_t{0}, ~uint64_t{0}};
+  bool group_open = false;  // a segment_alloc/map since the last alloc
 
   // Fixed after construction.
   const format::Snapshot* snap = nullptr;
@@ -585,15 +588,30 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (!m.pending_new) m.pending_new = e.addr;
 
   Seg* s = m.segAt(e.addr);
-  if (s != nullptr && s->expandable && !sameGroup(*s, pool, large, e.stream) &&
-      cutReservationTail(m, *s, e.addr)) {
-    s = nullptr;  // the address space of another reservation begins here
+  // A map starts at an unmapped block's first byte (map_block maps from to_map->ptr): one that
+  // starts inside a reservation's unmapped tail begins a new reservation there, so the old one
+  // ended before it (it was full: its size, 1.125 x the device's memory, is not in the file).
+  bool inside_tail = false;
+  if (s != nullptr && s->expandable) {
+    const ModelBlock& last = std::prev(s->blocks.end())->second;
+    inside_tail = !last.mapped && last.isFree() && last.address < e.addr;
+  }
+  if (s != nullptr && s->expandable && (!sameGroup(*s, pool, large, e.stream) || inside_tail)) {
+    const uint64_t base = s->address;
+    if (cutReservationTail(m, *s, e.addr)) {
+      if (sameGroup(*s, pool, large, e.stream) || inside_tail) {
+        // Every reservation of a pool kind has the same size: no bigger than this one was.
+        uint64_t& bound = m.reservation_bound[large ? 1 : 0];
+        bound = std::min(bound, e.addr - base);
+      }
+      s = nullptr;  // the address space of another reservation begins here
+    }
   }
   if (s == nullptr) {
     // A new reservation (CCA find_expandable_block: one ExpandableSegment per pool and stream).
     Seg ns;
     ns.address = e.addr;
-    ns.size = reservationAt(e.addr);
+    ns.size = std::min(reservationAt(e.addr), m.reservation_bound[large ? 1 : 0]);
     if (auto nx = m.segs.upper_bound(e.addr); nx != m.segs.end())
       ns.size = std::min(ns.size, nx->first - e.addr);
     ns.stream = e.stream;
@@ -1063,6 +1081,7 @@ void DeviceAllocatorModel::reset() {
   impl_->rebuildIndex();
   impl_->pending_new.reset();
   impl_->group_open = false;
+  impl_->reservation_bound[0] = impl_->reservation_bound[1] = ~uint64_t{0};  // same every pass
   next_ = 0;
 }
 

@@ -164,6 +164,15 @@ TEST(ExpandableSegments, RingBufferTracesThatStartWithAMap) {
   expectExact(snap, "exp_ring");
 }
 
+// Random configurations (three streams, physical limits, ring-buffer starts) where a new
+// reservation begins inside the unmapped tail the model guessed for an older one: a map never
+// starts inside an unmapped block, so the older reservation ended there.
+TEST(ExpandableSegments, ReservationsWhoseEndIsNotInTheFile) {
+  const auto snap = load("exp_random");
+  ASSERT_EQ(snap.devices().size(), 2u);
+  expectExact(snap, "exp_random");
+}
+
 // CCA release_blocks -> unmap_block unmaps every completely free page of a free block, not part of
 // them: an unmap of one of two free pages is flagged, the full range is predicted.
 TEST(ExpandableSegments, UnmapMustBeEveryFullyFreePageOfTheBlock) {
