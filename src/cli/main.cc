@@ -21,6 +21,7 @@
 #include "analysis/analyze.h"
 #include "cli/cmd_blocks.h"
 #include "cli/cmd_check.h"
+#include "cli/cmd_whatif.h"
 #include "cli/cmd_diff.h"
 #include "cli/cmd_ranks.h"
 #include "cli/cmd_record.h"
@@ -291,6 +292,7 @@ int run(int argc, char** argv) {
   auto* df = mf::cli::addDiffCommand(app);
   auto* rk = mf::cli::addRanksCommand(app);
   auto* ck = mf::cli::addCheckCommand(app);
+  auto* wi = mf::cli::addWhatIfCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -313,6 +315,7 @@ int run(int argc, char** argv) {
   if (df->parsed()) return mf::cli::runDiffCommand();
   if (rk->parsed()) return mf::cli::runRanksCommand();
   if (ck->parsed()) return mf::cli::runCheckCommand();
+  if (wi->parsed()) return mf::cli::runWhatIfCommand();
   return kExitUsage;
 }
 

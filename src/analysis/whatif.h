@@ -1,0 +1,100 @@
+// whatif.h: the allocator what-if (issue 14 part 1, docs/whatif.md).
+//
+// Replays a device's recorded REQUEST stream (alloc sizes, frees, streams, pools and their order;
+// recorded OOMs as the requests that failed) through a simulation of PyTorch's CUDA caching
+// allocator under other settings and/or another card capacity, with the allocator's reaction to a
+// failed cudaMalloc (garbage collection when a threshold is set, release of oversize cached blocks,
+// release of every cached segment / unmap of fully free pages, retry, then OOM). The simulation
+// reuses the policy pieces of replay/allocator_model.h (ModelSettings, allocationSize) and
+// replay/replay.h (roundSize) and the constants of common/allocator_constants.h; it cannot be the
+// event-driven DeviceAllocatorModel itself, which takes every address from the trace.
+//
+// What it cannot change: what the program asked for (sizes, order, lifetimes). After an OOM the
+// recording shows the program's reaction to the exception; a what-if that avoids the OOM still
+// replays that reaction (the avoided request is freed at once).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/model/snapshot.h"
+#include "replay/allocator_model.h"
+
+namespace memforensics::analysis {
+
+// "Unlimited" capacity.
+inline constexpr uint64_t kWhatIfUnlimited = ~uint64_t{0};
+// User frames shown per OOM.
+inline constexpr size_t kWhatIfOomFrames = 3;
+// OOMs listed per run (the count is always complete).
+inline constexpr size_t kWhatIfMaxOoms = 64;
+
+struct WhatIfSettings {
+  replay::ModelSettings model;
+  double gc_threshold = 0.0;  // garbage_collection_threshold; 0 = off
+};
+WhatIfSettings whatIfSettingsOf(const format::Snapshot& snap);
+// Applies one KEY=VALUE (PYTORCH_CUDA_ALLOC_CONF spelling); "" when accepted, else why not.
+std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key, const std::string& value);
+// "expandable_segments=false max_split_size_mb=unlimited ..." for the output.
+std::string describeSettings(const WhatIfSettings& s);
+
+struct SimOom {
+  int64_t event = -1;      // index in the device's trace
+  uint64_t requested = 0;  // bytes the program asked for
+  uint64_t rounded = 0;    // after round_size
+  int64_t stream = 0;
+  format::StackId stack = format::kNoStack;
+  std::string line;       // innermost user frames ("model.py:54 forward < ..."), or ""
+  uint64_t reserved = 0;  // simulated reserved / allocated when it failed (or was served)
+  uint64_t allocated = 0;
+  bool recorded = false;  // an OOM of the file (else a new one of the what-if)
+  bool avoided = false;   // recorded only: the what-if served the request
+  std::string why;
+};
+
+struct SimResult {
+  uint64_t capacity = kWhatIfUnlimited;
+  uint64_t peak_reserved = 0;
+  uint64_t peak_allocated = 0;
+  uint64_t allocated_at_peak_reserved = 0;  // fragmentation at the peak = 1 - this / peak
+  uint64_t oom_count = 0;                   // requests that failed
+  std::vector<SimOom> ooms;                 // the first kWhatIfMaxOoms, recorded ones included
+  uint64_t empty_cache_calls = 0;           // recorded segment releases replayed as empty_cache()
+};
+
+struct DeviceWhatIf {
+  int64_t device = 0;
+  uint64_t recorded_peak_reserved = 0;  // from the file's segment events (and start state)
+  uint64_t recorded_ooms = 0;
+  bool complete_history = true;  // no free of a block allocated before the trace began
+  uint64_t unknown_frees = 0;
+  SimResult baseline, whatif;
+};
+
+struct WhatIfOptions {
+  std::optional<int64_t> device;
+  std::vector<std::pair<std::string, std::string>> sets;  // KEY=VALUE, in order
+  std::optional<uint64_t> capacity;                       // else what the file implies
+};
+
+struct WhatIfResult {
+  WhatIfSettings base_settings, what_settings;
+  bool capacity_given = false;
+  std::vector<DeviceWhatIf> devices;
+};
+
+// Simulates device trace `d` of `snap`. `capacity`: kWhatIfUnlimited for none.
+SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfSettings& s,
+                           uint64_t capacity);
+// The capacity the file implies for device trace `d`: reserved + device_free at its tightest OOM
+// (at least the reserved bytes the recording reached before it: the card held them; device_free
+// also moves with other processes), kWhatIfUnlimited when it has no OOM.
+uint64_t impliedCapacity(const format::Snapshot& snap, size_t d);
+
+// The whole command: "" in `error` on success (else a refused setting).
+WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error);
+
+}  // namespace memforensics::analysis
