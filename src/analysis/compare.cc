@@ -74,12 +74,6 @@ uint64_t medianOf(std::vector<uint64_t> v) {
   return lower + (upper - lower) / 2;
 }
 
-uint64_t lineBytes(const RankRow& r, const std::string& line) {
-  auto it = std::lower_bound(r.lines.begin(), r.lines.end(), line,
-                             [](const RankLine& a, const std::string& b) { return a.line < b; });
-  return it != r.lines.end() && it->line == line ? it->bytes : 0;
-}
-
 // base * (1 + pct / 100), rounded down, saturated.
 uint64_t increasedLimit(uint64_t base, double pct) {
   const long double v =
@@ -493,7 +487,14 @@ RanksSummary markOutliers(std::vector<RankRow>& rows) {
                     : static_cast<double>((static_cast<long double>(v) - med) /
                                           static_cast<long double>(med));
   };
-  std::vector<uint64_t> others;
+  // Per line, the sorted bytes of the rows that have it (the others hold 0 there): the median of
+  // the other ranks on a line is then found by index, O(log n) per line of an outlier.
+  std::unordered_map<std::string, std::vector<uint64_t>> by_line;
+  for (size_t i : ok) {
+    for (const auto& l : rows[i].lines) by_line[l.line].push_back(l.bytes);
+  }
+  for (auto& [line, v] : by_line) std::sort(v.begin(), v.end());
+  const size_t n = ok.size();
   for (size_t i : ok) {
     RankRow& r = rows[i];
     r.outlier = false;
@@ -506,16 +507,22 @@ RanksSummary markOutliers(std::vector<RankRow>& rows) {
       r.outlier_figure = "peak_requested";
       r.above_median = fraction(r.peak_requested, s.median_peak_requested);
     }
-    if (!r.outlier) continue;
+    if (!r.outlier || n < 2) continue;
     ++s.outliers;
     // The line whose bytes stand furthest above the median of the other ranks' bytes there.
     int64_t best = std::numeric_limits<int64_t>::min();
     for (const auto& l : r.lines) {
-      others.clear();
-      for (size_t j : ok) {
-        if (j != i) others.push_back(lineBytes(rows[j], l.line));
-      }
-      const uint64_t med = medianOf(others);
+      const std::vector<uint64_t>& vals = by_line[l.line];
+      const size_t zeros = n - vals.size();
+      auto full = [&](size_t k) { return k < zeros ? uint64_t{0} : vals[k - zeros]; };
+      // The sorted values of every row but this one: `full` without one copy of l.bytes.
+      const size_t pos =
+          zeros +
+          static_cast<size_t>(std::lower_bound(vals.begin(), vals.end(), l.bytes) - vals.begin());
+      auto other = [&](size_t k) { return k < pos ? full(k) : full(k + 1); };
+      const size_t m = n - 1;
+      const uint64_t upper = other(m / 2);
+      const uint64_t med = m % 2 == 1 ? upper : other(m / 2 - 1) + (upper - other(m / 2 - 1)) / 2;
       const int64_t diff = signedDelta(med, l.bytes);
       if (diff > best) {
         best = diff;
