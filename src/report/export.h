@@ -38,8 +38,9 @@ struct PerfettoOptions {
 //   * Device d is process pid d + 1 named "GPU d" (pid 0 is special to some importers). Its
 //     counters are "C" events named reserved / allocated / requested / pending_free with one arg
 //     "bytes" (Perfetto tracks "reserved bytes", ...): all four at ts 0 (the replayed start state),
-//     then after every event only the series whose value changed. Values are exactly
-//     DeviceReplayer::counters(), so each series' maximum is summarizeDevice()'s peak.
+//     then after every event only the series whose value changed. Values are exactly the
+//     session's counters after each event (DeviceFacts::series), so each series' maximum is the
+//     session summary's peak.
 //   * ts is in microseconds: time_us - time_origin_us, where time_origin_us (in otherData) is one
 //     microsecond before the earliest time in the file, so the start state has ts 0 to itself.
 //     Events without time_us take the previous event's ts, and ts never decreases within a device
