@@ -1,0 +1,188 @@
+// whatif_test.cc: the allocator what-if (analysis/whatif.h, docs/whatif.md). Under the file's own
+// settings the simulation reproduces the recorded peak reserved on complete histories; on
+// fabricated request streams with a known answer each setting gives that answer.
+#include "analysis/whatif.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "fixtures/model_builder.h"
+#include "format/load/load.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using testing::ModelBuilder;
+constexpr uint64_t kMiB = 1048576;
+constexpr uint64_t kBase = uint64_t{0x7f0000000000};
+
+WhatIfSettings with(const std::string& key, const std::string& value,
+                    WhatIfSettings s = WhatIfSettings{}) {
+  std::string why = applyWhatIfSetting(s, key, value);
+  EXPECT_EQ(why, "") << key << "=" << value;
+  return s;
+}
+
+// --- the file's own settings reproduce the recorded peak reserved ---------------------------
+
+struct RealCase {
+  std::string path;
+  uint64_t peak_reserved;
+  uint64_t ooms;
+};
+
+class WhatIfBaseline : public ::testing::TestWithParam<RealCase> {};
+
+TEST_P(WhatIfBaseline, ReproducesTheRecordedPeakReserved) {
+  const RealCase& c = GetParam();
+  if (!std::filesystem::exists(c.path)) GTEST_SKIP() << c.path << " absent";
+  auto snap = format::loadSnapshotFile(c.path);
+  ASSERT_TRUE(snap.ok()) << c.path;
+  std::string error;
+  WhatIfResult r = runWhatIf(*snap, {}, &error);
+  ASSERT_EQ(error, "");
+  ASSERT_EQ(r.devices.size(), 1u);
+  const DeviceWhatIf& d = r.devices[0];
+  EXPECT_TRUE(d.complete_history);
+  EXPECT_EQ(d.recorded_peak_reserved, c.peak_reserved);
+  EXPECT_EQ(d.baseline.peak_reserved, c.peak_reserved);
+  EXPECT_EQ(d.baseline.oom_count, c.ooms);
+  EXPECT_EQ(d.recorded_ooms, c.ooms);
+  // No --set, no --capacity: the what-if is the baseline.
+  EXPECT_EQ(d.whatif.peak_reserved, d.baseline.peak_reserved);
+  EXPECT_EQ(d.whatif.oom_count, d.baseline.oom_count);
+}
+
+const std::string kReal = MEMF_REAL_SNAPSHOTS;
+const std::string kSrc = MEMF_SOURCE_DIR;
+INSTANTIATE_TEST_SUITE_P(
+    Files, WhatIfBaseline,
+    ::testing::Values(
+        RealCase{kReal + "/silmont2000__assignment2-systems__mem_snapshot.pickle", 3781165056u, 0},
+        RealCase{kReal + "/zidongliu__decomfl__memory.pickle", 1897922560u, 0},
+        RealCase{kSrc + "/snapshots/sample_training.pickle", 639631360u, 1},
+        RealCase{kSrc + "/snapshots/scenarios/fragmentation_oom.pickle", 452984832u, 1}),
+    [](const auto& info) { return "File" + std::to_string(info.index); });
+
+// --- fabricated request streams with a known answer -----------------------------------------
+
+// 20 live requests of 10.5 MiB: each cudaMalloc'd segment is rounded to 12 MiB, and the 1.5 MiB
+// left in each stays cached but is too small for the next request: 240 MiB reserved; expandable
+// segments split to 512 bytes and map 20 MiB pages as needed: 210 MiB of requests in 11 pages, 220
+// MiB.
+TEST(WhatIf, ExpandableSegmentsRemoveRoundingWaste) {
+  ModelBuilder b;
+  const uint64_t req = 10 * kMiB + kMiB / 2;
+  for (uint64_t i = 0; i < 20; ++i) b.alloc(kBase + i * 12 * kMiB, req);
+  auto snap = b.build();
+  SimResult base = simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited);
+  EXPECT_EQ(base.peak_reserved, 240 * kMiB);
+  EXPECT_EQ(base.peak_allocated, 20 * req);  // the 1.5 MiB remainders are split off, free
+  SimResult exp = simulateRequests(snap, 0, with("expandable_segments", "True"), kWhatIfUnlimited);
+  EXPECT_EQ(exp.peak_reserved, 220 * kMiB);
+  EXPECT_EQ(exp.peak_allocated, 20 * req);
+  EXPECT_EQ(exp.oom_count, 0u);
+}
+
+// A freed 100 MiB block is split for a live 30 MiB request; the next 100 MiB request needs a new
+// segment, and a 150 MiB card has only 50 MiB left: OOM, though live bytes (130 MiB) fit. With
+// max_split_size_mb=64 the 30 MiB request may not split the 100 MiB block (it gets its own 30 MiB
+// segment) and the 100 MiB one reuses it: 130 MiB reserved. Expandable segments grow the
+// reservation by two pages instead: 140 MiB.
+format::Snapshot fragmentation() {
+  return ModelBuilder()
+      .alloc(kBase, 100 * kMiB)
+      .free(kBase, 100 * kMiB)
+      .alloc(kBase, 30 * kMiB)
+      .alloc(kBase + 200 * kMiB, 100 * kMiB, {.frames = testing::Frames{{"train.py", 42, "step"}}})
+      .build();
+}
+
+TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
+  auto snap = fragmentation();
+  const uint64_t cap = 150 * kMiB;
+  SimResult base = simulateRequests(snap, 0, WhatIfSettings{}, cap);
+  ASSERT_EQ(base.oom_count, 1u);
+  ASSERT_EQ(base.ooms.size(), 1u);
+  EXPECT_FALSE(base.ooms[0].recorded);
+  EXPECT_EQ(base.ooms[0].event, 4);  // free() is free_requested + free_completed
+  EXPECT_EQ(base.ooms[0].requested, 100 * kMiB);
+  EXPECT_EQ(base.ooms[0].line, "train.py:42 step");
+  EXPECT_NE(base.ooms[0].why.find("fragmentation"), std::string::npos) << base.ooms[0].why;
+  EXPECT_EQ(base.peak_reserved, 100 * kMiB);
+
+  SimResult split = simulateRequests(snap, 0, with("max_split_size_mb", "64"), cap);
+  EXPECT_EQ(split.oom_count, 0u);
+  EXPECT_EQ(split.peak_reserved, 130 * kMiB);
+  EXPECT_EQ(split.peak_allocated, 130 * kMiB);
+
+  SimResult exp = simulateRequests(snap, 0, with("expandable_segments", "True"), cap);
+  EXPECT_EQ(exp.oom_count, 0u);
+  EXPECT_EQ(exp.peak_reserved, 140 * kMiB);
+
+  // On an unlimited card nothing fails: 200 MiB reserved.
+  EXPECT_EQ(simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited).peak_reserved,
+            200 * kMiB);
+}
+
+// 100 MiB live, then a recorded OOM of 100 MiB with 50 MiB free: the card holds 150 MiB and live
+// bytes plus the request are 200 MiB. No setting avoids it; a 250 MiB card does.
+TEST(WhatIf, NoSettingHelpsWhenLiveBytesPlusTheRequestExceedTheCard) {
+  auto snap = ModelBuilder()
+                  .segmentAlloc(kBase, 100 * kMiB)
+                  .alloc(kBase, 100 * kMiB)
+                  .oom(100 * kMiB, 50 * kMiB, {.frames = testing::Frames{{"train.py", 7, "fwd"}}})
+                  .build();
+  EXPECT_EQ(impliedCapacity(snap, 0), 150 * kMiB);
+  const std::vector<std::pair<std::string, std::string>> sets = {
+      {"expandable_segments", "True"},
+      {"max_split_size_mb", "64"},
+      {"roundup_power2_divisions", "4"},
+      {"garbage_collection_threshold", "0.5"}};
+  for (const auto& kv : sets) {
+    WhatIfOptions opt;
+    opt.sets = {kv};
+    std::string error;
+    WhatIfResult r = runWhatIf(snap, opt, &error);
+    ASSERT_EQ(error, "");
+    ASSERT_EQ(r.devices.size(), 1u);
+    const auto& w = r.devices[0].whatif;
+    EXPECT_EQ(w.capacity, 150 * kMiB);
+    ASSERT_EQ(w.ooms.size(), 1u) << kv.first;
+    EXPECT_TRUE(w.ooms[0].recorded);
+    EXPECT_FALSE(w.ooms[0].avoided) << kv.first;
+    EXPECT_NE(w.ooms[0].why.find("no allocator setting"), std::string::npos) << w.ooms[0].why;
+    EXPECT_EQ(w.ooms[0].line, "train.py:7 fwd");
+    EXPECT_EQ(r.devices[0].baseline.oom_count, 1u);
+  }
+  WhatIfOptions bigger;
+  bigger.capacity = 250 * kMiB;
+  std::string error;
+  WhatIfResult r = runWhatIf(snap, bigger, &error);
+  ASSERT_EQ(r.devices.size(), 1u);
+  ASSERT_EQ(r.devices[0].whatif.ooms.size(), 1u);
+  EXPECT_TRUE(r.devices[0].whatif.ooms[0].avoided);
+  EXPECT_EQ(r.devices[0].whatif.oom_count, 0u);
+  EXPECT_EQ(r.devices[0].whatif.peak_reserved, 200 * kMiB);
+}
+
+TEST(WhatIf, SettingsThatDoNotChangeDeviceMemoryAreRefused) {
+  WhatIfSettings s;
+  EXPECT_NE(applyWhatIfSetting(s, "pinned_use_cuda_host_register", "True").find("pinned"),
+            std::string::npos);
+  EXPECT_NE(applyWhatIfSetting(s, "no_such_key", "1").find("unknown"), std::string::npos);
+  EXPECT_NE(applyWhatIfSetting(s, "max_split_size_mb", "10"), "");  // CCA wants > 20
+  EXPECT_NE(applyWhatIfSetting(s, "garbage_collection_threshold", "1.5"), "");
+  EXPECT_NE(applyWhatIfSetting(s, "roundup_power2_divisions", "3"), "");
+  EXPECT_NE(applyWhatIfSetting(s, "expandable_segments", "maybe"), "");
+  auto snap = fragmentation();
+  WhatIfOptions opt;
+  opt.sets = {{"pinned_num_register_threads", "8"}};
+  std::string error;
+  runWhatIf(snap, opt, &error);
+  EXPECT_NE(error, "");
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
