@@ -112,6 +112,8 @@ struct ModelFacts {
   std::string estimate_reason;  // "" when layout_exact; e.g. "model predicted 38 of 199 allocs"
 };
 
+// Everything one session learned about one device. `events` views the Snapshot's trace: the facts
+// must not outlive the Snapshot they were built from.
 struct DeviceFacts {
   int64_t device = 0;
   std::span<const format::Event> events;
