@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 
+#include "common/allocator_constants.h"
+
 namespace memforensics::analysis {
 
 namespace {
@@ -12,10 +14,7 @@ using format::Action;
 using format::BlockState;
 
 std::string poolLabel(bool is_large, const replay::PoolId& pool) {
-  std::string s = is_large ? "large" : "small";
-  if (pool != replay::PoolId{0, 0})
-    s += " (" + std::to_string(pool.first) + "," + std::to_string(pool.second) + ")";
-  return s;
+  return alloc::poolName(is_large, pool.first, pool.second);
 }
 
 void addFree(FreeSpace& f, uint64_t size) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/allocator_constants.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
 
@@ -39,10 +40,7 @@ std::string stateName(BlockState s) {
 }
 
 std::string poolOf(const replay::ModelSegment& s) {
-  std::string p = s.is_large ? "large" : "small";
-  if (s.pool != replay::PoolId{0, 0})
-    p += " (" + std::to_string(s.pool.first) + "," + std::to_string(s.pool.second) + ")";
-  return p;
+  return alloc::poolName(s.is_large, s.pool.first, s.pool.second);
 }
 
 json freeSpaceJson(const analysis::FreeSpace& f) {
