@@ -436,6 +436,33 @@ bool parseUint(const std::string& v, uint64_t* out) {
 
 }  // namespace
 
+std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
+  auto ev = snap.trace(d);
+  std::map<uint64_t, StartBlock> out;
+  std::unordered_set<uint64_t> seen;  // addresses whose first event was an alloc
+  for (const Event& e : ev) {
+    if (e.action == Action::Alloc) {
+      seen.insert(e.addr);
+    } else if ((e.action == Action::FreeRequested || e.action == Action::FreeCompleted) &&
+               !seen.count(e.addr) && !out.count(e.addr)) {
+      out[e.addr] = {e.addr, e.size, e.stream, poolOf(snap, e)};
+    }
+  }
+  for (const auto& sg : snap.segments) {
+    if (sg.device != static_cast<int64_t>(d)) continue;
+    for (const auto& b : snap.blocksOf(sg)) {
+      if (!b.isActive() || seen.count(b.address) || out.count(b.address)) continue;
+      out[b.address] = {b.address,
+                        b.has_requested_size ? b.requested_size : b.size,
+                        sg.stream,
+                        {sg.pool_a, sg.pool_b}};
+    }
+  }
+  std::vector<StartBlock> v;
+  for (auto& [a, b] : out) v.push_back(b);
+  return v;
+}
+
 WhatIfSettings whatIfSettingsOf(const format::Snapshot& snap) {
   WhatIfSettings s;
   s.model = replay::modelSettingsOf(snap);
@@ -537,6 +564,16 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
   std::vector<uint64_t> rec_before = recordedReserved(snap, d, nullptr);
   const uint64_t rec_cap = impliedCapacity(snap, d);
   std::unordered_map<uint64_t, uint64_t> live;  // recorded address -> simulated address
+  // Blocks alive when the trace began, allocated first in address order (their order and the
+  // cache around them are not in the file).
+  for (const StartBlock& b : startBlocks(snap, d)) {
+    const uint64_t rounded = replay::roundSize(b.requested, st.model.divisions);
+    if (auto a = sim.malloc(b.pool, rounded, b.stream)) {
+      live[b.address] = *a;
+    } else {
+      ++r.start_blocks_refused;
+    }
+  }
   auto note = [&]() {
     if (sim.reserved > r.peak_reserved) {
       r.peak_reserved = sim.reserved;
@@ -673,7 +710,8 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
         if (alive.erase(e.addr) == 0) ++w.unknown_frees;
       }
     }
-    w.complete_history = w.unknown_frees == 0;
+    w.start_blocks = startBlocks(snap, d).size();
+    w.complete_history = w.start_blocks == 0;
     const uint64_t implied = impliedCapacity(snap, d);
     w.baseline = simulateRequests(snap, d, res.base_settings, implied);
     w.whatif = simulateRequests(snap, d, res.what_settings, opt.capacity.value_or(implied));

@@ -63,14 +63,26 @@ struct SimResult {
   uint64_t oom_count = 0;                   // requests that failed
   std::vector<SimOom> ooms;                 // the first kWhatIfMaxOoms, recorded ones included
   uint64_t empty_cache_calls = 0;           // recorded segment releases replayed as empty_cache()
+  uint64_t start_blocks_refused = 0;        // start blocks that did not fit the capacity
 };
+
+// A block alive when the trace began: freed in the trace before any alloc of its address, or
+// active in the final state and never allocated in the trace.
+struct StartBlock {
+  uint64_t address = 0;
+  uint64_t requested = 0;
+  int64_t stream = 0;
+  replay::PoolId pool{0, 0};
+};
+std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d);
 
 struct DeviceWhatIf {
   int64_t device = 0;
   uint64_t recorded_peak_reserved = 0;  // from the file's segment events (and start state)
   uint64_t recorded_ooms = 0;
-  bool complete_history = true;  // no free of a block allocated before the trace began
-  uint64_t unknown_frees = 0;
+  bool complete_history = true;  // no block alive before the trace began
+  uint64_t unknown_frees = 0;    // frees of blocks allocated before the trace
+  uint64_t start_blocks = 0;     // blocks alive at the start (seeded into the simulation)
   SimResult baseline, whatif;
 };
 

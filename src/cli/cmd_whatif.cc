@@ -171,6 +171,7 @@ int runWhatIfCommand() {
       x["recorded_oom_count"] = d.recorded_ooms;
       x["complete_history"] = d.complete_history;
       x["frees_before_trace"] = d.unknown_frees;
+      x["start_blocks"] = d.start_blocks;
       x["baseline"] = simJson(d.baseline);
       x["whatif"] = simJson(d.whatif);
       devs.push_back(std::move(x));
@@ -187,9 +188,10 @@ int runWhatIfCommand() {
     os << "device " << d.device << ": recorded peak reserved "
        << formatBytes(d.recorded_peak_reserved) << ", recorded OOMs " << d.recorded_ooms << "\n";
     if (!d.complete_history)
-      os << "  history incomplete: " << d.unknown_frees
-         << " frees of blocks allocated before the trace; the simulation covers the requests in "
-            "the trace only\n";
+      os << "  history incomplete: " << d.start_blocks
+         << " blocks were alive when the trace began; the simulation allocates them first, in "
+            "address order (their order and the cache around them are not in the file): an "
+            "estimate\n";
     printSim("baseline", d.baseline, os);
     printSim("what-if ", d.whatif, os);
   }

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "fixtures/model_builder.h"
+#include "fixtures/real_snapshots.h"
 #include "format/load/load.h"
 
 namespace memforensics::analysis {
@@ -64,6 +65,29 @@ INSTANTIATE_TEST_SUITE_P(
         RealCase{kSrc + "/snapshots/sample_training.pickle", 639631360u, 1},
         RealCase{kSrc + "/snapshots/scenarios/fragmentation_oom.pickle", 452984832u, 1}),
     [](const auto& info) { return "File" + std::to_string(info.index); });
+
+// Every complete history among the real files, the sample and the scenarios: the baseline's peak
+// reserved and OOM count are the recorded ones.
+TEST(WhatIfBaselineAll, EveryCompleteHistoryReproducesItsPeakReserved) {
+  auto paths = testing::realSnapshotPathsAndSample();
+  for (const auto& e : std::filesystem::directory_iterator(kSrc + "/snapshots/scenarios")) {
+    if (e.path().extension() == ".pickle") paths.push_back(e.path());
+  }
+  size_t complete = 0;
+  for (const auto& p : paths) {
+    auto snap = format::loadSnapshotFile(p.string());
+    if (!snap.ok()) continue;
+    std::string error;
+    WhatIfResult r = runWhatIf(*snap, {}, &error);
+    for (const DeviceWhatIf& d : r.devices) {
+      if (!d.complete_history) continue;
+      ++complete;
+      EXPECT_EQ(d.baseline.peak_reserved, d.recorded_peak_reserved) << p;
+      EXPECT_EQ(d.baseline.oom_count, d.recorded_ooms) << p;
+    }
+  }
+  EXPECT_GE(complete, 12u);  // the sample and the 11 scenarios at least
+}
 
 // --- fabricated request streams with a known answer -----------------------------------------
 
