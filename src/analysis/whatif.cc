@@ -24,8 +24,8 @@ using replay::PoolId;
 
 // Base of the simulated address space and the virtual size of an expandable reservation (CCA
 // reserves 1.125 x the device memory; any size larger than a card works).
-constexpr uint64_t kSimBase = uint64_t{1} << 40;
-constexpr uint64_t kSimReservation = uint64_t{1} << 40;
+constexpr uint64_t kSimBase = uint64_t{1} << 50;
+constexpr uint64_t kSimReservation = uint64_t{1} << 49;  // above kWhatIfMaxRequest
 
 uint64_t addSat(uint64_t a, uint64_t b) {
   uint64_t r;
@@ -147,6 +147,11 @@ struct Sim {
     merge(*s, it);
   }
 
+  // The simulated address space (from kSimBase up) has room for `bytes` more (a hostile file
+  // with very many huge segments or streams runs out: out of memory, never a wrapped address).
+  bool roomFor(uint64_t bytes) const {
+    return next_addr <= ~uint64_t{0} - kSimBase && bytes <= ~uint64_t{0} - kSimBase - next_addr;
+  }
   bool fits(uint64_t bytes) const {
     return capacity == kWhatIfUnlimited || addSat(reserved, bytes) <= capacity;
   }
@@ -154,7 +159,7 @@ struct Sim {
   // cudaMalloc of a segment (CCA alloc_block); nullopt when the card is full.
   std::optional<uint64_t> newSegment(PoolId pool, bool large, int64_t stream, uint64_t size) {
     const uint64_t bytes = replay::allocationSize(size);
-    if (!fits(bytes)) return std::nullopt;
+    if (!fits(bytes) || !roomFor(bytes)) return std::nullopt;
     Seg s;
     s.address = next_addr;
     s.size = bytes;
@@ -178,6 +183,7 @@ struct Sim {
       if (s.expandable && s.pool == pool && s.large == large && s.stream == stream) res = &s;
     }
     if (res == nullptr) {
+      if (!roomFor(kSimReservation)) return std::nullopt;
       Seg s;
       s.address = next_addr;
       s.size = kSimReservation;
@@ -337,6 +343,8 @@ struct Sim {
 
   // CCA malloc(): nullopt = out of memory.
   std::optional<uint64_t> malloc(PoolId pool, uint64_t size, int64_t stream) {
+    if (size > kWhatIfMaxRequest) return std::nullopt;
+    if (size == 0) size = alloc::kMinBlockSize;  // round_size(0) in a hostile file
     const bool large = size > alloc::kSmallSize;
     if (auto a = bestFit(pool, large, stream, size)) return take(*a, size);
     garbageCollect();

@@ -26,6 +26,9 @@ namespace memforensics::analysis {
 
 // "Unlimited" capacity.
 inline constexpr uint64_t kWhatIfUnlimited = ~uint64_t{0};
+// A request above this (256 TiB) fails at once as out of memory: no card holds it, and the
+// simulation's address and byte arithmetic stay far from 2^64 on hostile sizes.
+inline constexpr uint64_t kWhatIfMaxRequest = uint64_t{1} << 48;
 // User frames shown per OOM.
 inline constexpr size_t kWhatIfOomFrames = 3;
 // OOMs listed per run (the count is always complete).

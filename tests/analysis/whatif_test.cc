@@ -191,6 +191,24 @@ TEST(WhatIf, NoSettingHelpsWhenLiveBytesPlusTheRequestExceedTheCard) {
   EXPECT_EQ(r.devices[0].whatif.peak_reserved, 200 * kMiB);
 }
 
+// Hostile sizes: no wrapped arithmetic, no abort; what no card holds is an OOM.
+TEST(WhatIf, HostileSizesAreOutOfMemoryNotAWrappedSum) {
+  auto snap = ModelBuilder()
+                  .alloc(kBase, ~uint64_t{0})
+                  .alloc(kBase + 1, uint64_t{1} << 63)
+                  .alloc(kBase + 2, 0)
+                  .alloc(kBase + 3, kWhatIfMaxRequest)
+                  .free(kBase + 2, 0)
+                  .free(kBase + 99, 5)  // never allocated: a start block
+                  .build();
+  for (const char* exp : {"False", "True"}) {
+    SimResult r = simulateRequests(snap, 0, with("expandable_segments", exp), kWhatIfUnlimited);
+    EXPECT_EQ(r.oom_count, 2u) << exp;
+    EXPECT_GE(r.peak_reserved, kWhatIfMaxRequest) << exp;
+    EXPECT_LT(r.peak_reserved, kWhatIfMaxRequest + 64 * kMiB) << exp;
+  }
+}
+
 TEST(WhatIf, SettingsThatDoNotChangeDeviceMemoryAreRefused) {
   WhatIfSettings s;
   EXPECT_NE(applyWhatIfSetting(s, "pinned_use_cuda_host_register", "True").find("pinned"),
