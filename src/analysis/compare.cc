@@ -29,15 +29,23 @@ const replay::Peak& summaryPeak(const replay::DeviceSummary& s, PeakKind k) {
   return s.peak_reserved;
 }
 
-// Exact key: file, function and line of every frame; loose key: file and function only.
-std::string frameKey(const std::vector<FrameText>& frames, bool has_stack, bool with_lines) {
+// Exact key: file, function and line of every frame; Loose: file and function; BaseName: the
+// file's last path component and the function (another checkout of the same code).
+enum class KeyMode { Exact, Loose, BaseName };
+
+std::string_view baseName(std::string_view path) {
+  const size_t cut = path.find_last_of("/\\");
+  return cut == std::string_view::npos ? path : path.substr(cut + 1);
+}
+
+std::string frameKey(const std::vector<FrameText>& frames, bool has_stack, KeyMode mode) {
   std::string k = has_stack ? "S" : "N";
   for (const auto& f : frames) {
     k += '\x1e';
-    k += f.filename;
+    k += mode == KeyMode::BaseName ? baseName(f.filename) : std::string_view(f.filename);
     k += '\x1f';
     k += f.name;
-    if (with_lines) {
+    if (mode == KeyMode::Exact) {
       k += '\x1f';
       k += std::to_string(f.line);
     }
@@ -102,6 +110,8 @@ std::string_view stackMatchName(StackMatch m) {
       return "exact";
     case StackMatch::FunctionOnly:
       return "function_only";
+    case StackMatch::FileNameOnly:
+      return "file_name_only";
     case StackMatch::New:
       return "new";
     case StackMatch::Gone:
@@ -246,7 +256,8 @@ PeakDiff diffPeak(PeakKind kind, const PeakProfile& base, const PeakProfile& neu
   std::vector<bool> base_used(base.groups.size(), false), new_used(neu.groups.size(), false);
   std::unordered_map<std::string, size_t> base_exact;
   for (size_t i = 0; i < base.groups.size(); ++i) {
-    base_exact.emplace(frameKey(base.groups[i].frames, base.groups[i].has_stack, true), i);
+    base_exact.emplace(frameKey(base.groups[i].frames, base.groups[i].has_stack, KeyMode::Exact),
+                       i);
   }
   auto pair = [&](size_t bi, size_t ni, StackMatch how) {
     base_used[bi] = new_used[ni] = true;
@@ -261,31 +272,37 @@ PeakDiff diffPeak(PeakKind kind, const PeakProfile& base, const PeakProfile& neu
     matched.push_back(std::move(sd));
   };
   for (size_t i = 0; i < neu.groups.size(); ++i) {
-    auto it = base_exact.find(frameKey(neu.groups[i].frames, neu.groups[i].has_stack, true));
+    auto it =
+        base_exact.find(frameKey(neu.groups[i].frames, neu.groups[i].has_stack, KeyMode::Exact));
     if (it != base_exact.end()) {
       pair(it->second, i, StackMatch::Exact);
       ++d.matched_exact;
     }
   }
   // Lines shifted: the rest, by file and function, the largest of one run with the largest of the
-  // other (groups are in rank order already).
-  std::map<std::string, std::vector<size_t>> base_loose;
-  for (size_t i = 0; i < base.groups.size(); ++i) {
-    if (!base_used[i]) {
-      base_loose[frameKey(base.groups[i].frames, base.groups[i].has_stack, false)].push_back(i);
+  // other (groups are in rank order already); then by file name and function (the same code in
+  // another directory).
+  auto loosely = [&](KeyMode mode, StackMatch how, size_t& counter) {
+    std::map<std::string, std::vector<size_t>> base_loose;
+    for (size_t i = 0; i < base.groups.size(); ++i) {
+      if (!base_used[i]) {
+        base_loose[frameKey(base.groups[i].frames, base.groups[i].has_stack, mode)].push_back(i);
+      }
     }
-  }
-  std::map<std::string, size_t> taken;
-  for (size_t i = 0; i < neu.groups.size(); ++i) {
-    if (new_used[i]) continue;
-    const std::string k = frameKey(neu.groups[i].frames, neu.groups[i].has_stack, false);
-    auto it = base_loose.find(k);
-    if (it == base_loose.end()) continue;
-    size_t& next = taken[k];
-    if (next >= it->second.size()) continue;
-    pair(it->second[next++], i, StackMatch::FunctionOnly);
-    ++d.matched_function_only;
-  }
+    std::map<std::string, size_t> taken;
+    for (size_t i = 0; i < neu.groups.size(); ++i) {
+      if (new_used[i]) continue;
+      const std::string k = frameKey(neu.groups[i].frames, neu.groups[i].has_stack, mode);
+      auto it = base_loose.find(k);
+      if (it == base_loose.end()) continue;
+      size_t& next = taken[k];
+      if (next >= it->second.size()) continue;
+      pair(it->second[next++], i, how);
+      ++counter;
+    }
+  };
+  loosely(KeyMode::Loose, StackMatch::FunctionOnly, d.matched_function_only);
+  loosely(KeyMode::BaseName, StackMatch::FileNameOnly, d.matched_file_name_only);
   for (const auto& sd : matched) {
     if (sd.delta > 0) d.grew.push_back(sd);
     if (sd.delta < 0) d.shrank.push_back(sd);
@@ -544,7 +561,8 @@ CheckReport checkProfile(const RunProfile& run, const CheckLimits& limits,
     return p.groups.empty() ? std::string() : framesLine(p.groups[0].frames, p.groups[0].has_stack);
   };
   auto at_text = [](const PeakProfile& p) {
-    return "peak after event " + std::to_string(p.peak.event);
+    return p.peak.event < 0 ? std::string("peak in the start state (before the first event)")
+                            : "peak after event " + std::to_string(p.peak.event);
   };
   for (const auto& d : run.devices) {
     auto peak_limit = [&](PeakKind k, const std::optional<uint64_t>& limit) {
@@ -606,7 +624,9 @@ CheckReport checkProfile(const RunProfile& run, const CheckLimits& limits,
           line = framesLine(best->new_frames, best->has_stack) +
                  (best->match == StackMatch::New            ? " (new stack)"
                   : best->match == StackMatch::FunctionOnly ? " (matched by function, lines moved)"
-                                                            : "");
+                  : best->match == StackMatch::FileNameOnly
+                      ? " (matched by file name and function, directories differ)"
+                      : "");
         }
         const double pct =
             bp.peak.bytes == 0

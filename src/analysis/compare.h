@@ -12,7 +12,9 @@
 // Matching stacks across runs (two versions of a program): a stack group's key is its user frames
 // (frames.h userFrames, kCompareFrames of them). Groups whose frames agree on file, function and
 // line match exactly; the rest are matched on file and function only (lines shifted by an edit),
-// largest with largest, and the match says so (StackMatch::FunctionOnly).
+// largest with largest, and the match says so (StackMatch::FunctionOnly); what is still left on the
+// file's name (last path component) and function, for the same code checked out in another
+// directory (StackMatch::FileNameOnly, said too).
 #pragma once
 
 #include <array>
@@ -128,8 +130,9 @@ DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts);
 
 // ---- diff ----
 
-enum class StackMatch : uint8_t { Exact, FunctionOnly, New, Gone };
-std::string_view stackMatchName(StackMatch m);  // "exact" / "function_only" / "new" / "gone"
+enum class StackMatch : uint8_t { Exact, FunctionOnly, FileNameOnly, New, Gone };
+// "exact" / "function_only" / "file_name_only" / "new" / "gone"
+std::string_view stackMatchName(StackMatch m);
 
 struct StackDelta {
   StackMatch match = StackMatch::Exact;
@@ -146,7 +149,8 @@ struct PeakDiff {
   int64_t delta = 0;
   bool has_live = false;  // both live sets known (else no categories or stacks)
   std::array<uint64_t, kCategoryCount> base_category{}, new_category{};
-  size_t matched_exact = 0, matched_function_only = 0, added = 0, gone = 0;
+  size_t matched_exact = 0, matched_function_only = 0, matched_file_name_only = 0;
+  size_t added = 0, gone = 0;
   std::vector<StackDelta> grew;          // matched, delta > 0, largest growth first (at most top)
   std::vector<StackDelta> shrank;        // matched, delta < 0, largest drop first (at most top)
   std::vector<StackDelta> added_stacks;  // New, largest first (at most top)

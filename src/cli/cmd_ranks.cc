@@ -74,6 +74,8 @@ FileResult rankFile(const std::string& path) {
     out.rows.assign(1, analysis::failedRankRow(path, "out of memory while analysing " + path));
   } catch (const std::exception& e) {
     out.rows.assign(1, analysis::failedRankRow(path, std::string(e.what()) + " (" + path + ")"));
+  } catch (...) {
+    out.rows.assign(1, analysis::failedRankRow(path, "unexpected failure while analysing " + path));
   }
   return out;
 }

@@ -53,6 +53,9 @@ std::string stackText(const analysis::StackDelta& s) {
   if (s.match == analysis::StackMatch::FunctionOnly) {
     t += "  [matched by file and function only, lines moved; base: " +
          esc(analysis::framesLine(s.base_frames, s.has_stack)) + "]";
+  } else if (s.match == analysis::StackMatch::FileNameOnly) {
+    t += "  [matched by file name and function only, directories differ; base: " +
+         esc(analysis::framesLine(s.base_frames, s.has_stack)) + "]";
   }
   return t;
 }
@@ -118,7 +121,10 @@ json stackJson(const analysis::StackDelta& s) {
             {"base_bytes", s.base_bytes},
             {"new_bytes", s.new_bytes},
             {"delta_bytes", s.delta}};
-  if (s.match == analysis::StackMatch::FunctionOnly) j["base_frames"] = framesJson(s.base_frames);
+  if (s.match == analysis::StackMatch::FunctionOnly ||
+      s.match == analysis::StackMatch::FileNameOnly) {
+    j["base_frames"] = framesJson(s.base_frames);
+  }
   return j;
 }
 json stacksJson(const std::vector<analysis::StackDelta>& v) {
@@ -214,10 +220,12 @@ void renderDiffText(const analysis::DiffResult& r, std::ostream& out) {
             << pad(formatBytesShort(p.new_category[c]), 14)
             << deltaText(p.base_category[c], p.new_category[c]) << "\n";
       }
-      out << "    stacks: " << (p.matched_exact + p.matched_function_only) << " matched ("
+      out << "    stacks: "
+          << (p.matched_exact + p.matched_function_only + p.matched_file_name_only) << " matched ("
           << p.matched_exact << " exactly, " << p.matched_function_only
-          << " by file and function only: lines moved), " << p.added << " new, " << p.gone
-          << " gone\n";
+          << " by file and function only: lines moved, " << p.matched_file_name_only
+          << " by file name and function only: directories differ), " << p.added << " new, "
+          << p.gone << " gone\n";
       stackList(out, "grew most", p.grew, p.grew.size());
       stackList(out, "new", p.added_stacks, p.added);
       stackList(out, "gone", p.gone_stacks, p.gone);
@@ -298,6 +306,7 @@ void renderDiffJson(const analysis::DiffResult& r, std::ostream& out) {
         pj["categories"] = cats;
         pj["stacks"] = {{"matched_exact", p.matched_exact},
                         {"matched_function_only", p.matched_function_only},
+                        {"matched_file_name_only", p.matched_file_name_only},
                         {"new", p.added},
                         {"gone", p.gone},
                         {"grew", stacksJson(p.grew)},

@@ -122,6 +122,30 @@ TEST(Diff, MatchesStacksByFunctionWhenLinesMovedAndNamesNewAndGone) {
       << text.str();
 }
 
+// Another checkout of the same code (other directories): matched by file name and function, said;
+// a different file name with the same function is not matched.
+TEST(Diff, MatchesAnotherCheckoutByFileNameAndFunction) {
+  const Frames here = {{"/home/a/FlexGen/flexgen/backend.py", 190, "allocate"}};
+  const Frames there = {{"/home/a/origin_git_Flex/flexgen/backend.py", 195, "allocate"}};
+  const Frames other = {{"/home/a/origin_git_Flex/flexgen/other.py", 195, "allocate"}};
+  auto base = run({{here, 4 * kMiB}});
+  auto neu = run({{there, 5 * kMiB}, {other, 1 * kMiB}});
+  DiffResult d = diffProfiles(profileOf(base, "base"), profileOf(neu, "new"));
+  const PeakDiff& p = d.devices[0].peaks[static_cast<size_t>(kRq)];
+  EXPECT_EQ(p.matched_exact, 0u);
+  EXPECT_EQ(p.matched_function_only, 0u);
+  EXPECT_EQ(p.matched_file_name_only, 1u);
+  ASSERT_EQ(p.grew.size(), 1u);
+  EXPECT_EQ(p.grew[0].match, StackMatch::FileNameOnly);
+  EXPECT_EQ(p.grew[0].delta, static_cast<int64_t>(kMiB));
+  ASSERT_EQ(p.added_stacks.size(), 1u);
+  EXPECT_EQ(p.added_stacks[0].new_frames[0].filename, "/home/a/origin_git_Flex/flexgen/other.py");
+  std::ostringstream text;
+  report::renderDiffText(d, text);
+  EXPECT_NE(text.str().find("matched by file name and function only, directories differ"),
+            std::string::npos);
+}
+
 // Must say no: the same run twice has no deltas, no new or gone stack, no finding change.
 TEST(Diff, SameRunTwiceHasNoDifference) {
   auto a = run({{kForward54, 4 * kMiB}, {kTemp, 2 * kMiB}});
