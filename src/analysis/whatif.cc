@@ -62,6 +62,7 @@ struct Sim {
   uint64_t next_addr = kSimBase;
   uint64_t serial = 0;
   uint64_t reserved = 0, allocated = 0;
+  uint64_t segment_allocs = 0, segment_frees = 0;
 
   Sim(const WhatIfSettings& s, uint64_t cap) : st(s), capacity(cap) {}
 
@@ -172,6 +173,7 @@ struct Sim {
     auto [it, ok] = segs.emplace(s.address, std::move(s));
     index(it->second, it->first, it->second.blocks.begin()->second);
     reserved += bytes;
+    ++segment_allocs;
     return it->first;
   }
 
@@ -236,6 +238,7 @@ struct Sim {
         }
         b->second.mapped = true;
         reserved += m;
+        ++segment_allocs;
         got += std::min(want, m);
         b = std::next(merge(*res, b));
       }
@@ -253,6 +256,7 @@ struct Sim {
   void releaseFreeSegment(std::map<uint64_t, Seg>::iterator it) {
     for (auto& [a, b] : it->second.blocks) unindex(it->second, a, b);
     reserved -= it->second.size;
+    ++segment_frees;
     segs.erase(it);
   }
   void unmapFree(Seg& s) {
@@ -280,6 +284,7 @@ struct Sim {
       it->second.size = hi - lo;
       it->second.mapped = false;
       reserved -= hi - lo;
+      ++segment_frees;
       merge(s, it);
     }
   }
@@ -685,6 +690,8 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
     }
     note();
   }
+  r.segment_allocs = sim.segment_allocs;
+  r.segment_frees = sim.segment_frees;
   return r;
 }
 
@@ -713,6 +720,10 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
     for (const Event& e : ev) {
       if (e.action == Action::Alloc) alive.insert(e.addr);
       if (e.action == Action::Oom) ++w.recorded_ooms;
+      if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap)
+        ++w.recorded_segment_allocs;
+      if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap)
+        ++w.recorded_segment_frees;
       if ((e.action == Action::FreeRequested && at_request) ||
           (e.action == Action::FreeCompleted && !at_request)) {
         if (alive.erase(e.addr) == 0) ++w.unknown_frees;

@@ -67,6 +67,8 @@ struct SimResult {
   std::vector<SimOom> ooms;                 // the first kWhatIfMaxOoms, recorded ones included
   uint64_t empty_cache_calls = 0;           // recorded segment releases replayed as empty_cache()
   uint64_t start_blocks_refused = 0;        // start blocks that did not fit the capacity
+  uint64_t segment_allocs = 0;  // cudaMallocs (segment_alloc) and page maps (segment_map)
+  uint64_t segment_frees = 0;   // cudaFrees (segment_free) and page unmaps (segment_unmap)
 };
 
 // A block alive when the trace began: freed in the trace before any alloc of its address, or
@@ -86,6 +88,7 @@ struct DeviceWhatIf {
   bool complete_history = true;  // no block alive before the trace began
   uint64_t unknown_frees = 0;    // frees of blocks allocated before the trace
   uint64_t start_blocks = 0;     // blocks alive at the start (seeded into the simulation)
+  uint64_t recorded_segment_allocs = 0, recorded_segment_frees = 0;  // incl. maps / unmaps
   SimResult baseline, whatif;
 };
 

@@ -44,6 +44,8 @@ nlohmann::json simJson(const analysis::SimResult& r) {
   j["allocated_at_peak_reserved_bytes"] = r.allocated_at_peak_reserved;
   j["oom_count"] = r.oom_count;
   j["empty_cache_calls"] = r.empty_cache_calls;
+  j["segment_allocs"] = r.segment_allocs;
+  j["segment_frees"] = r.segment_frees;
   nlohmann::json ooms = nlohmann::json::array();
   for (const auto& o : r.ooms) {
     nlohmann::json x;
@@ -172,6 +174,8 @@ int runWhatIfCommand() {
       x["complete_history"] = d.complete_history;
       x["frees_before_trace"] = d.unknown_frees;
       x["start_blocks"] = d.start_blocks;
+      x["recorded_segment_allocs"] = d.recorded_segment_allocs;
+      x["recorded_segment_frees"] = d.recorded_segment_frees;
       x["baseline"] = simJson(d.baseline);
       x["whatif"] = simJson(d.whatif);
       devs.push_back(std::move(x));

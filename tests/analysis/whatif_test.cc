@@ -84,6 +84,9 @@ TEST(WhatIfBaselineAll, EveryCompleteHistoryReproducesItsPeakReserved) {
       ++complete;
       EXPECT_EQ(d.baseline.peak_reserved, d.recorded_peak_reserved) << p;
       EXPECT_EQ(d.baseline.oom_count, d.recorded_ooms) << p;
+      // The same cudaMallocs / maps and cudaFrees / unmaps, in number.
+      EXPECT_EQ(d.baseline.segment_allocs, d.recorded_segment_allocs) << p;
+      EXPECT_EQ(d.baseline.segment_frees, d.recorded_segment_frees) << p;
     }
   }
   EXPECT_GE(complete, 12u);  // the sample and the 11 scenarios at least
