@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <map>
 
+#include "common/allocator_constants.h"
+
 namespace memforensics::analysis {
 
 namespace {
@@ -218,13 +220,18 @@ DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts
       std::map<Key, Signed> final_share;
       for (const auto& seg : snap.segments) {
         if (seg.device != d) continue;
-        Signed& f = final_share[segKey(seg)];
-        f.reserved += seg.total_size;
+        alloc::StateSums seg_sums;  // the one final-state sum rule
+        seg_sums.addSegment(seg.total_size);
         for (const auto& b : snap.blocksOf(seg)) {
-          if (!b.isActive()) continue;
-          f.requested += b.requested_size;
-          (b.state == format::BlockState::ActivePendingFree ? f.pending : f.allocated) += b.size;
+          seg_sums.addBlock(b.state == format::BlockState::ActiveAllocated,
+                            b.state == format::BlockState::ActivePendingFree, b.size,
+                            b.requested_size);
         }
+        Signed& f = final_share[segKey(seg)];
+        f.reserved += Wide{seg_sums.total};
+        f.requested += Wide{seg_sums.requested};
+        f.allocated += Wide{seg_sums.allocated};
+        f.pending += Wide{seg_sums.pending};
       }
       std::map<Key, size_t> index;
       std::vector<TimelineBreakdown> all_keys;

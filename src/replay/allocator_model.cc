@@ -8,6 +8,7 @@
 #include <optional>
 #include <tuple>
 
+#include "common/allocator_constants.h"
 #include "replay/pass_stats.h"
 
 namespace memforensics::replay {
@@ -303,11 +304,8 @@ uint64_t largestFree(const Impl& m, const Request& r) {
 }
 
 std::string poolName(const Request& r) {
-  std::string s = r.large ? "large" : "small";
-  if (r.pool != PoolId{0, 0}) {
-    s += " (private " + std::to_string(r.pool.first) + "," + std::to_string(r.pool.second) + ")";
-  }
-  return s + " pool, stream " + std::to_string(r.stream);
+  return alloc::poolName(r.large, r.pool.first, r.pool.second) + " pool, stream " +
+         std::to_string(r.stream);
 }
 
 // CCA find_expandable_block(): the first unmapped range of this pool and stream (address order)

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/allocator_constants.h"
 #include "common/flat_map.h"
 
 namespace memforensics::format {
@@ -292,10 +293,9 @@ struct Op {
   bool free = false;
 };
 
+// A synthesized block's size: the one rounding rule (common/allocator_constants.h).
 uint64_t round512(uint64_t n) {
-  if (n < 512) return 512;
-  uint64_t r = (n + 511) / 512 * 512;
-  return r < n ? n : r;  // saturates near 2^64
+  return alloc::estimatedBlockSize(n);
 }
 
 // The synthetic address space. Blocks still live at the end of the history (and the one "before

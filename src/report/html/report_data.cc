@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "analysis/frame_tree.h"
+#include "common/allocator_constants.h"
 
 namespace memforensics::analysis {
 
@@ -78,8 +79,7 @@ class Tables {
 };
 
 std::string poolName(const replay::ModelSegment& s) {
-  if (s.pool.first == 0 && s.pool.second == 0) return s.is_large ? "large" : "small";
-  return "private (" + std::to_string(s.pool.first) + ", " + std::to_string(s.pool.second) + ")";
+  return alloc::poolName(s.is_large, s.pool.first, s.pool.second);
 }
 
 MapState stateOf(const replay::ModelBlock& b) {
@@ -193,6 +193,7 @@ class KeyframeBuilder {
     for (const auto& s : layout) reserved += s.size;
     // The smallest threshold (doubling) that brings the block count under the cap.
     const uint64_t threshold = mergeThreshold(layout, k.blocks_before_merge, reserved, cap);
+    alloc::StateSums sums;  // the keyframe's counters: the one final-state sum rule
     for (const auto& s : layout) {
       MapSegment ms;
       ms.address = s.address;
@@ -210,18 +211,17 @@ class KeyframeBuilder {
         for (size_t i = first; i < last; ++i) piece.push_back(convert(s.blocks[i]));
         ms.blocks.push_back(mergeRun(piece, 0, piece.size()));
       });
+      sums.addSegment(s.size);
       for (const auto& b : s.blocks) {
-        if (b.state == format::BlockState::ActiveAllocated) {
-          k.at.allocated += b.size;
-          k.at.requested += b.requested;
-        } else if (b.state == format::BlockState::ActivePendingFree) {
-          k.at.pending += b.size;
-          k.at.requested += b.requested;
-        }
+        sums.addBlock(b.state == format::BlockState::ActiveAllocated,
+                      b.state == format::BlockState::ActivePendingFree, b.size, b.requested);
       }
-      k.at.reserved += s.size;
       k.segments.push_back(std::move(ms));
     }
+    k.at.reserved = sums.total;
+    k.at.allocated = sums.allocated;
+    k.at.pending = sums.pending;
+    k.at.requested = sums.requested;
     return k;
   }
 
