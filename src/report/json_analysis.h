@@ -15,4 +15,9 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r);
 // "pending_free_bytes", "active_bytes"}. The one place these names are written.
 nlohmann::json countersJson(const replay::Counters& c);
 
+// A frame as every JSON output of report/ writes it: {"filename", "line" (null when unknown),
+// "name"}; a list of them innermost first.
+nlohmann::json frameJson(const analysis::FrameText& f);
+nlohmann::json framesJson(const std::vector<analysis::FrameText>& fs);
+
 }  // namespace memforensics::report

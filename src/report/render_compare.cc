@@ -100,16 +100,6 @@ std::string peakWhen(const replay::Peak& p) {
   return p.event < 0 ? "start" : "event " + std::to_string(p.event);
 }
 
-json frameJson(const analysis::FrameText& f) {
-  json j = {{"filename", f.filename}, {"name", f.name}};
-  j["line"] = f.line == format::kUnknownLine ? json(nullptr) : json(f.line);
-  return j;
-}
-json framesJson(const std::vector<analysis::FrameText>& fs) {
-  json a = json::array();
-  for (const auto& f : fs) a.push_back(frameJson(f));
-  return a;
-}
 json optEvent(int64_t v) {
   return v < 0 ? json(nullptr) : json(v);
 }

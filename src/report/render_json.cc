@@ -7,7 +7,6 @@
 
 namespace memforensics::report {
 
-namespace {
 using nlohmann::json;
 
 json frameJson(const analysis::FrameText& f) {
@@ -20,6 +19,8 @@ json framesJson(const std::vector<analysis::FrameText>& fs) {
   for (const auto& f : fs) a.push_back(frameJson(f));
   return a;
 }
+
+namespace {
 json opt(int64_t v) {
   return v < 0 ? json(nullptr) : json(v);
 }
