@@ -32,7 +32,9 @@ BlocksArgs g_args;
 
 CLI::App* addBlocksCommand(CLI::App& app) {
   auto* bl = app.add_subcommand(
-      "blocks", "Exact block layout of every segment at one moment, with fragmentation metrics");
+      "blocks",
+      "Block layout of every segment at one moment, with fragmentation metrics (exact where the "
+      "allocator model reproduced the device's history, an estimate otherwise)");
   bl->add_option("FILE", g_args.file, "snapshot file (any supported kind, detected by content)")
       ->required();
   bl->add_option("--at", g_args.at,
