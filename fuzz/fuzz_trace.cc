@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     while ((*r)->next()) {
       for (const auto& e : (*r)->events()) sum += e.addr + e.stack;
       for (const auto& [d, st] : (*r)->checkpoint())
-        sum += d + st.live().size() + st.segments().size();
+        sum += d + st.live().size() + st.reserved().size();
     }
     for (const auto& s : (*r)->stacks()) sum += s.parent;
     for (const auto& b : (*r)->blocks()) sum += b.size;
