@@ -36,6 +36,7 @@ struct Blk {
   uint64_t size = 0;
   bool allocated = false;
   bool mapped = true;
+  uint64_t gc_base = 0;  // its pool's get_free_block calls when it became free (CCA gc_count_base)
 };
 struct Seg {
   uint64_t address = 0, size = 0;  // size: mapped bytes for a reservation's accounting see below
@@ -63,6 +64,9 @@ struct Sim {
   uint64_t serial = 0;
   uint64_t reserved = 0, allocated = 0;
   uint64_t segment_allocs = 0, segment_frees = 0;
+  // get_free_block calls per pool (CCA BlockPool::get_free_blocks_call_count), counted only while
+  // garbage collection is on, as CCA does.
+  std::map<std::pair<PoolId, bool>, uint64_t> gfb_calls;
 
   Sim(const WhatIfSettings& s, uint64_t cap) : st(s), capacity(cap) {}
 
@@ -75,8 +79,12 @@ struct Sim {
   Key keyOf(const Seg& s, uint64_t a, const Blk& b) const {
     return {s.pool, s.large, s.stream, b.size, a};
   }
-  void index(const Seg& s, uint64_t a, const Blk& b) {
-    if (!b.allocated && b.mapped) free.insert(keyOf(s, a, b));
+  // CCA insert_into_blocks(): a block becoming free starts its garbage-collection age at 0.
+  void index(const Seg& s, uint64_t a, Blk& b) {
+    if (b.allocated || !b.mapped) return;
+    auto c = gfb_calls.find({s.pool, s.large});
+    b.gc_base = c == gfb_calls.end() ? 0 : c->second;
+    free.insert(keyOf(s, a, b));
   }
   void unindex(const Seg& s, uint64_t a, const Blk& b) {
     if (!b.allocated && b.mapped) free.erase(keyOf(s, a, b));
@@ -328,21 +336,52 @@ struct Sim {
     }
     return freed >= size;
   }
-  // CCA garbage_collect_cached_blocks(), simplified: oldest whole free segments go back until
-  // reserved is at most the threshold of the capacity.
+  bool gcOn() const { return st.gc_threshold > 0.0 && capacity != kWhatIfUnlimited; }
+  // CCA garbage_collect_cached_blocks(): when reserved is above threshold x capacity (CCA:
+  // allowed_memory_maximum, the per-process memory fraction of the card), the wholly free,
+  // non-expandable segments of the default large pool whose age (get_free_block calls on the pool
+  // since the block became free) is at least the average age go back, in the pool's order
+  // (stream, size, address); passes repeat with the new average until target = reserved -
+  // threshold x capacity bytes are reclaimed or a pass frees nothing. A pass does not stop at the
+  // target (CCA: "we don't want this GC to be triggered frequently").
   void garbageCollect() {
-    if (st.gc_threshold <= 0.0 || capacity == kWhatIfUnlimited) return;
-    const double limit = st.gc_threshold * static_cast<double>(capacity);
-    if (static_cast<double>(reserved) <= limit) return;
-    std::vector<std::pair<uint64_t, uint64_t>> cand;  // (serial, address)
-    for (auto& [a, s] : segs) {
-      if (!s.expandable && s.blocks.size() == 1 && !s.blocks.begin()->second.allocated)
-        cand.emplace_back(s.serial, a);
+    if (!gcOn()) return;
+    const auto limit = static_cast<uint64_t>(st.gc_threshold * static_cast<double>(capacity));
+    if (reserved <= limit) return;
+    const uint64_t target = reserved - limit;
+    const PoolId def{0, 0};
+    const uint64_t now = gfb_calls[{def, true}];
+    auto freeable = [&](const Key& k, uint64_t* age) {
+      if (k.pool != def || !k.large) return false;
+      Seg* s = segAt(k.addr);
+      if (s == nullptr || s->expandable || s->blocks.size() != 1) return false;
+      *age = now - s->blocks.begin()->second.gc_base;
+      return true;
+    };
+    double total_age = 0;
+    uint64_t count = 0;
+    for (const Key& k : free) {
+      uint64_t age = 0;
+      if (freeable(k, &age)) total_age += static_cast<double>(age), ++count;
     }
-    std::sort(cand.begin(), cand.end());
-    for (auto& [ser, a] : cand) {
-      if (static_cast<double>(reserved) <= limit) break;
-      releaseFreeSegment(segs.find(a));
+    uint64_t reclaimed = 0;
+    bool freed = true;
+    while (reclaimed < target && freed && count > 0) {
+      const double age_threshold = total_age / static_cast<double>(count);
+      freed = false;
+      std::vector<std::pair<uint64_t, uint64_t>> go;  // (address, age), in the pool's order
+      for (const Key& k : free) {
+        uint64_t age = 0;
+        if (freeable(k, &age) && static_cast<double>(age) >= age_threshold)
+          go.emplace_back(k.addr, age);
+      }
+      for (auto [a, age] : go) {
+        freed = true;
+        reclaimed += segs.find(a)->second.size;
+        total_age -= static_cast<double>(age);
+        --count;
+        releaseFreeSegment(segs.find(a));
+      }
     }
   }
 
@@ -351,9 +390,9 @@ struct Sim {
     if (size > kWhatIfMaxRequest) return std::nullopt;
     if (size == 0) size = alloc::kMinBlockSize;  // round_size(0) in a hostile file
     const bool large = size > alloc::kSmallSize;
+    if (gcOn()) ++gfb_calls[{pool, large}];  // CCA get_free_block()
     if (auto a = bestFit(pool, large, stream, size)) return take(*a, size);
-    garbageCollect();
-    if (auto a = bestFit(pool, large, stream, size)) return take(*a, size);
+    garbageCollect();  // CCA: before alloc_block, with no second search
     std::optional<uint64_t> a = allocBlock(pool, large, stream, size);
     if (!a && releaseOversize(pool, large, stream, size)) a = allocBlock(pool, large, stream, size);
     if (!a) {
@@ -447,6 +486,61 @@ bool parseUint(const std::string& v, uint64_t* out) {
   return true;
 }
 
+bool divisionOk(uint64_t n) {
+  return n <= kWhatIfMaxDivisions && (n & (n - 1)) == 0;
+}
+
+// CCA parseRoundUpPower2Divisions, list form "[256:1,512:2,>:4]" (spaces ignored, as its lexer
+// does): each MB:N entry, MB a power of two, sets the interval of sizes in [MB, 2 x MB) MiB
+// (interval index log2(MB), clamped to the 16 intervals from 1 MiB); the first entry also fills
+// every interval below it; ">:N" fills every interval after the last entry's. N is a power of two
+// or 0 (off). Intervals no entry reaches stay 0. (PyTorch releases before the fix of ">" filled
+// from the last entry's own interval, overwriting it; this follows the current source.)
+std::string parseDivisionList(const std::string& raw, uint32_t out[16]) {
+  std::string v;
+  for (char c : raw) {
+    if (c != ' ') v += c;
+  }
+  const std::string bad = "roundup_power2_divisions list '" + raw + "': ";
+  if (v.size() < 2 || v.back() != ']') return bad + "expected [MB:N,...] ending in ]";
+  const std::string body = v.substr(1, v.size() - 2);
+  if (body.empty()) return bad + "no entries";
+  uint32_t d[16] = {};
+  bool first = true;
+  size_t last_index = 0;
+  size_t pos = 0;
+  while (pos <= body.size()) {
+    size_t comma = body.find(',', pos);
+    if (comma == std::string::npos) comma = body.size();
+    const std::string entry = body.substr(pos, comma - pos);
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) return bad + "entry '" + entry + "' is not MB:N";
+    const std::string lhs = entry.substr(0, colon), rhs = entry.substr(colon + 1);
+    uint64_t n = 0;
+    if (!parseUint(rhs, &n) || !divisionOk(n))
+      return bad + "divisions '" + rhs + "' must be a power of two up to " +
+             std::to_string(kWhatIfMaxDivisions) + " or 0";
+    if (lhs == ">") {
+      // CCA fills from last_index + 1, last_index starting at 0: a lone ">:N" leaves < 2 MiB.
+      for (size_t k = last_index + 1; k < 16; ++k) d[k] = static_cast<uint32_t>(n);
+    } else {
+      uint64_t mb = 0;
+      if (!parseUint(lhs, &mb) || mb == 0 || (mb & (mb - 1)) != 0)
+        return bad + "interval '" + lhs + "' must be a power of two (MB) or >";
+      const size_t index = std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mb)), 15);
+      if (first) {
+        for (size_t k = 0; k < index; ++k) d[k] = static_cast<uint32_t>(n);
+        first = false;
+      }
+      d[index] = static_cast<uint32_t>(n);
+      last_index = index;
+    }
+    pos = comma + 1;
+  }
+  std::copy(std::begin(d), std::end(d), out);
+  return "";
+}
+
 }  // namespace
 
 std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
@@ -511,11 +605,13 @@ std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key,
     return "";
   }
   if (key == "roundup_power2_divisions") {
+    if (!value.empty() && value.front() == '[') return parseDivisionList(value, s.model.divisions);
     uint64_t n = 0;
-    // One value for every size class (CCA also takes a [size:divisions,...] list: not here).
-    if (!parseUint(value, &n) || n > 64 || (n != 0 && (n & (n - 1)) != 0))
-      return "roundup_power2_divisions takes one power of two (0 = off), not '" + value +
-             "' (the [SIZE:N,...] list form is not supported)";
+    // One value for every size interval.
+    if (!parseUint(value, &n) || !divisionOk(n))
+      return "roundup_power2_divisions takes a power of two up to " +
+             std::to_string(kWhatIfMaxDivisions) + " (0 = off) or a [MB:N,...,>:N] list, not '" +
+             value + "'";
     for (uint32_t& d : s.model.divisions) d = static_cast<uint32_t>(n);
     return "";
   }
@@ -537,6 +633,32 @@ std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key,
          "roundup_power2_divisions, garbage_collection_threshold)";
 }
 
+std::string describeDivisions(const uint32_t divisions[16]) {
+  const bool same =
+      std::all_of(divisions, divisions + 16, [&](uint32_t d) { return d == divisions[0]; });
+  if (same) return std::to_string(divisions[0]);
+  // Runs of equal intervals: "[<256MiB:1,256-511MiB:2,>=512MiB:4]".
+  std::string out = "[";
+  for (size_t a = 0; a < 16;) {
+    size_t b = a;
+    while (b + 1 < 16 && divisions[b + 1] == divisions[a]) ++b;
+    if (out.size() > 1) out += ",";
+    const uint64_t lo = uint64_t{1} << a, hi = (uint64_t{2} << b) - 1;  // MiB
+    if (a == 0 && b == 15) {
+      out += "all";
+    } else if (a == 0) {
+      out.append("<").append(std::to_string(hi + 1)).append("MiB");
+    } else if (b == 15) {
+      out.append(">=").append(std::to_string(lo)).append("MiB");
+    } else {
+      out.append(std::to_string(lo)).append("-").append(std::to_string(hi)).append("MiB");
+    }
+    out.append(":").append(std::to_string(divisions[a]));
+    a = b + 1;
+  }
+  return out + "]";
+}
+
 std::string describeSettings(const WhatIfSettings& s) {
   std::string out = "expandable_segments=";
   out += s.model.expandable_segments ? "True" : "False";
@@ -544,9 +666,7 @@ std::string describeSettings(const WhatIfSettings& s) {
   out += s.model.max_split_size == ~uint64_t{0} ? std::string("unlimited")
                                                 : std::to_string(s.model.max_split_size >> 20);
   out += " roundup_power2_divisions=";
-  bool same = std::all_of(std::begin(s.model.divisions), std::end(s.model.divisions),
-                          [&](uint32_t d) { return d == s.model.divisions[0]; });
-  out += same ? std::to_string(s.model.divisions[0]) : std::string("per-size");
+  out += describeDivisions(s.model.divisions);
   out += " garbage_collection_threshold=";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", s.gc_threshold);

@@ -33,6 +33,9 @@ inline constexpr uint64_t kWhatIfMaxRequest = uint64_t{1} << 48;
 inline constexpr size_t kWhatIfOomFrames = 3;
 // OOMs listed per run (the count is always complete).
 inline constexpr size_t kWhatIfMaxOoms = 64;
+// The largest roundup_power2_divisions value accepted (CCA takes any power of two; above 64 the
+// steps are below 16 KiB even at 1 MiB and nothing measurable changes).
+inline constexpr uint64_t kWhatIfMaxDivisions = 64;
 
 struct WhatIfSettings {
   replay::ModelSettings model;
@@ -43,6 +46,9 @@ WhatIfSettings whatIfSettingsOf(const format::Snapshot& snap);
 std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key, const std::string& value);
 // "expandable_segments=false max_split_size_mb=unlimited ..." for the output.
 std::string describeSettings(const WhatIfSettings& s);
+// roundup_power2_divisions for the output: "4", or runs of intervals
+// "[<256MiB:1,256-511MiB:2,>=512MiB:4]".
+std::string describeDivisions(const uint32_t divisions[16]);
 
 struct SimOom {
   int64_t event = -1;      // index in the device's trace

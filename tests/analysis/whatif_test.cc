@@ -229,5 +229,65 @@ TEST(WhatIf, SettingsThatDoNotChangeDeviceMemoryAreRefused) {
   EXPECT_NE(error, "");
 }
 
+// garbage_collection_threshold (CCA garbage_collect_cached_blocks): a 24 MiB segment Y is made
+// first, a 26 MiB segment X second; then Y is reused ten times, so X has been free for 11 of the
+// pool's get_free_block calls and Y for 1 (average 6). A 40 MiB request on a 100 MiB card with
+// threshold 0.4 (limit 40 MiB, reserved 50 MiB): the age rule frees X (age >= average), not Y,
+// though Y is the older segment: reserved 24 + 40 = 64 MiB, and the next 24 MiB request reuses Y.
+// Freeing by creation order would have freed Y (66 MiB); without the threshold nothing is freed
+// (90 MiB); without a card size (CCA: no memory fraction set) there is no collection either.
+TEST(WhatIf, GarbageCollectionFreesTheBlocksOlderThanTheAverageAge) {
+  ModelBuilder b;
+  b.alloc(kBase, 24 * kMiB).free(kBase, 24 * kMiB);
+  b.alloc(kBase + 100 * kMiB, 26 * kMiB).free(kBase + 100 * kMiB, 26 * kMiB);
+  for (int i = 0; i < 10; ++i) b.alloc(kBase, 24 * kMiB).free(kBase, 24 * kMiB);
+  b.alloc(kBase + 200 * kMiB, 40 * kMiB).alloc(kBase, 24 * kMiB);
+  auto snap = b.build();
+  const uint64_t cap = 100 * kMiB;
+  SimResult gc = simulateRequests(snap, 0, with("garbage_collection_threshold", "0.4"), cap);
+  EXPECT_EQ(gc.oom_count, 0u);
+  EXPECT_EQ(gc.peak_reserved, 64 * kMiB);
+  EXPECT_EQ(gc.segment_frees, 1u);
+  EXPECT_EQ(gc.segment_allocs, 3u);  // Y, X, the 40 MiB one; the last request reuses Y
+  SimResult off = simulateRequests(snap, 0, WhatIfSettings{}, cap);
+  EXPECT_EQ(off.peak_reserved, 90 * kMiB);
+  EXPECT_EQ(off.segment_frees, 0u);
+  SimResult unlimited =
+      simulateRequests(snap, 0, with("garbage_collection_threshold", "0.4"), kWhatIfUnlimited);
+  EXPECT_EQ(unlimited.peak_reserved, 90 * kMiB);
+  // Below the threshold nothing is collected: 0.95 x 100 MiB is above the 50 MiB reserved.
+  EXPECT_EQ(
+      simulateRequests(snap, 0, with("garbage_collection_threshold", "0.95"), cap).peak_reserved,
+      90 * kMiB);
+}
+
+// roundup_power2_divisions list form (CCA parseRoundUpPower2Divisions): MB:N sets the interval
+// [MB, 2 MB) MiB, the first entry also every interval below, ">:N" every interval after the last
+// entry's.
+TEST(WhatIf, RoundupPower2DivisionsListForm) {
+  WhatIfSettings s = with("roundup_power2_divisions", "[256:1, 512:2, >:4]");
+  for (size_t k = 0; k <= 8; ++k) EXPECT_EQ(s.model.divisions[k], 1u) << k;
+  EXPECT_EQ(s.model.divisions[9], 2u);
+  for (size_t k = 10; k < 16; ++k) EXPECT_EQ(s.model.divisions[k], 4u) << k;
+  EXPECT_EQ(describeDivisions(s.model.divisions), "[<512MiB:1,512-1023MiB:2,>=1024MiB:4]");
+  WhatIfSettings lone = with("roundup_power2_divisions", "[>:4]");
+  EXPECT_EQ(lone.model.divisions[0], 0u);  // CCA fills from last_index + 1 = 1
+  EXPECT_EQ(lone.model.divisions[1], 4u);
+  EXPECT_EQ(describeDivisions(with("roundup_power2_divisions", "8").model.divisions), "8");
+  for (const char* bad : {"[3:1]", "[256:3]", "[256:1", "[]", "[256]", "[256:1,,>:2]", "[x:2]"}) {
+    WhatIfSettings t;
+    EXPECT_NE(applyWhatIfSetting(t, "roundup_power2_divisions", bad), "") << bad;
+  }
+  // A 300 MiB request falls in [256, 512) MiB: 4 divisions round it to 320 MiB; a 100 MiB one
+  // ([64, 128), 0 divisions) keeps its size.
+  auto snap = ModelBuilder().alloc(kBase, 300 * kMiB).alloc(kBase + kMiB * 400, 100 * kMiB).build();
+  EXPECT_EQ(simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited).peak_allocated,
+            400 * kMiB);
+  EXPECT_EQ(
+      simulateRequests(snap, 0, with("roundup_power2_divisions", "[128:0,256:4]"), kWhatIfUnlimited)
+          .peak_allocated,
+      420 * kMiB);
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
