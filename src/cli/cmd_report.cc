@@ -117,7 +117,7 @@ int runReportCommand() {
     session->requestLive(session->facts().summary.peak_requested.event,
                          analysis::kMomentPeakRequested);
     session->requestFindingMoments(analysis::kLayoutOoms);
-    analysis::requestReportMoments(*session, plan, g_args.data);
+    analysis::requestReportMoments(*snap, *session, plan, g_args.data);
     session->visit();
     facts.push_back(session->take());
     session.reset();

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/headline.h"
 #include "report/json_analysis.h"
 
 namespace memforensics::report {
@@ -71,6 +72,74 @@ size_t appendBlocks(const analysis::MapSegment& s, json& a) {
   return n;
 }
 
+// A call tree as parallel arrays: frame, parent, bytes, self, blocks; labels of synthetic nodes.
+json icicleJson(const std::vector<analysis::IcicleNode>& nodes) {
+  json fr = json::array(), pa = json::array(), by = json::array(), se = json::array(),
+       bl = json::array(), la = json::object();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& n = nodes[i];
+    fr.push_back(n.frame);
+    pa.push_back(n.parent);
+    by.push_back(n.bytes);
+    se.push_back(n.self);
+    bl.push_back(n.blocks);
+    if (!n.label.empty()) la[std::to_string(i)] = n.label;
+  }
+  return {{"frame", fr}, {"parent", pa}, {"bytes", by},
+          {"self", se},  {"blocks", bl}, {"label", la}};
+}
+
+std::string_view icicleSourceName(analysis::IcicleSource s) {
+  switch (s) {
+    case analysis::IcicleSource::Live:
+      return "live";
+    case analysis::IcicleSource::Layout:
+      return "layout";
+    case analysis::IcicleSource::None:
+      break;
+  }
+  return "none";
+}
+
+// The allocation view (report_data.h AllocationView): `drawn` as flat records [alloc_event,
+// free_event, bytes, stack, category] (report_data.cc drawnCost counts these), `times` as
+// [alloc_time_us, free_time_us] per record when the file has times; the rest band per bucket.
+json allocationsJson(const analysis::AllocationView& v, bool times) {
+  json rec = json::array(), tm = json::array();
+  for (const auto& a : v.drawn) {
+    rec.push_back(a.alloc_event);
+    rec.push_back(a.free_event);
+    rec.push_back(a.bytes);
+    rec.push_back(a.stack);
+    rec.push_back(static_cast<int>(a.category));
+    if (times) {
+      tm.push_back(a.alloc_time_us);
+      tm.push_back(a.free_time_us);
+    }
+  }
+  json first = json::array(), first_t = json::array(), at = json::array(), total = json::array(),
+       rest = json::array();
+  for (const auto& b : v.buckets) {
+    first.push_back(b.first_event);
+    if (times) first_t.push_back(b.first_time_us);
+    at.push_back(b.at_event);
+    total.push_back(b.total_bytes);
+    rest.push_back(b.rest_bytes);
+  }
+  return {{"drawn", rec},
+          {"times", times ? tm : json(nullptr)},
+          {"allocations", v.allocations},
+          {"smallest_drawn", v.smallest_drawn},
+          {"capped", v.capped},
+          {"budget_bytes", v.budget_bytes},
+          {"buckets",
+           {{"first_event", first},
+            {"first_time_us", times ? first_t : json(nullptr)},
+            {"at_event", at},
+            {"total", total},
+            {"rest", rest}}}};
+}
+
 json deviceJson(const analysis::DeviceReportData& d) {
   const auto& t = d.timeline;
   json j;
@@ -127,7 +196,9 @@ json deviceJson(const analysis::DeviceReportData& d) {
                    {"at", countersJson(k.at)},
                    {"blocks_before_merge", k.blocks_before_merge},
                    {"segments", segs},
-                   {"blocks", blocks}});
+                   {"blocks", blocks},
+                   {"icicle_source", icicleSourceName(k.icicle_source)},
+                   {"icicle", icicleJson(k.icicle)}});
   }
   j["pool_names"] = pool_names;
   j["keyframes"] = kfs;
@@ -141,20 +212,12 @@ json deviceJson(const analysis::DeviceReportData& d) {
                 {"estimate_reason", d.estimate_reason}};
   j["streams_omitted"] = d.streams_omitted;
   j["pools_omitted"] = d.pools_omitted;
-  json fr = json::array(), pa = json::array(), by = json::array(), se = json::array(),
-       bl = json::array(), la = json::object();
-  for (size_t i = 0; i < d.icicle.size(); ++i) {
-    const auto& n = d.icicle[i];
-    fr.push_back(n.frame);
-    pa.push_back(n.parent);
-    by.push_back(n.bytes);
-    se.push_back(n.self);
-    bl.push_back(n.blocks);
-    if (!n.label.empty()) la[std::to_string(i)] = n.label;
-  }
   j["icicle_event"] = d.icicle_event;
-  j["icicle"] = {{"frame", fr}, {"parent", pa}, {"bytes", by},
-                 {"self", se},  {"blocks", bl}, {"label", la}};
+  j["icicle"] = icicleJson(d.icicle);
+  j["has_segment_info"] = d.has_segment_info;
+  j["capacity_bytes"] = d.capacity_bytes;
+  j["capacity_basis"] = d.capacity_basis;
+  j["allocations"] = allocationsJson(d.allocations, t.has_times);
   return j;
 }
 
@@ -362,11 +425,31 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
     }
     src = &trimmed;
   }
+  // The device the page opens on and the headline lines: the one "OOM first" rule
+  // (analysis/headline.h), not re-decided by the page.
+  {
+    const analysis::Headline h = analysis::buildHeadline(analysis);
+    json items = json::array();
+    for (const auto& it : h.items) {
+      items.push_back({{"device", it.device},
+                       {"kind", analysis::findingKindId(it.kind)},
+                       {"severity", analysis::findingSeverityName(it.severity)},
+                       {"title", it.title},
+                       {"bytes", it.bytes},
+                       {"where", framesJson(it.where)}});
+    }
+    doc["headline"] = {
+        {"focus_device", h.focus_device}, {"focus_reason", h.focus_reason}, {"items", items}};
+  }
   doc["analysis"] = analysisJson(*src);
   if (src == &trimmed) trimmed = {};
   boundAnalysis(doc["analysis"], lim, cuts);
+  boundAnalysis(doc["headline"], lim, cuts);
   json frames = json::array();
-  for (const auto& f : data.frames) frames.push_back({f.filename, f.name, f.line});
+  // An unknown line travels as null (the page then shows the file alone).
+  for (const auto& f : data.frames)
+    frames.push_back(
+        {f.filename, f.name, f.line == format::kUnknownLine ? json(nullptr) : json(f.line)});
   doc["frames"] = frames;
   doc["stacks"] = data.stacks;
   doc["caps"] = data.caps;

@@ -340,6 +340,161 @@ std::string fmtCount(uint64_t n) {
   return std::to_string(n);
 }
 
+// The allocated blocks of a layout as a live set (the call tree of a keyframe that has a layout
+// but no copied live set): pending-free blocks are marked so the tree leaves them out.
+U64Map<replay::LiveBlock> liveOfLayout(const std::vector<replay::ModelSegment>& layout) {
+  U64Map<replay::LiveBlock> live;
+  for (const auto& s : layout) {
+    for (const auto& b : s.blocks) {
+      if (b.isFree()) continue;
+      replay::LiveBlock lb;
+      lb.requested = b.requested;
+      lb.size = b.size;
+      lb.alloc_event = b.alloc_event;
+      lb.stream = s.stream;
+      lb.stack = b.stack;
+      lb.pending = b.state == format::BlockState::ActivePendingFree;
+      live.insert(b.address, lb);
+    }
+  }
+  return live;
+}
+
+// Decimal characters of an integer in JSON (the allocation view's budget is counted in them).
+size_t jsonLen(int64_t v) {
+  size_t n = v < 0 ? 2 : 1;
+  uint64_t u = v < 0 ? static_cast<uint64_t>(-(v + 1)) + 1 : static_cast<uint64_t>(v);
+  while (u >= 10) {
+    u /= 10;
+    ++n;
+  }
+  return n;
+}
+size_t jsonLenU(uint64_t u) {
+  size_t n = 1;
+  while (u >= 10) {
+    u /= 10;
+    ++n;
+  }
+  return n;
+}
+
+// What one drawn allocation costs in the page's JSON (render_html.cc allocationsJson: seven
+// numbers and their commas; times only when the file has them).
+size_t drawnCost(const DrawnAllocation& a, bool times) {
+  size_t n =
+      jsonLen(a.alloc_event) + jsonLen(a.free_event) + jsonLenU(a.bytes) + jsonLen(a.stack) + 1 + 5;
+  if (times) n += jsonLen(a.alloc_time_us) + jsonLen(a.free_time_us) + 2;
+  return n;
+}
+size_t bucketCost(const AllocationBucket& b, bool times) {
+  return jsonLen(b.first_event) + jsonLen(b.at_event) + jsonLenU(b.total_bytes) +
+         jsonLenU(b.rest_bytes) + 4 + (times ? jsonLen(b.first_time_us) + 1 : 0);
+}
+
+// The rest band: per bucket, the series' requested bytes at the bucket's maximum minus the drawn
+// allocations live then (saturating: the replayer caps a request at its block's size).
+void fillRest(AllocationView& v) {
+  std::vector<int64_t> at;
+  for (const auto& b : v.buckets) at.push_back(b.at_event);
+  // Drawn bytes live after each bucket's at_event, by a sweep over alloc and free events.
+  std::vector<std::pair<int64_t, uint64_t>> adds, subs;
+  for (const auto& a : v.drawn) {
+    adds.push_back({a.alloc_event, a.bytes});
+    if (a.free_event >= 0) subs.push_back({a.free_event, a.bytes});
+  }
+  std::sort(adds.begin(), adds.end());
+  std::sort(subs.begin(), subs.end());
+  std::vector<size_t> order(v.buckets.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return at[x] < at[y]; });
+  size_t ia = 0, is = 0;
+  uint64_t live = 0;
+  for (size_t k : order) {
+    while (ia < adds.size() && adds[ia].first <= at[k]) live += adds[ia++].second;
+    while (is < subs.size() && subs[is].first <= at[k]) live -= std::min(live, subs[is++].second);
+    auto& b = v.buckets[k];
+    b.rest_bytes = b.total_bytes - std::min(b.total_bytes, live);
+  }
+}
+
+// The allocation view of one device (see report_data.h): the largest allocations within the
+// budget, in alloc-event order, and the rest per bucket.
+AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t budget,
+                                size_t max_drawn, bool times) {
+  AllocationView v;
+  v.budget_bytes = budget;
+  v.allocations = f.allocs.size();
+  const size_t n = f.events.size();
+  if (n == 0 || f.series.size() < n + 1) return v;
+  const size_t bucket = std::max<size_t>(1, (n + kAllocationBuckets - 1) / kAllocationBuckets);
+  size_t spent = 0;
+  for (size_t first = 0; first < n; first += bucket) {
+    const size_t last = std::min(n, first + bucket);
+    AllocationBucket b;
+    b.first_event = static_cast<int64_t>(first);
+    b.first_time_us = f.events[first].time_us;
+    size_t best = first;
+    for (size_t e = first + 1; e < last; ++e) {
+      if (f.series[e + 1].requested > f.series[best + 1].requested) best = e;
+    }
+    b.at_event = static_cast<int64_t>(best);
+    b.total_bytes = f.series[best + 1].requested;
+    b.rest_bytes = b.total_bytes;
+    spent += bucketCost(b, times);
+    v.buckets.push_back(b);
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < f.allocs.size(); ++i) {
+    if (f.allocs[i].requested > 0) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return f.allocs[x].requested > f.allocs[y].requested;
+  });
+  std::vector<size_t> chosen;
+  for (size_t i : order) {
+    const AllocFact& a = f.allocs[i];
+    DrawnAllocation d;
+    d.alloc_event = a.event;
+    d.free_event = a.freed;
+    d.bytes = a.requested;
+    d.category = a.category;
+    if (times) {
+      d.alloc_time_us = f.events[static_cast<size_t>(a.event)].time_us;
+      d.free_time_us = a.freed >= 0 && static_cast<size_t>(a.freed) < n
+                           ? f.events[static_cast<size_t>(a.freed)].time_us
+                           : -1;
+    }
+    const size_t cost = drawnCost(d, times) + 3;  // the stack index may grow to a few digits
+    if (chosen.size() >= max_drawn || spent + cost > budget) {
+      v.capped = true;
+      break;
+    }
+    spent += cost;
+    chosen.push_back(i);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  for (size_t i : chosen) {
+    const AllocFact& a = f.allocs[i];
+    DrawnAllocation d;
+    d.alloc_event = a.event;
+    d.free_event = a.freed;
+    d.bytes = a.requested;
+    d.category = a.category;
+    d.stack = tables.stack(a.stack);
+    if (times) {
+      d.alloc_time_us = f.events[static_cast<size_t>(a.event)].time_us;
+      d.free_time_us = a.freed >= 0 && static_cast<size_t>(a.freed) < n
+                           ? f.events[static_cast<size_t>(a.freed)].time_us
+                           : -1;
+    }
+    v.smallest_drawn = v.smallest_drawn == 0 ? d.bytes : std::min(v.smallest_drawn, d.bytes);
+    v.drawn.push_back(d);
+  }
+  fillRest(v);
+  return v;
+}
+
 // What a keyframe costs against ReportDataOptions::max_blocks.
 size_t keyframeCost(const Keyframe& k) {
   size_t n = 0;
@@ -437,6 +592,31 @@ HalvingCuts halveReportData(ReportData& data) {
       c.blocks_merged += remergeKeyframe(k, std::max(kHalvingMinKeyframeBlocks, pieces / 2));
     }
     c.icicle_nodes += pruneIcicle(d.icicle, std::max(kHalvingMinIcicleNodes, d.icicle.size() / 2));
+    for (auto& k : d.keyframes) {
+      c.icicle_nodes +=
+          pruneIcicle(k.icicle, std::max(kHalvingMinIcicleNodes, k.icicle.size() / 2));
+    }
+    // The allocation view: the larger half of the drawn allocations stays; the rest band takes
+    // the others' bytes.
+    auto& av = d.allocations;
+    if (av.drawn.size() > kHalvingMinAllocations) {
+      const size_t keep = std::max(kHalvingMinAllocations, av.drawn.size() / 2);
+      std::vector<size_t> order(av.drawn.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t x, size_t y) { return av.drawn[x].bytes > av.drawn[y].bytes; });
+      order.resize(keep);
+      std::sort(order.begin(), order.end());
+      std::vector<DrawnAllocation> kept;
+      for (size_t i : order) kept.push_back(av.drawn[i]);
+      c.allocations += av.drawn.size() - kept.size();
+      av.drawn = std::move(kept);
+      av.capped = true;
+      av.smallest_drawn = 0;
+      for (const auto& a : av.drawn)
+        av.smallest_drawn = av.smallest_drawn == 0 ? a.bytes : std::min(av.smallest_drawn, a.bytes);
+      fillRest(av);
+    }
   }
   // Stacks: the first half keep their names (those named first: the peaks' and OOMs' blocks).
   if (data.stacks.size() > kHalvingMinStacks) {
@@ -450,6 +630,9 @@ HalvingCuts halveReportData(ReportData& data) {
             if (b.stack >= static_cast<int32_t>(keep)) b.stack = -1;
           }
         }
+      }
+      for (auto& a : d.allocations.drawn) {
+        if (a.stack >= static_cast<int32_t>(keep)) a.stack = -1;
       }
     }
   }
@@ -474,6 +657,9 @@ HalvingCuts halveReportData(ReportData& data) {
   }
   for (const auto& d : data.devices) {
     for (const auto& n : d.icicle) use(n.frame);
+    for (const auto& k : d.keyframes) {
+      for (const auto& n : k.icicle) use(n.frame);
+    }
   }
   std::vector<FrameText> frames;
   for (size_t i = 0; i < remap.size(); ++i) {
@@ -488,6 +674,9 @@ HalvingCuts halveReportData(ReportData& data) {
     }
     for (auto& d : data.devices) {
       for (auto& n : d.icicle) n.frame = to(n.frame);
+      for (auto& k : d.keyframes) {
+        for (auto& n : k.icicle) n.frame = to(n.frame);
+      }
     }
     data.frames = std::move(frames);
   }
@@ -507,6 +696,9 @@ std::string halvingNote(const HalvingCuts& c, size_t times, size_t max_bytes) {
     parts.push_back(plural(c.stacks, "stack no longer named", "stacks no longer named"));
   if (c.stack_frames)
     parts.push_back(plural(c.stack_frames, "outer stack frame", "outer stack frames"));
+  if (c.allocations)
+    parts.push_back(plural(c.allocations, "allocation drawn one by one (now in the rest band)",
+                           "allocations drawn one by one (now in the rest band)"));
   std::string what;
   for (size_t i = 0; i < parts.size(); ++i) {
     what += i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ";
@@ -564,6 +756,9 @@ ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
       static_cast<size_t>(static_cast<double>(opt.even_keyframes) * std::sqrt(share));
   plan.max_icicle_nodes =
       std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
+  plan.allocation_bytes = static_cast<size_t>(static_cast<double>(opt.allocation_bytes) * share);
+  plan.moment_icicle_nodes =
+      std::max<size_t>(100, static_cast<size_t>(static_cast<double>(kMomentIcicleNodes) * share));
   return plan;
 }
 
@@ -598,12 +793,17 @@ std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& f, const Re
   return all;
 }
 
-void requestReportMoments(DeviceSession& session, const ReportPlan& plan,
-                          const ReportDataOptions& opt) {
+void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
+                          const ReportPlan& plan, const ReportDataOptions& opt) {
   const DeviceFacts& f = session.facts();
   if (!plan.draws(f.device)) return;
   for (const auto& [ev, m] : keyframeMoments(f, plan, opt)) {
-    session.requestLayout(ev, m.important ? kMomentPeakRequested : kMomentKeyframe);
+    const uint32_t why = m.important ? kMomentPeakRequested : kMomentKeyframe;
+    if (snap.has_segment_info) {
+      session.requestLayout(ev, why);
+    } else {
+      session.requestLive(ev, why);  // no layout to draw: the moment's call tree only
+    }
   }
   session.requestLive(f.summary.peak_requested.event, kMomentPeakRequested);
 }
@@ -627,7 +827,8 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
   const size_t block_budget = plan.block_budget;
   const size_t max_icicle_nodes = plan.max_icicle_nodes;
   uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0,
-           keyframes_dropped = 0, phases_cut = 0, moments_missing = 0;
+           keyframes_dropped = 0, phases_cut = 0, moments_missing = 0, moment_icicle_cut = 0,
+           allocations_capped = 0;
   for (const DeviceFacts& f : facts) {
     if (!plan.draws(f.device)) continue;
     const int64_t d = f.device;
@@ -673,6 +874,8 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     double rest_cost = 0;  // mean cost of the evenly spaced keyframes built so far
 
     KeyframeBuilder kb(snap, f, tables);
+    const size_t icicle_per_moment =
+        std::max<size_t>(100, plan.moment_icicle_nodes / std::max<size_t>(1, all.size()));
     for (const auto& [ev, moment] : all) {
       const bool is_important = moment.important;
       if (!is_important) {
@@ -686,13 +889,30 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
         }
       }
       const MomentFacts* m = f.at(ev);
-      if (m == nullptr || !m->has_layout) {  // not requested (requestReportMoments), or refused
+      const bool usable = m != nullptr && (snap.has_segment_info ? m->has_layout : m->has_live);
+      if (!usable) {  // not requested (requestReportMoments), or refused
         ++moments_missing;
         if (!is_important) --rest_left;
         continue;
       }
-      Keyframe k = kb.build(ev, m->layout, is_important ? cap_imp : cap_rest);
+      Keyframe k;
+      if (snap.has_segment_info) {
+        k = kb.build(ev, m->layout, is_important ? cap_imp : cap_rest);
+      } else {
+        k.event = ev;
+        k.at = m->at;
+      }
       k.labels = moment.labels;
+      // The moment's call tree: from its live set where the session copied one, else from the
+      // layout's allocated blocks.
+      if (m->has_live) {
+        k.icicle = buildIcicle(snap, m->live, tables, icicle_per_moment, moment_icicle_cut);
+        k.icicle_source = IcicleSource::Live;
+      } else if (m->has_layout) {
+        k.icicle = buildIcicle(snap, liveOfLayout(m->layout), tables, icicle_per_moment,
+                               moment_icicle_cut);
+        k.icicle_source = IcicleSource::Layout;
+      }
       if (!is_important) {
         size_t cost = keyframeCost(k);
         rest_spent += cost;
@@ -731,6 +951,24 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     dr.streams_omitted = dr.timeline.streams_omitted;
     dr.pools_omitted = dr.timeline.pools_omitted;
 
+    dr.has_segment_info = snap.has_segment_info;
+    // The card's memory: what the file says, else what the allocator saw at the first OOM.
+    const size_t di = static_cast<size_t>(d);
+    if (d >= 0 && di < snap.device_total_memory.size() && snap.device_total_memory[di] > 0) {
+      dr.capacity_bytes = snap.device_total_memory[di];
+      dr.capacity_basis = "the card's memory recorded in the file";
+    } else if (!f.summary.ooms.empty()) {
+      const replay::OomEvent& o = f.summary.ooms.front();
+      uint64_t cap = 0;
+      if (!__builtin_add_overflow(o.at.reserved, o.device_free, &cap) && o.device_free > 0) {
+        dr.capacity_bytes = cap;
+        dr.capacity_basis = "reserved + device free at the first OOM";
+      }
+    }
+    dr.allocations = allocationViewOf(f, tables, plan.allocation_bytes, opt.max_drawn_allocations,
+                                      dr.timeline.has_times);
+    if (dr.allocations.capped) ++allocations_capped;
+
     dr.icicle_event = f.summary.peak_requested.event;
     if (const MomentFacts* m = f.at(dr.icicle_event); m && m->has_live) {
       dr.icicle = buildIcicle(snap, m->live, tables, max_icicle_nodes, icicle_cut);
@@ -764,6 +1002,24 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     out.caps.push_back("call tree: " + fmtCount(icicle_cut) + " small nodes left out (at most " +
                        fmtCount(max_icicle_nodes) +
                        " per device); their bytes stay in their parents");
+  }
+  if (moment_icicle_cut > 0) {
+    out.caps.push_back("call tree: " + fmtCount(moment_icicle_cut) +
+                       " small nodes left out of the keyframes' call trees (" +
+                       fmtCount(kMomentIcicleNodes) +
+                       " per device, shared by the keyframes); their bytes stay in their parents");
+  }
+  if (allocations_capped > 0) {
+    size_t drawn = 0, total = 0;
+    for (const auto& d : out.devices) {
+      drawn += d.allocations.drawn.size();
+      total += d.allocations.allocations;
+    }
+    out.caps.push_back(
+        "allocations: on " + fmtCount(allocations_capped) + " device(s) the " + fmtCount(drawn) +
+        " largest of " + fmtCount(total) + " allocations are drawn one by one (at most " +
+        fmtCount(opt.max_drawn_allocations) + " and " + fmtCount(opt.allocation_bytes) +
+        " bytes of data per device); the others form one band per bucket of events");
   }
   if (phases_cut > 0) {
     out.caps.push_back("timeline: " + fmtCount(phases_cut) + " phases not drawn (at most " +
@@ -804,7 +1060,7 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
   const ReportPlan plan = planReport(pass1, opt);
   std::vector<DeviceFacts> facts;
   for (auto& s : sessions) {
-    requestReportMoments(*s, plan, opt);
+    requestReportMoments(snap, *s, plan, opt);
     s->visit();
     facts.push_back(s->take());
     s.reset();

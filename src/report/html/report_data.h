@@ -52,15 +52,6 @@ struct MapSegment {
   std::vector<MapBlock> blocks;  // address order, covering the segment
 };
 
-struct Keyframe {
-  int64_t event = -1;  // layout after this event (-1: the start state)
-  int64_t time_us = -1;
-  std::vector<std::string> labels;  // "requested peak", "OOM 1", ... (empty for evenly spaced ones)
-  replay::Counters at;              // model totals at this moment
-  size_t blocks_before_merge = 0;
-  std::vector<MapSegment> segments;
-};
-
 struct IcicleNode {
   int32_t frame = -1;   // index into ReportData::frames; -1 for the root and "(no stack)"
   int32_t parent = -1;  // index into the node list; -1 for the root
@@ -69,6 +60,68 @@ struct IcicleNode {
   uint64_t blocks = 0;
   std::string
       label;  // set instead of a frame for synthetic nodes ("all live memory", "(no stack)")
+};
+
+// Where a moment's call tree comes from.
+enum class IcicleSource : uint8_t {
+  None,    // no call tree at this moment (not copied: a session bound)
+  Live,    // the replayer's live set (exact, as the requested peak's)
+  Layout,  // the allocator model's allocated blocks at the moment (exact when layout_exact)
+};
+
+struct Keyframe {
+  int64_t event = -1;  // layout after this event (-1: the start state)
+  int64_t time_us = -1;
+  std::vector<std::string> labels;  // "requested peak", "OOM 1", ... (empty for evenly spaced ones)
+  replay::Counters at;              // model totals at this moment (the replayer's without a layout)
+  size_t blocks_before_merge = 0;
+  std::vector<MapSegment> segments;  // empty when the file has no segment info
+  // The call tree at this moment, so the icicle follows a clicked moment (bounded by
+  // kMomentIcicleNodes per device, shared by the keyframes; the requested peak's full tree is
+  // DeviceReportData::icicle).
+  IcicleSource icicle_source = IcicleSource::None;
+  std::vector<IcicleNode> icicle;
+};
+
+// The allocation view (memory_viz's "Active Memory Timeline"): every allocation a band over its
+// lifetime, stacked. Bounded: the largest allocations of the trace (by requested bytes) are drawn
+// one by one, at most kMaxDrawnAllocations and kAllocationViewBytes of page JSON per device (the
+// budget shrinks as more devices are drawn, as the other per-device bounds do); the rest (smaller
+// ones and blocks alive before the trace began) is one band whose height per bucket of
+// consecutive events is what the drawn ones leave of the requested bytes at the bucket's
+// requested maximum, so drawn + rest = the timeline's requested line there, and at the requested
+// peak exactly the peak.
+inline constexpr size_t kAllocationViewBytes = 400'000;  // page JSON per device, full share
+inline constexpr size_t kMaxDrawnAllocations = 4000;     // per device (the page's stacking is
+                                                         // O(drawn^2) in the worst case)
+inline constexpr size_t kAllocationBuckets = 600;        // buckets of the rest band per device
+// Call-tree nodes per device for the keyframes' trees, shared by them (at least 100 each).
+inline constexpr size_t kMomentIcicleNodes = 6000;
+
+struct DrawnAllocation {
+  int64_t alloc_event = 0;
+  int64_t free_event = -1;  // free requested; -1: alive at the end of the trace
+  int64_t alloc_time_us = -1, free_time_us = -1;
+  uint64_t bytes = 0;  // requested
+  int32_t stack = -1;  // index into ReportData::stacks, -1 = none or capped
+  Category category = Category::Unknown;
+};
+
+struct AllocationBucket {
+  int64_t first_event = 0;  // the bucket covers [first_event, next bucket's first_event)
+  int64_t first_time_us = -1;
+  int64_t at_event = 0;      // the bucket's requested maximum (the first event reaching it)
+  uint64_t total_bytes = 0;  // requested bytes after at_event (the timeline's series)
+  uint64_t rest_bytes = 0;   // total_bytes minus the drawn allocations live then
+};
+
+struct AllocationView {
+  std::vector<DrawnAllocation> drawn;  // by alloc event
+  std::vector<AllocationBucket> buckets;
+  uint64_t allocations = 0;     // allocations in the trace (alloc events)
+  uint64_t smallest_drawn = 0;  // bytes of the smallest drawn allocation (0: none drawn)
+  size_t budget_bytes = 0;      // the JSON budget this device had
+  bool capped = false;          // some allocation with bytes > 0 was not drawn
 };
 
 struct DeviceReportData {
@@ -90,6 +143,14 @@ struct DeviceReportData {
   size_t pools_omitted = 0;
   int64_t icicle_event = -1;       // the requested peak
   std::vector<IcicleNode> icicle;  // parents before children; node 0 is the root
+  // False for files without allocator segments (torch.profiler traces): no block map is drawn,
+  // rather than a layout the file does not have; keyframes then carry no segments.
+  bool has_segment_info = true;
+  // The card's memory when known: the file's device_total_memory, else reserved + device free
+  // at the first OOM (0 = unknown); capacity_basis says which.
+  uint64_t capacity_bytes = 0;
+  std::string capacity_basis;
+  AllocationView allocations;
 };
 
 struct ReportData {
@@ -113,6 +174,8 @@ struct ReportDataOptions {
   size_t max_stacks = 20000;       // stacks named by blocks, in the whole report
   size_t max_frames_per_stack = 48;
   size_t max_phases = 1000;  // phases drawn per device: the longest, in their order
+  size_t allocation_bytes = kAllocationViewBytes;  // per device, full share
+  size_t max_drawn_allocations = kMaxDrawnAllocations;
 };
 
 // What the report draws, decided from pass-1 facts (DeviceSession::facts() before visit(), or the
@@ -124,6 +187,7 @@ struct ReportPlan {
   std::vector<int64_t> summary_only;  // ascending
   size_t candidates = 0;              // devices considered (options.device applied)
   size_t block_budget = 0, max_points = 0, even_keyframes = 0, max_icicle_nodes = 0;
+  size_t allocation_bytes = 0, moment_icicle_nodes = 0;
   bool draws(int64_t device) const;
 };
 ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
@@ -140,9 +204,11 @@ std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& facts, cons
 
 // Asks a session (after construction, before visit()) for what the report reads of its device:
 // the layout at every keyframe moment and the live set at the requested peak (the call tree). A
-// device the plan does not draw is asked for nothing.
-void requestReportMoments(DeviceSession& session, const ReportPlan& plan,
-                          const ReportDataOptions& options);
+// device the plan does not draw is asked for nothing. Without segment info
+// (Snapshot::has_segment_info false: profiler traces) the keyframe moments ask for the live set
+// instead of a layout (their call trees): no block map is drawn for such a file.
+void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
+                          const ReportPlan& plan, const ReportDataOptions& options);
 
 // The report data: a pure function of the visited facts of every device of the snapshot (or of
 // options.device), ascending, built with SessionOptions::series and requestReportMoments. Nothing
@@ -166,10 +232,11 @@ constexpr size_t kHalvingMinKeyframeBlocks = 64;  // drawn pieces per keyframe
 constexpr size_t kHalvingMinIcicleNodes = 100;    // per device
 constexpr size_t kHalvingMinStacks = 100;         // named stacks in the report
 constexpr size_t kHalvingMinFramesPerStack = 8;
+constexpr size_t kHalvingMinAllocations = 100;  // drawn allocations per device
 
 struct HalvingCuts {
   uint64_t points = 0, keyframes = 0, blocks_merged = 0, icicle_nodes = 0, stacks = 0,
-           stack_frames = 0;
+           stack_frames = 0, allocations = 0;
   HalvingCuts& operator+=(const HalvingCuts& o) {
     points += o.points;
     keyframes += o.keyframes;
@@ -177,6 +244,7 @@ struct HalvingCuts {
     icicle_nodes += o.icicle_nodes;
     stacks += o.stacks;
     stack_frames += o.stack_frames;
+    allocations += o.allocations;
     return *this;
   }
 };
