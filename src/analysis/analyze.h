@@ -69,6 +69,9 @@ struct AnalysisResult {
   bool live_capture = false;          // recorded by memforensics' capture (origin says by what)
   std::vector<std::string> warnings;  // from reading the file (e.g. a cut-off native trace)
   std::vector<DeviceAnalysis> devices;
+  // Findings about the job as a whole (cross_device.h: e.g. device imbalance), device -1 or the
+  // device they point at; high severity first.
+  std::vector<Finding> job_findings;
 };
 
 struct AnalyzeOptions {

@@ -30,6 +30,9 @@ enum class FindingKind : uint8_t {
   CacheBloat,
   TemporarySpike,
   PendingFreeRetention,
+  ActivationCheckpointing,  // activations held for backward dominate the peak (an estimate)
+  DeviceImbalance,          // cross-device: peaks or per-line sizes differ across devices of a job
+  IncompleteHistory,        // the history cannot explain the file's state (ring of 1, no trace)
 };
 std::string_view findingKindId(FindingKind k);  // snake_case, as in the JSON
 
@@ -44,6 +47,20 @@ struct Evidence {
   std::vector<FrameText> frames;  // innermost user frames of the stack involved, if any
 };
 
+// The OOM verdict's figures (FindingKind::OomVerdict only), in bytes at the failed request.
+struct OomNumbers {
+  uint64_t request_bytes = 0;   // the failed request (rounded as the allocator asked)
+  uint64_t short_by_bytes = 0;  // what would have had to be free for the request to succeed
+  bool fragmentation = false;   // the bytes were free in the cache but not in one usable block
+  uint64_t live_bytes = 0;      // allocated (live tensors) at the OOM
+  uint64_t capacity_bytes = 0;  // reserved + device free at the OOM (0 when the file lacks it)
+  uint64_t reserved_bytes = 0;
+  uint64_t device_free_bytes = 0;
+  uint64_t cache_free_bytes = 0;  // reserved but not allocated
+  uint64_t flushed_bytes = 0;     // released by the allocator's retry just before the OOM
+  bool exact = false;             // figures from an exact layout; else an estimate (basis says why)
+};
+
 struct Finding {
   FindingKind kind = FindingKind::OomVerdict;
   FindingSeverity severity = FindingSeverity::Info;
@@ -54,6 +71,7 @@ struct Finding {
   std::vector<Evidence> evidence;
   std::string fix;    // what to try
   std::string basis;  // how sure: e.g. "phases from external_annotations" / "iterations detected"
+  std::optional<OomNumbers> oom;  // OomVerdict only
 };
 
 struct CategoryBytes {

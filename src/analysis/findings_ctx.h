@@ -1,0 +1,93 @@
+// findings_ctx.h: what the detectors share (internal to src/analysis): one device's facts as the
+// detectors read them (Ctx), the stack flags from the one frame classifier, and each detector's
+// entry point. Each detector lives in its own file (detect_*.cc) and appends only its own findings;
+// findings.cc runs them in a fixed order and sorts. Categories: categories.cc.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "analysis/findings.h"
+#include "analysis/frame_class.h"
+
+namespace memforensics::analysis::detail {
+
+inline constexpr uint64_t kMiB = 1ull << 20;
+
+// What a stack says about the code that allocated, as bits, from the one frame classifier
+// (frame_class.h stackFacts: phases and categories agree on what is backward or optimizer code).
+enum StackFlag : uint8_t {
+  kOptimizer = 1,   // an optimizer frame (torch/optim)
+  kAutograd = 2,    // the autograd engine / a backward function
+  kModuleInit = 4,  // parameter creation: nn.Module construction or .to()/.cuda()
+  kForward = 8,     // a model's forward: a `forward` frame, the module call, torch.nn.functional
+};
+
+uint8_t stackFlags(const format::Snapshot& s, format::StackId id);
+
+// One device's facts as the detectors read them, with a per-call cache of stack flags (no state
+// survives a call: the detectors are pure functions of the facts).
+struct Ctx {
+  const format::Snapshot& s;
+  const DeviceFacts& facts;
+  int64_t device;
+  std::span<const format::Event> ev;
+  const std::vector<Phase>& iters;  // Iteration phases, in order
+  const std::string& basis;
+  const std::vector<AllocFact>& allocs;
+  const std::vector<int32_t>& alloc_at;  // per event: index into allocs for alloc events, else -1
+  const replay::DeviceSummary& summary;
+  std::vector<uint8_t> flags;  // per stack id, 0xff = not computed
+
+  Ctx(const format::Snapshot& snap, const DeviceFacts& f)
+      : s(snap),
+        facts(f),
+        device(f.device),
+        ev(f.events),
+        iters(f.iterations),
+        basis(f.iteration_basis),
+        allocs(f.allocs),
+        alloc_at(f.alloc_at),
+        summary(f.summary) {}
+
+  // The moment after `event` with its live set, or nullptr when the facts do not hold one.
+  const MomentFacts* live(int64_t event) const {
+    const MomentFacts* m = facts.at(event);
+    return m != nullptr && m->has_live ? m : nullptr;
+  }
+  uint8_t flagsOf(format::StackId id) {
+    if (id >= flags.size()) flags.resize(std::max<size_t>(s.stacks.stackCount(), id + 1), 0xff);
+    if (flags[id] == 0xff) flags[id] = stackFlags(s, id);
+    return flags[id];
+  }
+  std::vector<FrameText> frames(format::StackId id, size_t n = 3) const {
+    return userFrames(s, id, n);
+  }
+};
+
+// The category of a live block: its allocation's category, or for a block alive before the trace,
+// the category its stack implies (categories.cc).
+Category categoryOfLive(Ctx& c, const replay::LiveBlock& b);
+Category preTraceCategoryOfFlags(uint8_t flags);
+Category categorize(Ctx& c, const AllocFact& a);
+
+std::string pct(uint64_t part, uint64_t whole);  // "42%"
+
+// The detectors (one file each; docs/findings.md gives their rules).
+void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);  // detect_oom.cc
+void detectGrowth(Ctx& c, std::vector<Finding>& out,
+                  const FindingsOptions& opt);  // detect_growth.cc
+void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out,
+                          const FindingsOptions& opt);     // detect_other.cc
+void detectCacheBloat(Ctx& c, std::vector<Finding>& out);  // detect_other.cc
+void detectTemporarySpike(Ctx& c, std::vector<Finding>& out,
+                          const FindingsOptions& opt);  // detect_other.cc
+void detectPendingFree(Ctx& c, std::vector<Finding>& out,
+                       const FindingsOptions& opt);  // detect_other.cc
+void detectCheckpointing(Ctx& c, std::vector<Finding>& out,
+                         const FindingsOptions& opt);             // detect_checkpoint.cc
+void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out);  // detect_history.cc
+
+}  // namespace memforensics::analysis::detail

@@ -1,0 +1,41 @@
+// headline.h: what the first screen says, across devices: which device every command opens on
+// (the focus device) and one line per OOM or high finding. The one home of the "OOM first" rule:
+// analyze, blocks, timeline and the report all take the focus device from here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/analyze.h"
+#include "analysis/findings.h"
+#include "format/model/snapshot.h"
+
+namespace memforensics::analysis {
+
+struct HeadlineItem {
+  int64_t device = -1;
+  FindingKind kind = FindingKind::OomVerdict;
+  FindingSeverity severity = FindingSeverity::High;
+  std::string title;
+  uint64_t bytes = 0;
+  std::vector<FrameText> where;  // the line to change
+};
+
+struct Headline {
+  int64_t focus_device = -1;  // -1: the result has no device
+  std::string focus_reason;   // e.g. "the OOM is on cuda:1"
+  std::vector<HeadlineItem> items;
+};
+
+// The focus device: the device with an OOM (several: the earliest OOM), else the device of the
+// most severe finding (severity, then bytes), else the first device. Items: every OOM verdict
+// and high finding (job findings included), most severe first.
+Headline buildHeadline(const AnalysisResult& result);
+
+// The same rule for commands that do not run the detectors (blocks, timeline): the device whose
+// trace holds the earliest OOM, else std::nullopt (the caller keeps its own default).
+std::optional<int64_t> oomFocusDevice(const format::Snapshot& snap);
+
+}  // namespace memforensics::analysis
