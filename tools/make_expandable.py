@@ -119,13 +119,21 @@ class Allocator:
         self.phys_after = []     # mapped bytes after each trace entry (the start state's reserved)
         self.cut = None          # the trace keeps entries [cut:] (recording started late)
         self.max_entries = None  # the trace keeps the newest entries (ring buffer), see build()
+        # For callers that want stacks (tools/make_scenarios.py dp_imbalance_oom): the frames list
+        # of the malloc being served (its segment_map/segment_unmap/oom entries get it), and
+        # fields added to every entry before "frames" (e.g. compile_context for 2.8-era files).
+        self.cur_frames = None
+        self.entry_fields = {}
 
     # -- trace --
-    def record(self, action, addr, size, stream, **extra):
+    def record(self, action, addr, size, stream, frames=None, **extra):
         self.t += 7
         self.phys_after.append(self.phys)  # map/unmap change self.phys before they record
-        e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": self.t,
-             "frames": []}
+        e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": self.t}
+        e.update(self.entry_fields)
+        if frames is None:
+            frames = self.cur_frames
+        e["frames"] = frames if frames is not None else []
         if action == "oom":
             del e["addr"]
             e["device_free"] = extra["device_free"]
@@ -158,7 +166,10 @@ class Allocator:
         return src.size
 
     # -- malloc --
-    def malloc(self, orig, stream):
+    def malloc(self, orig, stream, frames=None):
+        """frames: the stack list of this allocation (shared by its alloc/free entries and its
+        block in the snapshot); None = an empty stack, as before."""
+        self.cur_frames = frames
         size = round_size(orig)
         pool = self.small if size <= K_SMALL_SIZE else self.large
         block = self.get_free_block(pool, size, stream)
@@ -170,6 +181,7 @@ class Allocator:
         if block is None:
             self.stats["oom"] += 1
             self.record("oom", 0, size, stream, device_free=max(0, self.limit - self.phys))
+            self.cur_frames = None
             raise OutOfMemory()
         # alloc_found_block, should_split with expandable segments
         if block.size - size >= K_MIN_BLOCK:
@@ -179,9 +191,12 @@ class Allocator:
             pool.blocks.add(rest)
         block.allocated = True
         block.req = orig
+        if frames is not None:
+            block.frames = frames
         self.active.add(block)
         self.live[block.ptr] = block
         self.record("alloc", block.ptr, orig, stream)
+        self.cur_frames = None
         return block.ptr
 
     def get_free_block(self, pool, size, stream):
@@ -269,8 +284,10 @@ class Allocator:
     def free(self, ptr):
         b = self.live.pop(ptr)
         b.allocated = False
-        self.record("free_requested", b.ptr, b.req, b.stream)
-        self.record("free_completed", b.ptr, b.req, b.stream)
+        fr = b.frames if b.frames else None
+        self.record("free_requested", b.ptr, b.req, b.stream, frames=fr)
+        self.record("free_completed", b.ptr, b.req, b.stream, frames=fr)
+        b.frames = []
         self.active.discard(b)
         pool = b.pool
         prev, nxt = b.prev, b.next
@@ -332,7 +349,8 @@ class Allocator:
                 state = "active_allocated" if b.allocated else "inactive"
                 blocks.append({"address": b.ptr, "size": b.size,
                                "requested_size": b.req if b.allocated else 0,
-                               "state": state, "frames": []})
+                               "state": state,
+                               "frames": b.frames if b.allocated and b.frames else []})
                 total += b.size
                 if b.allocated:
                     alloc += b.size
@@ -346,11 +364,16 @@ class Allocator:
         return out
 
 
-def settings():
+def settings(era=None):
+    """allocator_settings with expandable_segments:True; era "2.9"+ adds
+    graph_capture_record_stream_reuse (the default None keeps this script's own files as they
+    were)."""
     s = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "max_split_size": -1,
          "garbage_collection_threshold": 0.0, "expandable_segments": True,
          "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
          "pinned_use_cuda_host_register": False}
+    if era is not None and era not in ("2.6", "2.7", "2.8"):
+        s["graph_capture_record_stream_reuse"] = False
     s["roundup_power2_divisions"] = {str(1 << i): 0 for i in range(16)}
     return s
 
