@@ -769,12 +769,14 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
                  ""};
         if (a) {
           note();
+          ++r.recorded_avoided;
           o.why = "served: reserved " + formatBytes(sim.reserved) + " of " +
                   (capacity == kWhatIfUnlimited ? std::string("an unlimited card")
                                                 : formatBytes(capacity));
           sim.freeBlock(*a);  // what the program did next is the recording's (the exception)
         } else {
           ++r.oom_count;
+          ++r.recorded_failed;
           o.why = failWhy(e.size);
         }
         addOom(std::move(o));
@@ -830,33 +832,55 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
   for (size_t d = 0; d < snap.traceCount(); ++d) {
     const auto dev = static_cast<int64_t>(d);
     if (opt.device && *opt.device != dev) continue;
-    auto ev = snap.trace(d);
-    if (ev.empty()) continue;
-    DeviceWhatIf w;
-    w.device = dev;
-    recordedReserved(snap, d, &w.recorded_peak_reserved);
-    const bool at_request = freesAtRequest(ev);
-    std::unordered_set<uint64_t> alive;
-    for (const Event& e : ev) {
-      if (e.action == Action::Alloc) alive.insert(e.addr);
-      if (e.action == Action::Oom) ++w.recorded_ooms;
-      if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap)
-        ++w.recorded_segment_allocs;
-      if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap)
-        ++w.recorded_segment_frees;
-      if ((e.action == Action::FreeRequested && at_request) ||
-          (e.action == Action::FreeCompleted && !at_request)) {
-        if (alive.erase(e.addr) == 0) ++w.unknown_frees;
-      }
-    }
-    w.start_blocks = startBlocks(snap, d).size();
-    w.complete_history = w.start_blocks == 0;
+    if (snap.trace(d).empty()) continue;
+    DeviceWhatIf w = recordedFacts(snap, d);
     const uint64_t implied = impliedCapacity(snap, d);
     w.baseline = simulateRequests(snap, d, res.base_settings, implied);
     w.whatif = simulateRequests(snap, d, res.what_settings, opt.capacity.value_or(implied));
     res.devices.push_back(std::move(w));
   }
   return res;
+}
+
+DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {
+  DeviceWhatIf w;
+  w.device = static_cast<int64_t>(d);
+  auto ev = snap.trace(d);
+  recordedReserved(snap, d, &w.recorded_peak_reserved);
+  const bool at_request = freesAtRequest(ev);
+  std::unordered_set<uint64_t> alive;
+  for (const Event& e : ev) {
+    if (e.action == Action::Alloc) alive.insert(e.addr);
+    if (e.action == Action::Oom) ++w.recorded_ooms;
+    if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap)
+      ++w.recorded_segment_allocs;
+    if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap)
+      ++w.recorded_segment_frees;
+    if ((e.action == Action::FreeRequested && at_request) ||
+        (e.action == Action::FreeCompleted && !at_request)) {
+      if (alive.erase(e.addr) == 0) ++w.unknown_frees;
+    }
+  }
+  w.start_blocks = startBlocks(snap, d).size();
+  w.complete_history = w.start_blocks == 0;
+  return w;
+}
+
+std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s) {
+  if (!d.complete_history)
+    return "history incomplete: " + std::to_string(d.start_blocks) +
+           " blocks were alive when the trace began (their order and the cache around them are "
+           "not in the file)";
+  if (d.baseline.peak_reserved != d.recorded_peak_reserved)
+    return "the baseline's peak reserved (" + formatBytes(d.baseline.peak_reserved) +
+           ") is not the recorded one (" + formatBytes(d.recorded_peak_reserved) + ")";
+  if (s.model.expandable_segments)
+    return "expandable segments are simulated request by request (which reservation grows, how "
+           "many pages a release unmaps): within a few % of the recorded peaks (docs/whatif.md)";
+  if (s.gc_threshold > 0.0)
+    return "garbage collection takes the card as the process's memory fraction (CCA collects only "
+           "under torch.cuda.set_per_process_memory_fraction)";
+  return "";
 }
 
 }  // namespace memforensics::analysis

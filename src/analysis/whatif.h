@@ -70,6 +70,8 @@ struct SimResult {
   uint64_t peak_allocated = 0;
   uint64_t allocated_at_peak_reserved = 0;  // fragmentation at the peak = 1 - this / peak
   uint64_t oom_count = 0;                   // requests that failed
+  uint64_t recorded_avoided = 0;            // recorded OOMs the simulation served
+  uint64_t recorded_failed = 0;             // recorded OOMs it did not (oom_count - this: new ones)
   std::vector<SimOom> ooms;                 // the first kWhatIfMaxOoms, recorded ones included
   uint64_t empty_cache_calls = 0;           // recorded segment releases replayed as empty_cache()
   uint64_t start_blocks_refused = 0;        // start blocks that did not fit the capacity
@@ -120,5 +122,14 @@ uint64_t impliedCapacity(const format::Snapshot& snap, size_t d);
 
 // The whole command: "" in `error` on success (else a refused setting).
 WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error);
+
+// What the file itself says of device trace `d` (recorded peak reserved, OOMs, segment events,
+// start blocks, complete_history); baseline and whatif left empty. runWhatIf's per-device facts.
+DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d);
+
+// "" when a simulation under `s` of the device `d` describes may be called exact (a complete
+// history whose baseline reproduced the recorded peak reserved, under settings the simulation
+// follows as CCA does), else why its figures are an estimate, in words. `d.baseline` must be set.
+std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s);
 
 }  // namespace memforensics::analysis

@@ -12,6 +12,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/session.h"
+#include "cli/cmd_diff.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
@@ -20,6 +21,7 @@
 #include "common/text_escape.h"
 #include "replay/pass_stats.h"
 #include "report/html/report_data.h"
+#include "report/html/whatif_data.h"
 #include "report/render_html.h"
 
 namespace memforensics::cli {
@@ -32,6 +34,7 @@ struct ReportArgs {
   std::optional<int64_t> device;
   analysis::ReportDataOptions data;
   bool salvage = false;
+  std::string baseline;  // --baseline: the diff against that run (issue 14 part 5)
 };
 ReportArgs g_args;
 
@@ -65,6 +68,9 @@ CLI::App* addReportCommand(CLI::App& app) {
        "--max-blocks", g_args.data.max_blocks,
        "blocks drawn in the whole report; beyond it small neighbouring blocks are merged into runs")
       ->check(CLI::Range(size_t{1000}, size_t{400000}));
+  r->add_option("--baseline", g_args.baseline,
+                "a baseline run: the page shows the diff against it (as `memforensics diff "
+                "BASELINE FILE`)");
   r->add_flag("--salvage", g_args.salvage,
               "read the intact part of a native trace that is damaged in the middle");
   return r;
@@ -75,7 +81,7 @@ int runReportCommand() {
   // Checked before reading: the default name (FILE's base name with .html, in this directory) can
   // be the input itself (`report snap.html`).
   const std::string out = g_args.out.empty() ? defaultOutput(g_args.file) : g_args.out;
-  if (auto same = checkNotAnInput(out, {g_args.file}); !same.ok()) {
+  if (auto same = checkNotAnInput(out, {g_args.file, g_args.baseline}); !same.ok()) {
     printError(same.error().describe());
     return kExitError;
   }
@@ -124,6 +130,23 @@ int runReportCommand() {
   }
   std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
   analysis::ReportData data = analysis::reportDataOf(*snap, facts, g_args.data);
+  setActivity("what-if simulations of " + g_args.file);
+  data.whatif = report::buildWhatIfPanel(*snap, g_args.device, g_args.file);
+  if (!g_args.baseline.empty()) {
+    // The same figures as `diff BASELINE FILE`: both runs profiled as diff does it (this file
+    // once more: its sessions above served the drawings).
+    auto base = loadProfile(g_args.baseline, g_args.device, g_args.salvage);
+    if (!base) {
+      printError("--baseline: " + base.error().describe());
+      return kExitError;
+    }
+    setActivity("comparing " + g_args.file + " with " + g_args.baseline);
+    analysis::ProfileOptions popt;
+    popt.device = g_args.device;
+    analysis::RunProfile neu = analysis::profileSnapshot(*snap, popt);
+    neu.path = g_args.file;
+    data.baseline_diff = analysis::diffProfiles(*base, neu);
+  }
   analysis::AnalysisResult result = analysis::analysisHeader(*snap);
   result.path = g_args.file;
   for (auto& f : facts)

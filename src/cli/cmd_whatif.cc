@@ -35,8 +35,10 @@ std::string cap(uint64_t c) {
   return c == analysis::kWhatIfUnlimited ? std::string("unlimited") : formatBytes(c);
 }
 
-nlohmann::json simJson(const analysis::SimResult& r) {
+nlohmann::json simJson(const analysis::SimResult& r, const std::string& estimate) {
   nlohmann::json j;
+  j["exact"] = estimate.empty();
+  j["estimate_reason"] = estimate;
   j["capacity_bytes"] = r.capacity == analysis::kWhatIfUnlimited ? nlohmann::json(nullptr)
                                                                  : nlohmann::json(r.capacity);
   j["peak_reserved_bytes"] = r.peak_reserved;
@@ -65,7 +67,8 @@ nlohmann::json simJson(const analysis::SimResult& r) {
   return j;
 }
 
-void printSim(const char* name, const analysis::SimResult& r, std::ostream& os) {
+void printSim(const char* name, const analysis::SimResult& r, const std::string& estimate,
+              std::ostream& os) {
   const double frag =
       r.peak_reserved == 0
           ? 0.0
@@ -76,6 +79,7 @@ void printSim(const char* name, const analysis::SimResult& r, std::ostream& os) 
   os << "  " << name << " (capacity " << cap(r.capacity) << "): peak reserved "
      << formatBytes(r.peak_reserved) << ", peak allocated " << formatBytes(r.peak_allocated)
      << ", cached but free at the peak " << buf << ", OOMs " << r.oom_count << "\n";
+  os << "    " << (estimate.empty() ? "exact" : "estimate: " + estimate) << "\n";
   for (const auto& o : r.ooms) {
     os << "    "
        << (o.recorded ? (o.avoided ? "recorded OOM avoided" : "recorded OOM not avoided")
@@ -176,8 +180,8 @@ int runWhatIfCommand() {
       x["start_blocks"] = d.start_blocks;
       x["recorded_segment_allocs"] = d.recorded_segment_allocs;
       x["recorded_segment_frees"] = d.recorded_segment_frees;
-      x["baseline"] = simJson(d.baseline);
-      x["whatif"] = simJson(d.whatif);
+      x["baseline"] = simJson(d.baseline, analysis::whatIfEstimateReason(d, r.base_settings));
+      x["whatif"] = simJson(d.whatif, analysis::whatIfEstimateReason(d, r.what_settings));
       devs.push_back(std::move(x));
     }
     j["devices"] = std::move(devs);
@@ -196,8 +200,8 @@ int runWhatIfCommand() {
          << " blocks were alive when the trace began; the simulation allocates them first, in "
             "address order (their order and the cache around them are not in the file): an "
             "estimate\n";
-    printSim("baseline", d.baseline, os);
-    printSim("what-if ", d.whatif, os);
+    printSim("baseline", d.baseline, analysis::whatIfEstimateReason(d, r.base_settings), os);
+    printSim("what-if ", d.whatif, analysis::whatIfEstimateReason(d, r.what_settings), os);
   }
   os << "note: " << kCannotChange << "\n";
   return kExitOk;

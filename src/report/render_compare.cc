@@ -234,7 +234,7 @@ void renderDiffText(const analysis::DiffResult& r, std::ostream& out) {
   }
 }
 
-void renderDiffJson(const analysis::DiffResult& r, std::ostream& out) {
+json diffJson(const analysis::DiffResult& r) {
   json doc = header("diff");
   doc["base"] = r.base_path;
   doc["new"] = r.new_path;
@@ -325,7 +325,11 @@ void renderDiffJson(const analysis::DiffResult& r, std::ostream& out) {
     devs.push_back(j);
   }
   doc["devices"] = devs;
-  writeDoc(doc, out);
+  return doc;
+}
+
+void renderDiffJson(const analysis::DiffResult& r, std::ostream& out) {
+  writeDoc(diffJson(r), out);
 }
 
 // ---- ranks ----

@@ -3,6 +3,7 @@
 // `ranks --merge`.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@ namespace memforensics::report {
 void renderDiffText(const analysis::DiffResult& r, std::ostream& out);
 // One compact JSON document, newline-terminated.
 void renderDiffJson(const analysis::DiffResult& r, std::ostream& out);
+// The same document as a value (the report's baseline panel embeds it).
+nlohmann::json diffJson(const analysis::DiffResult& r);
 
 void renderRanksText(const std::vector<analysis::RankRow>& rows, const analysis::RanksSummary& s,
                      std::ostream& out);

@@ -13,6 +13,7 @@
 
 #include "analysis/headline.h"
 #include "report/json_analysis.h"
+#include "report/render_compare.h"
 
 namespace memforensics::report {
 
@@ -20,6 +21,7 @@ namespace viz {
 extern const char kTemplate[];
 extern const char kStyle[];
 extern const char kScript[];
+extern const char kWhatIfScript[];
 }  // namespace viz
 
 namespace {
@@ -460,6 +462,8 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   json devs = json::array();
   for (const auto& d : data.devices) devs.push_back(deviceJson(d));
   doc["devices"] = devs;
+  doc["whatif"] = whatIfPanelJson(data.whatif);  // viz/whatif.js
+  if (data.baseline_diff) doc["baseline_diff"] = diffJson(*data.baseline_diff);
   boundStrings(doc, lim.string_bytes, cuts);
   std::vector<std::string> notes = cutNotes(cuts, lim);
   notes.insert(notes.end(), level_notes.begin(), level_notes.end());
@@ -588,7 +592,7 @@ void renderPage(const analysis::AnalysisResult& analysis, const analysis::Report
     if (p.at == std::string_view::npos) continue;
     out << page.substr(pos, p.at - pos);
     if (p.mark == "/*MEMF_STYLE*/") out << viz::kStyle;
-    if (p.mark == "/*MEMF_SCRIPT*/") out << viz::kScript;
+    if (p.mark == "/*MEMF_SCRIPT*/") out << viz::kScript << "\n" << viz::kWhatIfScript;
     if (p.mark == "\"MEMF_DATA\"") out << dataJson(analysis, data, lim, level_notes, notes_out);
     pos = p.at + p.mark.size();
   }

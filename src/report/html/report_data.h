@@ -20,12 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "analysis/compare.h"
 #include "analysis/frames.h"
 #include "analysis/session.h"
 #include "analysis/timeline.h"
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"
+#include "report/html/whatif_data.h"
 
 namespace memforensics::analysis {
 
@@ -159,6 +161,10 @@ struct ReportData {
   std::vector<std::vector<int32_t>> stacks;  // frame indices, innermost first
   std::vector<DeviceReportData> devices;
   std::vector<std::string> caps;  // what a bound cut, in words
+  // Issue 14 part 5, filled by `report` (report/html/whatif_data.h, viz/whatif.js): the what-if
+  // panel of the focus device, and with --baseline the diff against that run.
+  report::WhatIfPanel whatif;
+  std::optional<DiffResult> baseline_diff;
 };
 
 // Per-device bounds shrink as devices are added (see buildReportData), so that the whole report

@@ -1,0 +1,72 @@
+// whatif_data.h: the report's what-if panel (issue 14 part 5, docs/whatif.md "In the report").
+//
+// A pure function of the snapshot and the what-if API (analysis/whatif.h): on the focus device
+// (the device with a recorded OOM, else the first with a trace), the answers for the common
+// settings, each one simulation: the file's own settings (the baseline), expandable_segments
+// flipped, max_split_size_mb at one or two values derived from the file's largest request,
+// garbage_collection_threshold:0.8 where a card size is known, and another card: without a limit
+// when the baseline runs out of memory (the peak reserved it reaches is the card it needs), a
+// smaller one (between the baseline's peak allocated and peak reserved) when it does not. At most
+// kReportWhatIfRuns simulations, whatever the file. The page draws it with viz/whatif.js.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/whatif.h"
+#include "format/model/snapshot.h"
+
+namespace memforensics::report {
+
+// Simulations the report runs for its what-if panel (the baseline included): each replays the
+// focus device's whole trace once.
+inline constexpr size_t kReportWhatIfRuns = 8;
+// OOMs listed per row (the count is always complete).
+inline constexpr size_t kReportWhatIfOoms = 3;
+// The garbage_collection_threshold the panel tries (PyTorch's documentation's example value).
+inline constexpr double kReportGcThreshold = 0.8;
+
+struct WhatIfRow {
+  std::string label;     // "expandable_segments:True", "card without a limit", ...
+  std::string why;       // why this row (how the value was derived)
+  std::string cli;       // the whatif options that give it ("--set max_split_size_mb=64")
+  std::string settings;  // describeSettings
+  bool baseline = false;
+  analysis::SimResult sim;  // ooms cut to kReportWhatIfOoms
+  uint64_t recorded_avoided = 0, recorded_not_avoided = 0, new_ooms = 0;
+  std::string answer;           // one sentence
+  std::string estimate_reason;  // "" = exact (analysis::whatIfEstimateReason)
+};
+
+struct WhatIfPanel {
+  bool present = false;
+  std::string absent_reason;  // when not present
+  int64_t device = -1;
+  std::string focus_rule;        // why this device
+  std::string file;              // for the command line the page shows
+  analysis::DeviceWhatIf facts;  // recorded figures (baseline / whatif left empty)
+  uint64_t implied_capacity = analysis::kWhatIfUnlimited;
+  std::vector<WhatIfRow> rows;     // at most kReportWhatIfRuns, the baseline first
+  std::vector<std::string> notes;  // settings not tried, and why
+  std::string limits;              // what a what-if cannot change
+};
+
+// The focus device: among the devices with a trace (only `only` when given), the first with a
+// recorded OOM, else the first; nullopt when none has a trace.
+std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap, std::optional<int64_t> only);
+// The max_split_size_mb values the panel tries for device trace `d`: with R the largest recorded
+// OOM request (else the largest alloc request), the largest power of two of MiB not above R and a
+// quarter of it, those above 20 MiB (CCA's minimum) and unlike the file's own; empty below 32 MiB.
+std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
+                                         const analysis::WhatIfSettings& base);
+
+WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> only,
+                             const std::string& file);
+
+// The panel as the page reads it ("whatif" in the report's data, docs/report.md).
+nlohmann::json whatIfPanelJson(const WhatIfPanel& p);
+
+}  // namespace memforensics::report
