@@ -1470,6 +1470,7 @@ def build_dp(out_dir):
             "events": len(d.a.trace),
             "events_by_action": dict(sorted(acts.items())),
             "oom_count": acts.get("oom", 0),
+            "iterations": 0,
             "peak_requested_bytes": d.peak,
             "peak_reserved_bytes": peak_reserved,
             "final_requested_bytes": d.requested,

@@ -30,7 +30,8 @@ whitespace outside quotes; a trailing ``\\`` continues a line):
                              "alloc" (default, like record_memory_history(context="alloc")) reuses
                              the allocation's stack list; "event" writes no frames key
     skip_actions A,B,...     model these actions but leave them out of the trace (skip_actions=)
-    max_entries N            keep only the newest N entries of each device trace (ring buffer)
+    max_entries N            keep only the newest N entries of each device trace and of each
+                             device's external_annotations (ring buffers of that capacity)
     annotation TIME NAME START|END
                              an external_annotations record (eras 2.6/2.11) on the current device
     t TIME ACTION ARGS... [KEY=VALUE ...]
@@ -811,7 +812,16 @@ class Compiler:
             settings["roundup_power2_divisions"] = {str(1 << i): 0 for i in range(16)}
             settings.update(self.settings)
             obj["allocator_settings"] = settings
-            obj["external_annotations"] = list(self.annotations)
+            anns = list(self.annotations)
+            if self.max_entries is not None:
+                # each device's annotations are a ring buffer of the same capacity as its trace
+                keep, seen = [], {}
+                for a in reversed(anns):
+                    seen[a["device"]] = seen.get(a["device"], 0) + 1
+                    if seen[a["device"]] <= self.max_entries:
+                        keep.append(a)
+                anns = keep[::-1]
+            obj["external_annotations"] = anns
         else:
             if self.annotations:
                 warn("%s: era %s has no external_annotations; %d annotation(s) dropped"

@@ -13,9 +13,10 @@ NAME.pickle` must
   * report no finding of a `must_not_fire` kind at warning or high severity on any device or for
     the job, nor of a `must_not_fire_on[DEVICE]` kind on that device;
   * match the `headline` (focus device, first item's kind and device) and the per-device
-    `device_facts` (events, OOM count, peaks and final bytes) exactly, and for single-device
-    scenarios the `facts` events and peaks (unless the facts carry a "note" that they describe
-    the recorded run rather than the file).
+    `device_facts` (events, OOM count, peaks and final bytes; iterations = the phases of kind
+    "iteration" in `timeline --json`) exactly, and for single-device scenarios the `facts`
+    events, peaks and iterations (unless the facts carry a "note" that they describe the
+    recorded run rather than the file).
 The corpus' `oom_fragmentation` is the `oom_verdict` finding whose verdict is fragmentation (its
 "oom".fragmentation, or without that object a title saying fragmentation and not "not
 fragmentation").
@@ -71,7 +72,7 @@ def oom_problems(f, want):
     return bad
 
 
-def check(exp, doc):
+def check(exp, doc, iterations):
     problems = []
     # (device or None for a job finding without one, finding)
     found = [(d["device"], f) for d in doc["devices"] for f in d["findings"]]
@@ -124,7 +125,8 @@ def check(exp, doc):
     facts = dict(exp.get("device_facts", {}))
     if not facts and "note" not in exp["facts"] and len(doc["devices"]) == 1:
         facts = {str(doc["devices"][0]["device"]): {
-            k: exp["facts"][k] for k in ("events", "peak_requested_bytes", "peak_reserved_bytes")}}
+            k: exp["facts"][k] for k in ("events", "peak_requested_bytes", "peak_reserved_bytes",
+                                         "iterations")}}
     for dev, want in facts.items():
         got = by_dev.get(int(dev))
         if got is None:
@@ -134,7 +136,23 @@ def check(exp, doc):
             if key in want and got.get(jkey) != want[key]:
                 problems.append("cuda:%s %s %s, expected %s" % (dev, jkey, got.get(jkey),
                                                                  want[key]))
+        if "iterations" in want:
+            its = iterations.get(int(dev))
+            if its != want["iterations"]:
+                problems.append("cuda:%s: %s iterations in timeline --json, expected %d (%s)"
+                                % (dev, its, want["iterations"],
+                                   "layers of one forward pass are not steps"
+                                   if want["iterations"] == 0 else "one per training step"))
     return problems
+
+
+def timeline_iterations(pickle_path):
+    """device -> number of phases of kind "iteration" in `timeline --json`."""
+    r = subprocess.run([BIN, "timeline", "--json", pickle_path], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {}
+    return {d["device"]: sum(1 for p in d.get("phases", []) if p.get("kind") == "iteration")
+            for d in json.loads(r.stdout)["devices"]}
 
 
 for path in sorted(glob.glob(os.path.join(ROOT, "snapshots", "scenarios", "*.expected.json"))):
@@ -147,7 +165,7 @@ for path in sorted(glob.glob(os.path.join(ROOT, "snapshots", "scenarios", "*.exp
         failed += 1
         continue
     doc = json.loads(r.stdout)
-    problems = check(exp, doc)
+    problems = check(exp, doc, timeline_iterations(path.replace(".expected.json", ".pickle")))
     if problems:
         failed += 1
         print(f"FAIL {name}: " + "; ".join(problems))
