@@ -1513,7 +1513,13 @@ def build_dp(out_dir):
                  "live_bytes": [int(live * 0.97), int(live * 1.03)],
                  "capacity_bytes": [int(capacity * 0.97), int(capacity * 1.03)],
                  "flushed_bytes": [int(info["flushed_bytes"] * 0.9),
-                                   int(info["flushed_bytes"] * 1.1)]}},
+                                   int(info["flushed_bytes"] * 1.1)]},
+         # live bytes by category at the OOM (the verdict's "live CATEGORY (inferred)"
+         # evidence): the replicas are parameters, not gradients; the forward intermediates
+         # are activations (the scattered inputs may count as activation or another category)
+         "categories": {"parameter": [info["replica_bytes"], info["replica_bytes"] + MIB],
+                        "gradient": [0, 0], "temporary": [0, GIB],
+                        "activation": [int(info["tags_at_oom"]["act"] * 0.95), live + MIB]}},
         {"kind": "device_imbalance", "device": None, "severity_at_least": "warning",
          "stack_contains": "models.py:174"},
     ]

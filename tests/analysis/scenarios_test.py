@@ -8,8 +8,9 @@ NAME.pickle` must
   * report each expected finding: kind, severity at least as given, and where given: a
     where/evidence frame containing `stack_contains`, bytes in [bytes_at_least, bytes_at_most],
     the `device` it is on (an int: that device's findings or a job finding of that device; null
-    or absent: any device or the job), and the OOM figures of `oom` (the finding's "oom" object:
-    a [lo, hi] range per number, an exact value for a bool);
+    or absent: any device or the job), the OOM figures of `oom` (the finding's "oom" object:
+    a [lo, hi] range per number, an exact value for a bool) and the live bytes per category of
+    `categories` (its "live CATEGORY (inferred)" evidence lines, [lo, hi] each);
   * report no finding of a `must_not_fire` kind at warning or high severity on any device or for
     the job, nor of a `must_not_fire_on[DEVICE]` kind on that device;
   * match the `headline` (focus device, first item's kind and device) and the per-device
@@ -24,6 +25,7 @@ Prints one line per scenario and "N passed, N failed"; exits non-zero on any fai
 """
 import glob
 import json
+import re
 import os
 import subprocess
 import sys
@@ -72,6 +74,23 @@ def oom_problems(f, want):
     return bad
 
 
+CATEGORY_EVIDENCE = re.compile(r"^live ([a-z][a-z ]*?) \(inferred\)")
+
+
+def category_problems(f, want):
+    """want: category -> [lo, hi] live bytes, read from the finding's "live CATEGORY
+    (inferred)" evidence lines (a category without a line holds 0 bytes)."""
+    got = {}
+    for e in f.get("evidence", []):
+        m = CATEGORY_EVIDENCE.match(e.get("text", ""))
+        if m:
+            got[m.group(1)] = got.get(m.group(1), 0) + e.get("bytes", 0)
+    if not got:
+        return ["no 'live CATEGORY (inferred)' evidence"]
+    return ["%s %d not in [%d, %d]" % (c, got.get(c, 0), lo, hi)
+            for c, (lo, hi) in want.items() if not lo <= got.get(c, 0) <= hi]
+
+
 def check(exp, doc, iterations):
     problems = []
     # (device or None for a job finding without one, finding)
@@ -94,6 +113,8 @@ def check(exp, doc, iterations):
                                                        want["bytes_at_most"]))
             if "oom" in want:
                 p += oom_problems(f, want["oom"])
+            if "categories" in want:
+                p += category_problems(f, want["categories"])
             (why if p else ok).append(p)
         if not ok:
             where = "" if dev is None else " on cuda:%d" % dev
