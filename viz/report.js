@@ -1,5 +1,7 @@
 // report.js: draws the memforensics report from the JSON document embedded in the page.
 // Every string from the snapshot reaches the DOM through textContent or canvas text, never as HTML.
+// Nothing here decides what the analysis found: the device the page opens on is the headline's
+// (analysis/headline.h, D.headline.focus_device); the page only presents.
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("memf-data").textContent);
@@ -20,6 +22,7 @@
   const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
   function fmtBytes(n) {
     if (n === null || n === undefined) return "n/a";
+    if (typeof n === "string") n = Number(n);
     let v = Math.abs(n), u = 0;
     while (v >= 1024 && u < UNITS.length - 1) { v /= 1024; u++; }
     return (n < 0 ? "-" : "") + (u === 0 ? String(v) : v.toFixed(2)) + " " + UNITS[u];
@@ -30,16 +33,12 @@
     if (typeof n === "string") return n.replace(/\B(?=(\d{3})+(?!\d))/g, ",") + " B";
     return (Number.isFinite(n) && !Number.isSafeInteger(n) ? "≈ " : "") + Number(n).toLocaleString("en-US") + " B";
   };
-  function fmtTimeUs(us, base) {
-    if (us === null || us === undefined || us < 0) return "";
-    const d = us - base;
-    if (Math.abs(d) < 1000) return "+" + d + " µs";
-    if (Math.abs(d) < 1e6) return "+" + (d / 1000).toFixed(3) + " ms";
-    return "+" + (d / 1e6).toFixed(3) + " s";
-  }
+  // A line is known when it is a safe non-negative integer (the files write unknown lines as null,
+  // or as 2^64 - 1 that JavaScript cannot even hold): otherwise the file alone is shown.
+  const knownLine = (l) => typeof l === "number" && Number.isSafeInteger(l) && l >= 0;
   function frameText(f) {
-    if (Array.isArray(f)) return f[0] + ":" + f[2] + " " + f[1];
-    return f.filename + ":" + f.line + " " + f.name;
+    const file = Array.isArray(f) ? f[0] : f.filename, line = Array.isArray(f) ? f[2] : f.line, name = Array.isArray(f) ? f[1] : f.name;
+    return file + (knownLine(line) ? ":" + line : "") + (name ? " " + name : "");
   }
   function dprCanvas(c) {
     const r = c.getBoundingClientRect();
@@ -57,6 +56,63 @@
     while (lo < hi) { const m = (lo + hi) >> 1; if (arr[m] < x) lo = m + 1; else hi = m; }
     return lo;
   }
+  // Round axis steps: 1, 2 or 5 times a power of ten, about `target` of them over `range`.
+  function niceStep(range, target) {
+    const raw = range / Math.max(1, target);
+    if (!(raw > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+  }
+  const stepDecimals = (step) => Math.max(0, Math.min(6, -Math.floor(Math.log10(step) + 1e-9)));
+  // The byte axis: one binary unit for the whole axis, round steps in it.
+  function byteTicks(ymax, target) {
+    let u = 0;
+    while (u < UNITS.length - 1 && ymax / Math.pow(1024, u + 1) >= 1) u++;
+    const scale = Math.pow(1024, u), step = niceStep(ymax / scale, target), dec = stepDecimals(step);
+    const ticks = [];
+    for (let k = 0; k * step * scale <= ymax * 1.0001 && k < 100; k++) ticks.push({ v: k * step * scale, label: (k * step).toFixed(dec) + " " + UNITS[u] });
+    return { ticks, unit: UNITS[u], top: Math.max(ymax, ticks.length ? ticks[ticks.length - 1].v : ymax) };
+  }
+
+  // ---------- one time for one event ----------
+  // Every view names an event as "event N (+t)", t the time since the device's first event in one
+  // unit per device (chosen from its span), so the same event reads the same everywhere.
+  let TIME = null;  // { base, unit, div, dec, map: event -> time_us }
+  function prepTimes() {
+    const a = devA(), d = dev();
+    const base = a.first_time_us, last = a.last_time_us;
+    const span = base !== null && last !== null && base !== undefined && last !== undefined ? last - base : null;
+    const unit = span === null ? null : span < 2000 ? "µs" : span < 2e6 ? "ms" : "s";
+    const div = unit === "µs" ? 1 : unit === "ms" ? 1000 : 1e6;
+    const map = new Map();
+    const put = (ev, t) => { if (ev !== null && ev !== undefined && ev >= 0 && t !== null && t !== undefined && t >= 0 && !map.has(ev)) map.set(ev, t); };
+    for (const k of ["reserved", "allocated", "requested", "active"]) put(a["peak_" + k + "_event"], a["peak_" + k + "_time_us"]);
+    for (const o of a.ooms) put(o.event, o.time_us);
+    for (const f of a.findings) for (const e of f.evidence) put(e.event, e.time_us);
+    if (d) {
+      if (d.has_times && d.points.time_us) d.points.event.forEach((ev, i) => put(ev, d.points.time_us[i]));
+      for (const k of d.keyframes) put(k.event, k.time_us);
+      const al = d.allocations;
+      if (al && al.times) for (let i = 0, j = 0; i < al.drawn.length; i += 5, j += 2) { put(al.drawn[i], al.times[j]); put(al.drawn[i + 1], al.times[j + 1]); }
+      if (al && al.buckets.first_time_us) al.buckets.first_event.forEach((ev, i) => put(ev, al.buckets.first_time_us[i]));
+    }
+    TIME = { base: base === null || base === undefined ? 0 : base, unit, div, dec: unit === "µs" ? 0 : 3, map };
+  }
+  function fmtRel(t) {
+    if (!TIME || TIME.unit === null || t === null || t === undefined || t < 0) return "";
+    return "+" + ((t - TIME.base) / TIME.div).toFixed(TIME.dec) + " " + TIME.unit;
+  }
+  function timeOf(ev, t) {
+    if (t !== null && t !== undefined && t >= 0) return t;
+    return TIME && TIME.map.has(ev) ? TIME.map.get(ev) : null;
+  }
+  // "event 123 (+1.234 s)"; the start state is "the start".
+  function evWhen(ev, t) {
+    if (ev === null || ev === undefined) return "";
+    if (ev < 0) return "the start";
+    const rel = fmtRel(timeOf(ev, t));
+    return "event " + ev + (rel ? " (" + rel + ")" : "");
+  }
 
   const SERIES = [
     { key: "reserved", label: "reserved", colour: "#8a94a6", fill: "rgba(138,148,166,0.18)" },
@@ -67,27 +123,97 @@
   const STATE_COLOURS = ["#e3e6eb", "#2f6fd6", "#e08600"];  // free, allocated, pending free
   const STATE_NAMES = ["free", "allocated", "pending free"];
   const CATEGORY_COLOURS = ["#7c3aed", "#db2777", "#2563eb", "#0d9488", "#f59e0b", "#64748b"];
+  const CATEGORY_HUES = [265, 330, 220, 175, 38, 215];
   const PHASE_COLOURS = { iteration: "rgba(47,111,214,0.06)", forward: "rgba(22,163,74,0.35)",
     backward: "rgba(219,39,119,0.35)", optimizer: "rgba(245,158,11,0.45)", other: "rgba(100,116,139,0.25)" };
+  const OOM_COLOUR = "#b3261e";
 
   // ---------- state ----------
-  const S = { dev: 0, kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "" };
+  const S = { dev: 0, kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
   // S.dev indexes analysis devices (all of them); drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
   const devA = () => A.devices[S.dev];
   const dev = () => drawn.get(devA().device);
+  function severityCounts(a) {
+    const c = { high: 0, warning: 0, info: 0 };
+    for (const f of a.findings) c[f.severity] = (c[f.severity] || 0) + 1;
+    return c;
+  }
+  function switchDevice(i) {
+    S.dev = i;
+    $("device").value = String(i);
+    selectDevice();
+  }
+  const indexOfDevice = (device) => A.devices.findIndex((x) => x.device === device);
 
-  // ---------- summary ----------
+  // ---------- header, headline, devices ----------
   function renderHeader() {
     $("file").textContent = A.path;
     document.title = "memforensics: " + A.path;
     const sel = $("device");
     sel.textContent = "";
-    A.devices.forEach((d, i) => sel.append(el("option", { value: String(i), text: "cuda:" + d.device + (drawn.has(d.device) ? "" : " (summary only)") })));
+    A.devices.forEach((d, i) => {
+      const c = severityCounts(d), marks = [];
+      if (d.oom_count) marks.push("OOM" + (d.oom_count > 1 ? " ×" + d.oom_count : ""));
+      if (c.high) marks.push(c.high + " high");
+      const opt = el("option", { value: String(i), text: "cuda:" + d.device + (marks.length ? " — " + marks.join(", ") : "") + (drawn.has(d.device) ? "" : " (summary only)") });
+      if (d.oom_count) opt.dataset.oom = "1";
+      if (c.high) opt.dataset.high = String(c.high);
+      sel.append(opt);
+    });
     sel.value = String(S.dev);
     sel.addEventListener("change", () => { S.dev = Number(sel.value); selectDevice(); });
   }
+  function renderHeadline() {
+    const box = $("headline");
+    box.textContent = "";
+    const h = D.headline || { items: [] };
+    if (A.devices.length > 1 && h.focus_reason) {
+      box.append(el("div", { cls: "focus", text: "Opened on cuda:" + h.focus_device + ": " + h.focus_reason + "." }));
+    }
+    if (!h.items.length) { box.hidden = A.devices.length <= 1; return; }
+    box.hidden = false;
+    const ul = el("ul", { cls: "headline-items" });
+    for (const it of h.items) {
+      const li = el("li", { "data-device": String(it.device), "data-kind": it.kind },
+        el("span", { cls: "sev " + it.severity, text: it.severity }));
+      if (it.device >= 0 && indexOfDevice(it.device) >= 0) {
+        const b = el("button", { cls: "link", type: "button", text: "cuda:" + it.device });
+        b.addEventListener("click", () => switchDevice(indexOfDevice(it.device)));
+        li.append(b, ": ");
+      }
+      li.append(el("span", { cls: "finding-title", text: it.title }));
+      if (it.where && it.where.length) li.append(el("div", { cls: "where", text: "Line to change: " + frameText(it.where[0]) }));
+      ul.append(li);
+    }
+    box.append(ul);
+  }
+  function renderDevices() {
+    const box = $("devices");
+    box.textContent = "";
+    if (A.devices.length < 2) { box.hidden = true; return; }
+    box.hidden = false;
+    box.append(el("h3", { text: "Devices (click a row to show it)" }));
+    const t = el("table", { cls: "small devices" }, el("tr", null, ...["device", "peak reserved", "peak allocated", "capacity", "OOMs", "high", "warning", "info"].map((x) => el("th", { text: x }))));
+    A.devices.forEach((a, i) => {
+      const c = severityCounts(a), d = drawn.get(a.device);
+      const cap = d && d.capacity_bytes ? fmtBytes(d.capacity_bytes) : "—";
+      const tr = el("tr", { cls: "pick" + (i === S.dev ? " current" : "") + (a.oom_count ? " oom" : ""), "data-device": String(a.device), tabindex: "0" },
+        el("td", { text: "cuda:" + a.device }), el("td", { text: fmtBytes(a.peak_reserved_bytes) }), el("td", { text: fmtBytes(a.peak_allocated_bytes) }),
+        el("td", { text: cap }), el("td", { text: String(a.oom_count) }), el("td", { text: String(c.high) }), el("td", { text: String(c.warning) }), el("td", { text: String(c.info) }));
+      tr.addEventListener("click", () => switchDevice(i));
+      tr.addEventListener("keydown", (e) => { if (e.key === "Enter") switchDevice(i); });
+      t.append(tr);
+    });
+    box.append(t);
+    const jobs = A.job_findings || [];
+    if (jobs.length) {
+      box.append(el("h3", { text: "Across devices" }));
+      box.append(findingList(jobs));
+    }
+  }
 
+  // ---------- summary ----------
   function stat(key, label, bytes, note) {
     const box = el("div", { cls: "stat", "data-stat": key, "data-bytes": String(bytes) },
       el("div", { cls: "label", text: label }),
@@ -99,37 +225,39 @@
     return el("div", { cls: "stat", "data-stat": key, "data-value": String(n) },
       el("div", { cls: "label", text: label }), el("div", { cls: "value", text: Number(n).toLocaleString("en-US") }));
   }
-  function eventNote(ev, t, base) {
+  function eventNote(ev, t) {
     if (ev === null || ev === undefined) return "";
-    return ev < 0 ? "at the start" : "after event " + ev + (t ? " (" + fmtTimeUs(t, base) + ")" : "");
+    return ev < 0 ? "at the start" : "after " + evWhen(ev, t);
   }
 
   // Exact only where the allocator model reproduced the whole device (the page never says more).
   function layoutText(d) {
     if (!d) return "not drawn for this device in this report (see below)";
+    if (d.has_segment_info === false) return "not in the file: " + noSegmentsWhy();
     const m = d.model;
     const counts = "the allocator model predicted " + m.alloc_matches + " of " + m.allocs + " allocations and " +
       m.segment_matches + " of " + m.segment_events + " segment events";
     if (d.layout_exact) return "exact (" + counts + (m.final_compared ? ", and the file's final layout" : "") + ")";
     return "estimate: " + (m.estimate_reason || "the allocator model did not reproduce the trace") + " (" + counts + ")";
   }
+  const noSegmentsWhy = () => "this file (" + A.input.format + ") records allocations but not the allocator's segments, so no block map is drawn rather than an invented one";
   function renderSummary() {
     const a = devA(), d = dev(), inp = A.input;
     const facts = $("facts");
     facts.textContent = "";
-    const base = a.first_time_us;
-    const span = a.first_time_us !== null && a.last_time_us !== null ? fmtTimeUs(a.last_time_us, a.first_time_us).slice(1) : "no times in the file";
+    const span = a.first_time_us !== null && a.last_time_us !== null ? fmtRel(a.last_time_us).slice(1) : "no times in the file";
     const rows = [
       ["File", A.path], ["Format", inp.format + (inp.pickle_protocol ? " (protocol " + inp.pickle_protocol + ")" : "") +
         (inp.origin ? (inp.origin.startsWith("live capture") ? ", recorded by " : ", converted from ") + inp.origin : "")],
       ["Size", fmtBytes(inp.bytes)], ["PyTorch era", inp.pytorch_era],
-      ["Devices", A.devices.map((x) => "cuda:" + x.device).join(", ")],
+      ["Devices", A.devices.map((x) => "cuda:" + x.device + (x.oom_count ? " (OOM)" : "")).join(", ")],
       ["Events on this device", Number(a.events).toLocaleString("en-US")], ["Time span", span],
       ["Segments at the end", String(a.segments)],
       ["Block layout", layoutText(d), "layout"],
       ["Replay", a.consistent ? "consistent with the file's final state" :
         "not consistent with the file's final state: not exact here: " + (a.untrusted || []).join(", "), "replay"],
     ];
+    if (d && d.capacity_bytes) rows.push(["Card's memory", fmtBytes(d.capacity_bytes) + " (" + exact(d.capacity_bytes) + "; " + d.capacity_basis + ")", "capacity"]);
     if (d && (d.streams_omitted || d.pools_omitted)) {
       rows.push(["Breakdowns", (d.streams_omitted || 0) + " stream(s) and " + (d.pools_omitted || 0) +
         " pool(s) beyond those with the highest reserved peaks are not broken down (`timeline` names the bound)", "breakdowns"]);
@@ -145,10 +273,10 @@
 
     const st = $("stats");
     st.textContent = "";
-    st.append(stat("peak_reserved_bytes", "Peak reserved", a.peak_reserved_bytes, eventNote(a.peak_reserved_event, a.peak_reserved_time_us, base)));
-    st.append(stat("peak_allocated_bytes", "Peak allocated", a.peak_allocated_bytes, eventNote(a.peak_allocated_event, a.peak_allocated_time_us, base)));
-    st.append(stat("peak_requested_bytes", "Peak requested", a.peak_requested_bytes, eventNote(a.peak_requested_event, a.peak_requested_time_us, base)));
-    st.append(stat("peak_active_bytes", "Peak active", a.peak_active_bytes, eventNote(a.peak_active_event, a.peak_active_time_us, base)));
+    st.append(stat("peak_reserved_bytes", "Peak reserved", a.peak_reserved_bytes, eventNote(a.peak_reserved_event, a.peak_reserved_time_us)));
+    st.append(stat("peak_allocated_bytes", "Peak allocated", a.peak_allocated_bytes, eventNote(a.peak_allocated_event, a.peak_allocated_time_us)));
+    st.append(stat("peak_requested_bytes", "Peak requested", a.peak_requested_bytes, eventNote(a.peak_requested_event, a.peak_requested_time_us)));
+    st.append(stat("peak_active_bytes", "Peak active", a.peak_active_bytes, eventNote(a.peak_active_event, a.peak_active_time_us)));
     st.append(stat("final_reserved_bytes", "Reserved at the end", a.final_reserved_bytes));
     st.append(countStat("oom_count", "OOMs", a.oom_count));
     st.append(countStat("events", "Events", a.events));
@@ -160,7 +288,7 @@
       const t = el("table", { cls: "small" }, el("tr", null, el("th", { text: "event" }), el("th", { text: "request" }),
         el("th", { text: "device free" }), el("th", { text: "allocated then" }), el("th", { text: "reserved then" }), el("th", { text: "from" })));
       for (const o of a.ooms) {
-        t.append(el("tr", { "data-oom-event": String(o.event) }, el("td", null, eventLink(o.event)), el("td", { text: fmtBytes(o.request_bytes) }),
+        t.append(el("tr", { "data-oom-event": String(o.event) }, el("td", null, eventLink(o.event, o.time_us)), el("td", { text: fmtBytes(o.request_bytes) }),
           el("td", { text: fmtBytes(o.device_free_bytes) }), el("td", { text: fmtBytes(o.state.allocated_bytes) }),
           el("td", { text: fmtBytes(o.state.reserved_bytes) }), el("td", { cls: "mono", text: o.frames.length ? frameText(o.frames[0]) : "(no stack)" })));
       }
@@ -172,7 +300,7 @@
       an.append(el("h3", { text: "Anomalies in the file" }));
       const ul = el("ul");
       for (const x of a.anomalies) {
-        const first = x.first_event === null || x.first_event === undefined || x.first_event < 0 ? "" : ", first at event " + x.first_event;
+        const first = x.first_event === null || x.first_event === undefined || x.first_event < 0 ? "" : ", first at " + evWhen(x.first_event);
         ul.append(el("li", { text: x.severity + ": " + x.description + " (" + x.count + "×" + first + ")" }));
       }
       an.append(ul);
@@ -182,18 +310,15 @@
     for (const c of D.caps) caps.append(el("div", { text: "Shown in part: " + c }));
   }
 
-  function eventLink(ev) {
+  function eventLink(ev, t) {
     if (ev === null || ev === undefined || ev < -1) return el("span", { text: "—" });
-    const b = el("button", { cls: "link", type: "button", "data-goto-event": String(ev), text: ev < 0 ? "start" : "event " + ev });
-    b.addEventListener("click", () => gotoEvent(ev));
+    const b = el("button", { cls: "link", type: "button", "data-goto-event": String(ev), text: ev < 0 ? "start" : evWhen(ev, t) });
+    b.addEventListener("click", () => { if (dev()) gotoEvent(ev); });
     return b;
   }
 
-  function renderFindings() {
-    const ol = $("findings");
-    ol.textContent = "";
-    const fs = devA().findings;
-    if (!fs.length) { ol.append(el("li", { text: "No findings on this device." })); return; }
+  function findingList(fs) {
+    const ol = el("ol", { cls: "findings" });
     for (const f of fs) {
       const li = el("li", { "data-kind": f.kind, "data-severity": f.severity, "data-bytes": String(f.bytes) },
         el("span", { cls: "sev " + f.severity, text: f.severity }), el("span", { cls: "bytes", text: fmtBytes(f.bytes) }),
@@ -203,13 +328,21 @@
       const ev = el("ul", { cls: "evidence" });
       for (const e of f.evidence) {
         const item = el("li", null, e.text + (e.bytes ? ": " + fmtBytes(e.bytes) : ""));
-        if (e.event !== null && e.event !== undefined) { item.append(" · "); item.append(eventLink(e.event)); }
+        if (e.event !== null && e.event !== undefined) { item.append(" · "); item.append(eventLink(e.event, e.time_us)); }
         if (e.frames.length) item.append(el("span", { cls: "mono", text: " · " + frameText(e.frames[0]) }));
         ev.append(item);
       }
       li.append(ev, el("div", { cls: "where", text: "Basis: " + f.basis }));
       ol.append(li);
     }
+    return ol;
+  }
+  function renderFindings() {
+    const ol = $("findings");
+    ol.textContent = "";
+    const fs = devA().findings;
+    if (!fs.length) { ol.append(el("li", { text: "No findings on this device." })); return; }
+    for (const li of Array.from(findingList(fs).children)) ol.append(li);
   }
 
   // ---------- timeline ----------
@@ -227,60 +360,127 @@
     if (hi <= lo) hi = lo + 1;
     let ymax = 1;
     for (const s of SERIES) for (const v of d.points[s.key]) if (v > ymax) ymax = v;
-    TL = { xs, lo, hi, ymax, base: d.has_times ? lo : 0 };
+    // The card's memory is drawn when it is on the scale (within 1.6x of the highest series);
+    // otherwise the axis says where it is.
+    const cap = d.capacity_bytes || 0;
+    const capOnScale = cap > 0 && cap <= ymax * 1.6;
+    if (capOnScale) ymax = Math.max(ymax, cap);
+    TL = { xs, lo, hi, ymax: ymax * 1.04, cap, capOnScale };
     S.view = [lo, hi];
     const lg = $("timeline-legend");
     lg.textContent = "";
     for (const s of SERIES) lg.append(el("span", null, el("i", { style: "background:" + s.colour }), s.label));
-    lg.append(el("span", null, el("i", { style: "background:#b3261e" }), "OOM"));
+    lg.append(el("span", null, el("i", { style: "background:" + OOM_COLOUR }), "OOM"));
+    if (cap) lg.append(el("span", null, el("i", { style: "background:#111;height:2px" }), "card's memory" + (capOnScale ? "" : " (" + fmtBytes(cap) + ", above the scale)")));
   }
+  // The x of an event: its time when the file has times (exact where known, else the nearest kept
+  // point at or before it), else its index.
   function xOfEvent(ev) {
     const d = dev();
     if (!d.has_times) return ev;
-    // the time of the nearest kept point at or before the event
+    const t = timeOf(ev);
+    if (t !== null) return t;
     const i = Math.max(0, lowerBound(d.points.event, ev + 1) - 1);
     return TL.xs[Math.min(i, TL.xs.length - 1)];
   }
   function timeXOf(ev, t) { return dev().has_times && t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev); }
-  const PAD = { l: 64, r: 12, t: 22, b: 26 };
+  // The x axis: time since the device's first event in the device's unit, or the event index.
+  function xTicks(v0, v1, target) {
+    const d = dev(), ticks = [];
+    if (d.has_times && TIME.unit) {
+      const a = (v0 - TIME.base) / TIME.div, b = (v1 - TIME.base) / TIME.div, step = niceStep(b - a, target), dec = stepDecimals(step);
+      for (let k = Math.ceil(a / step); k * step <= b && ticks.length < 60; k++) ticks.push({ x: TIME.base + k * step * TIME.div, label: (k * step).toFixed(dec) + " " + TIME.unit });
+      return { ticks, title: "time since the first event (" + TIME.unit + ")" };
+    }
+    const step = Math.max(1, niceStep(v1 - v0, target));
+    for (let k = Math.ceil(v0 / step); k * step <= v1 && ticks.length < 60; k++) ticks.push({ x: k * step, label: String(k * step) });
+    return { ticks, title: "event index" };
+  }
+  const PAD = { l: 70, r: 14, t: 34, b: 40 };
+  // Axes, ticks and titles of a plot; returns the mappings.
+  function drawAxes(g, w, h, ymax, ytitle) {
+    const [v0, v1] = S.view;
+    const pw = w - PAD.l - PAD.r, ph = h - PAD.t - PAD.b;
+    const X = (x) => PAD.l + ((x - v0) / (v1 - v0)) * pw;
+    const yt = byteTicks(ymax, Math.max(2, Math.floor(ph / 45)));
+    const Y = (y) => PAD.t + ph - (y / yt.top) * ph;
+    g.strokeStyle = "#e6e9ef"; g.fillStyle = "#5b6475"; g.font = "11px system-ui, sans-serif"; g.lineWidth = 1;
+    g.textAlign = "right"; g.textBaseline = "middle";
+    for (const t of yt.ticks) {
+      const y = Math.round(Y(t.v)) + 0.5;
+      g.beginPath(); g.moveTo(PAD.l, y); g.lineTo(w - PAD.r, y); g.stroke();
+      g.fillText(t.label, PAD.l - 5, y);
+    }
+    const xt = xTicks(v0, v1, Math.max(2, Math.floor(pw / 110)));
+    g.textAlign = "center"; g.textBaseline = "top";
+    for (const t of xt.ticks) {
+      const x = Math.round(X(t.x)) + 0.5;
+      g.strokeStyle = "#c3c8d2"; g.beginPath(); g.moveTo(x, PAD.t + ph); g.lineTo(x, PAD.t + ph + 4); g.stroke();
+      g.fillText(t.label, x, PAD.t + ph + 6);
+    }
+    g.fillStyle = "#1d2330"; g.font = "12px system-ui, sans-serif";
+    g.fillText(xt.title, PAD.l + pw / 2, h - 15);
+    g.save(); g.translate(13, PAD.t + ph / 2); g.rotate(-Math.PI / 2); g.textBaseline = "middle"; g.fillText(ytitle + " (" + yt.unit + ")", 0, 0); g.restore();
+    g.strokeStyle = "#8a94a6"; g.beginPath(); g.moveTo(PAD.l + 0.5, PAD.t); g.lineTo(PAD.l + 0.5, PAD.t + ph); g.lineTo(w - PAD.r, PAD.t + ph + 0.5); g.stroke();
+    g.textBaseline = "alphabetic"; g.font = "11px system-ui, sans-serif";
+    return { X, Y, pw, ph, top: yt.top };
+  }
+  // Labels at the top of a plot, each next to its x, in as many rows as it takes for none to
+  // overlap another.
+  function placeLabels(g, labels, xmin, xmax, y0) {
+    const rows = [];
+    labels.sort((a, b) => a.x - b.x);
+    g.font = "11px system-ui, sans-serif";
+    for (const l of labels) {
+      const wd = g.measureText(l.text).width + 6;
+      let x0 = l.x + 3;
+      if (x0 + wd > xmax) x0 = l.x - 3 - wd;
+      if (x0 < xmin) x0 = xmin;
+      let r = 0;
+      while (r < rows.length && rows[r].some(([a, b]) => x0 < b && x0 + wd > a)) r++;
+      if (r === rows.length) rows.push([]);
+      rows[r].push([x0, x0 + wd]);
+      const y = y0 + r * 14;
+      g.fillStyle = "rgba(255,255,255,0.85)"; g.fillRect(x0, y - 10, wd, 13);
+      g.fillStyle = l.colour; g.textAlign = "left"; g.fillText(l.text, x0 + 3, y);
+      g.strokeStyle = l.colour; g.setLineDash([1, 2]); g.beginPath(); g.moveTo(l.x + 0.5, y + 3); g.lineTo(l.x + 0.5, l.yTo); g.stroke(); g.setLineDash([]);
+    }
+  }
   function drawTimeline() {
     const c = $("timeline");
     const { g, w, h } = dprCanvas(c);
     const d = dev(), xs = TL.xs, [v0, v1] = S.view;
-    const pw = w - PAD.l - PAD.r, ph = h - PAD.t - PAD.b;
-    const X = (x) => PAD.l + ((x - v0) / (v1 - v0)) * pw;
-    const Y = (y) => PAD.t + ph - (y / TL.ymax) * ph;
     g.clearRect(0, 0, w, h);
     g.fillStyle = "#fff"; g.fillRect(0, 0, w, h);
-    // phase bands: iterations alternate as the background, other phases as a strip on top
+    const pw0 = w - PAD.l - PAD.r, ph0 = h - PAD.t - PAD.b;
+    const X0 = (x) => PAD.l + ((x - v0) / (v1 - v0)) * pw0;
+    // phase bands: iterations alternate as the background (labelled by their step), other phases
+    // as a labelled strip above the plot
     let it = 0;
+    g.font = "10px system-ui, sans-serif"; g.textBaseline = "middle";
+    const stripY = 4, stripH = 13;
     for (const p of d.phases) {
       if (p.last_event < p.first_event) continue;
-      const xa = X(timeXOf(p.first_event, p.start_us)), xb = X(timeXOf(p.last_event, p.end_us));
+      const xa = X0(timeXOf(p.first_event, p.start_us)), xb = X0(timeXOf(p.last_event, p.end_us));
       if (xb < PAD.l || xa > w - PAD.r) { if (p.kind === "iteration") it++; continue; }
+      const a = Math.max(PAD.l, xa), b = Math.min(xb, w - PAD.r);
       if (p.kind === "iteration") {
-        if (it++ % 2 === 0) { g.fillStyle = PHASE_COLOURS.iteration; g.fillRect(Math.max(PAD.l, xa), PAD.t, Math.min(xb, w - PAD.r) - Math.max(PAD.l, xa), ph); }
+        if (it % 2 === 0) { g.fillStyle = PHASE_COLOURS.iteration; g.fillRect(a, PAD.t, b - a, ph0); }
+        const label = p.name || "step " + (it + 1);
+        if (b - a > g.measureText(label).width + 6) { g.fillStyle = "#6b7a99"; g.textAlign = "left"; g.fillText(label, a + 3, PAD.t + ph0 - 8); }
+        it++;
       } else {
         g.fillStyle = PHASE_COLOURS[p.kind] || PHASE_COLOURS.other;
-        g.fillRect(Math.max(PAD.l, xa), PAD.t - 8, Math.max(1, Math.min(xb, w - PAD.r) - Math.max(PAD.l, xa)), 6);
+        g.fillRect(a, stripY, Math.max(1, b - a), stripH);
+        const label = p.name || p.kind;
+        if (b - a > g.measureText(label).width + 6) { g.fillStyle = "#1d2330"; g.textAlign = "left"; g.fillText(label, a + 3, stripY + stripH / 2); }
       }
     }
-    // axes
-    g.strokeStyle = "#d9dde5"; g.fillStyle = "#5b6475"; g.font = "11px system-ui, sans-serif"; g.lineWidth = 1;
-    for (let i = 0; i <= 4; i++) {
-      const y = PAD.t + (ph * i) / 4;
-      g.beginPath(); g.moveTo(PAD.l, y + 0.5); g.lineTo(w - PAD.r, y + 0.5); g.stroke();
-      g.textAlign = "right"; g.fillText(fmtBytes(Math.round(TL.ymax * (1 - i / 4))), PAD.l - 4, y + 4);
-    }
-    g.textAlign = "center";
-    for (let i = 0; i <= 5; i++) {
-      const x = v0 + ((v1 - v0) * i) / 5;
-      const label = d.has_times ? fmtTimeUs(Math.round(x), TL.base) : "event " + Math.round(x);
-      g.fillText(label, PAD.l + (pw * i) / 5, h - 8);
-    }
+    g.textBaseline = "alphabetic";
+    const { X, Y, pw, ph } = drawAxes(g, w, h, TL.ymax, "bytes");
     // series (step lines over the kept points)
     g.save();
-    g.beginPath(); g.rect(PAD.l, PAD.t - 10, pw, ph + 10); g.clip();
+    g.beginPath(); g.rect(PAD.l, PAD.t - 2, pw, ph + 2); g.clip();
     const i0 = Math.max(0, lowerBound(xs, v0) - 1), i1 = Math.min(xs.length, lowerBound(xs, v1) + 1);
     for (const s of SERIES) {
       const ys = d.points[s.key];
@@ -288,7 +488,6 @@
       g.beginPath();
       g.moveTo(X(xs[i0]), Y(ys[i0]));
       for (let i = i0 + 1; i < i1; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
-      g.lineTo(X(xs[i1 - 1]) + (i1 === xs.length ? 0 : 0), Y(ys[i1 - 1]));
       if (s.fill) {
         g.save(); g.lineTo(X(xs[i1 - 1]), Y(0)); g.lineTo(X(xs[i0]), Y(0)); g.closePath();
         g.fillStyle = s.fill; g.fill(); g.restore();
@@ -297,22 +496,31 @@
       }
       g.strokeStyle = s.colour; g.lineWidth = 1.4; g.stroke();
     }
-    // markers: peaks, OOMs, the block map's moment
+    g.lineWidth = 1;
+    // the card's memory
+    if (TL.cap && TL.capOnScale) {
+      const y = Math.round(Y(TL.cap)) + 0.5;
+      g.strokeStyle = "#111"; g.lineWidth = 1.5; g.beginPath(); g.moveTo(PAD.l, y); g.lineTo(w - PAD.r, y); g.stroke(); g.lineWidth = 1;
+      g.fillStyle = "#111"; g.textAlign = "left"; g.fillText("card's memory " + fmtBytes(TL.cap), PAD.l + 4, y - 4);
+    }
+    // markers: peaks and OOMs, labelled without overlap; the block map's moment
+    const labels = [];
     const pk = d.peaks;
-    const marks = [["reserved peak", pk.reserved, "#8a94a6"], ["requested peak", pk.requested, "#16a34a"]];
-    for (const [label, p, colour] of marks) {
+    for (const [label, p, colour] of [["reserved peak", pk.reserved, "#5b6475"], ["requested peak", pk.requested, "#15803d"]]) {
       if (p.event < -1) continue;
       const x = X(timeXOf(p.event, p.time_us));
-      g.setLineDash([4, 3]); g.strokeStyle = colour; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.setLineDash([]);
-      const right = x > PAD.l + pw * 0.65;  // label on the side with room
-      g.fillStyle = colour; g.textAlign = right ? "right" : "left";
-      g.fillText(label + " " + fmtBytes(p.bytes), right ? x - 3 : x + 3, Math.max(PAD.t + 10, Y(p.bytes) - 4));
+      g.setLineDash([4, 3]); g.strokeStyle = colour; g.beginPath(); g.moveTo(x, Y(p.bytes)); g.lineTo(x, PAD.t + ph); g.stroke(); g.setLineDash([]);
+      if (x >= PAD.l && x <= w - PAD.r) labels.push({ x, text: label + " " + fmtBytes(p.bytes), colour, yTo: Y(p.bytes) });
     }
-    for (const o of d.ooms) {
-      const x = X(timeXOf(o.event, o.time_us));
-      g.fillStyle = "#b3261e"; g.beginPath(); g.moveTo(x, PAD.t + ph); g.lineTo(x - 5, PAD.t + ph + 9); g.lineTo(x + 5, PAD.t + ph + 9); g.closePath(); g.fill();
-      g.strokeStyle = "rgba(179,38,30,0.6)"; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke();
-    }
+    d.ooms.forEach((o, i) => {
+      const x = Math.round(X(timeXOf(o.event, o.time_us))) + 0.5;
+      if (x < PAD.l - 1 || x > w - PAD.r + 1) return;
+      g.strokeStyle = OOM_COLOUR; g.lineWidth = 2.5; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
+      g.fillStyle = OOM_COLOUR; g.beginPath(); g.moveTo(x, PAD.t + ph - 10); g.lineTo(x - 6, PAD.t + ph); g.lineTo(x + 6, PAD.t + ph); g.closePath(); g.fill();
+      if (i < 8) labels.push({ x, text: "OOM" + (d.ooms.length > 1 ? " " + (i + 1) : "") + ": " + fmtBytes(o.request_bytes) + " request", colour: OOM_COLOUR, yTo: PAD.t + ph });
+    });
+    // below the card's memory line, so its label stays readable
+    placeLabels(g, labels, PAD.l, w - PAD.r, Math.max(PAD.t + 12, TL.cap && TL.capOnScale ? Y(TL.cap) + 14 : 0));
     const kf = d.keyframes[S.kf];
     if (kf) {
       const x = X(timeXOf(kf.event, kf.time_us));
@@ -323,30 +531,34 @@
     }
     g.restore();
   }
-  function xToValue(px) {
-    const c = $("timeline"), w = c.getBoundingClientRect().width;
+  function xToValue(c, px) {
+    const w = c.getBoundingClientRect().width;
     const pw = w - PAD.l - PAD.r, [v0, v1] = S.view;
     return v0 + ((px - PAD.l) / pw) * (v1 - v0);
   }
-  function pointIndexAt(px) {
-    const v = xToValue(px), xs = TL.xs;
+  function pointIndexAt(c, px) {
+    const v = xToValue(c, px), xs = TL.xs;
     let i = lowerBound(xs, v);
     if (i >= xs.length) i = xs.length - 1;
-    if (i > 0 && Math.abs(xs[i - 1] - v) <= Math.abs(xs[i] - v)) i--;
+    // the nearer point; of points at one x (the start state and the first event share a time)
+    // the later one once the pointer is at or past it
+    if (i > 0 && (xs[i - 1] === xs[i] ? v < xs[i] : Math.abs(xs[i - 1] - v) <= Math.abs(xs[i] - v))) i--;
     return Math.max(0, i);
   }
   function timelineReadout(i) {
     const d = dev(), p = d.points;
     if (!p.event.length) return;
     const ev = p.event[i];
-    let s = (ev < 0 ? "start" : "event " + ev) + (d.has_times && p.time_us[i] >= 0 ? "  " + fmtTimeUs(p.time_us[i], TL.base) : "");
+    let s = evWhen(ev, d.has_times ? p.time_us[i] : null);
     for (const se of SERIES) s += "   " + se.label + " " + fmtBytes(p[se.key][i]);
     const ph = d.phases.filter((x) => x.first_event <= ev && ev <= x.last_event).map((x) => x.name);
     if (ph.length) s += "   in " + ph.join(" › ");
     $("timeline-readout").textContent = s;
   }
-  function installTimeline() {
-    const c = $("timeline");
+  function redrawTime() { drawTimeline(); drawAllocations(); }
+  // Wheel zoom, drag pan, double-click reset, click: the moment; shared by the timeline and the
+  // allocation view, which show the same x range.
+  function installPlot(c, onHover, onClick) {
     let drag = null;
     c.addEventListener("mousemove", (e) => { if (!dev()) return;
       const r = c.getBoundingClientRect(), px = e.clientX - r.left;
@@ -356,31 +568,215 @@
         S.view = [drag.view[0] - dv, drag.view[1] - dv];
       }
       S.hoverX = px;
-      if (TL.xs.length) timelineReadout(pointIndexAt(px));
-      drawTimeline();
+      onHover(px, e.clientY - r.top);
+      redrawTime();
     });
-    c.addEventListener("mouseleave", () => { if (!dev()) return; S.hoverX = null; drag = null; drawTimeline(); });
+    c.addEventListener("mouseleave", () => { if (!dev()) return; S.hoverX = null; drag = null; redrawTime(); });
     c.addEventListener("mousedown", (e) => { if (!dev()) return; const r = c.getBoundingClientRect(); drag = { px: e.clientX - r.left, view: S.view.slice(), moved: false }; });
     c.addEventListener("mouseup", (e) => { if (!dev()) return;
       const moved = drag && drag.moved;
       drag = null;
       if (moved || !TL.xs.length) return;
       const r = c.getBoundingClientRect();
-      const i = pointIndexAt(e.clientX - r.left);
-      gotoEvent(dev().points.event[i]);
+      onClick(e.clientX - r.left, e.clientY - r.top);
     });
     c.addEventListener("wheel", (e) => { if (!dev()) return;
       e.preventDefault();
-      const r = c.getBoundingClientRect(), v = xToValue(e.clientX - r.left);
+      const r = c.getBoundingClientRect(), v = xToValue(c, e.clientX - r.left);
       const f = e.deltaY > 0 ? 1.25 : 0.8, [v0, v1] = S.view;
       let a = v - (v - v0) * f, b = v + (v1 - v) * f;
       if (b - a < 1e-6) return;
       if (b - a > TL.hi - TL.lo) { a = TL.lo; b = TL.hi; }
       S.view = [a, b];
-      drawTimeline();
+      redrawTime();
     }, { passive: false });
-    c.addEventListener("dblclick", () => { if (!dev()) return; S.view = [TL.lo, TL.hi]; drawTimeline(); });
-    $("timeline-reset").addEventListener("click", () => { if (!dev()) return; S.view = [TL.lo, TL.hi]; drawTimeline(); });
+    c.addEventListener("dblclick", () => { if (!dev()) return; S.view = [TL.lo, TL.hi]; redrawTime(); });
+  }
+  function installTimeline() {
+    const c = $("timeline");
+    installPlot(c, (px) => { if (TL.xs.length) timelineReadout(pointIndexAt(c, px)); },
+      (px) => gotoEvent(dev().points.event[pointIndexAt(c, px)]));
+    $("timeline-reset").addEventListener("click", () => { if (!dev()) return; S.view = [TL.lo, TL.hi]; redrawTime(); });
+  }
+
+  // ---------- allocation view (memory_viz's "Active Memory Timeline") ----------
+  // Each drawn allocation is a band from its alloc to its free, stacked in allocation order: when
+  // one is freed, those above it move down (as memory_viz stacks them). The rest (smaller
+  // allocations, blocks alive before the trace began) is one band on top, per bucket of events.
+  // Stacking is O(drawn^2) in the worst case; beyond MAX_BREAKS breakpoints frees no longer move
+  // the bands above them (gaps stay) and the caption says so.
+  const MAX_BREAKS = 2000000;
+  let AV = null;
+  function prepAllocations() {
+    const d = dev(), al = d.allocations;
+    AV = null;
+    if (!al) return;
+    const n = al.drawn.length / 5;
+    const x0 = new Float64Array(n), x1 = new Float64Array(n), bytes = new Float64Array(n);
+    const xOf = (ev, t) => (d.has_times ? (t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev)) : ev);
+    const ops = [];
+    for (let i = 0; i < n; i++) {
+      const r = al.drawn, j = 5 * i;
+      bytes[i] = r[j + 2];
+      x0[i] = xOf(r[j], al.times ? al.times[2 * i] : null);
+      x1[i] = r[j + 1] >= 0 ? xOf(r[j + 1], al.times ? al.times[2 * i + 1] : null) : TL.hi;
+      ops.push([r[j], 1, i]);
+      if (r[j + 1] >= 0) ops.push([r[j + 1], 0, i]);
+    }
+    ops.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    const bx = Array.from({ length: n }, () => []), by = Array.from({ length: n }, () => []);
+    const live = [];  // bottom to top
+    const off = new Float64Array(n);
+    let total = 0, breaks = 0, simplified = false;
+    const totX = [], totY = [];  // the drawn bytes over x (the rest band sits on it)
+    for (const [, isAlloc, i] of ops) {
+      if (isAlloc) {
+        off[i] = total; live.push(i); total += bytes[i];
+        bx[i].push(x0[i]); by[i].push(off[i]); breaks++;
+        totX.push(x0[i]); totY.push(total);
+      } else {
+        const p = live.indexOf(i);
+        if (p >= 0) {
+          live.splice(p, 1);
+          if (!simplified) {
+            for (let k = p; k < live.length; k++) {
+              const j = live[k];
+              off[j] -= bytes[i]; bx[j].push(x1[i]); by[j].push(off[j]);
+            }
+            breaks += live.length - p;
+            if (breaks > MAX_BREAKS) simplified = true;
+            total -= bytes[i];
+          }
+          totX.push(x1[i]); totY.push(simplified ? total : total);
+        }
+      }
+    }
+    let ymax = 1;
+    for (const t of al.buckets.total) if (t > ymax) ymax = t;
+    for (const t of totY) if (t > ymax) ymax = t;
+    const bxs = al.buckets.first_event.map((ev, b) => xOf(ev, al.buckets.first_time_us ? al.buckets.first_time_us[b] : null));
+    AV = { n, x0, x1, bytes, bx, by, totX, totY, bxs, ymax: ymax * 1.04, simplified, al };
+    const cap = $("allocations-caption");
+    const shown = n ? "the " + n.toLocaleString("en-US") + " largest of " + al.allocations.toLocaleString("en-US") + " allocations drawn one by one (" +
+      fmtBytes(al.smallest_drawn) + " and up)" : "no allocation with a recorded alloc event";
+    cap.textContent = "Requested bytes of each allocation over its lifetime, stacked in allocation order; " + shown +
+      (al.capped ? "; the others, and blocks alive before the trace began, form the grey band on top (per bucket of events, at the bucket's highest requested total)" : "; the grey band on top: blocks alive before the trace began") +
+      "." + (simplified ? " Stacking simplified: past " + MAX_BREAKS.toLocaleString("en-US") + " moves, frees leave gaps." : "");
+    const lg = $("allocations-legend");
+    lg.textContent = "";
+    D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:hsl(" + CATEGORY_HUES[i] + ",60%,55%)" }), c)));
+    lg.append(el("span", null, el("i", { style: "background:#cbd1db" }), "rest"));
+  }
+  function allocColour(i) {
+    const cat = AV.al.drawn[5 * i + 4], light = 45 + ((i * 37) % 5) * 6;
+    return "hsl(" + (CATEGORY_HUES[cat] || 215) + "," + (cat === 5 ? 15 : 62) + "%," + light + "%)";
+  }
+  // The drawn bytes just after x (the top of the drawn stack).
+  function drawnTotalAt(x) {
+    const i = lowerBound(AV.totX, x + 1e-9) - 1;
+    return i >= 0 ? AV.totY[i] : 0;
+  }
+  function drawAllocations() {
+    const c = $("allocations");
+    const { g, w, h } = dprCanvas(c);
+    g.clearRect(0, 0, w, h); g.fillStyle = "#fff"; g.fillRect(0, 0, w, h);
+    if (!AV) return;
+    const [v0, v1] = S.view;
+    const { X, Y, pw, ph } = drawAxes(g, w, h, AV.ymax, "requested bytes");
+    g.save(); g.beginPath(); g.rect(PAD.l, PAD.t, pw, ph); g.clip();
+    // the rest band, per bucket, on top of the drawn stack
+    const al = AV.al, nb = AV.bxs.length;
+    g.fillStyle = "#cbd1db";
+    for (let b = 0; b < nb; b++) {
+      const xa = AV.bxs[b], xb = b + 1 < nb ? AV.bxs[b + 1] : TL.hi;
+      if (xb < v0 || xa > v1 || al.buckets.rest[b] <= 0) continue;
+      // the drawn total changes inside the bucket: one rectangle per change
+      let k = Math.max(0, lowerBound(AV.totX, xa + 1e-9) - 1), x = xa;
+      while (x < xb) {
+        const next = k + 1 < AV.totX.length ? Math.min(xb, Math.max(x, AV.totX[k + 1])) : xb;
+        const base = k < AV.totX.length && AV.totX[k] <= x + 1e-9 ? AV.totY[k] : drawnTotalAt(x);
+        const ya = Y(base + al.buckets.rest[b]), yb = Y(base);
+        g.fillRect(X(x), ya, Math.max(0.5, X(next) - X(x)), yb - ya);
+        if (next <= x) break;
+        x = next; k++;
+      }
+    }
+    // the drawn allocations
+    for (let i = 0; i < AV.n; i++) {
+      if (AV.x1[i] < v0 || AV.x0[i] > v1) continue;
+      const xs = AV.bx[i], os = AV.by[i], sz = AV.bytes[i];
+      g.fillStyle = i === S.alloc ? "#111827" : allocColour(i);
+      for (let s = 0; s < xs.length; s++) {
+        const xa = xs[s], xb = s + 1 < xs.length ? xs[s + 1] : AV.x1[i];
+        if (xb < v0 || xa > v1) continue;
+        const ya = Y(os[s] + sz), yb = Y(os[s]);
+        g.fillRect(X(xa), ya, Math.max(0.6, X(xb) - X(xa)), Math.max(0.4, yb - ya));
+      }
+    }
+    // OOMs, the current moment, the pointer
+    const d = dev();
+    for (const o of d.ooms) {
+      const x = Math.round(X(timeXOf(o.event, o.time_us))) + 0.5;
+      g.strokeStyle = OOM_COLOUR; g.lineWidth = 2.5; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
+    }
+    const kf = d.keyframes[S.kf];
+    if (kf) {
+      const x = X(timeXOf(kf.event, kf.time_us));
+      g.strokeStyle = "#1d2330"; g.lineWidth = 2; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
+    }
+    if (S.hoverX !== null) { g.strokeStyle = "rgba(29,35,48,0.35)"; g.beginPath(); g.moveTo(S.hoverX, PAD.t); g.lineTo(S.hoverX, PAD.t + ph); g.stroke(); }
+    g.restore();
+  }
+  // The drawn allocation under the pointer (-1: none; -2: the rest band).
+  function allocationAt(px, py) {
+    if (!AV) return -1;
+    const c = $("allocations"), r = c.getBoundingClientRect();
+    const v = xToValue(c, px);
+    const ph = r.height - PAD.t - PAD.b, top = byteTicks(AV.ymax, Math.max(2, Math.floor(ph / 45))).top;
+    const y = ((PAD.t + ph - py) / ph) * top;
+    if (y < 0) return -1;
+    for (let i = 0; i < AV.n; i++) {
+      if (v < AV.x0[i] || v >= AV.x1[i]) continue;
+      const s = lowerBound(AV.bx[i], v + 1e-9) - 1;
+      if (s < 0) continue;
+      const o = AV.by[i][s];
+      if (y >= o && y < o + AV.bytes[i]) return i;
+    }
+    const b = lowerBound(AV.bxs, v + 1e-9) - 1;
+    if (b >= 0) { const base = drawnTotalAt(v); if (y >= base && y < base + AV.al.buckets.rest[b]) return -2 - b; }
+    return -1;
+  }
+  function allocationText(i) {
+    const r = AV.al.drawn, j = 5 * i, t = AV.al.times;
+    const freed = r[j + 1] >= 0 ? "freed at " + evWhen(r[j + 1], t ? t[2 * i + 1] : null) : "alive at the end of the trace";
+    return fmtBytes(r[j + 2]) + " (" + exact(r[j + 2]) + ") requested · " + D.categories[r[j + 4]] + " (inferred) · allocated at " +
+      evWhen(r[j], t ? t[2 * i] : null) + ", " + freed;
+  }
+  function showAllocStack(i) {
+    const box = $("allocation-stack");
+    box.textContent = "";
+    if (i < 0) return;
+    const st = AV.al.drawn[5 * i + 3];
+    if (st < 0) { box.append(el("div", { text: "No stack recorded for this allocation (or the report's stack table is full)." })); return; }
+    box.append(el("div", { text: "Allocated from (innermost first):" }));
+    const ol = el("ol");
+    for (const f of D.stacks[st]) ol.append(el("li", { text: frameText(D.frames[f]) }));
+    box.append(ol);
+  }
+  function installAllocations() {
+    const c = $("allocations");
+    installPlot(c, (px, py) => {
+      const i = allocationAt(px, py);
+      let s = " ";
+      if (i >= 0) s = allocationText(i);
+      else if (i <= -2) {
+        const b = -2 - i, bk = AV.al.buckets;
+        s = "rest: " + fmtBytes(bk.rest[b]) + " in allocations not drawn one by one and blocks alive before the trace, at " + evWhen(bk.at_event[b]) +
+          " (of " + fmtBytes(bk.total[b]) + " requested then)";
+      }
+      $("allocations-readout").textContent = s;
+      if (i !== S.alloc && (i >= 0 || S.alloc >= 0)) { S.alloc = i >= 0 ? i : -1; showAllocStack(S.alloc); }
+    }, (px) => gotoEvent(dev().points.event[pointIndexAt(c, px)]));
   }
 
   // ---------- block map ----------
@@ -390,16 +786,22 @@
     for (let i = 1; i < ks.length; i++) if (Math.abs(ks[i].event - ev) < Math.abs(ks[best].event - ev)) best = i;
     return best;
   }
+  // A moment picked anywhere (timeline, allocation view, evidence link): every view follows.
   function gotoEvent(ev) {
+    if (!dev().keyframes.length) return;
     S.kf = nearestKeyframe(ev);
     S.picked = ev;
     S.block = null;
-    renderBlockmap();
-    drawTimeline();
+    momentChanged();
   }
-  function kfLabel(k, base) {
-    let s = k.event < 0 ? "start" : "after event " + k.event;
-    if (k.time_us !== null && k.time_us >= 0) s += " (" + fmtTimeUs(k.time_us, base) + ")";
+  function momentChanged() {
+    renderBlockmap();
+    redrawTime();
+    selectIcicle();
+    drawIcicle();
+  }
+  function kfLabel(k) {
+    let s = k.event < 0 ? "the start" : "after " + evWhen(k.event, k.time_us);
     if (k.labels.length) s += " — " + k.labels.join(", ");
     return s;
   }
@@ -440,10 +842,18 @@
     const cap = $("blockmap-caption");
     cap.dataset.event = String(k.event);
     cap.dataset.keyframe = String(S.kf);
-    const base = TL ? TL.base : 0;
-    let text = "Layout " + kfLabel(k, base) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
+    if (d.has_segment_info === false) {
+      cap.textContent = "No block map: " + noSegmentsWhy() + ". Moment " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) + ".";
+      BM = null;
+      $("blockmap").hidden = true;
+      $("blockmap-legend").textContent = "";
+      $("block-stack").textContent = "";
+      return;
+    }
+    $("blockmap").hidden = false;
+    let text = "Layout " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
       ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
-    if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (nearest precomputed moment to event " + S.picked + ")";
+    if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (the nearest precomputed moment to " + evWhen(S.picked) + ")";
     text += d.layout_exact ? " Exact layout." : " Estimated layout (see Block layout above).";
     cap.textContent = text;
     BM = decodeKeyframe(k);
@@ -518,7 +928,7 @@
     } else {
       t += "block 0x" + addr.toString(16) + ": " + fmtBytes(BM.size[i]) + " " + STATE_NAMES[state];
       if (state !== 0) t += ", requested " + fmtBytes(BM.req[i]) + ", " + D.categories[(code >> 2) & 7] + " (inferred)" +
-        (BM.ev[i] >= 0 ? ", allocated at event " + BM.ev[i] : ", allocated before the trace began");
+        (BM.ev[i] >= 0 ? ", allocated at " + evWhen(BM.ev[i]) : ", allocated before the trace began");
     }
     return t;
   }
@@ -537,35 +947,61 @@
   }
   function installBlockmap() {
     const c = $("blockmap");
-    c.addEventListener("mousemove", (e) => { if (!dev()) return;
+    c.addEventListener("mousemove", (e) => { if (!dev() || !BM) return;
       const r = c.getBoundingClientRect(), i = blockAt(e.clientX - r.left, e.clientY - r.top);
       $("blockmap-readout").textContent = i >= 0 ? blockText(i) : " ";
     });
-    c.addEventListener("click", (e) => { if (!dev()) return;
+    c.addEventListener("click", (e) => { if (!dev() || !BM) return;
       const r = c.getBoundingClientRect(), i = blockAt(e.clientX - r.left, e.clientY - r.top);
       S.block = i >= 0 ? i : null;
       drawBlockmap();
       showStack(i);
     });
-    $("keyframe").addEventListener("change", () => { if (!dev()) return; S.kf = Number($("keyframe").value); S.picked = null; S.block = null; renderBlockmap(); drawTimeline(); });
+    $("keyframe").addEventListener("change", () => { if (!dev()) return; S.kf = Number($("keyframe").value); S.picked = null; S.block = null; momentChanged(); });
     $("colour-by").addEventListener("change", () => { if (!dev()) return; S.colourBy = $("colour-by").value; renderBlockmap(); });
   }
   function fillKeyframes() {
     const sel = $("keyframe"), d = dev();
     sel.textContent = "";
-    d.keyframes.forEach((k, i) => sel.append(el("option", { value: String(i), text: kfLabel(k, TL.base) })));
+    d.keyframes.forEach((k, i) => sel.append(el("option", { value: String(i), text: kfLabel(k) })));
   }
 
   // ---------- icicle ----------
   let IC = null;
-  function prepIcicle() {
-    const t = dev().icicle, n = t.bytes.length;
+  // The call tree follows the moment: the keyframe's own tree (from the replayer's live set, or
+  // the layout's allocated blocks), the requested peak's full one at the peak, else the nearest
+  // moment that has one (said in the title).
+  function selectIcicle() {
+    const d = dev(), k = d.keyframes[S.kf];
+    let t = d.icicle, at = null, note = "";
+    if (k && k.event !== d.icicle_event) {
+      if (k.icicle && k.icicle.bytes.length) { t = k.icicle; at = k; }
+      else {
+        let best = null;
+        d.keyframes.forEach((x) => { if (x.icicle && x.icicle.bytes.length && (best === null || Math.abs(x.event - k.event) < Math.abs(best.event - k.event))) best = x; });
+        if (best && Math.abs(best.event - k.event) < Math.abs(d.icicle_event - k.event)) { t = best.icicle; at = best; }
+        note = " (the nearest moment with a call tree)";
+      }
+    }
+    const title = $("icicle-title");
+    if (at) {
+      title.textContent = "Live memory by call stack " + kfLabel(at) + note + (at.icicle_source === "layout" && !d.layout_exact ? " — from the estimated block layout" : "");
+      title.dataset.event = String(at.event);
+    } else {
+      title.textContent = "Live memory by call stack at the requested peak, " + evWhen(d.icicle_event) + note;
+      title.dataset.event = String(d.icicle_event);
+    }
+    if (IC && IC.t === t) return;
+    prepIcicle(t);
+  }
+  function prepIcicle(t) {
+    const n = t.bytes.length;
     const kids = Array.from({ length: n }, () => []);
     const depth = new Array(n).fill(0);
     for (let i = 1; i < n; i++) { if (t.parent[i] >= 0) { kids[t.parent[i]].push(i); depth[i] = depth[t.parent[i]] + 1; } }
     for (const k of kids) k.sort((a, b) => t.bytes[b] - t.bytes[a]);
     // Bars read function first, then the file's last two path parts; the read-out has it all.
-    const short = (f) => f[1] + "  " + f[0].split("/").slice(-2).join("/") + ":" + f[2];
+    const short = (f) => f[1] + "  " + f[0].split("/").slice(-2).join("/") + (knownLine(f[2]) ? ":" + f[2] : "");
     const label = (i) => (t.label[String(i)] !== undefined ? t.label[String(i)] : t.frame[i] >= 0 ? frameText(D.frames[t.frame[i]]) : "?");
     const barLabel = (i) => (t.label[String(i)] !== undefined || t.frame[i] < 0 ? label(i) : short(D.frames[t.frame[i]]));
     IC = { t, kids, depth, label, barLabel, rects: [] };
@@ -581,7 +1017,7 @@
     const t = IC.t;
     IC.rects = [];
     if (!t.bytes.length || t.bytes[0] === 0) {
-      g.fillStyle = "#5b6475"; g.font = "13px system-ui, sans-serif"; g.fillText("Nothing was live at the requested peak.", 10, 24);
+      g.fillStyle = "#5b6475"; g.font = "13px system-ui, sans-serif"; g.fillText("Nothing was live at this moment.", 10, 24);
       return;
     }
     const RH = 18, root = S.icicleRoot, d0 = IC.depth[root];
@@ -639,6 +1075,7 @@
     $("icicle-search").addEventListener("input", () => { if (!dev()) return; S.search = $("icicle-search").value.trim().toLowerCase(); drawIcicle(); });
   }
 
+
   // ---------- wiring ----------
   function placeholder(id, text) {
     const { g, w, h } = dprCanvas($(id));
@@ -646,29 +1083,36 @@
     g.fillStyle = "#5b6475"; g.font = "13px system-ui, sans-serif"; g.fillText(text, 12, 24);
   }
   function selectDevice() {
+    prepTimes();
+    renderHeadline();
+    renderDevices();
     renderSummary();
     renderFindings();
     const d = dev();
     document.body.dataset.detail = d ? "1" : "0";
+    document.body.dataset.device = String(devA().device);
     if (!d) {
       const why = "cuda:" + devA().device + " is not drawn in this report (see the summary); memforensics report --device " + devA().device + " draws it.";
-      TL = null; BM = null; IC = null;
+      TL = null; BM = null; IC = null; AV = null;
       $("keyframe").textContent = "";
       $("blockmap-caption").textContent = why;
+      $("allocations-caption").textContent = why;
+      $("blockmap").hidden = false;
       delete $("blockmap-caption").dataset.event;
-      for (const id of ["timeline", "blockmap", "icicle"]) placeholder(id, why);
+      for (const id of ["timeline", "allocations", "blockmap", "icicle"]) placeholder(id, why);
       return;
     }
     prepTimeline();
+    prepAllocations();
     fillKeyframes();
     const peakKf = d.keyframes.findIndex((k) => k.labels.includes("requested peak"));
     S.kf = peakKf >= 0 ? peakKf : 0;
     S.picked = null;
     S.block = null;
-    renderBlockmap();
-    drawTimeline();
-    prepIcicle();
-    drawIcicle();
+    S.alloc = -1;
+    $("allocation-stack").textContent = "";
+    IC = null;
+    momentChanged();
   }
   function main() {
     if (!A.devices.length) {
@@ -677,12 +1121,16 @@
       document.body.dataset.ready = "1";
       return;
     }
+    // The page opens on the headline's focus device (the OOM's, else the most severe finding's).
+    const focus = D.headline ? indexOfDevice(D.headline.focus_device) : -1;
+    S.dev = focus >= 0 ? focus : 0;
     renderHeader();
     installTimeline();
+    installAllocations();
     installBlockmap();
     installIcicle();
     selectDevice();
-    window.addEventListener("resize", () => { if (dev()) { drawTimeline(); drawBlockmap(); drawIcicle(); } });
+    window.addEventListener("resize", () => { if (dev()) { redrawTime(); if (BM) drawBlockmap(); drawIcicle(); } });
     document.body.dataset.ready = "1";
   }
   main();

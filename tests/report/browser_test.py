@@ -152,6 +152,31 @@ for (let i = 0; i < d.length; i += 4 * 7) { n++; if (d[i] < 245 || d[i + 1] < 24
 return n ? ink / n : 0;
 """
 
+ALLOC_SUMS_JS = """
+const D = JSON.parse(document.getElementById('memf-data').textContent);
+const x = D.devices.find(v => v.device === arguments[0]);
+if (!x || !x.allocations) return null;
+const al = x.allocations, b = al.buckets, r = al.drawn;
+let bad = 0, max = 0;
+for (let k = 0; k < b.at_event.length; k++) {
+  let live = 0;
+  for (let i = 0; i < r.length; i += 5) if (r[i] <= b.at_event[k] && (r[i + 1] < 0 || r[i + 1] > b.at_event[k])) live += r[i + 2];
+  // (rest 0 with more drawn: the replayer caps a request at its block's size)
+  if (live + b.rest[k] !== b.total[k] && !(b.rest[k] === 0 && live > b.total[k])) bad++;
+  max = Math.max(max, b.total[k]);
+}
+return {buckets: b.at_event.length, bad, max};
+"""
+
+ICICLE_FOLLOWS_JS = """
+const D = JSON.parse(document.getElementById('memf-data').textContent);
+const x = D.devices.find(v => v.device === arguments[0]);
+const ev = Number(document.getElementById('blockmap-caption').dataset.event);
+const k = x.keyframes.find(v => v.event === ev);
+if (!k || !k.icicle || !k.icicle.bytes.length) return null;
+return Number(document.getElementById('icicle-title').dataset.event) === ev;
+"""
+
 STATS_JS = """
 const out = {};
 for (const e of document.querySelectorAll('#stats [data-stat]')) {
@@ -257,6 +282,25 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
     n_options = wd.js("return document.querySelectorAll('#device option').length")
     if n_options != len(devices):
         failures.append(f"{name}: the device selector has {n_options} entries, analyze has {len(devices)} devices")
+    # OOM first: the page opens on a device with an OOM whenever one has any (the headline's focus
+    # device), and the menu marks every device with an OOM.
+    opened = wd.js("return document.body.dataset.device")
+    oom_devices = [str(d["device"]) for d in devices if d["oom_count"] > 0]
+    if oom_devices and opened not in oom_devices:
+        failures.append(f"{name}: the page opened on cuda:{opened}, not on a device with an OOM {oom_devices}")
+    marked = wd.js("return Array.from(document.querySelectorAll('#device option')).map(o => [o.dataset.oom === '1', o.textContent.includes('OOM')])")
+    for d, (flag, text) in zip(devices, marked or []):
+        if flag != (d["oom_count"] > 0) or text != (d["oom_count"] > 0):
+            failures.append(f"{name}: the device menu marks cuda:{d['device']} oom={flag}/{text}, analyze has {d['oom_count']} OOMs")
+    if len(devices) > 1:
+        rows = wd.js("return document.querySelectorAll('#devices tr[data-device]').length")
+        if rows != len(devices):
+            failures.append(f"{name}: the cross-device table has {rows} rows for {len(devices)} devices")
+    # An unknown line is never printed as a number or null: the file alone is shown.
+    text = wd.js("return document.body.innerText")
+    for bad in (":null", ":18446744073709551615", ":undefined"):
+        if bad in text:
+            failures.append(f"{name}: the page shows a frame with line {bad!r}")
     for i, dev in enumerate(devices):
         wd.js("const s = document.getElementById('device'); s.value = String(arguments[0]);"
               "s.dispatchEvent(new Event('change'));", i)
@@ -293,13 +337,33 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
             if summary_only <= 0:
                 failures.append(f"{name} device {dev['device']}: not drawn, though the report draws every device")
             continue
-        for canvas in ["timeline", "blockmap", "icicle"]:
+        has_segments = wd.js("const D = JSON.parse(document.getElementById('memf-data').textContent);"
+                             "const x = D.devices.find(v => v.device === arguments[0]); return x.has_segment_info", dev["device"])
+        # Without segment info (profiler traces) no block map is drawn, and the caption says why.
+        if not has_segments:
+            hidden = wd.js("return document.getElementById('blockmap').hidden")
+            why = wd.js("return document.getElementById('blockmap-caption').textContent") or ""
+            if not hidden or not why.startswith("No block map"):
+                failures.append(f"{name} device {dev['device']}: no segment info, but the block map is shown (hidden={hidden}, caption {why!r})")
+        # The allocation view: per bucket, the drawn allocations live at its moment plus the rest
+        # band are the requested bytes then; the highest is the requested peak.
+        sums = wd.js(ALLOC_SUMS_JS, dev["device"])
+        if sums and sums["buckets"] and (sums["bad"] or sums["max"] != dev["peak_requested_bytes"]):
+            failures.append(f"{name} device {dev['device']}: allocation view sums: {sums['bad']} bad buckets, "
+                            f"highest {sums['max']} != peak requested {dev['peak_requested_bytes']}")
+        for canvas in ["timeline", "allocations", "blockmap", "icicle"]:
+            if canvas == "blockmap" and not has_segments:
+                continue
+            if canvas == "allocations" and not sums["buckets"]:
+                continue
             ink = wd.js(INK_JS, canvas)
             if not ink or ink <= 0.001:
                 failures.append(f"{name} device {dev['device']}: the {canvas} canvas is blank (ink {ink})")
         # The block map's caption quotes the keyframe's counters (countersJson's names): a renamed
         # field would print NaN or undefined there.
         caption = wd.js("return document.getElementById('blockmap-caption').textContent") or ""
+        if not has_segments:
+            caption = "reserved 0"
         if "NaN" in caption or "undefined" in caption or not re.search(r"reserved [0-9]", caption):
             failures.append(f"{name} device {dev['device']}: the block map caption is {caption!r}")
         # Clicking the timeline near each end: the block map must move to another moment.
@@ -315,12 +379,16 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
                 after = wd.js("return document.getElementById('blockmap-caption').dataset.event")
                 if after != before:
                     moved = True
+                    # The call tree follows the moment when that moment has a tree of its own.
+                    follows = wd.js(ICICLE_FOLLOWS_JS, dev["device"])
+                    if follows is False:
+                        failures.append(f"{name} device {dev['device']}: the call tree did not follow the clicked moment")
                     break
             distinct = wd.js("const k = Array.from(document.querySelectorAll('#keyframe option')).map(o => o.textContent);"
                              "return new Set(k).size")
             if not moved and distinct >= 2:
                 failures.append(f"{name} device {dev['device']}: clicking the timeline did not change the block map")
-            if moved and wd.js(INK_JS, "blockmap") <= 0.001 and dev["final_reserved_bytes"] > 0:
+            if moved and has_segments and wd.js(INK_JS, "blockmap") <= 0.001 and dev["final_reserved_bytes"] > 0:
                 failures.append(f"{name} device {dev['device']}: the block map is blank after the click")
     if i_errors := wd.js("return window.memfErrors"):
         failures.append(f"{name}: JavaScript errors after interaction: {i_errors}")

@@ -434,12 +434,13 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
     AllocationBucket b;
     b.first_event = static_cast<int64_t>(first);
     b.first_time_us = f.events[first].time_us;
-    size_t best = first;
-    for (size_t e = first + 1; e < last; ++e) {
-      if (f.series[e + 1].requested > f.series[best + 1].requested) best = e;
+    // The first bucket holds the start state too (series[0]): a peak before the trace stays.
+    size_t best = first == 0 ? 0 : first + 1;  // index into series: event + 1
+    for (size_t e = first; e < last; ++e) {
+      if (f.series[e + 1].requested > f.series[best].requested) best = e + 1;
     }
-    b.at_event = static_cast<int64_t>(best);
-    b.total_bytes = f.series[best + 1].requested;
+    b.at_event = static_cast<int64_t>(best) - 1;
+    b.total_bytes = f.series[best].requested;
     b.rest_bytes = b.total_bytes;
     spent += bucketCost(b, times);
     v.buckets.push_back(b);

@@ -112,7 +112,8 @@ struct DrawnAllocation {
 struct AllocationBucket {
   int64_t first_event = 0;  // the bucket covers [first_event, next bucket's first_event)
   int64_t first_time_us = -1;
-  int64_t at_event = 0;      // the bucket's requested maximum (the first event reaching it)
+  int64_t at_event = 0;      // the bucket's requested maximum (the first event reaching it;
+                             // -1: the start state, in the first bucket)
   uint64_t total_bytes = 0;  // requested bytes after at_event (the timeline's series)
   uint64_t rest_bytes = 0;   // total_bytes minus the drawn allocations live then
 };
