@@ -10,6 +10,11 @@ one problem injected.  For every scenario NAME the generator writes
     NAME.pickle         the compiled PyTorch-format snapshot
     NAME.expected.json  the findings a detector must report (and must not report)
 
+One scenario is not such a loop: dp_imbalance_oom (a 4-GPU DataParallel job with expandable
+segments that runs out of memory on cuda:1) is simulated with tools/make_expandable.py's allocator
+(the fixture compiler has no expandable segments) and gets NAME.txt (what happened) instead of a
+.fixture; see dp_job / build_dp below.
+
 Addresses come from the compiler's allocator model ("alloc auto"); this script only decides when
 the allocator would have to cudaMalloc a new segment (no cached free block of the pool and stream
 fits) and with which size (2 MiB small pool, 20 MiB for requests below 10 MiB, else the request
@@ -758,7 +763,8 @@ def sc_hook(name):
         [k for k in ALL_KINDS if k != "activation_retention"]
 
 
-# the checkpointing scenario's model: 12 blocks, vocab 4096, d_model 1024, 32 heads, batch 8 x 1024 tokens
+# the checkpointing scenario's model: 12 blocks, vocab 4096, d_model 1024, 32 heads,
+# batch 8 x 1024 tokens
 DEEP_GPT = Model(V=4096, D=1024, batch=8, seq=1024, heads=32, NBLK=12)
 
 
@@ -999,7 +1005,8 @@ _OPS = {
     "copy": ["at::native::_to_copy(at::Tensor const&, std::optional<c10::ScalarType>, "
              "std::optional<c10::Layout>, std::optional<c10::Device>, std::optional<bool>, bool, "
              "std::optional<c10::MemoryFormat>)", "at::_ops::_to_copy::call(at::Tensor const&, "
-             "std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, "
+             "std::optional<c10::ScalarType>, std::optional<c10::Layout>, "
+             "std::optional<c10::Device>, "
              "std::optional<bool>, bool, std::optional<c10::MemoryFormat>)"],
     "linear": ["at::native::addmm_out_cuda_impl(at::Tensor&, at::Tensor const&, at::Tensor const&, "
                "at::Tensor const&, c10::Scalar const&, c10::Scalar const&, at::native::Activation)",
@@ -1094,8 +1101,9 @@ DP_WORKER = [_py(DP_TP + "/nn/parallel/parallel_apply.py", 84, "_worker"),
              _py(DP_PY + "/threading.py", 1012, "run"),
              _py(DP_PY + "/threading.py", 1075, "_bootstrap_inner"),
              _py(DP_PY + "/threading.py", 1032, "_bootstrap")]
-DP_FWD = lambda line: (DP_CALL + [_py(DP_TP + "/nn/parallel/data_parallel.py", line, "forward")]  # noqa: E731
-                       + DP_CALL + DP_STEP(91))
+DP_FWD = lambda line: (  # noqa: E731
+    DP_CALL + [_py(DP_TP + "/nn/parallel/data_parallel.py", line, "forward")]
+    + DP_CALL + DP_STEP(91))
 DP_REPLICATE = ([_py(DP_TP + "/nn/parallel/comm.py", 67, "broadcast_coalesced"),
                  _py(DP_TP + "/nn/parallel/_functions.py", 22, "forward"),
                  _py(DP_TP + "/autograd/function.py", 575, "apply"),
@@ -1559,9 +1567,10 @@ def build_dp(out_dir):
         f = dev_facts[str(d.dev)]
         text.append("cuda:%d  %d events %s" % (d.dev, f["events"], f["events_by_action"]))
         text.append("        peak requested %d (%s), peak reserved %d (%s), final reserved %d, "
-                    "final requested %d" % (f["peak_requested_bytes"], gib(f["peak_requested_bytes"]),
-                                            f["peak_reserved_bytes"], gib(f["peak_reserved_bytes"]),
-                                            f["final_reserved_bytes"], f["final_requested_bytes"]))
+                    "final requested %d"
+                    % (f["peak_requested_bytes"], gib(f["peak_requested_bytes"]),
+                       f["peak_reserved_bytes"], gib(f["peak_reserved_bytes"]),
+                       f["final_reserved_bytes"], f["final_requested_bytes"]))
         text.append("        largest block by line: " + ", ".join(
             "%s %d" % kv for kv in f["largest_block_by_line"].items()))
     text.append("")
@@ -1657,8 +1666,8 @@ def build_one(name, fn, out_dir):
         "activation_bytes_at_peak": g.peak["tags"].get("act", 0),
         "activation_share_at_peak": round(g.peak["tags"].get("act", 0) / g.peak["requested"], 4),
         "forward_made_bytes_at_peak": forward_made_bytes(g.peak["tags"]),
-        "forward_made_share_at_peak": round(forward_made_bytes(g.peak["tags"]) / g.peak["requested"],
-                                            4),
+        "forward_made_share_at_peak": round(
+            forward_made_bytes(g.peak["tags"]) / g.peak["requested"], 4),
     }
     facts.update(g.marks)
     expected = {"scenario": name, "description": desc, "findings": findings,
@@ -1701,7 +1710,8 @@ def generate(out_dir, quiet=False):
 
 
 def generated_files():
-    return sorted([n + ext for n, _ in SCENARIOS for ext in (".fixture", ".pickle", ".expected.json")]
+    exts = (".fixture", ".pickle", ".expected.json")
+    return sorted([n + ext for n, _ in SCENARIOS for ext in exts]
                   + [DP_NAME + ext for ext in (".txt", ".pickle", ".expected.json")])
 
 
