@@ -1421,6 +1421,7 @@ def dp_job(limit):
     before = tail.prev.size if tail.prev is not None and not tail.prev.allocated else 0
     page = mx.K_LARGE_BUFFER
     info["oom_new_pages"] = -(-(info["oom_request"] - before) // page)
+    info["free_before_tail"] = before
     info["short_by"] = info["oom_new_pages"] * page - info["oom_device_free"]
     info["largest_free_at_oom"] = max(b.size for b in d1.a.large.blocks)
     info["line_max_at_oom"] = [dict(d.line_max) for d in devs]
@@ -1535,6 +1536,7 @@ def build_dp(out_dir):
         "era": "2.8", "devices": 4, "expandable_segments": True,
         "oom_device": 1, "oom_event": info["oom_event"], "oom_request": req,
         "oom_device_free": info["oom_device_free"], "oom_new_pages": info["oom_new_pages"],
+        "free_at_end_of_mapped_range": info["free_before_tail"],
         "short_by_bytes": short, "live_at_oom": live, "reserved_at_oom": info["reserved_at_oom"],
         "capacity_bytes": capacity, "card_total_bytes": DP_CARD_TOTAL,
         "cached_free_at_oom": info["cached_free_at_oom"],
