@@ -1520,9 +1520,10 @@ def build_dp(out_dir):
          "oom": {"fragmentation": False,
                  "short_by_bytes": [int(short * 0.97), int(short * 1.03)],
                  "live_bytes": [int(live * 0.97), int(live * 1.03)],
-                 "capacity_bytes": [int(capacity * 0.97), int(capacity * 1.03)],
-                 "flushed_bytes": [int(info["flushed_bytes"] * 0.9),
-                                   int(info["flushed_bytes"] * 1.1)]},
+                 "capacity_bytes": [int(capacity * 0.97), int(capacity * 1.03)]},
+         # the cache flush before the OOM is evidence: oom.flushed_bytes, or an evidence line
+         # about the flush (its text says flush/unmap/released) with these bytes
+         "flushed": [int(info["flushed_bytes"] * 0.9), int(info["flushed_bytes"] * 1.1)],
          # live bytes by category at the OOM (the verdict's "live CATEGORY (inferred)"
          # evidence): the replicas are parameters, not gradients; the forward intermediates
          # are activations (the scattered inputs may count as activation or another category)

@@ -10,7 +10,8 @@ NAME.pickle` must
     the `device` it is on (an int: that device's findings or a job finding of that device; null
     or absent: any device or the job), the OOM figures of `oom` (the finding's "oom" object:
     a [lo, hi] range per number, an exact value for a bool) and the live bytes per category of
-    `categories` (its "live CATEGORY (inferred)" evidence lines, [lo, hi] each);
+    `categories` (its "live CATEGORY (inferred)" evidence lines, [lo, hi] each) and the cache
+    flush of `flushed` (oom.flushed_bytes or an evidence line about the flush, [lo, hi]);
   * report no finding of a `must_not_fire` kind at warning or high severity on any device or for
     the job, nor of a `must_not_fire_on[DEVICE]` kind on that device;
   * match the `headline` (focus device, first item's kind and device) and the per-device
@@ -91,6 +92,22 @@ def category_problems(f, want):
             for c, (lo, hi) in want.items() if not lo <= got.get(c, 0) <= hi]
 
 
+def flush_problems(f, rng):
+    """The allocator's cache flush before an OOM, as oom.flushed_bytes or as an evidence line
+    about it (text mentioning a flush, unmap or release), bytes in rng."""
+    lo, hi = rng
+    o = f.get("oom") if isinstance(f.get("oom"), dict) else {}
+    if lo <= o.get("flushed_bytes", -1) <= hi:
+        return []
+    for e in f.get("evidence", []):
+        text = e.get("text", "").lower()
+        if (("flush" in text or "unmap" in text or "releas" in text)
+                and lo <= e.get("bytes", -1) <= hi):
+            return []
+    return ["cache flush of [%d, %d] bytes not reported (oom.flushed_bytes %s)"
+            % (lo, hi, o.get("flushed_bytes"))]
+
+
 def check(exp, doc, iterations):
     problems = []
     # (device or None for a job finding without one, finding)
@@ -115,6 +132,8 @@ def check(exp, doc, iterations):
                 p += oom_problems(f, want["oom"])
             if "categories" in want:
                 p += category_problems(f, want["categories"])
+            if "flushed" in want:
+                p += flush_problems(f, want["flushed"])
             (why if p else ok).append(p)
         if not ok:
             where = "" if dev is None else " on cuda:%d" % dev
