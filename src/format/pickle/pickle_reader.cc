@@ -187,20 +187,29 @@ class ValueStack {
   size_t cap_ = 0;
 };
 
-// Room for one more element in one of the big arrays (nodes, memo, events). They grow
-// geometrically from what was parsed, never reserved from the input's size; a large new buffer gets
+// Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
+// items). They grow from what was parsed, never reserved from the input's size: at least doubling,
+// and up to `predicted` (Machine::predicted: what the input read so far says the array will end at)
+// when that is more, but at most kMaxGrowthFactor times the old capacity and at most `most`
+// elements (as many bytes as the input has) in one step (pickle_reader.h). A large new buffer gets
 // the huge-page hint before the old elements are copied in, so filling it takes few page faults.
 template <typename T>
-inline void makeRoom(std::vector<T>& v, size_t need = 1) {
+inline void makeRoom(std::vector<T>& v, size_t need = 1, size_t predicted = 0, size_t most = 0) {
   if (v.capacity() - v.size() >= need) return;
+  size_t cap = std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096));
+  if (predicted > cap) {
+    cap = std::max(cap, std::min({predicted, v.capacity() * kMaxGrowthFactor, most}));
+  }
   std::vector<T> bigger;
-  bigger.reserve(std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096)));
+  bigger.reserve(cap);
   if (bigger.capacity() * sizeof(T) >= (size_t{8} << 20)) {
     adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
   }
   bigger.insert(bigger.end(), v.begin(), v.end());
   v.swap(bigger);
 }
+
+Value longValue(const uint8_t* b, uint64_t n);
 
 // Opcode bytes (pickle protocol 0-5).
 enum Op : uint8_t {
@@ -388,7 +397,7 @@ class Machine {
     return m;
   }
   uint32_t newNode(NK kind) {
-    makeRoom(nodes_);
+    grow(nodes_);
     nodes_.push_back(Node{kNoStore, kind});
     return static_cast<uint32_t>(nodes_.size() - 1);
   }
@@ -431,7 +440,7 @@ class Machine {
                    std::to_string(memo_budget_) + " entries an input of " +
                    std::to_string(snap_.input_bytes) + " bytes can store");
       }
-      makeRoom(memo_, idx + 1 - memo_.size());
+      grow(memo_, idx + 1 - memo_.size());
       memo_.resize(idx + 1, 0);
     }
     memo_[idx] = memoEncode(stack_.back());
@@ -453,6 +462,29 @@ class Machine {
         return err("memo index " + std::to_string(idx) + " read before it was stored");
     }
   }
+
+  // What the input read so far predicts for the final size of an array that holds `have` elements
+  // now: have * input bytes / bytes read, plus 1/8 (makeRoom bounds what it takes of it).
+  size_t predicted(size_t have) const {
+    auto read = static_cast<double>(p_ - begin_);
+    if (read <= 0) return 0;
+    double x = static_cast<double>(have) * (static_cast<double>(end_ - begin_) / read) * 1.125;
+    return x >= 1e18 ? static_cast<size_t>(1e18) : static_cast<size_t>(x);
+  }
+  template <typename T>
+  void grow(std::vector<T>& v, size_t need = 1) {
+    if (v.capacity() - v.size() < need) {
+      makeRoom(v, need, predicted(v.size()), static_cast<size_t>(end_ - begin_) / sizeof(T));
+    }
+  }
+
+  // -- the trace-entry fast path (section 2b)
+  bool fastEntry();
+  bool fastValue(const uint8_t*& p, Value& out);
+  bool fastFetch(uint64_t idx, Value& out) const;
+  bool fastMemo(const uint8_t*& p, uint64_t enc);
+  bool fastFrames(const uint8_t*& p, Value& out);
+  bool skipFrames(const uint8_t*& p) const;
 
   // -- reading operands
   template <typename T>
@@ -554,6 +586,10 @@ class Machine {
   uint64_t records_budget_ = 0;  // kRecordsPerInputByte: records left to convert
   uint64_t bad_time_us_ = 0;     // trace entries / annotations whose time_us is out of range
   std::unordered_set<StrId> ignored_seen_;
+  // The fast path's key/value pairs of one trace entry (PyTorch writes at most 10 keys).
+  static constexpr size_t kFastMaxItems = 32;
+  Value fast_kv_[kFastMaxItems];
+  PickleReadStats stats_;
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
 };
@@ -578,10 +614,13 @@ Status Machine::pushLong(uint64_t n) {
   if (static_cast<uint64_t>(end_ - p_) < n) return truncated("the integer bytes");
   const uint8_t* b = p_;
   p_ += n;
-  if (n == 0) {
-    stack_.push_back(Value::integer(0));
-    return Status::Ok();
-  }
+  stack_.push_back(longValue(b, n));
+  return Status::Ok();
+}
+
+// The value of a LONG1/LONG4 operand: n little-endian two's-complement bytes.
+Value longValue(const uint8_t* b, uint64_t n) {
+  if (n == 0) return Value::integer(0);
   bool negative = (b[n - 1] & 0x80) != 0;
   // Strip redundant sign-extension bytes, then decide what fits.
   uint64_t len = n;
@@ -590,19 +629,14 @@ Status Machine::pushLong(uint64_t n) {
     --len;
   }
   if (!negative && len == 9 && b[8] == 0) len = 8;  // fits as unsigned 64-bit
-  if (len > 8) {
-    stack_.push_back(Value::bigint());
-    return Status::Ok();
-  }
+  if (len > 8) return Value::bigint();
   uint64_t u = 0;
   for (uint64_t k = 0; k < len; ++k) u |= uint64_t{b[k]} << (8 * k);
   if (negative) {
     if (len < 8) u |= ~uint64_t{0} << (8 * len);
-    stack_.push_back(Value::integer(static_cast<int64_t>(u)));
-  } else {
-    stack_.push_back(Value::uinteger(u));
+    return Value::integer(static_cast<int64_t>(u));
   }
-  return Status::Ok();
+  return Value::uinteger(u);
 }
 
 Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
@@ -692,6 +726,7 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     Status sealed = sealOpenStacks(from);
     if (!sealed.ok()) return sealed;
     Items& items = itemsOf(list);
+    grow(items, count);  // a device's trace list holds millions of entries
     items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
   }
   stack_.resize(from);
@@ -837,9 +872,271 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   if (!have_action) return err("trace entry without an action");
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
-  makeRoom(events_);
+  grow(events_);
   events_.push_back(e);
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2b. The trace-entry fast path
+//
+// Most of a snapshot is trace entries: {action, addr, size, stream, time_us, compile_context,
+// frames} with memoized key strings, and a fresh frames list whose items are memo fetches of frame
+// dicts met before. The generic machine pushes every key and value on its stack, dispatches every
+// opcode through the main switch, and moves the frames through appendItems. fastEntry() reads such
+// a dict with one loop straight from the bytes into a small array and hands it to the same
+// makeEvent, making the same nodes, memo entries, interned strings and stacks in the same order as
+// the generic machine would. It is tried at every EMPTY_DICT whose first key is `action`; it
+// gives up on anything it does not read itself (see PickleReadOptions::fast_path) and then undoes
+// what it did: the memo and the nodes are cut back, the frames budget restored. What it cannot
+// undo is harmless: strings and stacks it interned are interned again, at the same points and so
+// under the same ids, by the generic machine reading the same bytes.
+
+// FRAME opcodes (protocol 4 framing) before an object: checked as the main loop checks them.
+bool Machine::skipFrames(const uint8_t*& p) const {
+  while (p < end_ && *p == FRAME) {
+    uint64_t len;
+    if (end_ - p < 9) return false;
+    std::memcpy(&len, p + 1, 8);
+    p += 9;
+    if (len > static_cast<uint64_t>(end_ - p)) return false;
+  }
+  return true;
+}
+
+bool Machine::fastFetch(uint64_t idx, Value& out) const {
+  uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+  switch (m >> 32) {
+    case 1:
+      out = Value::str(static_cast<uint32_t>(m));
+      return true;
+    case 2:
+      out = Value::node(static_cast<uint32_t>(m));
+      return true;
+    case 3:
+      out = memo_other_[static_cast<uint32_t>(m)];
+      return true;
+    default:
+      return false;  // unset: the generic machine reports it
+  }
+}
+
+// An optional memo store of `enc` at p: MEMOIZE, or BINPUT / LONG_BINPUT of the next free index.
+// false for a store this path does not undo (an overwrite, a gap) or past the memo budget.
+bool Machine::fastMemo(const uint8_t*& p, uint64_t enc) {
+  if (p >= end_) return true;  // the next read gives up
+  uint64_t idx;
+  if (*p == MEMOIZE) {
+    idx = memo_.size();
+    p += 1;
+  } else if (*p == BINPUT) {
+    if (end_ - p < 2) return false;
+    idx = p[1];
+    p += 2;
+  } else if (*p == LONG_BINPUT) {
+    if (end_ - p < 5) return false;
+    uint32_t i;
+    std::memcpy(&i, p + 1, 4);
+    idx = i;
+    p += 5;
+  } else {
+    return true;
+  }
+  if (idx != memo_.size() || idx >= memo_budget_) return false;
+  grow(memo_);
+  memo_.push_back(enc);
+  return true;
+}
+
+// After EMPTY_LIST: the list node, its memo store, and when a MARK follows, one batch of memo
+// fetches of frame dicts closed by APPENDS, interned as appendItems interns a fresh list's first
+// batch. A second batch or an APPEND is not a key, so the caller gives up on it.
+bool Machine::fastFrames(const uint8_t*& p, Value& out) {
+  uint32_t n = newNode(NK::List);
+  out = Value::node(n);
+  if (!fastMemo(p, uint64_t{2} << 32 | n)) return false;
+  if (p >= end_ || *p != MARK) return true;  // an empty list
+  ++p;
+  scratch_.clear();
+  for (;;) {
+    if (!skipFrames(p) || p >= end_) return false;
+    uint64_t idx;
+    if (*p == BINGET) {
+      if (end_ - p < 2) return false;
+      idx = p[1];
+      p += 2;
+    } else if (*p == LONG_BINGET) {
+      if (end_ - p < 5) return false;
+      uint32_t i;
+      std::memcpy(&i, p + 1, 4);
+      idx = i;
+      p += 5;
+    } else if (*p == APPENDS) {
+      ++p;
+      break;
+    } else {
+      return false;  // a new frame dict, or anything else
+    }
+    uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+    if ((m >> 32) != 2) return false;
+    const Node& f = nodes_[static_cast<uint32_t>(m)];
+    if (f.kind != NK::Frame) return false;
+    scratch_.push_back(f.ref);
+  }
+  if (scratch_.empty() || !chargeFrames(scratch_.size()).ok()) return false;
+  StackId id = snap_.stacks.internStack(scratch_);
+  nodes_[n].kind = NK::Stack;
+  nodes_[n].ref = id;
+  return true;
+}
+
+// One key or value: a memo fetch, a string, an int, None, a bool, a float, or a frames list.
+bool Machine::fastValue(const uint8_t*& p, Value& out) {
+  if (!skipFrames(p) || p >= end_) return false;
+  const uint8_t op = *p++;
+  const auto left = static_cast<uint64_t>(end_ - p);
+  switch (op) {
+    case BINGET:
+      if (left < 1) return false;
+      return fastFetch(*p++, out);
+    case LONG_BINGET: {
+      if (left < 4) return false;
+      uint32_t i;
+      std::memcpy(&i, p, 4);
+      p += 4;
+      return fastFetch(i, out);
+    }
+    case SHORT_BINUNICODE:
+    case BINUNICODE: {
+      uint64_t len;
+      if (op == SHORT_BINUNICODE) {
+        if (left < 1) return false;
+        len = *p++;
+      } else {
+        if (left < 4) return false;
+        uint32_t l;
+        std::memcpy(&l, p, 4);
+        len = l;
+        p += 4;
+      }
+      if (static_cast<uint64_t>(end_ - p) < len) return false;
+      StrId id = snap_.strings.intern(std::string_view(reinterpret_cast<const char*>(p), len));
+      p += len;
+      out = Value::str(id);
+      return fastMemo(p, uint64_t{1} << 32 | id);
+    }
+    case EMPTY_LIST:
+      return fastFrames(p, out);
+    case BININT1:
+      if (left < 1) return false;
+      out = Value::integer(*p++);
+      break;
+    case BININT2: {
+      if (left < 2) return false;
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      p += 2;
+      out = Value::integer(x);
+      break;
+    }
+    case BININT: {
+      if (left < 4) return false;
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      p += 4;
+      out = Value::integer(x);
+      break;
+    }
+    case LONG1: {
+      if (left < 1) return false;
+      uint64_t len = *p++;
+      if (static_cast<uint64_t>(end_ - p) < len) return false;
+      out = longValue(p, len);
+      p += len;
+      break;
+    }
+    case BINFLOAT: {
+      if (left < 8) return false;
+      uint64_t bits;
+      std::memcpy(&bits, p, 8);
+      p += 8;
+      bits = __builtin_bswap64(bits);
+      double d;
+      std::memcpy(&d, &bits, 8);
+      out = Value::flt(d);
+      break;
+    }
+    case NONE:
+      out = Value::none();
+      break;
+    case NEWTRUE:
+      out = Value::boolean(true);
+      break;
+    case NEWFALSE:
+      out = Value::boolean(false);
+      break;
+    default:
+      return false;
+  }
+  // A scalar the generic machine would keep in memo_other_: not this path's business.
+  return p >= end_ || (*p != MEMOIZE && *p != BINPUT && *p != LONG_BINPUT);
+}
+
+bool Machine::fastEntry() {
+  const uint8_t* p = p_;  // just after EMPTY_DICT
+  const size_t memo0 = memo_.size();
+  const size_t nodes0 = nodes_.size();
+  const uint64_t frames0 = frames_budget_;
+  const uint32_t n = newNode(NK::Dict);
+  bool entry = false;  // the first key was `action`
+  bool ok = fastMemo(p, uint64_t{2} << 32 | n) && p < end_ && *p == MARK;
+  size_t count = 0;
+  if (ok) {
+    ++p;
+    for (;;) {
+      if (!skipFrames(p) || p >= end_) {
+        ok = false;
+        break;
+      }
+      if (*p == SETITEMS) {
+        ++p;
+        break;
+      }
+      if (count + 2 > kFastMaxItems || !fastValue(p, fast_kv_[count]) ||
+          fast_kv_[count].kind != VK::Str) {
+        ok = false;
+        break;
+      }
+      if (count == 0) {
+        entry = fast_kv_[0].id == keys_.action;
+        if (!entry) {
+          ok = false;
+          break;
+        }
+      }
+      const Value& v = fast_kv_[count + 1];
+      // An open frames list as a value: the generic machine seals (interns) it at SETITEMS
+      // whatever its key; left to it.
+      if (!fastValue(p, fast_kv_[count + 1]) ||
+          (v.kind == VK::Node && nodes_[v.id].kind == NK::OpenStack)) {
+        ok = false;
+        break;
+      }
+      count += 2;
+    }
+    ok = ok && count > 0 && makeEvent(n, fast_kv_, count).ok();
+  }
+  if (!ok) {
+    memo_.resize(memo0);
+    nodes_.resize(nodes0);
+    frames_budget_ = frames0;
+    if (entry) ++stats_.fast_fallbacks;
+    return false;
+  }
+  ++stats_.fast_entries;
+  stack_.push_back(Value::node(n));
+  p_ = p;
+  return true;
 }
 
 Expected<Snapshot> Machine::run() {
@@ -884,7 +1181,7 @@ Expected<Snapshot> Machine::run() {
                      " memo entries an input of " + std::to_string(snap_.input_bytes) +
                      " bytes can store");
         }
-        makeRoom(memo_);
+        grow(memo_);
         memo_.push_back(memoEncode(stack_.back()));
         break;
       }
@@ -978,6 +1275,7 @@ Expected<Snapshot> Machine::run() {
         marks_.push_back(stack_.size());
         break;
       case EMPTY_DICT:
+        if (opt_.fast_path && fastEntry()) break;
         stack_.push_back(Value::node(newNode(NK::Dict)));
         break;
       case EMPTY_LIST:
@@ -1118,6 +1416,7 @@ Expected<Snapshot> Machine::run() {
                " on the stack (expected exactly 1)");
   }
   if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);
+  if (opt_.stats != nullptr) *opt_.stats = stats_;
   Value root = stack_.back();
   stack_.clear();
   memo_.clear();

@@ -14,6 +14,7 @@
 // fraction of the file size.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -46,10 +47,34 @@ inline constexpr uint64_t kRecordsPerInputByte = 1;
 // Added to the two per-byte budgets above so tiny hand-written inputs are never refused.
 inline constexpr uint64_t kBudgetSlack = 1u << 16;
 
+// Growth of the reader's big arrays (events, memo, nodes, a trace list's items): when one is full
+// it grows at least twofold, and up to what the part of the input read so far predicts for the
+// whole input (its size times input bytes / bytes read, plus 1/8) when that is more, but never to
+// more than kMaxGrowthFactor times its capacity, nor to more bytes than the input has, in one step.
+// A snapshot whose traces fill the file gets its arrays near their final size after three or four
+// steps, so the last copy is of a small array (measured on a 4.8 M-event file,
+// docs/performance.md), while a hostile input (a few events padded with 1 GB of zeros) gets at most
+// 16 times what it filled, as reserved address space that is never touched.
+inline constexpr size_t kMaxGrowthFactor = 16;
+
+// What the reader did (tests and benchmarks; optional).
+struct PickleReadStats {
+  uint64_t fast_entries = 0;    // trace entries read by the trace-entry fast path
+  uint64_t fast_fallbacks = 0;  // dicts that started like a trace entry, read by the generic path
+};
+
 struct PickleReadOptions {
   ProgressFn progress;  // optional
   uint64_t progress_interval = 8u << 20;
   uint32_t max_memo_gap = 1u << 16;  // BINPUT may not leave a larger hole in the memo
+  // The trace-entry fast path (pickle_reader.cc, section 2b): a dict whose first key is `action`
+  // is read by a loop specialised for the shape PyTorch writes (scalars, memoized strings, frames
+  // lists of memoized frame dicts). Anything else in it (a nested dict, a second APPENDS batch, an
+  // overwritten memo slot, a value of an unexpected type, a truncated operand) undoes what the
+  // attempt did and leaves the dict to the generic machine, so the Snapshot and every error are
+  // the same with it on or off (tests/format/pickle_fast_path_test.cc).
+  bool fast_path = true;
+  PickleReadStats* stats = nullptr;  // filled when set
 };
 
 // Reads a snapshot pickle from `data`. Trailing bytes after STOP are ignored (memory_viz HTML pads
