@@ -11,6 +11,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/headline.h"
 #include "analysis/session.h"
 #include "cli/cmd_diff.h"
 #include "cli/diagnostics.h"
@@ -130,8 +131,6 @@ int runReportCommand() {
   }
   std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
   analysis::ReportData data = analysis::reportDataOf(*snap, facts, g_args.data);
-  setActivity("what-if simulations of " + g_args.file);
-  data.whatif = report::buildWhatIfPanel(*snap, g_args.device, g_args.file);
   if (!g_args.baseline.empty()) {
     // The same figures as `diff BASELINE FILE`: both runs profiled as diff does it (this file
     // once more: its sessions above served the drawings).
@@ -152,6 +151,13 @@ int runReportCommand() {
   for (auto& f : facts)
     result.devices.push_back(analysis::analyzeDevice(*snap, std::move(f), aopt));
   facts.clear();
+  {
+    setActivity("what-if simulations of " + g_args.file);
+    const analysis::Headline h = analysis::buildHeadline(result);  // the focus device
+    data.whatif = report::buildWhatIfPanel(
+        *snap, h.focus_device >= 0 ? std::optional<int64_t>(h.focus_device) : g_args.device,
+        g_args.file, h.focus_reason);
+  }
   if (replay::passStatsRequested())
     std::cerr << "memforensics: passes (" << escapeText(g_args.file)
               << "): " << replay::describePassStats() << "\n";

@@ -35,7 +35,10 @@ std::string plural(uint64_t n, const char* one, const char* many) {
 std::string answerOf(const WhatIfRow& r, const analysis::DeviceWhatIf& f) {
   const auto& s = r.sim;
   if (r.baseline) {
-    std::string a = s.peak_reserved == f.recorded_peak_reserved
+    std::string a = f.recorded_segment_allocs == 0 && f.recorded_peak_reserved == 0
+                        ? "the file records no segment events: peak reserved " +
+                              formatBytes(s.peak_reserved) + " is the simulation's own"
+                    : s.peak_reserved == f.recorded_peak_reserved
                         ? "reproduces the file's peak reserved"
                         : "peak reserved " + formatBytes(s.peak_reserved) + " where the file has " +
                               formatBytes(f.recorded_peak_reserved);
@@ -117,8 +120,8 @@ std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
   return out;
 }
 
-WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> only,
-                             const std::string& file) {
+WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
+                             const std::string& file, const std::string& focus_reason) {
   WhatIfPanel p;
   p.file = file;
   p.limits =
@@ -129,17 +132,20 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
     p.absent_reason = "a what-if needs an allocator trace; a profiler trace has none";
     return p;
   }
-  auto focus = whatIfFocusDevice(snap, only);
-  if (!focus) {
-    p.absent_reason = "no device has a trace: a what-if replays the recorded requests";
+  auto focus = device ? device : whatIfFocusDevice(snap, std::nullopt);
+  if (!focus || *focus < 0 || static_cast<size_t>(*focus) >= snap.traceCount() ||
+      snap.trace(static_cast<size_t>(*focus)).empty()) {
+    p.absent_reason = (focus ? "device " + std::to_string(*focus) : std::string("no device")) +
+                      " has no trace: a what-if replays the recorded requests";
     return p;
   }
   const auto d = static_cast<size_t>(*focus);
   p.present = true;
   p.device = *focus;
   p.facts = analysis::recordedFacts(snap, d);
-  p.focus_rule = p.facts.recorded_ooms > 0 ? "the first device with a recorded OOM"
-                                           : "the first device with a trace (no OOM recorded)";
+  p.focus_rule = !focus_reason.empty()       ? focus_reason
+                 : p.facts.recorded_ooms > 0 ? "the first device with a recorded OOM"
+                                             : "the first device with a trace (no OOM recorded)";
   p.implied_capacity = analysis::impliedCapacity(snap, d);
   const analysis::WhatIfSettings base = analysis::whatIfSettingsOf(snap);
   const uint64_t cap = p.implied_capacity;

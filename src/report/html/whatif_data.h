@@ -1,7 +1,7 @@
 // whatif_data.h: the report's what-if panel (issue 14 part 5, docs/whatif.md "In the report").
 //
 // A pure function of the snapshot and the what-if API (analysis/whatif.h): on the focus device
-// (the device with a recorded OOM, else the first with a trace), the answers for the common
+// (analysis/headline.h: the device with the OOM, else ...), the answers for the common
 // settings, each one simulation: the file's own settings (the baseline), expandable_segments
 // flipped, max_split_size_mb at one or two values derived from the file's largest request,
 // garbage_collection_threshold:0.8 where a card size is known, and another card: without a limit
@@ -54,8 +54,9 @@ struct WhatIfPanel {
   std::string limits;              // what a what-if cannot change
 };
 
-// The focus device: among the devices with a trace (only `only` when given), the first with a
-// recorded OOM, else the first; nullopt when none has a trace.
+// Without an analysis (tests): among the devices with a trace (only `only` when given), the first
+// with a recorded OOM, else the first; nullopt when none has a trace. `report` takes the focus
+// device of analysis/headline.h instead (the one "OOM first" rule).
 std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap, std::optional<int64_t> only);
 // The max_split_size_mb values the panel tries for device trace `d`: with R the largest recorded
 // OOM request (else the largest alloc request), the largest power of two of MiB not above R and a
@@ -63,8 +64,11 @@ std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap, std::opti
 std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
                                          const analysis::WhatIfSettings& base);
 
-WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> only,
-                             const std::string& file);
+// The panel of `device` (the focus device of analysis/headline.h buildHeadline, said by
+// `focus_reason`); without one, of whatIfFocusDevice(snap, nullopt). A device without a trace (or
+// a file without allocator trace) gives an absent panel with its reason.
+WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
+                             const std::string& file, const std::string& focus_reason = "");
 
 // The panel as the page reads it ("whatif" in the report's data, docs/report.md).
 nlohmann::json whatIfPanelJson(const WhatIfPanel& p);
