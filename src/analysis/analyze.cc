@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
+#include "analysis/cross_device.h"
 #include "analysis/stack_groups.h"
 
 namespace memforensics::analysis {
@@ -30,6 +32,79 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap,
   return out;
 }
 
+// Adds `b` to `a`, saturating at 2^64-1 (sizes come from the input).
+uint64_t addSat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+// The allocations of the device by their innermost user line (see LineSizes): trace allocations
+// from the allocation table, blocks alive before the trace from the live set at the requested
+// peak (when the facts hold it). One userFrameIds call per distinct stack; the heaviest
+// kLineSizesPerDevice lines are kept.
+std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts& facts,
+                                 const MomentFacts* peak, size_t frames_per_line) {
+  struct Acc {
+    uint64_t allocs = 0, total = 0, max = 0, live = 0;
+    format::StackId stack = format::kNoStack;  // the first stack seen for the line
+  };
+  U64Map<int64_t> line_of_stack;  // stack id -> frame id of its innermost user line, -1 = none
+  U64Map<Acc> by_line;            // frame id -> sizes
+  auto lineOf = [&](format::StackId st) -> int64_t {
+    if (const int64_t* l = line_of_stack.find(st)) return *l;
+    auto ids = userFrameIds(snap, st, 1);
+    int64_t l = ids.empty() ? -1 : static_cast<int64_t>(ids.front());
+    line_of_stack.insert(st, l);
+    return l;
+  };
+  auto add = [&](format::StackId st, uint64_t bytes, bool alloc, bool live) {
+    if (st == format::kNoStack || st == format::kEmptyStack) return;
+    const int64_t l = lineOf(st);
+    if (l < 0) return;
+    Acc* a = by_line.find(static_cast<uint64_t>(l));
+    if (a == nullptr) {
+      by_line.insert(static_cast<uint64_t>(l), Acc{});
+      a = by_line.find(static_cast<uint64_t>(l));
+      a->stack = st;
+    }
+    if (alloc) {
+      ++a->allocs;
+      a->total = addSat(a->total, bytes);
+      a->max = std::max(a->max, bytes);
+    }
+    if (live) a->live = addSat(a->live, bytes);
+  };
+  for (const AllocFact& a : facts.allocs) add(a.stack, a.requested, true, false);
+  if (peak != nullptr && peak->has_live) {
+    peak->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
+      if (!b.pending) add(b.stack, b.requested, b.alloc_event < 0, true);
+    });
+  }
+  std::vector<std::pair<uint64_t, Acc>> rows;
+  by_line.forEach([&](uint64_t line, const Acc& acc) { rows.emplace_back(line, acc); });
+  auto heavier = [](const auto& x, const auto& y) {
+    if (x.second.live != y.second.live) return x.second.live > y.second.live;
+    if (x.second.total != y.second.total) return x.second.total > y.second.total;
+    return x.first < y.first;
+  };
+  const size_t keep = std::min(rows.size(), kLineSizesPerDevice);
+  std::partial_sort(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(keep), rows.end(),
+                    heavier);
+  rows.resize(keep);
+  std::vector<LineSizes> out;
+  out.reserve(rows.size());
+  for (const auto& [line, acc] : rows) {
+    LineSizes ls;
+    ls.frames = userFrames(snap, acc.stack, std::max<size_t>(frames_per_line, 1));
+    ls.allocs = acc.allocs;
+    ls.total_bytes = acc.total;
+    ls.max_bytes = acc.max;
+    ls.live_at_peak_bytes = acc.live;
+    out.push_back(std::move(ls));
+  }
+  return out;
+}
+
 }  // namespace
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& opt) {
@@ -44,6 +119,7 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
     if (opt.findings) session.requestFindingMoments(kLayoutOoms);
     res.devices.push_back(analyzeDevice(snap, session.take(), opt));
   }
+  if (opt.findings) res.job_findings = crossDeviceFindings(snap, res);
   return res;
 }
 
@@ -99,6 +175,8 @@ DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
     std::stable_sort(da.anomalies.begin(), da.anomalies.end(),
                      [](const auto& a, const auto& b) { return a.severity > b.severity; });
   }
+  da.line_sizes =
+      lineSizes(snap, facts, facts.at(da.summary.peak_requested.event), opt.frames_per_group);
   da.model = facts.model;
   da.passes = facts.passes;
   return da;

@@ -39,6 +39,20 @@ struct AnomalyReport {
   int64_t first_event = -1;
 };
 
+// One user line's allocations on a device: the allocations whose innermost user frame is this line
+// (trace allocations, and blocks alive before the trace at the requested peak). Compared across
+// the devices of one job by crossDeviceFindings (cross_device.h: device imbalance).
+struct LineSizes {
+  std::vector<FrameText> frames;    // the line first (innermost user frame), then its callers
+  uint64_t allocs = 0;              // allocations from this line
+  uint64_t total_bytes = 0;         // requested bytes over them (saturating)
+  uint64_t max_bytes = 0;           // the largest single allocation: the per-tensor size
+  uint64_t live_at_peak_bytes = 0;  // requested bytes from this line live at the requested peak
+};
+// Lines kept per device in DeviceAnalysis::line_sizes (the heaviest: live at the peak, then total
+// bytes), so a job of many devices and many stacks stays small.
+inline constexpr size_t kLineSizesPerDevice = 64;
+
 struct DeviceAnalysis {
   replay::DeviceSummary summary;
   size_t segments = 0;
@@ -53,6 +67,8 @@ struct DeviceAnalysis {
   // predicted / total) and whether layout figures may be called exact (session.h ModelFacts).
   ModelFacts model;
   replay::PassStats passes;  // how often this device's history was walked (replay/pass_stats.h)
+  // Per-line allocation sizes, at most kLineSizesPerDevice, heaviest first (see LineSizes).
+  std::vector<LineSizes> line_sizes;
 };
 
 struct AnalysisResult {

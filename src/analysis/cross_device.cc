@@ -1,10 +1,136 @@
 // cross_device.cc: see cross_device.h.
 #include "analysis/cross_device.h"
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "common/format_bytes.h"
+
 namespace memforensics::analysis {
 
-std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const AnalysisResult&) {
-  return {};
+namespace {
+
+std::string deviceName(int64_t d) {
+  return "cuda:" + std::to_string(d);
+}
+
+// One line's sizes on every device where it allocates, in device order.
+struct SharedLine {
+  std::string key;  // the line's display text
+  std::vector<std::pair<const DeviceAnalysis*, const LineSizes*>> on;
+  const DeviceAnalysis* heaviest = nullptr;
+  const LineSizes* heaviest_line = nullptr;
+  uint64_t max = 0, min = 0;
+};
+
+std::string ratioText(uint64_t max, uint64_t min) {
+  if (min == 0) return "";
+  const uint64_t whole = max / min;
+  if (whole >= 10) return std::to_string(whole) + "x";
+  const uint64_t tenths = (max % min) * 10 / min;
+  return std::to_string(whole) + "." + std::to_string(tenths) + "x";
+}
+
+}  // namespace
+
+std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const AnalysisResult& r) {
+  std::vector<Finding> out;
+  if (r.devices.size() < 2) return out;
+  std::map<std::string, SharedLine> lines;
+  for (const DeviceAnalysis& d : r.devices) {
+    for (const LineSizes& ls : d.line_sizes) {
+      if (ls.frames.empty() || ls.max_bytes == 0) continue;
+      std::string key = ls.frames.front().display();
+      SharedLine& sl = lines[key];
+      sl.key = key;
+      // A line appears once per device (line_sizes is keyed by line); keep the first if not.
+      if (!sl.on.empty() && sl.on.back().first == &d) continue;
+      sl.on.emplace_back(&d, &ls);
+    }
+  }
+  std::vector<SharedLine> uneven;
+  for (auto& [key, sl] : lines) {
+    if (sl.on.size() < 2) continue;  // not shared: devices doing different work are not compared
+    sl.min = UINT64_MAX;
+    for (const auto& [d, ls] : sl.on) {
+      if (ls->max_bytes > sl.max) {
+        sl.max = ls->max_bytes;
+        sl.heaviest = d;
+        sl.heaviest_line = ls;
+      }
+      sl.min = std::min(sl.min, ls->max_bytes);
+    }
+    if (sl.max < kImbalanceMinBytes) continue;
+    if (sl.max / kImbalanceRatio < sl.min) continue;  // sl.max < kImbalanceRatio * sl.min
+    uneven.push_back(sl);
+  }
+  if (uneven.empty()) return out;
+  std::stable_sort(uneven.begin(), uneven.end(), [](const SharedLine& a, const SharedLine& b) {
+    return a.max - a.min > b.max - b.min;
+  });
+  const SharedLine& top = uneven.front();
+  Finding f;
+  f.kind = FindingKind::DeviceImbalance;
+  f.device = top.heaviest->summary.device;
+  f.severity =
+      top.heaviest->summary.ooms.empty() ? FindingSeverity::Warning : FindingSeverity::High;
+  uint64_t live_max = 0, live_min = UINT64_MAX;
+  int64_t lightest = -1;
+  std::string others;
+  for (const auto& [d, ls] : top.on) {
+    live_max = std::max(live_max, ls->live_at_peak_bytes);
+    if (ls->live_at_peak_bytes < live_min) {
+      live_min = ls->live_at_peak_bytes;
+      lightest = d->summary.device;
+    }
+    if (d == top.heaviest) continue;
+    others += (others.empty() ? "" : ", ") + formatBytesShort(ls->max_bytes) + " on " +
+              deviceName(d->summary.device);
+  }
+  f.bytes = live_max > live_min ? live_max - live_min : top.max - top.min;
+  f.title = "device imbalance: " + top.key + " allocates " + formatBytesShort(top.max) +
+            " per tensor on " + deviceName(f.device) + ", " + others + " (" +
+            ratioText(top.max, top.min) + ")";
+  if (live_max > live_min) {
+    f.title += "; " + deviceName(f.device) + " holds " + formatBytesShort(f.bytes) +
+               " more from it at its peak than " + deviceName(lightest);
+  }
+  f.title += ": the batch is likely split unevenly across the DataParallel replicas or ranks";
+  f.where = top.heaviest_line->frames;
+  for (const auto& [d, ls] : top.on) {
+    std::string t = deviceName(d->summary.device);
+    if (!d->summary.ooms.empty()) t += " (ran out of memory)";
+    t += ": " + std::to_string(ls->allocs) + " allocations from this line, " +
+         formatBytesShort(ls->live_at_peak_bytes) +
+         " of them live at the device's peak; the largest";
+    f.evidence.push_back({std::move(t), -1, -1, ls->max_bytes, {}});
+  }
+  std::string peaks;
+  for (const DeviceAnalysis& d : r.devices) {
+    peaks += (peaks.empty() ? "" : ", ") + deviceName(d.summary.device) + " " +
+             formatBytesShort(d.summary.peak_requested.bytes);
+    if (!d.summary.ooms.empty()) peaks += " (OOM)";
+  }
+  f.evidence.push_back({"requested peaks: " + peaks, -1, -1, 0, {}});
+  for (size_t k = 1; k < uneven.size() && k <= kImbalanceOtherLines; ++k) {
+    const SharedLine& o = uneven[k];
+    f.evidence.push_back({"also uneven: the largest per tensor on " +
+                              deviceName(o.heaviest->summary.device) + ", " +
+                              formatBytesShort(o.min) + " at the least",
+                          -1, -1, o.max, o.heaviest_line->frames});
+  }
+  f.fix =
+      "give every replica the same share of the batch: a batch size divisible by the number of "
+      "GPUs and inputs of the same shape on each (pad or bucket variable-length inputs before "
+      "the split); with DistributedDataParallel, a DistributedSampler and the same per-rank batch";
+  f.basis =
+      "cross-device: the largest single allocation of each line on each device of this "
+      "file (the " +
+      std::to_string(kLineSizesPerDevice) + " heaviest lines per device)";
+  out.push_back(std::move(f));
+  return out;
 }
 
 }  // namespace memforensics::analysis

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 namespace memforensics::analysis {
 
@@ -31,21 +32,29 @@ Headline buildHeadline(const AnalysisResult& result) {
   }
   if (oom_dev != nullptr) {
     h.focus_device = oom_dev->summary.device;
-    h.focus_reason = "the OOM is on " + deviceName(h.focus_device);
+    size_t oom_devices = 0;
+    for (const DeviceAnalysis& d : result.devices) oom_devices += d.summary.ooms.empty() ? 0 : 1;
+    h.focus_reason = oom_devices > 1 ? "the first OOM is on " + deviceName(h.focus_device) + " (" +
+                                           std::to_string(oom_devices) + " devices ran out)"
+                                     : "the OOM is on " + deviceName(h.focus_device);
   } else {
-    const DeviceAnalysis* worst = nullptr;
     const Finding* worst_f = nullptr;
-    for (const DeviceAnalysis& d : result.devices) {
-      for (const Finding& f : d.findings) {
-        if (worst_f == nullptr || f.severity > worst_f->severity ||
-            (f.severity == worst_f->severity && f.bytes > worst_f->bytes)) {
-          worst = &d;
-          worst_f = &f;
-        }
-      }
+    // Severity, then a finding about memory before one about the file's history, then bytes.
+    auto key = [](const Finding& f) {
+      return std::make_tuple(f.severity, f.kind != FindingKind::IncompleteHistory, f.bytes);
+    };
+    auto consider = [&](const Finding& f) {
+      if (worst_f == nullptr || key(f) > key(*worst_f)) worst_f = &f;
+    };
+    for (const DeviceAnalysis& d : result.devices)
+      for (const Finding& f : d.findings) consider(f);
+    for (const Finding& f : result.job_findings) {
+      // A job finding points at one of the devices (else it cannot choose one).
+      for (const DeviceAnalysis& d : result.devices)
+        if (d.summary.device == f.device) consider(f);
     }
-    if (worst != nullptr) {
-      h.focus_device = worst->summary.device;
+    if (worst_f != nullptr) {
+      h.focus_device = worst_f->device;
       h.focus_reason = "the most severe finding is on " + deviceName(h.focus_device);
     } else {
       h.focus_device = result.devices.front().summary.device;
@@ -53,7 +62,12 @@ Headline buildHeadline(const AnalysisResult& result) {
     }
   }
   auto add = [&](const Finding& f) {
-    if (f.kind != FindingKind::OomVerdict && f.severity != FindingSeverity::High) return;
+    const bool history =
+        f.kind == FindingKind::IncompleteHistory && f.severity >= FindingSeverity::Warning;
+    if (f.kind != FindingKind::OomVerdict && !history && f.severity != FindingSeverity::High) {
+      if (f.severity == FindingSeverity::Warning) ++h.other_warnings;
+      return;
+    }
     h.items.push_back({f.device, f.kind, f.severity, f.title, f.bytes, f.where});
   };
   for (const DeviceAnalysis& d : result.devices)
@@ -67,6 +81,19 @@ Headline buildHeadline(const AnalysisResult& result) {
         return a.bytes > b.bytes;
       });
   return h;
+}
+
+std::vector<size_t> deviceOrder(const AnalysisResult& result, const Headline& headline) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < result.devices.size(); ++i)
+    if (result.devices[i].summary.device == headline.focus_device) order.push_back(i);
+  for (size_t i = 0; i < result.devices.size(); ++i)
+    if (result.devices[i].summary.device != headline.focus_device) order.push_back(i);
+  return order;
+}
+
+std::string focusNote(int64_t device, const std::string& reason) {
+  return deviceName(device) + " (" + reason + "; --device N for another)";
 }
 
 std::optional<int64_t> oomFocusDevice(const format::Snapshot& snap) {

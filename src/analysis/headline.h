@@ -27,12 +27,23 @@ struct Headline {
   int64_t focus_device = -1;  // -1: the result has no device
   std::string focus_reason;   // e.g. "the OOM is on cuda:1"
   std::vector<HeadlineItem> items;
+  size_t other_warnings = 0;  // warning findings not among the items (listed per device)
 };
 
 // The focus device: the device with an OOM (several: the earliest OOM), else the device of the
-// most severe finding (severity, then bytes), else the first device. Items: every OOM verdict
-// and high finding (job findings included), most severe first.
+// most severe finding (severity, then bytes; job findings included), else the first device.
+// Items: every OOM verdict, every high finding (job findings included) and every incomplete-history
+// warning (a file that cannot explain an OOM says so first); OOM verdicts first, then by
+// severity, then bytes; ties keep device order. `warnings`: the other warnings, counted.
 Headline buildHeadline(const AnalysisResult& result);
+
+// The devices of `result` in the order a report lists them: the focus device first, the others
+// in their order (indices into result.devices).
+std::vector<size_t> deviceOrder(const AnalysisResult& result, const Headline& headline);
+
+// "cuda:1 (the OOM is on cuda:1; --device N for another)": the line a command that defaulted to
+// the focus device prints. `reason` as in Headline::focus_reason.
+std::string focusNote(int64_t device, const std::string& reason);
 
 // The same rule for commands that do not run the detectors (blocks, timeline): the device whose
 // trace holds the earliest OOM, else std::nullopt (the caller keeps its own default).

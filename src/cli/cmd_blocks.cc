@@ -4,9 +4,11 @@
 
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "analysis/blocks.h"
+#include "analysis/headline.h"
 #include "cli/at_option.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
@@ -41,7 +43,9 @@ CLI::App* addBlocksCommand(CLI::App& app) {
                  "peak (requested-bytes peak, default), oom (the first OOM), an event index (-1 = "
                  "start state), "
                  "or tTIME_US (the last event at or before that time)");
-  bl->add_option("--device", g_args.device, "CUDA device ordinal (default: the first with a trace)")
+  bl->add_option("--device", g_args.device,
+                 "CUDA device ordinal (default: the device with the OOM, else the first with a "
+                 "trace)")
       ->check(kInt64Option);
   bl->add_flag("--json", g_args.json, "one JSON document (schema in docs/cli.md)");
   bl->add_flag("--salvage", g_args.salvage,
@@ -66,9 +70,25 @@ int runBlocksCommand() {
   }
   setActivity("computing the block layout of " + g_args.file);
   replay::resetPassStats();
+  // OOM first (analysis/headline.h): without --device, the device whose trace holds the earliest
+  // OOM, else blocksDevice's default. Said in the text output when the file has several devices.
+  std::optional<int64_t> device = g_args.device;
+  std::string focus_note;
+  if (!device) {
+    if (auto oom = analysis::oomFocusDevice(*snap)) {
+      device = *oom;
+      focus_note = analysis::focusNote(*oom, "the OOM is on cuda:" + std::to_string(*oom));
+    } else if (snap->devices().size() > 1) {
+      if (auto first = analysis::blocksDevice(*snap, std::nullopt)) {
+        focus_note =
+            analysis::focusNote(*first, "no OOM in the file: the first device with a trace");
+      }
+    }
+    if (snap->devices().size() < 2) focus_note.clear();
+  }
   // Its errors are about the arguments: no such device, no OOM for --at oom, an event index or
   // time outside the trace.
-  auto r = analysis::computeBlocks(*snap, g_args.device, *at);
+  auto r = analysis::computeBlocks(*snap, device, *at);
   if (replay::passStatsRequested())
     std::cerr << "memforensics: passes (" << g_args.file << "): " << replay::describePassStats()
               << "\n";
@@ -77,10 +97,23 @@ int runBlocksCommand() {
     return kExitUsage;
   }
   r->path = g_args.file;
-  if (g_args.json)
+  if (g_args.json) {
     report::renderBlocksJson(*r, std::cout);
-  else
+  } else if (focus_note.empty()) {
     report::renderBlocksText(*r, std::cout);
+  } else {
+    // The note goes under the first line (the file's path), above the device's layout.
+    std::ostringstream text;
+    report::renderBlocksText(*r, text);
+    std::string t = text.str();
+    size_t nl = r->path.empty() ? std::string::npos : t.find('\n');
+    std::string note = "showing " + focus_note + "\n";
+    if (nl == std::string::npos)
+      t.insert(0, note);
+    else
+      t.insert(nl + 1, note);
+    std::cout << t;
+  }
   return kExitOk;
 }
 

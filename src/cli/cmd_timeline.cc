@@ -1,10 +1,13 @@
 // cmd_timeline.cc: `memforensics timeline FILE [--device N] [--csv|--json] [--max-points N]`.
 #include "cli/cmd_timeline.h"
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
+#include "analysis/headline.h"
 #include "analysis/timeline.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
@@ -73,8 +76,23 @@ int runTimelineCommand() {
     report::renderTimelineJson(result, std::cout);
   } else if (g_args.csv) {
     report::renderTimelineCsv(result, std::cout);
-  } else {
+  } else if (g_args.device || result.devices.size() < 2 || !analysis::oomFocusDevice(*snap)) {
     report::renderTimelineText(result, std::cout);
+  } else {
+    // OOM first (analysis/headline.h): the device with the OOM leads the text, and says so under
+    // the first line (the file's path). CSV and JSON keep device order.
+    const int64_t focus = *analysis::oomFocusDevice(*snap);
+    std::stable_partition(result.devices.begin(), result.devices.end(),
+                          [&](const analysis::DeviceTimeline& d) { return d.device == focus; });
+    std::ostringstream text;
+    report::renderTimelineText(result, text);
+    std::string t = text.str();
+    const size_t nl = t.find('\n');
+    const std::string note = "showing cuda:" + std::to_string(focus) +
+                             " first (the OOM is on cuda:" + std::to_string(focus) +
+                             "; --device N for one device)\n";
+    t.insert(nl == std::string::npos ? 0 : nl + 1, note);
+    std::cout << t;
   }
   return kExitOk;
 }

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "analysis/headline.h"
 #include "report/json_analysis.h"
 #include "report/render.h"
 
@@ -29,6 +30,36 @@ void peak(json& j, const char* name, const replay::Peak& p) {
   j[base + "_bytes"] = p.bytes;
   j[base + "_event"] = opt(p.event);
   j[base + "_time_us"] = opt(p.time_us);
+}
+// One finding as `analyze --json` writes it (the per-device `findings` and `job_findings`).
+json findingJson(const analysis::Finding& f) {
+  json ev = json::array();
+  for (const auto& e : f.evidence) {
+    ev.push_back({{"text", e.text},
+                  {"event", e.event < 0 ? json(nullptr) : json(e.event)},
+                  {"time_us", e.time_us < 0 ? json(nullptr) : json(e.time_us)},
+                  {"bytes", e.bytes},
+                  {"frames", framesJson(e.frames)}});
+  }
+  json j{{"kind", analysis::findingKindId(f.kind)},
+         {"severity", analysis::findingSeverityName(f.severity)},
+         {"title", f.title},
+         {"bytes", f.bytes},
+         {"where", framesJson(f.where)},
+         {"fix", f.fix},
+         {"basis", f.basis},
+         {"evidence", ev}};
+  // The OOM verdict's figures (analysis::OomNumbers; keys documented in docs/findings.md).
+  if (f.oom) {
+    const analysis::OomNumbers& o = *f.oom;
+    j["oom"] = {
+        {"request_bytes", o.request_bytes},         {"short_by_bytes", o.short_by_bytes},
+        {"fragmentation", o.fragmentation},         {"live_bytes", o.live_bytes},
+        {"capacity_bytes", o.capacity_bytes},       {"reserved_bytes", o.reserved_bytes},
+        {"device_free_bytes", o.device_free_bytes}, {"cache_free_bytes", o.cache_free_bytes},
+        {"flushed_bytes", o.flushed_bytes},         {"exact", o.exact}};
+  }
+  return j;
 }
 }  // namespace
 
@@ -125,24 +156,7 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     }
     j["anomalies"] = an;
     json fs = json::array();
-    for (const auto& f : d.findings) {
-      json ev = json::array();
-      for (const auto& e : f.evidence) {
-        ev.push_back({{"text", e.text},
-                      {"event", e.event < 0 ? json(nullptr) : json(e.event)},
-                      {"time_us", e.time_us < 0 ? json(nullptr) : json(e.time_us)},
-                      {"bytes", e.bytes},
-                      {"frames", framesJson(e.frames)}});
-      }
-      fs.push_back({{"kind", analysis::findingKindId(f.kind)},
-                    {"severity", analysis::findingSeverityName(f.severity)},
-                    {"title", f.title},
-                    {"bytes", f.bytes},
-                    {"where", framesJson(f.where)},
-                    {"fix", f.fix},
-                    {"basis", f.basis},
-                    {"evidence", ev}});
-    }
+    for (const auto& f : d.findings) fs.push_back(findingJson(f));
     j["findings"] = fs;
     if (d.has_frames) {
       auto rows = [](const std::vector<analysis::FrameBytes>& v) {
@@ -167,6 +181,29 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     devices.push_back(std::move(j));
   }
   doc["devices"] = std::move(devices);
+  json jobs = json::array();
+  for (const auto& f : r.job_findings) {
+    json jf = findingJson(f);
+    jf["device"] = opt(f.device);
+    jobs.push_back(std::move(jf));
+  }
+  doc["job_findings"] = std::move(jobs);
+  // The first screen (analysis/headline.h): the focus device and one item per OOM, high finding
+  // or history that cannot explain the file.
+  const analysis::Headline h = analysis::buildHeadline(r);
+  json items = json::array();
+  for (const auto& it : h.items) {
+    items.push_back({{"device", opt(it.device)},
+                     {"kind", analysis::findingKindId(it.kind)},
+                     {"severity", analysis::findingSeverityName(it.severity)},
+                     {"title", it.title},
+                     {"bytes", it.bytes},
+                     {"where", framesJson(it.where)}});
+  }
+  doc["headline"] = {{"focus_device", opt(h.focus_device)},
+                     {"focus_reason", h.focus_reason},
+                     {"items", std::move(items)},
+                     {"other_warnings", h.other_warnings}};
   return doc;
 }
 

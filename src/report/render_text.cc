@@ -1,7 +1,9 @@
 // render_text.cc: the terminal report of `memforensics analyze`.
 #include <cinttypes>
 #include <cstdio>
+#include <string_view>
 
+#include "analysis/headline.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
 #include "report/render.h"
@@ -29,10 +31,78 @@ void counterRow(std::ostream& out, const char* label, uint64_t start, const repl
       << "\n";
 }
 
+const analysis::Finding* historyFinding(const analysis::DeviceAnalysis& d) {
+  for (const auto& f : d.findings)
+    if (f.kind == analysis::FindingKind::IncompleteHistory) return &f;
+  return nullptr;
+}
+
+// One finding: severity and title, the line to change, at most 6 evidence lines, fix, basis.
+void findingText(const analysis::Finding& f, std::ostream& out) {
+  out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title)
+      << "\n";
+  if (!f.where.empty()) {
+    out << "        at " << escapeText(f.where[0].display()) << "\n";
+    for (size_t k = 1; k < f.where.size(); ++k)
+      out << "        <- " << escapeText(f.where[k].display()) << "\n";
+  }
+  size_t shown = 0;
+  for (const auto& e : f.evidence) {
+    if (++shown > 6) {
+      out << "        ... " << (f.evidence.size() - 6) << " more in --json\n";
+      break;
+    }
+    out << "        - " << escapeText(e.text);
+    if (e.bytes > 0) out << ": " << formatBytesShort(e.bytes);
+    if (e.event >= 0) out << " (event " << e.event << ")";
+    if (!e.frames.empty()) out << " at " << escapeText(e.frames[0].display());
+    out << "\n";
+  }
+  out << "        fix: " << escapeText(f.fix) << "\n";
+  if (!f.basis.empty()) out << "        basis: " << escapeText(f.basis) << "\n";
+}
+
+// The first screen: which device to look at and why, then one line per OOM, high finding or
+// history that cannot explain the file (analysis/headline.h), across devices.
+void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h,
+                  std::ostream& out) {
+  if (r.devices.empty()) return;
+  out << "  headline: cuda:" << h.focus_device;
+  if (r.devices.size() > 1) out << " first (" << escapeText(h.focus_reason) << ")";
+  out << "\n";
+  for (const auto& it : h.items) {
+    out << "    ";
+    // A title that starts with its device ("cuda:1: ...") is not given the device twice.
+    std::string_view title = it.title;
+    if (it.device >= 0) {
+      const std::string dev = "cuda:" + std::to_string(it.device);
+      out << dev << " ";
+      if (title.substr(0, dev.size() + 2) == dev + ": ") title.remove_prefix(dev.size() + 2);
+    }
+    out << "[" << analysis::findingSeverityName(it.severity) << "] ";
+    if (it.bytes > 0) out << formatBytesShort(it.bytes) << ": ";
+    out << escapeText(title);
+    if (!it.where.empty()) out << " -- at " << escapeText(it.where.front().display());
+    out << "\n";
+  }
+  if (h.items.empty()) {
+    out << "    no OOM and no high-severity finding";
+    if (h.other_warnings > 0)
+      out << " (" << h.other_warnings << (h.other_warnings == 1 ? " warning" : " warnings")
+          << " below)";
+    out << "\n";
+  } else if (h.other_warnings > 0) {
+    out << "    and " << h.other_warnings << (h.other_warnings == 1 ? " warning" : " warnings")
+        << " below\n";
+  }
+}
+
 }  // namespace
 
 void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
   out << "memforensics analyze: " << escapeText(r.path) << "\n";
+  const analysis::Headline headline = analysis::buildHeadline(r);
+  headlineText(r, headline, out);
   out << "  input: " << escapeText(r.source_format);
   if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
   out << ", " << formatBytes(r.input_bytes);
@@ -54,7 +124,12 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     out << "\n";
   }
   if (r.devices.empty()) out << "\n  no device has segments or trace events\n";
-  for (const auto& d : r.devices) {
+  if (!r.job_findings.empty()) {
+    out << "\njob findings (across devices):\n";
+    for (const auto& f : r.job_findings) findingText(f, out);
+  }
+  for (size_t di : analysis::deviceOrder(r, headline)) {
+    const auto& d = r.devices[di];
     const auto& s = d.summary;
     out << "\ndevice " << s.device << ": " << s.events << " events, " << d.segments
         << " segments at the end";
@@ -107,7 +182,13 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     }
 
     out << "\n  OOMs: ";
-    if (d.ooms.empty())
+    const analysis::Finding* history = historyFinding(d);
+    if (d.ooms.empty() && history != nullptr &&
+        history->severity >= analysis::FindingSeverity::Warning)
+      out << "unknown: the history cannot explain an OOM (see incomplete_history below)\n";
+    else if (d.ooms.empty() && history != nullptr)
+      out << "none in the trace (its first entries were dropped)\n";
+    else if (d.ooms.empty())
       out << "none\n";
     else
       out << d.ooms.size() << "\n";
@@ -172,29 +253,7 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
       out << "none\n";
     else
       out << "\n";
-    for (const auto& f : d.findings) {
-      out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title)
-          << "\n";
-      if (!f.where.empty()) {
-        out << "        at " << escapeText(f.where[0].display()) << "\n";
-        for (size_t k = 1; k < f.where.size(); ++k)
-          out << "        <- " << escapeText(f.where[k].display()) << "\n";
-      }
-      size_t shown = 0;
-      for (const auto& e : f.evidence) {
-        if (++shown > 6) {
-          out << "        ... " << (f.evidence.size() - 6) << " more in --json\n";
-          break;
-        }
-        out << "        - " << escapeText(e.text);
-        if (e.bytes > 0) out << ": " << formatBytesShort(e.bytes);
-        if (e.event >= 0) out << " (event " << e.event << ")";
-        if (!e.frames.empty()) out << " at " << escapeText(e.frames[0].display());
-        out << "\n";
-      }
-      out << "        fix: " << escapeText(f.fix) << "\n";
-      if (!f.basis.empty()) out << "        basis: " << escapeText(f.basis) << "\n";
-    }
+    for (const auto& f : d.findings) findingText(f, out);
 
     out << "\n  anomalies: ";
     if (d.anomalies.empty())
