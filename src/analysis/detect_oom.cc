@@ -1,4 +1,12 @@
 // detect_oom.cc: the OOM verdict (docs/findings.md "OOM verdict").
+//
+// One finding per `oom` event whose title states the conclusion in one sentence, each number once:
+// the request, how much was missing (OomNumbers::short_by_bytes, from the block layout and the
+// allocator's rules: blocks.h oomNeed), what the device and the cache had, and whether it was
+// fragmentation (the bytes were in the request's pool and stream, in no block large enough) or
+// live tensors filling the card. The evidence leads with the largest holders (the lines to
+// change), then the failed request as the last straw, then the cache flush of the allocator's
+// retry, then the category totals and the layout's figures.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -15,92 +23,242 @@ using format::Action;
 using format::Event;
 using format::StackId;
 
+namespace {
+
+uint64_t subSat(uint64_t a, uint64_t b) {
+  return a > b ? a - b : 0;
+}
+
+uint64_t addSat(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
+}
+
+std::string B(uint64_t bytes) {
+  return formatBytesShort(bytes);
+}
+
+std::string plural(uint64_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+bool sameFrames(const std::vector<FrameText>& a, const std::vector<FrameText>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].display() != b[i].display()) return false;
+  return true;
+}
+
+// "released 3 cached segments and unmapped 189 pages"
+std::string flushText(const OomFlush& fl) {
+  std::string s;
+  if (fl.segments_freed > 0)
+    s += "released " + plural(fl.segments_freed, "cached segment", "cached segments");
+  if (fl.ranges_unmapped > 0) {
+    if (!s.empty()) s += " and ";
+    s += "unmapped " + (fl.pages_unmapped > 0 ? plural(fl.pages_unmapped, "page", "pages")
+                                              : plural(fl.ranges_unmapped, "range", "ranges"));
+  }
+  return s;
+}
+
+}  // namespace
+
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const ModelFacts& model = c.facts.model;
-  for (size_t k = 0; k < c.summary.ooms.size(); ++k) {
+  const bool settings_expandable = replay::modelSettingsOf(c.s).expandable_segments;
+  const size_t n_ooms = c.summary.ooms.size();
+  for (size_t k = 0; k < n_ooms; ++k) {
     const replay::OomEvent& oom = c.summary.ooms[k];
     const MomentFacts* m = c.facts.at(oom.event);
     const replay::Counters& at = m != nullptr ? m->at : oom.at;
     const bool have_live = m != nullptr && m->has_live;
-    uint64_t cached_free = at.reserved > at.active() ? at.reserved - at.active() : 0;
-    CategoryBytes cat;
-    if (have_live) {
-      m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
-        if (!b.pending) cat.bytes[static_cast<size_t>(categoryOfLive(c, b))] += b.requested;
-      });
+
+    // The figures (findings.h OomNumbers).
+    OomNumbers num;
+    num.request_bytes = oom.request_bytes;
+    num.live_bytes = at.allocated;
+    num.reserved_bytes = at.reserved;
+    num.device_free_bytes = oom.device_free;
+    num.cache_free_bytes = subSat(at.reserved, at.allocated);
+    // A start state the trace cannot explain spoils the reserved counter: capacity unknown then.
+    num.capacity_bytes = (c.summary.untrusted & replay::kUntrustedStart) != 0
+                             ? 0
+                             : addSat(at.reserved, oom.device_free);
+    const OomFlush flush = oomFlushBefore(c.ev, oom.event);
+    num.flushed_bytes = flush.bytes;
+
+    // The block layout (allocator model) says whether the request's pool and stream had the bytes
+    // but not in one block, and what the device would have had to give. Exact only when the model
+    // reproduced the whole device (ModelFacts::layout_exact); else an estimate with the reason.
+    // Without a layout (past opt.layout_ooms) the cached free bytes of the whole device are the
+    // guide, and an expandable request is taken to map all of its pages.
+    std::optional<OomVerdict> layout;
+    if (k < opt.layout_ooms && m != nullptr && m->has_layout)
+      layout = oomVerdictAt(c.s, c.facts, *m);
+    num.exact = layout.has_value() && model.layout_exact;
+    std::string reason;
+    if (!num.exact) {
+      if (!layout) {
+        reason = k >= opt.layout_ooms ? "no block layout read for this OOM (only the first " +
+                                            std::to_string(opt.layout_ooms) + " of a device)"
+                                      : "no block layout kept at this OOM";
+      } else {
+        reason = model.ran && !model.estimate_reason.empty() ? model.estimate_reason
+                                                             : "the allocator model did not run";
+      }
     }
+    OomNeed need;
+    const uint64_t cached_free = subSat(at.reserved, at.active());  // no pending-free blocks
+    if (layout) {
+      num.fragmentation = layout->fragmentation;
+      num.short_by_bytes = layout->short_by;
+      need = layout->need;
+    } else {
+      num.fragmentation = oom.request_bytes <= cached_free;
+      const bool large = oom.request_bytes > replay::kModelSmallSize;
+      need = oomNeed(oom.request_bytes, large, settings_expandable, {});
+      num.short_by_bytes = num.fragmentation ? 0 : subSat(need.needed_bytes, oom.device_free);
+    }
+
     Finding f;
     f.kind = FindingKind::OomVerdict;
     f.severity = FindingSeverity::High;
     f.device = c.device;
     f.bytes = oom.request_bytes;
-    f.basis = c.basis.empty() ? "replayed allocator state at the OOM" : c.basis;
-    // The verdict: what the failed request ran into. The block layout (allocator model) says
-    // whether the request's pool and stream had the bytes but not in one block; it is called exact
-    // only when the model reproduced the whole device (ModelFacts::layout_exact), else an estimate
-    // with the reason. Without a layout (past opt.layout_ooms) the cached free bytes of the whole
-    // device are the guide.
-    std::string verdict;
-    std::optional<OomVerdict> layout;
-    if (k < opt.layout_ooms && m != nullptr && m->has_layout)
-      layout = oomVerdictAt(c.s, c.facts, *m);
-    const bool exact = layout && model.layout_exact;
-    bool fragmentation = layout ? layout->fragmentation : oom.request_bytes <= cached_free;
-    if (fragmentation) {
-      verdict = layout ? std::string(exact ? "" : "by the allocator model's estimate, ") + "the " +
-                             layout->pool + " pool of this stream had " +
-                             formatBytes(layout->pool_free) +
-                             " free, but its largest free block was " +
-                             formatBytes(layout->pool_largest) + ": fragmentation"
-                       : "the request fits into the " + formatBytes(cached_free) +
-                             " the allocator holds cached but free, yet no single cached block was "
-                             "large enough: fragmentation";
+    f.basis = (c.basis.empty() ? std::string("replayed allocator state at the OOM") : c.basis) +
+              "; " + (num.exact ? std::string("exact block layout") : "estimate: " + reason);
+
+    // The title: one sentence, each number once.
+    std::string title = "cuda:" + std::to_string(c.device);
+    if (n_ooms > 1) title += ", OOM " + std::to_string(k + 1) + " of " + std::to_string(n_ooms);
+    title += ": a " + B(oom.request_bytes) + " request failed";
+    const bool alone =
+        num.capacity_bytes > 0 && need.needed_bytes > num.capacity_bytes && !num.fragmentation;
+    if (num.fragmentation) {
+      if (layout) {
+        title += " though the " + layout->pool + " pool of its stream had " + B(layout->pool_free) +
+                 " free" + (num.exact ? "" : " (by the allocator model's estimate)") +
+                 ": fragmentation, its largest free block was " + B(layout->pool_largest) +
+                 " (the device had " + B(oom.device_free) + " free)";
+      } else {
+        title += " though the cache held " + B(cached_free) +
+                 " free (an estimate, from the counters): fragmentation, no cached block was "
+                 "large enough (the device had " +
+                 B(oom.device_free) + " free)";
+      }
       f.fix =
           "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so that "
-          "freed space "
-          "can be reused for large requests; allocate the largest long-lived tensors first";
+          "freed space can be reused for large requests; allocate the largest long-lived tensors "
+          "first";
+    } else if (num.short_by_bytes > 0) {
+      title += std::string(", ") + (num.exact ? "" : "an estimated ") + B(num.short_by_bytes) +
+               " short (the device had " + B(oom.device_free) + " free and the cache " +
+               (num.cache_free_bytes > 0 ? B(num.cache_free_bytes) + " in pieces, none large enough"
+                                         : std::string("nothing free")) +
+               "); not fragmentation: ";
+      title += alone ? "the request alone needs more than the card's " + B(num.capacity_bytes) +
+                           " (reserved + free)"
+                     : "live tensors (" + B(num.live_bytes) + ") fill the card";
+      f.fix = alone ? "this one request is larger than the card: split it (a smaller batch, "
+                      "chunked computation) or move it to a larger device"
+                    : "reduce what is live at this point (batch size, activation checkpointing, "
+                      "freeing tensors that are no longer needed) or the size of this request";
     } else {
-      verdict = "live allocations held " + formatBytes(at.allocated) + " of " +
-                formatBytes(at.reserved) + " reserved, and the device had " +
-                formatBytes(oom.device_free) + " free";
+      title += std::string(" though the device reported ") + B(oom.device_free) +
+               " free, enough for the " + B(need.needed_bytes) + " it needed" +
+               (num.exact ? "" : " (estimate)") +
+               "; not fragmentation: the limit was elsewhere (a memory fraction, another process "
+               "or the driver)";
       f.fix =
-          "reduce what is live at this point (batch size, activation checkpointing, freeing "
-          "tensors that are "
-          "no longer needed) or the size of this request";
+          "check torch.cuda.set_per_process_memory_fraction, other processes on the device "
+          "(nvidia-smi) and the driver's own use; then reduce what is live at this point";
     }
-    if (layout) {
-      f.evidence.push_back({exact ? "free in the request's pool and stream (exact block layout)"
-                                  : "free in the request's pool and stream (estimate: " +
-                                        model.estimate_reason + ")",
-                            -1,
-                            -1,
-                            layout->pool_free,
+    f.title = std::move(title);
+
+    // The evidence: the largest holders first (the lines to change), the last straw, the flush.
+    const std::vector<FrameText> request_frames = c.frames(oom.stack);
+    f.where = request_frames;
+    if (have_live) {
+      const auto groups =
+          groupLiveByStack(c.s, m->live, PendingBlocks::Exclude, {3, opt.evidence_stacks});
+      for (const LiveGroup& g : groups) {
+        f.evidence.push_back(
+            {"live at the OOM from this stack" +
+                 (g.count > 1 ? " (" + plural(g.count, "block", "blocks") + ")" : std::string()),
+             -1, -1, g.requested_bytes, g.frames});
+      }
+      // The line to change: the largest holder's, unless the failing request is itself the
+      // largest (as large as the largest holder, or from the same lines).
+      if (!groups.empty() && !groups.front().frames.empty() &&
+          groups.front().requested_bytes > oom.request_bytes &&
+          !sameFrames(groups.front().frames, request_frames)) {
+        f.where = groups.front().frames;
+      }
+    }
+    f.evidence.push_back(
+        {"the last straw: the request that failed (event " + std::to_string(oom.event) + ")",
+         oom.event, oom.time_us, oom.request_bytes, request_frames});
+    if (flush.first_event >= 0) {
+      const Event& e = c.ev[static_cast<size_t>(flush.first_event)];
+      f.evidence.push_back({(flush.immediate ? "before failing, the allocator "
+                                             : "just before, for the previous request, the "
+                                               "allocator ") +
+                                flushText(flush) + " (" + B(flush.bytes) + ") and retried" +
+                                (flush.immediate ? "" : ": the cache was already flushed"),
+                            flush.first_event,
+                            e.time_us,
+                            flush.bytes,
                             {}});
+    }
+    if (have_live) {
+      CategoryBytes cat;
+      m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
+        if (!b.pending) cat.bytes[static_cast<size_t>(categoryOfLive(c, b))] += b.requested;
+      });
+      for (size_t j = 0; j < kCategoryCount; ++j) {
+        if (cat.bytes[j] == 0) continue;
+        f.evidence.push_back(
+            {"live " + std::string(categoryName(static_cast<Category>(j))) + " (inferred)",
+             -1,
+             -1,
+             cat.bytes[j],
+             {}});
+      }
+    }
+    const std::string label = num.exact ? " (exact block layout)" : " (estimate: " + reason + ")";
+    if (layout) {
       f.evidence.push_back(
-          {exact ? "largest free block there" : "largest free block there (estimate)",
+          {"free in the request's pool and stream" + label, -1, -1, layout->pool_free, {}});
+      f.evidence.push_back(
+          {num.exact ? "largest free block there" : "largest free block there (estimate)",
            -1,
            -1,
            layout->pool_largest,
            {}});
     }
-    f.title = "OOM at event " + std::to_string(oom.event) + ": a request of " +
-              formatBytes(oom.request_bytes) + " failed; " + verdict;
-    f.where = c.frames(oom.stack);
-    f.evidence.push_back(
-        {"failed request", oom.event, oom.time_us, oom.request_bytes, c.frames(oom.stack)});
-    for (size_t j = 0; j < kCategoryCount; ++j) {
-      if (cat.bytes[j] == 0) continue;
-      f.evidence.push_back(
-          {"live " + std::string(categoryName(static_cast<Category>(j))) + " (inferred)",
-           -1,
-           -1,
-           cat.bytes[j],
-           {}});
+    if (need.expandable) {
+      f.evidence.push_back({"pages the expandable segment would have had to map: " +
+                                std::to_string(need.pages) + " x " + B(need.page_bytes) +
+                                " beyond " + B(need.usable_free) + " free at its end" + label,
+                            -1,
+                            -1,
+                            need.needed_bytes,
+                            {}});
+    } else {
+      f.evidence.push_back({"the segment the allocator would have asked cudaMalloc for" + label,
+                            -1,
+                            -1,
+                            need.segment_bytes,
+                            {}});
     }
-    if (cached_free > 0)
-      f.evidence.push_back({"cached but free in reserved segments", -1, -1, cached_free, {}});
+    if (num.cache_free_bytes > 0) {
+      f.evidence.push_back(
+          {"cached but free in reserved segments", -1, -1, num.cache_free_bytes, {}});
+    }
     if (at.pending > 0)
       f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
+    f.oom = num;
     if (!have_live) {
       f.evidence.push_back({"live set at this OOM not kept (a session copies at most " +
                                 std::to_string(kMaxLiveMoments) + " live sets and " +
@@ -112,11 +270,6 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
                             {}});
       out.push_back(std::move(f));
       continue;
-    }
-    for (const LiveGroup& g :
-         groupLiveByStack(c.s, m->live, PendingBlocks::Exclude, {3, opt.evidence_stacks})) {
-      f.evidence.push_back(
-          {"live at the OOM from this stack", -1, -1, g.requested_bytes, g.frames});
     }
     // The call graph at the OOM: the call path that holds the most, innermost frame first.
     CallGraphSummary g = buildCallGraph(c.s, m->live, 1);

@@ -1,0 +1,347 @@
+// oom_verdict_test.cc: the OOM verdict states the conclusion (issue 13 part 2): how much was
+// missing by the allocator's rules (a new segment, or the pages an expandable segment would map),
+// whether it was fragmentation, the cache flush of the allocator's retry, exact or estimate, and
+// the largest holder as the line to change. Fabricated with the direct builder (model_builder.h).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "analysis/blocks.h"
+#include "analysis/findings.h"
+#include "fixtures/model_builder.h"
+#include "fixtures/real_snapshots.h"
+#include "format/load/load.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using format::BlockState;
+using memforensics::testing::Frames;
+using memforensics::testing::ModelBuilder;
+
+constexpr uint64_t kBase = 0x7f0000000000ULL;
+constexpr uint64_t kBase2 = 0x7f1000000000ULL;
+constexpr uint64_t kBase3 = 0x7f2000000000ULL;
+constexpr uint64_t kBase4 = 0x7f3000000000ULL;
+constexpr uint64_t kMiB = 1048576;
+
+const Frames kHolder = {{"/home/u/model.py", 30, "forward"}, {"/home/u/train.py", 41, "main"}};
+const Frames kOther = {{"/home/u/model.py", 50, "forward"}, {"/home/u/train.py", 41, "main"}};
+const Frames kStraw = {{"/home/u/train.py", 99, "evaluate"}, {"/home/u/train.py", 120, "main"}};
+
+const Finding& oomFinding(const std::vector<Finding>& fs) {
+  for (const Finding& f : fs)
+    if (f.kind == FindingKind::OomVerdict) return f;
+  ADD_FAILURE() << "no OOM verdict";
+  static const Finding none;
+  return none;
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// (a) Live tensors fill the card: a 60 MiB tensor in a 60 MiB segment; a cached 20 MiB segment
+// released by the retry right before the OOM; then 25 MiB + 512 B fail with 5 MiB free. The
+// allocator would cudaMalloc a 26 MiB segment (rounded up to 2 MiB): 21 MiB short.
+TEST(OomVerdict, LiveTensorsFillTheCardShortByTheNewSegmentLessDeviceFree) {
+  const uint64_t request = 25 * kMiB + 512;
+  auto snap = ModelBuilder()
+                  .segment(kBase)
+                  .live(60 * kMiB, {.frames = kHolder})
+                  .segmentAlloc(kBase, 60 * kMiB, {.time_us = 1})
+                  .alloc(kBase, 60 * kMiB, {.time_us = 2, .frames = kHolder})
+                  .segmentAlloc(kBase2, 20 * kMiB, {.time_us = 3})
+                  .alloc(kBase2, 4 * kMiB, {.time_us = 4, .frames = kOther})
+                  .free(kBase2, 4 * kMiB, {.time_us = 5})
+                  .segmentFree(kBase2, 20 * kMiB, {.time_us = 6})
+                  .oom(request, /*device_free=*/5 * kMiB, {.time_us = 7, .frames = kStraw})
+                  .build();
+  auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  const OomNumbers& o = *f.oom;
+  EXPECT_TRUE(o.exact) << f.basis;
+  EXPECT_FALSE(o.fragmentation);
+  EXPECT_EQ(o.request_bytes, request);
+  EXPECT_EQ(o.short_by_bytes, 26 * kMiB - 5 * kMiB);
+  EXPECT_EQ(o.live_bytes, 60 * kMiB);
+  EXPECT_EQ(o.reserved_bytes, 60 * kMiB);
+  EXPECT_EQ(o.device_free_bytes, 5 * kMiB);
+  EXPECT_EQ(o.capacity_bytes, 65 * kMiB);
+  EXPECT_EQ(o.cache_free_bytes, 0u);
+  EXPECT_EQ(o.live_bytes + o.cache_free_bytes, o.reserved_bytes);
+  EXPECT_EQ(o.flushed_bytes, 20 * kMiB);
+  EXPECT_EQ(f.title,
+            "cuda:0: a 25.00 MiB request failed, 21.00 MiB short (the device had 5.00 MiB free "
+            "and the cache nothing free); not fragmentation: live tensors (60.00 MiB) fill the "
+            "card");
+  EXPECT_TRUE(has(f.basis, "exact block layout")) << f.basis;
+  // Evidence: the holder first, then the last straw, then the flush.
+  ASSERT_GE(f.evidence.size(), 3u);
+  EXPECT_EQ(f.evidence[0].bytes, 60 * kMiB);
+  ASSERT_FALSE(f.evidence[0].frames.empty());
+  EXPECT_EQ(f.evidence[0].frames[0].display(), "/home/u/model.py:30 forward");
+  EXPECT_TRUE(has(f.evidence[1].text, "the last straw")) << f.evidence[1].text;
+  EXPECT_EQ(f.evidence[1].event, 7);
+  EXPECT_EQ(f.evidence[1].bytes, request);
+  EXPECT_EQ(f.evidence[2].text,
+            "before failing, the allocator released 1 cached segment (20.00 MiB) and retried");
+  EXPECT_EQ(f.evidence[2].event, 6);
+  EXPECT_EQ(f.evidence[2].bytes, 20 * kMiB);
+}
+
+// (b) Fragmentation: one 20 MiB segment, 6 MiB free | 2 MiB live | 6 MiB free | 2 MiB live |
+// 4 MiB free; 8 MiB fail: the pool holds 16 MiB free but no block of 8 MiB.
+TEST(OomVerdict, FragmentationIsNotShortOfAnything) {
+  auto snap = ModelBuilder()
+                  .segmentAlloc(kBase, 20 * kMiB, {.time_us = 10})
+                  .alloc(kBase, 6 * kMiB, {.time_us = 11})
+                  .alloc(kBase + 6 * kMiB, 2 * kMiB - 100, {.time_us = 12, .frames = kHolder})
+                  .alloc(kBase + 8 * kMiB, 6 * kMiB, {.time_us = 13})
+                  .alloc(kBase + 14 * kMiB, 2 * kMiB - 100, {.time_us = 14, .frames = kHolder})
+                  .free(kBase, 6 * kMiB, {.time_us = 15})
+                  .free(kBase + 8 * kMiB, 6 * kMiB, {.time_us = 16})
+                  .oom(8 * kMiB, /*device_free=*/3 * kMiB, {.time_us = 17, .frames = kStraw})
+                  .build();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  EXPECT_TRUE(f.oom->exact);
+  EXPECT_TRUE(f.oom->fragmentation);
+  EXPECT_EQ(f.oom->short_by_bytes, 0u);
+  EXPECT_EQ(f.oom->flushed_bytes, 0u);
+  EXPECT_EQ(f.oom->cache_free_bytes, 16 * kMiB);
+  EXPECT_EQ(f.oom->live_bytes, 4 * kMiB);
+  EXPECT_EQ(f.title,
+            "cuda:0: a 8.00 MiB request failed though the large pool of its stream had 16.00 MiB "
+            "free: fragmentation, its largest free block was 6.00 MiB (the device had 3.00 MiB "
+            "free)");
+  // The failing request (8 MiB) is larger than any holder (4 MiB): it is the line to change.
+  ASSERT_FALSE(f.where.empty());
+  EXPECT_EQ(f.where[0].display(), "/home/u/train.py:99 evaluate");
+}
+
+// (c) Expandable segments: 100 MiB mapped (5 pages of 20 MiB); 50 MiB stay live, 30 MiB are freed;
+// the retry unmaps the two fully free pages (40 MiB), leaving 10 MiB free at the end of the
+// mapped range. 75 MiB fail with 15 MiB free: mapping needs ceil((75 - 10) / 20) = 4 pages.
+TEST(OomVerdict, ExpandableSegmentsShortByThePagesToMapLessDeviceFree) {
+  auto snap = ModelBuilder()
+                  .settings({.conf = "expandable_segments:True", .expandable_segments = true})
+                  .segment(kBase, {.expandable = true, .size = 60 * kMiB})
+                  .live(50 * kMiB, {.frames = kHolder})
+                  .segmentMap(kBase, 100 * kMiB, {.time_us = 1})
+                  .alloc(kBase, 50 * kMiB, {.time_us = 2, .frames = kHolder})
+                  .alloc(kBase + 50 * kMiB, 30 * kMiB, {.time_us = 3, .frames = kOther})
+                  .free(kBase + 50 * kMiB, 30 * kMiB, {.time_us = 4})
+                  .segmentUnmap(kBase + 60 * kMiB, 40 * kMiB, {.time_us = 5})
+                  .oom(75 * kMiB, /*device_free=*/15 * kMiB, {.time_us = 6, .frames = kStraw})
+                  .build();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  const OomNumbers& o = *f.oom;
+  EXPECT_TRUE(o.exact) << f.basis;
+  EXPECT_FALSE(o.fragmentation);
+  EXPECT_EQ(o.short_by_bytes, 4 * 20 * kMiB - 15 * kMiB);
+  EXPECT_EQ(o.flushed_bytes, 40 * kMiB);
+  EXPECT_EQ(o.reserved_bytes, 60 * kMiB);
+  EXPECT_EQ(o.live_bytes, 50 * kMiB);
+  EXPECT_EQ(o.cache_free_bytes, 10 * kMiB);
+  EXPECT_EQ(o.capacity_bytes, 75 * kMiB);
+  EXPECT_TRUE(has(f.title, "65.00 MiB short")) << f.title;
+  EXPECT_TRUE(has(f.title, "the cache 10.00 MiB in pieces")) << f.title;
+  EXPECT_TRUE(has(f.title, "not fragmentation")) << f.title;
+  bool flush = false, pages = false;
+  for (const Evidence& e : f.evidence) {
+    flush |= e.text == "before failing, the allocator unmapped 2 pages (40.00 MiB) and retried" &&
+             e.event == 5;
+    pages |= has(e.text, "4 x 20.00 MiB beyond 10.00 MiB free") && e.bytes == 80 * kMiB;
+  }
+  EXPECT_TRUE(flush);
+  EXPECT_TRUE(pages);
+}
+
+// The chain rule of find_expandable_block on layouts directly: a hole between two mapped ranges
+// that holds the request is used first (lowest address), with the free block before it; a chain
+// runs on through a fully free range into the next hole; nothing mapped = a new reservation.
+TEST(OomVerdict, ExpandablePagesFollowFindExpandableBlock) {
+  auto seg = [](uint64_t addr, uint64_t size, std::vector<std::pair<uint64_t, bool>> blocks) {
+    replay::ModelSegment s;
+    s.address = addr;
+    s.size = size;
+    s.is_expandable = true;
+    uint64_t a = addr;
+    for (auto [sz, free] : blocks) {
+      replay::ModelBlock b;
+      b.address = a;
+      b.size = sz;
+      b.state = free ? BlockState::Inactive : BlockState::ActiveAllocated;
+      s.blocks.push_back(b);
+      a += sz;
+    }
+    return s;
+  };
+  const uint64_t P = 20 * kMiB;
+  // [0, 40) mapped: 35 live, 5 free | hole [40, 100) | [100, 120) live | tail
+  auto a = seg(kBase, 2 * P, {{35 * kMiB, false}, {5 * kMiB, true}});
+  auto b = seg(kBase + 5 * P, P, {{P, false}});
+  OomNeed n = oomNeed(45 * kMiB, true, true, {&b, &a});
+  EXPECT_EQ(n.pages, 2u);  // ceil((45 - 5) / 20), in the hole
+  EXPECT_EQ(n.usable_free, 5 * kMiB);
+  EXPECT_EQ(n.needed_bytes, 2 * P);
+  // 70 MiB: the hole (60 MiB) + 5 free is not enough and [100, 120) is live: the tail after it.
+  n = oomNeed(70 * kMiB, true, true, {&a, &b});
+  EXPECT_EQ(n.pages, 4u);
+  EXPECT_EQ(n.usable_free, 0u);
+  // [100, 120) fully free: the chain runs hole -> free range -> tail: 5 + 60 + 20 = 85, 15 more.
+  auto c = seg(kBase + 5 * P, P, {{P, true}});
+  n = oomNeed(100 * kMiB, true, true, {&a, &c});
+  EXPECT_EQ(n.pages, 3u + 1u);  // the whole hole (3 pages) and one page of the tail
+  EXPECT_EQ(n.usable_free, 25 * kMiB);
+  // No mapped range: every page, small pool pages of 2 MiB.
+  n = oomNeed(5 * kMiB, false, true, {});
+  EXPECT_EQ(n.page_bytes, 2 * kMiB);
+  EXPECT_EQ(n.pages, 3u);
+  // Not expandable: get_allocation_size.
+  n = oomNeed(3 * kMiB, true, false, {});
+  EXPECT_EQ(n.needed_bytes, 20 * kMiB);
+  n = oomNeed(600 * 1024, false, false, {});
+  EXPECT_EQ(n.needed_bytes, 2 * kMiB);
+}
+
+// (d) An alloc address the model does not predict: the layout is an estimate, and so is every
+// figure (title and basis say so).
+TEST(OomVerdict, AnUnreproducibleHistoryMakesEveryFigureAnEstimate) {
+  auto snap = ModelBuilder()
+                  .segmentAlloc(kBase, 20 * kMiB, {.time_us = 1})
+                  .alloc(kBase + 4 * kMiB, 8 * kMiB, {.time_us = 2, .frames = kHolder})
+                  .oom(40 * kMiB, /*device_free=*/1 * kMiB, {.time_us = 3, .frames = kStraw})
+                  .build();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  EXPECT_FALSE(f.oom->exact);
+  EXPECT_FALSE(f.oom->fragmentation);
+  EXPECT_EQ(f.oom->short_by_bytes, 39 * kMiB);
+  EXPECT_TRUE(has(f.title, "an estimated 39.00 MiB short")) << f.title;
+  EXPECT_TRUE(has(f.basis, "estimate: ")) << f.basis;
+  EXPECT_TRUE(has(f.basis, "predicted")) << f.basis;
+  for (const Evidence& e : f.evidence) EXPECT_FALSE(has(e.text, "(exact")) << e.text;
+}
+
+// (e) The largest holder (3 x 20 MiB at model.py:30), not the 30 MiB request that failed, is the
+// line to change; holders lead the evidence, largest first.
+TEST(OomVerdict, TheLargestHolderIsWhereNotTheFailingRequest) {
+  auto snap = ModelBuilder()
+                  .segmentAlloc(kBase, 20 * kMiB, {.time_us = 1})
+                  .alloc(kBase, 20 * kMiB, {.time_us = 2, .frames = kHolder})
+                  .segmentAlloc(kBase2, 20 * kMiB, {.time_us = 3})
+                  .alloc(kBase2, 20 * kMiB, {.time_us = 4, .frames = kHolder})
+                  .segmentAlloc(kBase3, 20 * kMiB, {.time_us = 5})
+                  .alloc(kBase3, 20 * kMiB, {.time_us = 6, .frames = kHolder})
+                  .segmentAlloc(kBase4, 10 * kMiB, {.time_us = 7})
+                  .alloc(kBase4, 10 * kMiB, {.time_us = 8, .frames = kOther})
+                  .oom(30 * kMiB, /*device_free=*/2 * kMiB, {.time_us = 9, .frames = kStraw})
+                  .build();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_FALSE(f.where.empty());
+  EXPECT_EQ(f.where[0].display(), "/home/u/model.py:30 forward");
+  ASSERT_GE(f.evidence.size(), 3u);
+  EXPECT_EQ(f.evidence[0].text, "live at the OOM from this stack (3 blocks)");
+  EXPECT_EQ(f.evidence[0].bytes, 60 * kMiB);
+  EXPECT_EQ(f.evidence[1].bytes, 10 * kMiB);
+  EXPECT_TRUE(has(f.evidence[2].text, "the last straw")) << f.evidence[2].text;
+  ASSERT_FALSE(f.evidence[2].frames.empty());
+  EXPECT_EQ(f.evidence[2].frames[0].display(), "/home/u/train.py:99 evaluate");
+  ASSERT_TRUE(f.oom.has_value());
+  EXPECT_EQ(f.oom->short_by_bytes, 28 * kMiB);
+  EXPECT_EQ(f.oom->flushed_bytes, 0u);
+}
+
+// Every OOM verdict of the real snapshots, the sample and the scenarios: the figures add up (live +
+// cache free = reserved, capacity = reserved + device free), nothing is short under fragmentation,
+// and the title says "estimate" exactly when the figures are not exact.
+TEST(OomVerdict, FiguresAddUpOnEveryRealSampleAndScenarioFile) {
+  auto paths = memforensics::testing::realSnapshotPathsAndSample();
+  const std::filesystem::path scen =
+      std::filesystem::path(MEMF_SOURCE_DIR) / "snapshots" / "scenarios";
+  if (std::filesystem::is_directory(scen))
+    for (const auto& e : std::filesystem::directory_iterator(scen))
+      if (e.path().extension() == ".pickle") paths.push_back(e.path());
+  size_t verdicts = 0;
+  for (const auto& p : paths) {
+    auto snap = format::loadSnapshotFile(p.string());
+    ASSERT_TRUE(snap.ok()) << p << ": " << snap.error().message;
+    for (int64_t d : snap->devices()) {
+      for (const Finding& f : findFindings(*snap, d)) {
+        if (f.kind != FindingKind::OomVerdict) continue;
+        ++verdicts;
+        ASSERT_TRUE(f.oom.has_value()) << p;
+        const OomNumbers& o = *f.oom;
+        EXPECT_EQ(o.live_bytes + o.cache_free_bytes, o.reserved_bytes) << p;
+        if (o.capacity_bytes != 0)
+          EXPECT_EQ(o.capacity_bytes, o.reserved_bytes + o.device_free_bytes) << p;
+        if (o.fragmentation) EXPECT_EQ(o.short_by_bytes, 0u) << p;
+        EXPECT_EQ(has(f.title, "estimate"), !o.exact) << p << ": " << f.title;
+        EXPECT_EQ(has(f.basis, "exact block layout"), o.exact) << p << ": " << f.basis;
+      }
+    }
+  }
+  EXPECT_GE(verdicts, 2u);  // the sample's OOM and fragmentation_oom's at least
+}
+
+// The sample: a 4 GiB request on a card with 574 MiB reserved and 316 MiB free. The allocator
+// would cudaMalloc exactly 4 GiB; the request alone is larger than the card.
+TEST(OomVerdict, SampleTrainingRequestAloneExceedsTheCard) {
+  auto snap =
+      format::loadSnapshotFile(std::string(MEMF_SOURCE_DIR) + "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  const auto fs = findFindings(*snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  const OomNumbers& o = *f.oom;
+  EXPECT_TRUE(o.exact) << f.basis;
+  EXPECT_FALSE(o.fragmentation);
+  EXPECT_EQ(o.request_bytes, 4294967296u);
+  EXPECT_EQ(o.device_free_bytes, 331350016u);
+  EXPECT_EQ(o.short_by_bytes, 4294967296u - 331350016u);
+  EXPECT_EQ(o.capacity_bytes, 601882624u + 331350016u);
+  EXPECT_EQ(o.flushed_bytes, 37748736u);  // three cached segments released by the retry
+  EXPECT_TRUE(has(f.title, "the request alone needs more than the card's 890.00 MiB")) << f.title;
+  // The request (4 GiB) is larger than any holder: it is the line to change.
+  ASSERT_FALSE(f.where.empty());
+  EXPECT_EQ(f.where[0].display(), "model.py:37 forward");
+}
+
+// The 4-GPU DataParallel expandable-segments OOM of issue 13 (snapshots/scenarios, by
+// tools/make_scenarios.py): 253 new 20 MiB pages against 91 MiB free, not fragmentation, the six
+// unmaps of the previous request's retry as the flush, models.py:174 the line to change.
+TEST(OomVerdict, DataParallelExpandableOomOnCuda1) {
+  const std::string p =
+      std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/dp_imbalance_oom.pickle";
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << p << " not found";
+  auto snap = format::loadSnapshotFile(p);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  const auto fs = findFindings(*snap, 1);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  const OomNumbers& o = *f.oom;
+  EXPECT_TRUE(o.exact) << f.basis;
+  EXPECT_FALSE(o.fragmentation);
+  EXPECT_EQ(o.request_bytes, 5305778176u);
+  EXPECT_EQ(o.short_by_bytes, 253 * 20 * kMiB - 95420416u);
+  EXPECT_EQ(o.flushed_bytes, 3984588800u);
+  EXPECT_EQ(o.cache_free_bytes, 164469248u);
+  EXPECT_EQ(f.title,
+            "cuda:1: a 4.94 GiB request failed, 4.85 GiB short (the device had 91.00 MiB free and "
+            "the cache 156.85 MiB in pieces, none large enough); not fragmentation: live tensors "
+            "(78.36 GiB) fill the card");
+  ASSERT_FALSE(f.where.empty());
+  EXPECT_EQ(f.where[0].display(), "/home/user/graphqa/models.py:174 forward");
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
