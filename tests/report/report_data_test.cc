@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "analysis/analyze.h"
+#include "fixtures/model_builder.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
+#include "report/render_html.h"
 
 namespace memforensics::analysis {
 namespace {
@@ -326,6 +329,223 @@ TEST(ReportData, DevicesBeyondTheDetailLimitKeepTheirSummaryOnly) {
   EXPECT_EQ(r.devices[1].device, 2);
   ASSERT_EQ(r.summary_only.size(), 1u);
   EXPECT_EQ(r.summary_only[0], 1);
+}
+
+// ---- The allocation view (memory_viz's Active Memory Timeline) ---------------------------------
+
+// Requested bytes of the drawn allocations live right after `event` (-1: the start state).
+uint64_t drawnLiveAt(const AllocationView& v, int64_t event) {
+  uint64_t n = 0;
+  for (const auto& a : v.drawn) {
+    if (a.alloc_event <= event && (a.free_event < 0 || a.free_event > event)) n += a.bytes;
+  }
+  return n;
+}
+
+// Per bucket: drawn + rest = the replayed requested bytes at the bucket's moment; the highest is
+// the requested peak; the drawn ones are the largest allocations of the trace.
+void expectAllocationViewAddsUp(const format::Snapshot& snap, const DeviceReportData& d,
+                                const std::string& what) {
+  const AllocationView& v = d.allocations;
+  ASSERT_FALSE(v.buckets.empty()) << what;
+  replay::DeviceReplayer rep(snap, d.device);
+  uint64_t highest = 0;
+  for (const auto& b : v.buckets) {
+    rep.advanceTo(b.at_event);
+    EXPECT_EQ(b.total_bytes, rep.counters().requested) << what << " event " << b.at_event;
+    EXPECT_EQ(drawnLiveAt(v, b.at_event) + b.rest_bytes, b.total_bytes)
+        << what << " event " << b.at_event;
+    highest = std::max(highest, b.total_bytes);
+    rep.reset();
+  }
+  EXPECT_EQ(highest, d.timeline.peak_requested.bytes) << what;
+  EXPECT_TRUE(std::is_sorted(v.drawn.begin(), v.drawn.end(),
+                             [](const DrawnAllocation& x, const DrawnAllocation& y) {
+                               return x.alloc_event < y.alloc_event;
+                             }))
+      << what;
+  // The N largest: no allocation left out is larger than the smallest drawn one.
+  std::vector<uint64_t> all;
+  const auto& ev = snap.trace(static_cast<size_t>(d.device));
+  for (const auto& e : ev) {
+    if (e.action == format::Action::Alloc && e.size > 0) all.push_back(e.size);
+  }
+  std::sort(all.rbegin(), all.rend());
+  ASSERT_LE(v.drawn.size(), all.size()) << what;
+  EXPECT_EQ(v.capped, v.drawn.size() < all.size()) << what;
+  if (!v.drawn.empty()) {
+    EXPECT_EQ(v.smallest_drawn, all[v.drawn.size() - 1]) << what;
+    uint64_t drawn_sum = 0, top_sum = 0;
+    for (const auto& a : v.drawn) drawn_sum += a.bytes;
+    for (size_t i = 0; i < v.drawn.size(); ++i) top_sum += all[i];
+    EXPECT_EQ(drawn_sum, top_sum) << what;
+  }
+}
+
+TEST(ReportAllocations, TheLargestAreDrawnAndTheRestBandKeepsEveryByte) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap) << snap.error().describe();
+  ReportData full = buildReportData(*snap);
+  ASSERT_EQ(full.devices.size(), 1u);
+  EXPECT_FALSE(full.devices[0].allocations.capped);  // 155 allocations fit
+  EXPECT_EQ(full.devices[0].allocations.drawn.size(), 155u);
+  expectAllocationViewAddsUp(*snap, full.devices[0], "sample, all drawn");
+  for (size_t n : {size_t{1}, size_t{10}, size_t{40}}) {
+    ReportDataOptions opt;
+    opt.max_drawn_allocations = n;
+    ReportData r = buildReportData(*snap, opt);
+    EXPECT_EQ(r.devices[0].allocations.drawn.size(), n);
+    EXPECT_TRUE(r.devices[0].allocations.capped);
+    expectAllocationViewAddsUp(*snap, r.devices[0], "sample, " + std::to_string(n) + " drawn");
+    bool noted = false;
+    for (const auto& c : r.caps) noted |= c.rfind("allocations:", 0) == 0;
+    EXPECT_TRUE(noted);
+  }
+}
+
+TEST(ReportAllocations, RealFilesAddUpAndStayWithinTheirByteBudget) {
+  for (const char* name : {"/zidongliu__decomfl__memory.pickle",
+                           "/yiyi-philosophy__llm-inference__1.3b_snapshot.pickle",
+                           "/sidsoc12__spring2024-assignment2-systems__mem_snapshot_ctx128_fp32_"
+                           "train.pickle"}) {
+    auto snap = format::loadSnapshotFile(std::string(MEMF_REAL_SNAPSHOTS) + name);
+    ASSERT_TRUE(snap) << name;
+    for (size_t budget : {kAllocationViewBytes, size_t{20000}}) {
+      ReportDataOptions opt;
+      opt.allocation_bytes = budget;
+      ReportData r = buildReportData(*snap, opt);
+      ASSERT_EQ(r.devices.size(), 1u);
+      expectAllocationViewAddsUp(*snap, r.devices[0], name);
+      // The page's JSON of the view (its numbers; the key names are fixed) stays in the budget.
+      AnalysisResult a = analyzeSnapshot(*snap);
+      auto doc = nlohmann::json::parse(report::htmlDataJson(a, r));
+      const auto& av = doc["devices"][0]["allocations"];
+      const size_t numbers =
+          av["drawn"].dump().size() + av["times"].dump().size() + av["buckets"].dump().size();
+      EXPECT_LE(numbers, budget + 200) << name;
+    }
+  }
+}
+
+TEST(ReportAllocations, HalvingMovesTheSmallerHalfIntoTheRestBand) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap);
+  ReportData r = buildReportData(*snap);
+  const size_t before = r.devices[0].allocations.drawn.size();
+  HalvingCuts c = halveReportData(r);
+  EXPECT_EQ(r.devices[0].allocations.drawn.size(), std::max(kHalvingMinAllocations, before / 2));
+  EXPECT_EQ(c.allocations, before - r.devices[0].allocations.drawn.size());
+  expectAllocationViewAddsUp(*snap, r.devices[0], "sample, halved");
+}
+
+// ---- OOM first, the card's capacity, files without segments ------------------------------------
+
+using memforensics::testing::ModelBuilder;
+
+// Three devices of one job: cuda:0 the largest peak, cuda:1 the OOM, cuda:2 in between.
+format::Snapshot threeDevicesOneOom() {
+  const uint64_t base = 0x7f0000000000ULL;
+  ModelBuilder b;
+  b.device(0)
+      .segmentAlloc(base, 200 * kMiB, {.time_us = 1})
+      .alloc(base, 150 * kMiB, {.time_us = 2})
+      .free(base, 150 * kMiB, {.time_us = 3});
+  b.device(1)
+      .segmentAlloc(base, 40 * kMiB, {.time_us = 1})
+      .alloc(base, 30 * kMiB, {.time_us = 2})
+      .oom(64 * kMiB, /*device_free=*/10 * kMiB, {.time_us = 3});
+  b.device(2).segmentAlloc(base, 80 * kMiB, {.time_us = 1}).alloc(base, 60 * kMiB, {.time_us = 2});
+  return b.build();
+}
+
+TEST(ReportFocus, ThePageOpensOnTheDeviceWithTheOom) {
+  format::Snapshot snap = threeDevicesOneOom();
+  AnalysisResult a = analyzeSnapshot(snap);
+  ReportData r = buildReportData(snap);
+  ASSERT_EQ(r.devices.size(), 3u);
+  auto doc = nlohmann::json::parse(report::htmlDataJson(a, r));
+  EXPECT_EQ(doc["headline"]["focus_device"], 1);
+  // The card's memory: reserved + device free at the OOM (the file names no total).
+  EXPECT_EQ(r.devices[1].capacity_bytes, 40 * kMiB + 10 * kMiB);
+  EXPECT_EQ(r.devices[1].capacity_basis, "reserved + device free at the first OOM");
+  EXPECT_EQ(r.devices[0].capacity_bytes, 0u);
+  // A total the file names wins.
+  snap.device_total_memory = {0, 80 * kMiB, 0};
+  ReportData named = buildReportData(snap);
+  EXPECT_EQ(named.devices[1].capacity_bytes, 80 * kMiB);
+}
+
+TEST(ReportNoSegments, ADeviceWithoutSegmentInfoHasNoBlockMapButItsCallTrees) {
+  format::Snapshot snap = threeDevicesOneOom();
+  snap.has_segment_info = false;  // as the profiler reader sets it
+  ReportData r = buildReportData(snap);
+  ASSERT_EQ(r.devices.size(), 3u);
+  for (const auto& d : r.devices) {
+    EXPECT_FALSE(d.has_segment_info);
+    ASSERT_FALSE(d.keyframes.empty());
+    for (const auto& k : d.keyframes) {
+      EXPECT_TRUE(k.segments.empty()) << "device " << d.device << " event " << k.event;
+      EXPECT_EQ(k.blocks_before_merge, 0u);
+      EXPECT_EQ(k.icicle_source, IcicleSource::Live);
+    }
+  }
+  AnalysisResult a = analyzeSnapshot(snap);
+  auto doc = nlohmann::json::parse(report::htmlDataJson(a, r));
+  for (const auto& d : doc["devices"]) {
+    EXPECT_EQ(d["has_segment_info"], false);
+    for (const auto& k : d["keyframes"]) EXPECT_TRUE(k["segments"].empty());
+  }
+  // With segment info the same file draws its layouts.
+  format::Snapshot with = threeDevicesOneOom();
+  ReportData w = buildReportData(with);
+  size_t segments = 0;
+  for (const auto& k : w.devices[1].keyframes) segments += k.segments.size();
+  EXPECT_GT(segments, 0u);
+}
+
+// Each keyframe's call tree adds up to the live (not pending) requested bytes at its moment, so
+// the tree can follow a clicked moment.
+TEST(ReportMoments, EveryKeyframeCallTreeAddsUpToItsLiveBytes) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap);
+  ReportData r = buildReportData(*snap);
+  const auto& d = r.devices[0];
+  size_t trees = 0;
+  for (const auto& k : d.keyframes) {
+    if (k.icicle.empty()) continue;
+    ++trees;
+    replay::DeviceReplayer rep(*snap, 0);
+    rep.advanceTo(k.event);
+    uint64_t live = 0;
+    rep.live().forEach([&](uint64_t, const replay::LiveBlock& b) {
+      if (!b.pending) live += b.requested;
+    });
+    EXPECT_EQ(k.icicle[0].bytes, live) << "event " << k.event;
+  }
+  EXPECT_EQ(trees, d.keyframes.size());
+}
+
+TEST(ReportFrames, AnUnknownLineTravelsAsNull) {
+  TSnapshot t;
+  TEvent seg{"segment_alloc", kB, 2 * kMiB, 0, 1};
+  TEvent al{"alloc", kB, 4096, 0, 2};
+  al.frames = {{"train.py", format::kUnknownLine, "main"}};
+  al.with_frames = true;
+  t.traces = {{seg, al}};
+  format::Snapshot snap = buildSnapshot(t);
+  AnalysisResult a = analyzeSnapshot(snap);
+  ReportData r = buildReportData(snap);
+  const std::string json = report::htmlDataJson(a, r);
+  EXPECT_EQ(json.find("18446744073709551615"), std::string::npos);
+  auto doc = nlohmann::json::parse(json);
+  bool found = false;
+  for (const auto& f : doc["frames"]) {
+    if (f[0] == "train.py") {
+      found = true;
+      EXPECT_TRUE(f[2].is_null());
+    }
+  }
+  EXPECT_TRUE(found);
 }
 
 }  // namespace

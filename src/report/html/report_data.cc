@@ -427,7 +427,9 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   v.allocations = f.allocs.size();
   const size_t n = f.events.size();
   if (n == 0 || f.series.size() < n + 1) return v;
-  const size_t bucket = std::max<size_t>(1, (n + kAllocationBuckets - 1) / kAllocationBuckets);
+  // At most a quarter of the budget for the rest band (a bucket is at most about 64 characters).
+  const size_t buckets = std::clamp<size_t>(budget / 4 / 64, 16, kAllocationBuckets);
+  const size_t bucket = std::max<size_t>(1, (n + buckets - 1) / buckets);
   size_t spent = 0;
   for (size_t first = 0; first < n; first += bucket) {
     const size_t last = std::min(n, first + bucket);

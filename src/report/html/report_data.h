@@ -96,7 +96,8 @@ struct Keyframe {
 inline constexpr size_t kAllocationViewBytes = 400'000;  // page JSON per device, full share
 inline constexpr size_t kMaxDrawnAllocations = 4000;     // per device (the page's stacking is
                                                          // O(drawn^2) in the worst case)
-inline constexpr size_t kAllocationBuckets = 600;        // buckets of the rest band per device
+inline constexpr size_t kAllocationBuckets = 600;        // buckets of the rest band per device, at
+                                                   // most (a quarter of the budget, 16 at least)
 // Call-tree nodes per device for the keyframes' trees, shared by them (at least 100 each).
 inline constexpr size_t kMomentIcicleNodes = 6000;
 
