@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "analysis/frame_class.h"
 #include "analysis/frame_tree.h"
 
 namespace memforensics::analysis {
@@ -137,10 +138,12 @@ CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<repla
       best = *it;
   }
   std::unordered_set<Vertex> on_path;
+  std::vector<format::FrameId> path_frames;  // parallel to out.hot_path
   for (Vertex v = best;
        v != boost::graph_traits<Graph>::null_vertex() && on_path.insert(v).second;) {
     out.hot_path.push_back(
         FrameBytes{textOf(snap, g[v].frame), g[v].self, g[v].inclusive, g[v].blocks});
+    path_frames.push_back(g[v].frame);
     Vertex next = boost::graph_traits<Graph>::null_vertex();
     uint64_t next_bytes = 0;
     for (auto [e, eend] = boost::out_edges(v, g); e != eend; ++e) {
@@ -150,6 +153,21 @@ CallGraphSummary buildCallGraph(const format::Snapshot& snap, const U64Map<repla
       }
     }
     v = next;
+  }
+  // The part a person acts on: from the outermost to the innermost frame of their own code, when
+  // the path holds any (the framework's entry points above it, e.g. DataParallel's worker, and the
+  // operators below it are what that code called).
+  size_t first_user = out.hot_path.size(), last_user = 0;
+  for (size_t i = 0; i < path_frames.size(); ++i) {
+    if (classifyFrame(snap, snap.stacks.frame(path_frames[i])) != FrameKind::User) continue;
+    first_user = std::min(first_user, i);
+    last_user = i;
+  }
+  if (first_user < out.hot_path.size()) {
+    out.hot_path.erase(out.hot_path.begin() + static_cast<std::ptrdiff_t>(last_user) + 1,
+                       out.hot_path.end());
+    out.hot_path.erase(out.hot_path.begin(),
+                       out.hot_path.begin() + static_cast<std::ptrdiff_t>(first_user));
   }
   return out;
 }

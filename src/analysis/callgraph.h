@@ -5,7 +5,8 @@
 // run caller -> callee, and each live block adds its bytes to every frame of its stack once
 // (inclusive) and to its innermost kept frame (self). Built on Boost.Graph; the hot
 // path (from the root with the most inclusive bytes, always into the heaviest callee) is what a
-// person reads first.
+// person reads first; when it passes through the program's own code (FrameKind::User) it is cut
+// to run from the outermost to the innermost user frame on it.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ struct CallGraphSummary {
   size_t vertices = 0, edges = 0;
   std::vector<FrameBytes> top_inclusive;  // largest first
   std::vector<FrameBytes> top_self;
-  std::vector<FrameBytes> hot_path;  // outermost to innermost
+  std::vector<FrameBytes> hot_path;  // outermost to innermost (user frames' span, when any)
 };
 
 // Attribution of the live (non-pending) blocks of `live` to the frames of their stacks.

@@ -2,7 +2,9 @@
 // (parameter, gradient, activation, optimizer state, temporary, unknown) from its stack and
 // lifetime.
 #include <algorithm>
+#include <cstdio>
 #include <memory>
+#include <span>
 
 #include "analysis/findings_ctx.h"
 
@@ -12,45 +14,88 @@ namespace detail {
 
 using format::StackId;
 
+// DataParallel's replicate / broadcast of the module (StackFacts::replicate): a stack flag beside
+// findings_ctx.h's StackFlag bits (only the category rules read it).
+constexpr uint8_t kReplicate = 16;
+
 uint8_t stackFlags(const format::Snapshot& s, StackId id) {
   if (id == format::kNoStack || id == format::kEmptyStack) return 0;
   const StackFacts f = stackFacts(s, id);
   return static_cast<uint8_t>((f.optimizer ? kOptimizer : 0) | (f.backward ? kAutograd : 0) |
-                              (f.module_init ? kModuleInit : 0) | (f.forward ? kForward : 0));
+                              (f.module_init ? kModuleInit : 0) | (f.forward ? kForward : 0) |
+                              (f.replicate ? kReplicate : 0));
 }
 
 // Category of a pre-trace block (alive when the history begins): only its stack is known.
 Category preTraceCategoryOfFlags(uint8_t f) {
+  if (f & kReplicate) return Category::Parameter;
   if (f & kOptimizer) return Category::OptimizerState;
   if (f & kAutograd) return Category::Gradient;
+  if ((f & kForward) && !(f & kModuleInit)) return Category::Activation;
   return Category::Parameter;
 }
 
-Category categorize(Ctx& c, const AllocFact& a) {
-  uint8_t f = c.flagsOf(a.stack);
+namespace {
+
+// The OOM events of the trace, in order.
+std::vector<int64_t> oomEvents(std::span<const format::Event> ev) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].action == format::Action::Oom) out.push_back(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
+// Alive at an OOM: made before some OOM event and not freed before it. Its free, if any, came
+// from the exception's unwind (or later): its lifetime says nothing about what it was.
+bool aliveAtAnOom(const AllocFact& a, const std::vector<int64_t>& ooms) {
+  auto it = std::upper_bound(ooms.begin(), ooms.end(), a.event);
+  return it != ooms.end() && (a.freed < 0 || a.freed > *it);
+}
+
+// The rules of docs/findings.md "Categories", first match wins.
+Category categorizeWith(Ctx& c, const AllocFact& a, const std::vector<int64_t>& ooms) {
+  const uint8_t f = c.flagsOf(a.stack);
   const bool have_iters = !c.iters.empty();
-  int64_t iter_end = a.iteration >= 0 ? c.iters[a.iteration].last_event : -1;
+  const int64_t iter_end = a.iteration >= 0 ? c.iters[a.iteration].last_event : -1;
   // Long-lived: alive at the end, or (with iterations) outliving the iteration it was made in.
-  bool long_lived = a.freed < 0 || (a.iteration >= 0 && a.freed > iter_end);
+  const bool long_lived = a.freed < 0 || (a.iteration >= 0 && a.freed > iter_end);
+  // DataParallel's replicas of the module: copies of parameters and buffers (their stacks run
+  // through autograd's Function.apply, which is not a backward pass).
+  if (f & kReplicate) return Category::Parameter;
   if (f & kOptimizer) return long_lived ? Category::OptimizerState : Category::Temporary;
   if (f & kAutograd) return long_lived ? Category::Gradient : Category::Temporary;
   if (have_iters && a.event < c.iters.front().first_event) {
     return a.freed < 0 || a.freed > c.iters.front().first_event ? Category::Parameter
                                                                 : Category::Temporary;
   }
+  if (!have_iters && (f & kModuleInit)) return Category::Parameter;
+  // Forward code's intermediates alive when an OOM struck are activations, however soon the
+  // exception's unwind freed them; anything else alive there is not explained by its lifetime.
+  if (aliveAtAnOom(a, ooms)) return (f & kForward) ? Category::Activation : Category::Unknown;
+  const int64_t life = (a.freed < 0 ? static_cast<int64_t>(c.ev.size()) : a.freed) - a.event;
   if (!have_iters) {
-    if (f & kModuleInit) return Category::Parameter;
-    return a.freed < 0 ? Category::Unknown : Category::Temporary;
+    // One window, the whole trace (a single forward pass, inference, an unrecognised loop): dying
+    // within a tenth of it is a temporary; forward code's longer-lived allocations (kept for a
+    // backward or as outputs) are activations; the rest is not something the stack explains.
+    const int64_t window = std::max<int64_t>(1, static_cast<int64_t>(c.ev.size()));
+    if (a.freed >= 0 && life * 10 < window) return Category::Temporary;
+    return (f & kForward) ? Category::Activation : Category::Unknown;
   }
   if (a.iteration < 0) return Category::Unknown;
   // Made inside an iteration: a temporary if it dies soon after it was made; made by a model's
   // forward and living for a good part of the step (kept for backward), an activation; anything
   // else long-lived is not something the stack explains.
   const Phase& it = c.iters[a.iteration];
-  int64_t len = std::max<int64_t>(1, it.last_event - it.first_event + 1);
-  int64_t life = (a.freed < 0 ? static_cast<int64_t>(c.ev.size()) : a.freed) - a.event;
+  const int64_t len = std::max<int64_t>(1, it.last_event - it.first_event + 1);
   if (life * 10 < len) return Category::Temporary;
   return (f & kForward) ? Category::Activation : Category::Unknown;
+}
+
+}  // namespace
+
+Category categorize(Ctx& c, const AllocFact& a) {
+  return categorizeWith(c, a, oomEvents(c.ev));
 }
 
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
@@ -70,7 +115,6 @@ std::string pct(uint64_t part, uint64_t whole) {
 
 }  // namespace detail
 
-using detail::categorize;
 using detail::Ctx;
 using detail::preTraceCategoryOfFlags;
 using detail::stackFlags;
@@ -79,8 +123,9 @@ void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts) {
   std::vector<Category> cats;
   {
     Ctx c(snap, facts);
+    const std::vector<int64_t> ooms = detail::oomEvents(c.ev);
     cats.reserve(facts.allocs.size());
-    for (const AllocFact& a : facts.allocs) cats.push_back(categorize(c, a));
+    for (const AllocFact& a : facts.allocs) cats.push_back(detail::categorizeWith(c, a, ooms));
   }
   for (size_t k = 0; k < cats.size(); ++k) facts.allocs[k].category = cats[k];
 }

@@ -75,10 +75,18 @@ constexpr std::array<std::string_view, 8> kAutogradNames = {
     "autograd::Engine",  "autograd::generated", "autograd::Node::",        "AccumulateGrad",
     "evaluate_function", "PythonEngine",        "autograd::CopyBackwards", "autograd::CopySlices"};
 
+// Helpers that allocate an operator's output for it (structured kernels' set_output_*, the
+// resize helpers): the operator is the frame that called them (parts of the qualified name).
+constexpr std::array<std::string_view, 3> kOutputHelpers = {"::set_output", "at::native::resize_",
+                                                            "at::native::_resize_output"};
+
 bool isPlumbingCpp(std::string_view name) {
   const std::string_view q = qualifiedFunctionName(name);
   for (std::string_view p : kPlumbingPrefixes) {
     if (startsWith(q, p)) return true;
+  }
+  for (std::string_view p : kOutputHelpers) {
+    if (contains(q, p)) return true;
   }
   return contains(q, "wrapper_");
 }
@@ -97,6 +105,19 @@ bool isTorchFile(std::string_view file) {
 
 bool isOtherPackage(std::string_view file) {
   return contains(file, "site-packages") || contains(file, "dist-packages");
+}
+
+// DataParallel's replicate / broadcast of the module (StackFacts::replicate).
+bool isReplicateFrame(std::string_view file, std::string_view name) {
+  if (isPythonFile(file)) {
+    if (!isTorchFile(file)) return false;
+    if (containsPath(file, "nn/parallel/comm.py"))
+      return name == "broadcast" || name == "broadcast_coalesced";
+    if (containsPath(file, "nn/parallel/replicate.py")) return true;
+    if (containsPath(file, "nn/parallel/data_parallel.py")) return name == "replicate";
+    return false;
+  }
+  return startsWith(qualifiedFunctionName(name), "torch::cuda::broadcast");
 }
 
 }  // namespace
@@ -174,6 +195,7 @@ FrameKind classifyFrame(std::string_view file, std::string_view name) {
     if (isOtherPackage(file)) return FrameKind::Framework;
     return FrameKind::User;
   }
+  if (name.empty() || name == "??") return FrameKind::Plumbing;  // unsymbolized: says nothing
   for (auto n : kNoiseNames) {
     if (contains(name, n)) return FrameKind::Plumbing;
   }
@@ -219,6 +241,7 @@ StackFacts stackFacts(const format::Snapshot& s, format::StackId id) {
       out.module_init = true;
     }
     if (name == "__init__" && k != FrameKind::Optimizer) out.module_init = true;
+    if (isReplicateFrame(file, name)) out.replicate = true;
     if (name == "forward" || name == "_call_impl" || name == "_wrapped_call_impl" ||
         containsPath(file, "nn/functional.py")) {
       out.forward = true;

@@ -20,12 +20,14 @@
 //     * libc / pthread / thread start-up (start_thread, clone, pthread_create.c,
 //       execute_native_thread_routine, __libc_start_main, _start)           -> Plumbing
 //     * the allocator, tensor factories and the dispatcher (c10::, at::detail::, at::_ops::,
-//       wrapper_*, at::empty*, at::native::empty*, at::meta::, VariableType, ...) and the C and C++
+//       wrapper_*, at::empty*, at::native::empty*, at::meta::, VariableType, the output resize
+//       helpers at::native::resize_* and *::set_output*, ...) and the C and C++
 //       runtimes' own functions (std::, pthread_*), matched on the
 //       function's qualified name with any return type stripped ("at::TensorBase
 //       at::detail::_empty_generic<long>(...)" is at::detail::)              -> Plumbing
 //     * the autograd engine and backward functions (autograd::Engine, autograd::generated,
 //       autograd::Node, AccumulateGrad, evaluate_function, PythonEngine)     -> Autograd
+//     * an unsymbolized frame (no name, or "??")                            -> Plumbing
 //     * anything else                                                        -> CppOp
 #pragma once
 
@@ -60,12 +62,18 @@ bool isPythonFile(std::string_view filename);
 // What a stack says about the code that allocated. Frame indices are into s.stacks.stack(id),
 // innermost first; -1 = none.
 struct StackFacts {
-  bool backward = false;        // an Autograd frame: made by the autograd engine / a backward pass
-  bool optimizer = false;       // an Optimizer frame: made by an optimizer (step, state init)
-  bool module_init = false;     // parameter creation: an __init__ outside torch/optim, or
-                                // nn.Module._apply / to / cuda / convert
-  bool forward = false;         // a model's forward: a `forward` frame, the module call wrappers,
-                                // or torch/nn/functional.py
+  bool backward = false;     // an Autograd frame: made by the autograd engine / a backward pass
+  bool optimizer = false;    // an Optimizer frame: made by an optimizer (step, state init)
+  bool module_init = false;  // parameter creation: an __init__ outside torch/optim, or
+                             // nn.Module._apply / to / cuda / convert
+  bool forward = false;      // a model's forward: a `forward` frame, the module call wrappers,
+                             // or torch/nn/functional.py
+  // DataParallel's copies of the module onto the other devices (replicas of parameters and
+  // buffers): torch/nn/parallel/comm.py broadcast / broadcast_coalesced, replicate.py,
+  // data_parallel.py replicate, the C++ torch::cuda::broadcast*. Broadcast is an
+  // autograd.Function, so these stacks also hold torch/autograd/function.py: replicate wins over
+  // backward for whoever reads both (categories).
+  bool replicate = false;
   bool python = false;          // any Python frame
   int32_t innermost_user = -1;  // the innermost User frame
   int32_t op = -1;  // the innermost CppOp or Autograd C++ frame (the operator, for C++-only stacks)
