@@ -21,7 +21,7 @@ struct WhatIfArgs {
   std::string file;
   std::optional<int64_t> device;
   std::vector<std::string> sets;
-  std::string capacity;
+  std::optional<std::string> capacity;  // an empty --capacity is refused, not ignored
   bool json = false;
 };
 WhatIfArgs g_args;
@@ -121,8 +121,8 @@ int runWhatIfCommand() {
     }
     opt.sets.emplace_back(s.substr(0, eq), s.substr(eq + 1));
   }
-  if (!g_args.capacity.empty()) {
-    SizeParse p = parseSize(g_args.capacity);
+  if (g_args.capacity) {
+    SizeParse p = parseSize(*g_args.capacity);
     if (!p.ok) {
       printError("--capacity: " + p.error);
       return kExitUsage;
