@@ -1,0 +1,287 @@
+// headline_test.cc: OOM first (analysis/headline.h: the focus device, the headline's items and
+// their order), device imbalance (cross_device.h) and incomplete history (detect_history.cc),
+// each where it must fire and where it must not, on fabricated jobs (fixtures/model_builder.h) and
+// the real ring-of-1 snapshot.
+#include "analysis/headline.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "analysis/analyze.h"
+#include "analysis/cross_device.h"
+#include "fixtures/model_builder.h"
+#include "format/load/load.h"
+#include "report/render.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using memforensics::testing::Frames;
+using memforensics::testing::ModelBuilder;
+
+constexpr uint64_t kMiB = 1048576;
+constexpr uint64_t kBase = 0x7f0000000000ULL;
+
+const Frames kLayer = {{"/home/u/graphqa/models.py", 174, "forward"},
+                       {"/home/u/graphqa/train.py", 40, "main"}};
+const Frames kOther = {{"/home/u/aux/embed.py", 12, "encode"}};
+
+// One device of a job: a segment holding two tensors of `tensor` bytes from `frames`, both freed
+// again, an OOM (a request of twice the segment) before the frees when `oom`.
+void addDevice(ModelBuilder& b, int64_t device, uint64_t tensor, const Frames& frames,
+               bool oom = false) {
+  const uint64_t base = kBase + static_cast<uint64_t>(device) * (uint64_t{1} << 40);
+  const uint64_t seg = 2 * tensor + 2 * kMiB;
+  const int64_t t = 100 * device;
+  b.device(device)
+      .segment(base, {.size = seg})
+      .segmentAlloc(base, seg, {.time_us = t + 1})
+      .alloc(base, tensor, {.time_us = t + 2, .frames = frames})
+      .alloc(base + tensor, tensor, {.time_us = t + 3, .frames = frames});
+  if (oom) b.oom(2 * seg, /*device_free=*/kMiB, {.time_us = t + 4, .frames = frames});
+  b.free(base, tensor, {.time_us = t + 5}).free(base + tensor, tensor, {.time_us = t + 6});
+}
+
+const Finding* findKind(const std::vector<Finding>& fs, FindingKind k) {
+  auto it = std::find_if(fs.begin(), fs.end(), [&](const Finding& f) { return f.kind == k; });
+  return it == fs.end() ? nullptr : &*it;
+}
+
+std::string text(const AnalysisResult& r) {
+  std::ostringstream out;
+  report::renderText(r, out);
+  return out.str();
+}
+
+// A 4-device job whose OOM is on cuda:1: every command opens there.
+TEST(Headline, FocusIsTheOomDeviceOfAFourDeviceJob) {
+  ModelBuilder b;
+  addDevice(b, 0, 160 * kMiB, kLayer);
+  addDevice(b, 1, 160 * kMiB, kLayer, /*oom=*/true);
+  addDevice(b, 2, 160 * kMiB, kLayer);
+  addDevice(b, 3, 160 * kMiB, kLayer);
+  auto snap = b.build();
+  auto r = analyzeSnapshot(snap);
+  ASSERT_EQ(r.devices.size(), 4u);
+  const Headline h = buildHeadline(r);
+  EXPECT_EQ(h.focus_device, 1);
+  EXPECT_EQ(h.focus_reason, "the OOM is on cuda:1");
+  ASSERT_FALSE(h.items.empty());
+  EXPECT_EQ(h.items[0].kind, FindingKind::OomVerdict);
+  EXPECT_EQ(h.items[0].device, 1);
+  const auto order = deviceOrder(r, h);
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(r.devices[order[0]].summary.device, 1);
+  EXPECT_EQ(r.devices[order[1]].summary.device, 0);
+  EXPECT_EQ(oomFocusDevice(snap), std::optional<int64_t>(1));
+
+  // The text opens with the headline, and lists cuda:1 before cuda:0.
+  const std::string t = text(r);
+  EXPECT_EQ(t.find("  headline: cuda:1 first (the OOM is on cuda:1)\n    cuda:1 [high]"),
+            t.find('\n') + 1)
+      << t.substr(0, 400);
+  EXPECT_LT(t.find("\ndevice 1:"), t.find("\ndevice 0:"));
+}
+
+// Without an OOM, the device of the most severe finding; the items: OOMs first, then high
+// findings by bytes; warnings are counted, not listed.
+TEST(Headline, NoOomMostSevereFindingAndItemOrder) {
+  AnalysisResult r;
+  r.devices.resize(3);
+  for (int64_t d = 0; d < 3; ++d) r.devices[d].summary.device = d;
+  auto finding = [](int64_t d, FindingKind k, FindingSeverity s, uint64_t bytes) {
+    Finding f;
+    f.kind = k;
+    f.severity = s;
+    f.device = d;
+    f.bytes = bytes;
+    f.title = "t" + std::to_string(d);
+    return f;
+  };
+  r.devices[0].findings.push_back(
+      finding(0, FindingKind::CacheBloat, FindingSeverity::Warning, 900 * kMiB));
+  r.devices[2].findings.push_back(finding(2, FindingKind::Leak, FindingSeverity::High, 10 * kMiB));
+  r.devices[1].findings.push_back(finding(1, FindingKind::Leak, FindingSeverity::High, 50 * kMiB));
+  Headline h = buildHeadline(r);
+  EXPECT_EQ(h.focus_device, 1);
+  EXPECT_EQ(h.focus_reason, "the most severe finding is on cuda:1");
+  ASSERT_EQ(h.items.size(), 2u);
+  EXPECT_EQ(h.items[0].device, 1);
+  EXPECT_EQ(h.items[1].device, 2);
+  EXPECT_EQ(h.other_warnings, 1u);
+
+  // An OOM verdict leads the items whatever its bytes, and its device is the focus.
+  OomReport oom;
+  oom.oom.time_us = 5;
+  r.devices[2].summary.ooms.push_back(oom.oom);
+  r.devices[2].findings.push_back(
+      finding(2, FindingKind::OomVerdict, FindingSeverity::High, 1 * kMiB));
+  h = buildHeadline(r);
+  EXPECT_EQ(h.focus_device, 2);
+  ASSERT_EQ(h.items.size(), 3u);
+  EXPECT_EQ(h.items[0].kind, FindingKind::OomVerdict);
+  EXPECT_EQ(h.items[1].device, 1);
+
+  // Nothing at all: the first device.
+  AnalysisResult quiet;
+  quiet.devices.resize(2);
+  quiet.devices[0].summary.device = 0;
+  quiet.devices[1].summary.device = 1;
+  EXPECT_EQ(buildHeadline(quiet).focus_device, 0);
+  EXPECT_TRUE(buildHeadline(quiet).items.empty());
+}
+
+// The same line allocates 162 MB on cuda:0, 5.3 GB on cuda:1 (which runs out), 561 MB on cuda:2:
+// a device-imbalance finding names the line and the uneven split.
+TEST(DeviceImbalance, FiresOnTheLineWhoseSizesDiffer) {
+  ModelBuilder b;
+  addDevice(b, 0, 162 * kMiB, kLayer);
+  addDevice(b, 1, 5300 * kMiB, kLayer, /*oom=*/true);
+  addDevice(b, 2, 561 * kMiB, kLayer);
+  auto snap = b.build();
+  auto r = analyzeSnapshot(snap);
+  ASSERT_EQ(r.devices.size(), 3u);
+  ASSERT_FALSE(r.devices[1].line_sizes.empty());
+  EXPECT_EQ(r.devices[1].line_sizes[0].max_bytes, 5300 * kMiB);
+  EXPECT_EQ(r.devices[1].line_sizes[0].allocs, 2u);
+  const Finding* f = findKind(r.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->device, 1);
+  EXPECT_EQ(f->severity, FindingSeverity::High);  // the largest device ran out
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].display(), "/home/u/graphqa/models.py:174 forward");
+  EXPECT_NE(f->title.find("5.18 GiB per tensor on cuda:1"), std::string::npos) << f->title;
+  EXPECT_NE(f->title.find("162.00 MiB on cuda:0"), std::string::npos) << f->title;
+  EXPECT_NE(f->title.find("split unevenly"), std::string::npos) << f->title;
+  // In the headline (high), and in the text as a job finding.
+  const Headline h = buildHeadline(r);
+  EXPECT_TRUE(std::any_of(h.items.begin(), h.items.end(), [](const HeadlineItem& it) {
+    return it.kind == FindingKind::DeviceImbalance;
+  }));
+  EXPECT_NE(text(r).find("job findings (across devices):"), std::string::npos);
+}
+
+// Equal replicas (the same sizes on every device) and devices that do different work (no line in
+// common) are no imbalance, even when their peaks differ widely.
+TEST(DeviceImbalance, SilentOnBalancedJobsAndOnDifferentWork) {
+  {
+    ModelBuilder b;
+    for (int64_t d = 0; d < 4; ++d) addDevice(b, d, 512 * kMiB, kLayer);
+    auto r = analyzeSnapshot(b.build());
+    EXPECT_EQ(findKind(r.job_findings, FindingKind::DeviceImbalance), nullptr);
+  }
+  {
+    // Within kImbalanceRatio: a remainder batch (9 vs 8 samples).
+    ModelBuilder b;
+    addDevice(b, 0, 576 * kMiB, kLayer);
+    addDevice(b, 1, 512 * kMiB, kLayer);
+    auto r = analyzeSnapshot(b.build());
+    EXPECT_EQ(findKind(r.job_findings, FindingKind::DeviceImbalance), nullptr);
+  }
+  {
+    ModelBuilder b;
+    addDevice(b, 0, 4096 * kMiB, kLayer);
+    addDevice(b, 1, 100 * kMiB, kOther);
+    auto r = analyzeSnapshot(b.build());
+    EXPECT_TRUE(r.job_findings.empty());
+  }
+  {
+    // Below kImbalanceMinBytes: small lines do not move a peak.
+    ModelBuilder b;
+    addDevice(b, 0, 2 * kMiB, kLayer);
+    addDevice(b, 1, 40 * kMiB, kLayer);
+    auto r = analyzeSnapshot(b.build());
+    EXPECT_TRUE(r.job_findings.empty());
+  }
+}
+
+// A ring buffer of one entry: the segments hold ten live blocks, the trace only the free of an
+// eleventh that was allocated before it.
+format::Snapshot ringOfOne() {
+  ModelBuilder b;
+  b.segment(kBase, {.size = 64 * kMiB});
+  for (int i = 0; i < 10; ++i) b.live(4 * kMiB, {.frames = kLayer});
+  b.freeCompleted(kBase + 40 * kMiB, 4 * kMiB, {.time_us = 7});
+  return b.build();
+}
+
+TEST(IncompleteHistory, RingOfOneCannotExplainTheState) {
+  auto r = analyzeSnapshot(ringOfOne());
+  ASSERT_EQ(r.devices.size(), 1u);
+  const auto& d = r.devices[0];
+  EXPECT_EQ(d.summary.events, 1u);
+  const Finding* f = findKind(d.findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::Warning);
+  EXPECT_NE(f->title.find("cannot explain"), std::string::npos) << f->title;
+  EXPECT_NE(f->fix.find("_record_memory_history(max_entries="), std::string::npos);
+  EXPECT_NE(f->fix.find("_dump_snapshot"), std::string::npos);
+  EXPECT_NE(f->fix.find("_cuda_attach_out_of_memory_observer"), std::string::npos);
+  // The text does not present the absence of an OOM as known.
+  const std::string t = text(r);
+  EXPECT_EQ(t.find("OOMs: none"), std::string::npos) << t;
+  EXPECT_NE(t.find("OOMs: unknown: the history cannot explain an OOM"), std::string::npos);
+  EXPECT_EQ(t.find("findings: none"), std::string::npos);
+  // And it is in the headline.
+  const Headline h = buildHeadline(r);
+  ASSERT_EQ(h.items.size(), 1u);
+  EXPECT_EQ(h.items[0].kind, FindingKind::IncompleteHistory);
+}
+
+TEST(IncompleteHistory, NoTraceWithLiveBlocks) {
+  ModelBuilder b;
+  b.segment(kBase, {.size = 8 * kMiB}).live(2 * kMiB, {.frames = kLayer});
+  auto r = analyzeSnapshot(b.build());
+  const Finding* f = findKind(r.devices.at(0).findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::Warning);
+  EXPECT_NE(f->title.find("no allocation history"), std::string::npos) << f->title;
+}
+
+// The ring wrapped (a block freed in the trace was allocated before it) but the peak is inside the
+// trace: only the beginning is missing, info.
+TEST(IncompleteHistory, OnlyTheBeginningMissingIsInfo) {
+  ModelBuilder b;
+  b.segment(kBase, {.size = 64 * kMiB})
+      .freeCompleted(kBase, 4 * kMiB, {.time_us = 1})
+      .alloc(kBase + 8 * kMiB, 32 * kMiB, {.time_us = 2, .frames = kLayer})
+      .free(kBase + 8 * kMiB, 32 * kMiB, {.time_us = 3});
+  auto r = analyzeSnapshot(b.build());
+  const auto& d = r.devices.at(0);
+  EXPECT_GE(d.summary.peak_requested.event, 0);
+  const Finding* f = findKind(d.findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::Info);
+  EXPECT_TRUE(buildHeadline(r).items.empty());  // info is not headline material
+}
+
+TEST(IncompleteHistory, SilentOnACompleteHistory) {
+  ModelBuilder b;
+  addDevice(b, 0, 64 * kMiB, kLayer);
+  auto r = analyzeSnapshot(b.build());
+  EXPECT_EQ(findKind(r.devices.at(0).findings, FindingKind::IncompleteHistory), nullptr);
+  EXPECT_NE(text(r).find("OOMs: none\n"), std::string::npos);
+}
+
+TEST(IncompleteHistory, RealRingOfOneSnapshot) {
+  const std::filesystem::path p = std::filesystem::path(MEMF_REAL_SNAPSHOTS) /
+                                  "yiyi-philosophy__llm-inference__1.3b_snapshot.pickle";
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << p << " absent";
+  auto snap = format::loadSnapshotFile(p.string());
+  ASSERT_TRUE(snap) << snap.error().describe();
+  auto r = analyzeSnapshot(*snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const Finding* f = findKind(r.devices[0].findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::Warning);
+  EXPECT_NE(f->title.find("the trace holds 1 entry while 786 blocks"), std::string::npos)
+      << f->title;
+  EXPECT_EQ(text(r).find("OOMs: none"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
