@@ -45,6 +45,8 @@ nlohmann::json simJson(const analysis::SimResult& r, const std::string& estimate
   j["peak_allocated_bytes"] = r.peak_allocated;
   j["allocated_at_peak_reserved_bytes"] = r.allocated_at_peak_reserved;
   j["oom_count"] = r.oom_count;
+  j["recorded_oom_avoided"] = r.recorded_avoided;
+  j["recorded_oom_not_avoided"] = r.recorded_failed;
   j["empty_cache_calls"] = r.empty_cache_calls;
   j["segment_allocs"] = r.segment_allocs;
   j["segment_frees"] = r.segment_frees;
