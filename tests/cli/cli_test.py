@@ -546,6 +546,71 @@ with tempfile.TemporaryDirectory() as tmp:
             check(f"{args[0]} out of memory: exit 2 with a message", r.returncode == 2 and "out of memory while" in err,
                   f"rc={r.returncode} {err[-300:]}")
 
+# OOM first (issue 13): on a two-device file whose OOM is on cuda:1, every command opens on cuda:1
+# and says why; analyze's first lines are the headline. A file whose history cannot explain its
+# state (a ring buffer of one entry) does not say "OOMs: none".
+with tempfile.TemporaryDirectory() as tmp:
+    A0, A1, MiB, T0 = 0x7f0000000000, 0x7e0000000000, 1 << 20, 1767225600000000
+    layer = [{"name": "forward", "filename": "/home/u/models.py", "line": 174}]
+
+    def seg(dev, addr):
+        return {"device": dev, "address": addr, "total_size": 64 * MiB, "allocated_size": 0, "active_size": 0,
+                "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+                "is_expandable": False, "frames": [],
+                "blocks": [{"address": addr, "size": 64 * MiB, "requested_size": 0, "state": "inactive",
+                            "frames": []}]}
+
+    def trace(addr, t, oom):
+        ev = [{"action": "segment_alloc", "addr": addr, "size": 64 * MiB, "stream": 0, "time_us": t, "frames": layer},
+              {"action": "alloc", "addr": addr, "size": 48 * MiB, "stream": 0, "time_us": t + 1, "frames": layer}]
+        if oom:
+            ev.append({"action": "oom", "addr": MiB, "size": 256 * MiB, "stream": 0, "time_us": t + 2, "frames": layer})
+        ev += [{"action": "free_requested", "addr": addr, "size": 48 * MiB, "stream": 0, "time_us": t + 3, "frames": layer},
+               {"action": "free_completed", "addr": addr, "size": 48 * MiB, "stream": 0, "time_us": t + 3, "frames": layer}]
+        return ev
+    two = os.path.join(tmp, "two_devices_oom_on_1.pickle")
+    with open(two, "wb") as f:
+        pickle.dump({"segments": [seg(0, A0), seg(1, A1)],
+                     "device_traces": [trace(A0, T0, False), trace(A1, T0 + 10, True)]}, f, protocol=4)
+    r = run("blocks", two, "--at", "oom")
+    check("blocks --at oom without --device on a multi-device file: exit 0 on the OOM device",
+          r.returncode == 0 and "device 1 at oom" in r.stdout
+          and "showing cuda:1 (the OOM is on cuda:1; --device N for another)" in r.stdout,
+          f"rc={r.returncode} {r.stderr} {r.stdout[:300]}")
+    r = run("blocks", two, "--at", "oom", "--json")
+    check("blocks --at oom --json defaults to the OOM device",
+          r.returncode == 0 and json.loads(r.stdout)["device"] == 1, f"rc={r.returncode} {r.stderr}")
+    r = run("blocks", two, "--device", "0")
+    check("blocks --device 0 still shows cuda:0, without the focus note",
+          r.returncode == 0 and "device 0 at peak" in r.stdout and "showing" not in r.stdout, r.stdout[:300])
+    r = run("analyze", two)
+    lines = r.stdout.split("\n")
+    check("analyze opens with the headline (focus device, then the OOM line)",
+          r.returncode == 0 and len(lines) > 3
+          and lines[1] == "  headline: cuda:1 first (the OOM is on cuda:1)"
+          and lines[2].startswith("    cuda:1 [high]") and "models.py:174 forward" in lines[2],
+          "\n".join(lines[:4]))
+    check("analyze lists the focus device first",
+          r.stdout.find("\ndevice 1:") < r.stdout.find("\ndevice 0:"), r.stdout[:200])
+    r = run("analyze", "--json", two)
+    doc = json.loads(r.stdout)
+    h = doc.get("headline", {})
+    check("analyze --json headline and job_findings",
+          h.get("focus_device") == 1 and h.get("focus_reason") == "the OOM is on cuda:1"
+          and h["items"][0]["kind"] == "oom_verdict" and h["items"][0]["device"] == 1
+          and doc.get("job_findings") == [], str(h)[:300])
+    r = run("timeline", two)
+    check("timeline text shows the OOM device first and says so",
+          r.returncode == 0 and "showing cuda:1 first (the OOM is on cuda:1" in r.stdout
+          and r.stdout.find("\ndevice 1:") < r.stdout.find("\ndevice 0:"), r.stdout[:300])
+    ring = os.path.join(REAL, "yiyi-philosophy__llm-inference__1.3b_snapshot.pickle")
+    if os.path.exists(ring):
+        r = run("analyze", ring)
+        check("a ring buffer of one entry does not claim 'OOMs: none'",
+              r.returncode == 0 and "OOMs: none" not in r.stdout
+              and "the history cannot explain an OOM" in r.stdout
+              and "incomplete" not in r.stdout.split("\n")[1], r.stdout[:400])
+
 # Numbers out of range are usage errors (CLI11 saturated --device 2^64 to INT64_MAX silently).
 for args in (["analyze", sample, "--device", "18446744073709551616"], ["analyze", sample, "--device", "9223372036854775808"],
              ["analyze", sample, "--device", "-9223372036854775809"], ["timeline", sample, "--device", "18446744073709551616"],
