@@ -196,15 +196,14 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
         f.where = groups.front().frames;
       }
     }
-    f.evidence.push_back(
-        {"the last straw: the request that failed (event " + std::to_string(oom.event) + ")",
-         oom.event, oom.time_us, oom.request_bytes, request_frames});
+    f.evidence.push_back({"the last straw: the request that failed", oom.event, oom.time_us,
+                          oom.request_bytes, request_frames});
     if (flush.first_event >= 0) {
       const Event& e = c.ev[static_cast<size_t>(flush.first_event)];
       f.evidence.push_back({(flush.immediate ? "before failing, the allocator "
                                              : "just before, for the previous request, the "
                                                "allocator ") +
-                                flushText(flush) + " (" + B(flush.bytes) + ") and retried" +
+                                flushText(flush) + " and retried" +
                                 (flush.immediate ? "" : ": the cache was already flushed"),
                             flush.first_event,
                             e.time_us,
