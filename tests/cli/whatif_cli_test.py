@@ -201,6 +201,43 @@ if doc:
 rc, out, err = run("whatif", os.path.join(REAL, "no_such_file.pickle"))
 check(rc == 2, "a missing file exits 2")
 
+# ---- the report: the what-if panel and --baseline (the figures of `diff`) ----
+def page_data(html_path):
+    import re
+    with open(html_path, encoding="utf-8") as f:
+        m = re.search(r'<script id="memf-data" type="application/json">(.*?)</script>', f.read(), re.S)
+    return json.loads(m.group(1))
+
+
+scn = os.path.join(SRC, "snapshots", "scenarios")
+base_file, new_file = os.path.join(scn, "clean_adam.pickle"), os.path.join(scn, "leak_list_append.pickle")
+page = os.path.join(tmp, "r.html")
+rc, out, err = run("report", new_file, "--baseline", base_file, "-o", page)
+check(rc == 0, f"report --baseline exits 0 (got {rc}: {err.strip()})")
+if rc == 0:
+    data = page_data(page)
+    rc2, diff_out, _ = run("diff", "--json", base_file, new_file)
+    want = json.loads(diff_out)
+    got = data.get("baseline_diff", {})
+    check(got.get("devices") == want["devices"], "report --baseline embeds diff --json's devices")
+    check(got["devices"][0]["delta"]["peak_reserved_bytes"] == 288 * MIB, "the +288 MiB delta")
+    w = data.get("whatif", {})
+    check(w.get("present") and w["device"] == 0 and 1 <= len(w["rows"]) <= w["max_runs"] == 8,
+          "report: a what-if panel of at most 8 rows")
+    check(w["rows"][0]["baseline"] and w["rows"][0]["exact"] == (w["complete_history"]),
+          "report: the baseline row first, exact iff the history is complete")
+rc, out, err = run("report", frag, "-o", page)
+if rc == 0:
+    w = page_data(page)["whatif"]
+    labels = [r["label"] for r in w["rows"]]
+    check(labels[:3] == ["the file's own settings", "expandable_segments:True", "max_split_size_mb:64"],
+          f"frag report rows ({labels})")
+    check(w["rows"][1]["answer"] == "avoids the OOM" and w["rows"][2]["answer"] == "avoids the OOM",
+          "frag report: expandable and max_split_size_mb avoid the OOM")
+    check("baseline_diff" not in page_data(page), "no --baseline: no baseline_diff")
+rc, out, err = run("report", frag, "--baseline", os.path.join(tmp, "missing.pickle"), "-o", page)
+check(rc == 2 and "--baseline" in err, f"an unreadable baseline exits 2 (got {rc})")
+
 if failures:
     print(f"{len(failures)} failure(s)")
     sys.exit(1)
