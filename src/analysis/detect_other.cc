@@ -71,6 +71,10 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
 void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   const replay::Peak& pr = c.summary.peak_reserved;
   if (pr.bytes == 0) return;
+  // After an OOM the exception's unwind frees the tensors and leaves the cache full: when the
+  // cache reached its size at or before the last OOM, the end state is that unwind, which the OOM
+  // verdict explains; it is not a separate warning.
+  if (!c.summary.ooms.empty() && pr.event <= c.summary.ooms.back().event) return;
   // At the end of the run: how much of what the process holds is unused cache.
   const replay::Counters end = c.summary.final_replayed;
   uint64_t unused = end.reserved > end.active() ? end.reserved - end.active() : 0;
@@ -84,10 +88,15 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   f.title = "Cache bloat: at the end " + formatBytes(end.reserved) + " is reserved but only " +
             formatBytes(end.active()) + " is in use (" + pct(unused, end.reserved) +
             " cached and free)";
-  f.fix =
-      "a transient peak left the cache large: other processes cannot use it. "
-      "torch.cuda.empty_cache() after "
-      "the peak, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, returns it";
+  // The fix follows the file's allocator settings: expandable segments are not advised to a run
+  // that has them.
+  f.fix = c.s.settings.expandable_segments
+              ? "a transient peak left the cache large: other processes cannot use it. "
+                "torch.cuda.empty_cache() after the peak returns it (expandable segments are "
+                "already on: allocator_settings)"
+              : "a transient peak left the cache large: other processes cannot use it. "
+                "torch.cuda.empty_cache() after the peak, or "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, returns it";
   f.basis = "replayed reserved and active bytes";
   f.evidence.push_back({"peak reserved", pr.event, pr.time_us, pr.bytes, {}});
   f.evidence.push_back(
@@ -112,6 +121,15 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   if (m == nullptr) return;
   // Short-lived: freed within 1% of the trace (at least 8 events) after the peak.
   int64_t window = std::max<int64_t>(8, static_cast<int64_t>(c.ev.size()) / 100);
+  // Blocks freed by an OOM's unwind (an OOM between the peak and the free) were not short-lived:
+  // the exception freed them. The first OOM at or after the peak.
+  int64_t oom_after = -1;
+  for (const replay::OomEvent& o : c.summary.ooms) {
+    if (o.event >= pk.event) {
+      oom_after = o.event;
+      break;
+    }
+  }
   uint64_t spike = 0;
   StackGrouper stacks(c.s, {6});
   m->live.forEach([&](uint64_t, const replay::LiveBlock& b) {
@@ -120,6 +138,7 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
     if (k < 0) return;
     const AllocFact& a = c.allocs[static_cast<size_t>(k)];
     if (a.freed < 0 || a.freed - pk.event > window || pk.event - a.event > window) return;
+    if (oom_after >= 0 && a.freed > oom_after) return;
     spike += b.requested;
     stacks.add(b.stack, b.requested, b.size, 1, b.alloc_event);
   });

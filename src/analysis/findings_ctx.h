@@ -75,6 +75,22 @@ Category categorize(Ctx& c, const AllocFact& a);
 
 std::string pct(uint64_t part, uint64_t whole);  // "42%"
 
+// Training steps (detect_growth.cc). Detected (not annotated) iterations count as steps only when
+// most of them run a backward pass or an optimizer.
+bool iterationsAreTrainingSteps(Ctx& c);
+// When an allocation has outlived its step: the last event of the first optimizer phase that
+// begins after it was made (its step's backward and optimizer have run), or without optimizer
+// phases the last event of its iteration; -1 when it was made outside every iteration.
+class StepEnds {
+ public:
+  explicit StepEnds(const Ctx& c);
+  int64_t of(const AllocFact& a) const;
+
+ private:
+  const Ctx& c_;
+  std::vector<std::pair<int64_t, int64_t>> optimizer_;  // (first, last) event, by first
+};
+
 // The detectors (one file each; docs/findings.md gives their rules).
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);  // detect_oom.cc
 void detectGrowth(Ctx& c, std::vector<Finding>& out,

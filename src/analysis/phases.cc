@@ -195,12 +195,16 @@ std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
 //     (|A n B| / max(|A|, |B|)); the first segment may differ more (>= 50%, warm-up, lazy state)
 //     when there are at least 2 other pairs, otherwise it must meet 80% too;
 //   * the tail after the last occurrence is a whole step (>= 80%) or a step cut short (>= 80% of
-//   its
-//     tokens belong to the previous step, e.g. the step that ran out of memory): it is kept, else
-//     dropped;
+//     its tokens belong to the previous step, e.g. the step that ran out of memory): it is kept,
+//     else dropped;
 //   * at least 3 steps remain, and they hold at least half of the allocations; and
-//   * not nearly every (90%) allocation with a Python stack in the steps passes through one user
-//     `forward` frame (then the repeating unit is a layer inside one forward pass, not a step).
+//   * not nearly every (90%) allocation with a Python stack in the steps, or in every step but
+//     one, passes through one `forward` frame: a user frame, or when the steps run no backward and
+//     no optimizer any Python `forward` (then the repeating unit is a layer inside one forward
+//     pass, not a step; repeatsInsideOneForward); and
+//   * not, when the steps run no backward and no optimizer, every step but the last keeping a
+//     quarter of what it allocated alive to the end of the last step (a forward pass holding its
+//     activations, or a model loaded tensor by tensor).
 // Among accepted splits the most regular wins (highest minimum overlap; then the one covering more
 // allocations; then fewer, longer steps; then the earlier start). Anything else gives no Iteration
 // phases: none is better than wrong ones.
@@ -295,43 +299,108 @@ std::optional<Split> evaluate(const Stream& s, const std::vector<size_t>& pos,
   return sp;
 }
 
-// Does (nearly) every allocation with a Python stack in the steps pass through one user `forward`
-// frame (same file, line and function)? Then the repeating unit is a layer called from one line of
-// a model's forward, not a step. 90%, not all: the last layer's segment also holds the model's
-// head.
+// Does (nearly) every allocation with a Python stack in the steps pass through one `forward` frame
+// (same file, line and function)? Then the repeating unit is a layer called from one line of a
+// model's forward, not a step. kOneForward (90%), not all: the last layer's segment also holds the
+// model's head, the first one its embedding; so the rule holds over all the steps together, or in
+// every step but one. The forward frame is a User frame; when the steps run no backward and no
+// optimizer (fewer than half of them allocate from autograd or torch/optim code), any Python
+// `forward` frame counts, such as a model in an installed package (transformers'
+// modeling_qwen3.py:405 forward calling 27 decoder layers): a forward pass alone, with no step
+// around it, is no training loop to split.
+constexpr double kOneForward = 0.9;
+
+//
+// Stacks can lack the frames (C++-only stacks, threads whose Python stack was not captured), so
+// the shape is also told by what the steps keep: when they run no backward and no optimizer and
+// every step but the last keeps at least kKeptShare of the bytes it allocated alive to the end of
+// the last step, the steps are layers of a forward pass that holds its activations for a backward
+// that has not come yet (or a model being loaded tensor by tensor), not a loop.
+constexpr double kKeptShare = 0.25;
+
 bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event> ev,
-                             const Stream& s, const Split& sp) {
-  std::unordered_map<format::StackId, std::vector<format::FrameId>>
-      forwards;  // per stack; absent = no Python
-  std::unordered_map<format::FrameId, size_t> hits;
-  size_t python = 0;
+                             const Stream& s, const Split& sp, StackFactsCache& facts,
+                             const std::vector<size_t>& freed_at) {
+  // Per stack: its forward frames as (frame, user?); absent = not a Python stack.
+  struct Fw {
+    bool python = false;
+    std::vector<std::pair<format::FrameId, bool>> frames;
+  };
+  std::unordered_map<format::StackId, Fw> forwards;
+  auto of = [&](format::StackId st) -> const Fw& {
+    auto it = forwards.find(st);
+    if (it != forwards.end()) return it->second;
+    Fw fw;
+    for (format::FrameId f : snap.stacks.stack(st)) {
+      const auto& fr = snap.stacks.frame(f);
+      if (!isPythonFile(snap.strings.get(fr.filename))) continue;
+      fw.python = true;
+      if (snap.strings.get(fr.name) != "forward") continue;
+      bool seen = false;
+      for (const auto& [g, u] : fw.frames) seen = seen || g == f;
+      if (!seen) fw.frames.emplace_back(f, classifyFrame(snap, fr) == FrameKind::User);
+    }
+    return forwards.emplace(st, std::move(fw)).first->second;
+  };
+  // Do the steps run a backward pass or an optimizer?
+  size_t training = 0;
   for (const auto& [b, e] : sp.steps) {
+    bool t = false;
+    for (size_t i = b; i < e && !t; ++i) {
+      const format::StackId st = ev[s.event[i]].stack;
+      if (st == format::kNoStack || st == format::kEmptyStack) continue;
+      const StackFacts& f = facts.of(st);
+      t = f.backward || f.optimizer;
+    }
+    training += t ? 1 : 0;
+  }
+  const bool any_forward = 2 * training < sp.steps.size();
+  if (any_forward) {
+    const size_t end = s.event[sp.steps.back().second - 1];  // the last step's last allocation
+    bool keeps = true;
+    for (size_t j = 0; j + 1 < sp.steps.size() && keeps; ++j) {
+      uint64_t made = 0, kept = 0;
+      for (size_t i = sp.steps[j].first; i < sp.steps[j].second; ++i) {
+        const uint64_t size = ev[s.event[i]].size;
+        made += size;
+        if (freed_at[i] > end) kept += size;
+      }
+      keeps = made > 0 && static_cast<double>(kept) >= kKeptShare * static_cast<double>(made);
+    }
+    if (keeps) return true;
+  }
+  // Hits per forward frame, over all steps and per step.
+  std::unordered_map<format::FrameId, size_t> total;
+  std::unordered_map<format::FrameId, size_t> steps_covered;
+  size_t python = 0;
+  std::unordered_map<format::FrameId, size_t> hits;
+  for (const auto& [b, e] : sp.steps) {
+    hits.clear();
+    size_t step_python = 0;
     for (size_t i = b; i < e; ++i) {
       format::StackId st = ev[s.event[i]].stack;
       if (st == format::kNoStack || st == format::kEmptyStack) continue;
-      auto it = forwards.find(st);
-      if (it == forwards.end()) {
-        std::vector<format::FrameId> fw;
-        bool py = false;
-        for (format::FrameId f : snap.stacks.stack(st)) {
-          const auto& fr = snap.stacks.frame(f);
-          if (isPythonFile(snap.strings.get(fr.filename))) py = true;
-          if (snap.strings.get(fr.name) == "forward" &&
-              classifyFrame(snap, fr) == FrameKind::User &&
-              std::find(fw.begin(), fw.end(), f) == fw.end()) {
-            fw.push_back(f);
-          }
-        }
-        if (!py) fw.push_back(UINT32_MAX);  // marker: no Python frames, not counted
-        it = forwards.emplace(st, std::move(fw)).first;
+      const Fw& fw = of(st);
+      if (!fw.python) continue;
+      ++step_python;
+      for (const auto& [f, user] : fw.frames) {
+        if (user || any_forward) ++hits[f];
       }
-      if (!it->second.empty() && it->second.back() == UINT32_MAX) continue;
-      ++python;
-      for (format::FrameId f : it->second) ++hits[f];
+    }
+    python += step_python;
+    for (const auto& [f, n] : hits) {
+      total[f] += n;
+      if (step_python > 0 &&
+          static_cast<double>(n) >= kOneForward * static_cast<double>(step_python))
+        ++steps_covered[f];
     }
   }
-  for (const auto& [f, n] : hits) {
-    if (python > 0 && n * 10 >= python * 9) return true;
+  if (python == 0) return false;
+  for (const auto& [f, n] : total) {
+    if (static_cast<double>(n) >= kOneForward * static_cast<double>(python)) return true;
+  }
+  for (const auto& [f, n] : steps_covered) {
+    if (n + 1 >= sp.steps.size()) return true;
   }
   return false;
 }
@@ -384,12 +453,30 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   if (cands.size() > 24) cands.resize(24);
 
   std::vector<int32_t> scratch(s.tokens, 0);
+  StackFactsCache facts(snap);
+  // Per allocation (position in the stream): the event that frees it, SIZE_MAX when none does.
+  std::vector<size_t> freed_at(n, SIZE_MAX);
+  {
+    std::unordered_map<uint64_t, size_t> open;  // address -> position of its live allocation
+    size_t pos = 0;
+    for (size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].action == Action::Alloc) {
+        open[ev[i].addr] = pos++;
+      } else if (ev[i].action == Action::FreeRequested || ev[i].action == Action::FreeCompleted) {
+        auto it = open.find(ev[i].addr);
+        if (it != open.end()) {
+          freed_at[it->second] = i;
+          open.erase(it);
+        }
+      }
+    }
+  }
   std::optional<Split> best;
   for (const auto& [c, cd] : cands) {
     std::vector<size_t> pos(occ.begin() + static_cast<ptrdiff_t>(begin[cd.earliest]),
                             occ.begin() + static_cast<ptrdiff_t>(begin[cd.earliest + 1]));
     auto sp = evaluate(s, pos, scratch);
-    if (!sp || repeatsInsideOneForward(snap, ev, s, *sp)) continue;
+    if (!sp || repeatsInsideOneForward(snap, ev, s, *sp, facts, freed_at)) continue;
     auto better = [](const Split& a, const Split& b) {
       if (a.min_sim != b.min_sim) return a.min_sim > b.min_sim;
       if (a.covered != b.covered) return a.covered > b.covered;

@@ -6,6 +6,7 @@
 
 #include <iostream>
 
+#include "fixtures/model_builder.h"
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
@@ -326,6 +327,150 @@ TEST(Phases, LayersOfOneForwardAreNotIterations) {
   t.traces.push_back(b.ev);
   auto snap = buildSnapshot(t);
   EXPECT_TRUE(ofKind(detectPhases(snap, 0), PhaseKind::Iteration).empty());
+}
+
+// The shapes of a real 4-GPU DataParallel job (issue 13) where one forward pass was split into
+// "iterations": built directly (fixtures/model_builder.h), events only.
+namespace dp {
+
+using memforensics::testing::Frames;
+using memforensics::testing::ModelBuilder;
+
+const char* const kTorch = "/usr/local/lib/python3.10/site-packages/torch/";
+const char* const kQwen =
+    "/usr/local/lib/python3.10/site-packages/transformers/models/qwen3/modeling_qwen3.py";
+
+// A DataParallel worker thread's frames, outermost part of the stack.
+Frames workerThread() {
+  return {{std::string(kTorch) + "nn/modules/module.py", 1762, "_call_impl"},
+          {std::string(kTorch) + "nn/parallel/parallel_apply.py", 84, "_worker"},
+          {"/usr/lib/python3.10/threading.py", 953, "run"},
+          {"/usr/lib/python3.10/threading.py", 1016, "_bootstrap_inner"},
+          {"/usr/lib/python3.10/threading.py", 973, "_bootstrap"}};
+}
+
+// One decoder layer's allocation at `line` of modeling_qwen3.py, under the model's layer loop
+// (modeling_qwen3.py:405 forward), in an installed package: no User frame at all.
+Frames qwenLayer(uint64_t line) {
+  Frames f = {{std::string(kTorch) + "nn/modules/linear.py", 125, "forward"},
+              {std::string(kTorch) + "nn/modules/module.py", 1762, "_call_impl"},
+              {kQwen, line, "forward"},
+              {std::string(kTorch) + "nn/modules/module.py", 1762, "_call_impl"},
+              {kQwen, 405, "forward"}};
+  for (auto& w : workerThread()) f.push_back(w);
+  return f;
+}
+
+// cuda:0's shape: 27 decoder layers of one forward pass, no backward. Each layer makes q, k, v,
+// the attention output and the MLP's hidden states, frees its intermediates and the previous
+// layer's hidden state (the next layer's input), so live bytes stay flat.
+format::Snapshot qwenForward() {
+  ModelBuilder b;
+  b.device(0);
+  uint64_t addr = kBase, prev_hidden = 0;
+  auto alloc = [&](uint64_t size, const Frames& f) {
+    const uint64_t a = addr;
+    addr += size;
+    b.alloc(a, size, {.frames = f});
+    return a;
+  };
+  alloc(1 << 20, {{kQwen, 390, "forward"}});  // the embedding
+  for (int layer = 0; layer < 27; ++layer) {
+    const uint64_t q = alloc(4 << 20, qwenLayer(260));
+    const uint64_t k = alloc(1 << 20, qwenLayer(261));
+    const uint64_t v = alloc(1 << 20, qwenLayer(262));
+    const uint64_t o = alloc(4 << 20, qwenLayer(280));
+    const uint64_t up = alloc(12 << 20, qwenLayer(301));
+    const uint64_t hidden = alloc(4 << 20, qwenLayer(303));
+    for (auto [x, size] :
+         {std::pair{q, 4u << 20}, {k, 1u << 20}, {v, 1u << 20}, {o, 4u << 20}, {up, 12u << 20}})
+      b.free(x, size);
+    if (prev_hidden != 0) b.free(prev_hidden, 4 << 20);
+    prev_hidden = hidden;
+  }
+  return b.build();
+}
+
+// cuda:2's shape: 3 GNN layers of one forward pass with grad, on a worker thread whose stacks show
+// only the native unwind and Python's thread plumbing (no forward frame): each layer keeps its
+// message MLP's hidden tensors for backward and frees one temporary; then the trace ends (the
+// step died on another device).
+format::Snapshot gnnForward() {
+  ModelBuilder b;
+  b.device(2);
+  Frames native = {{"??", 0, "at::native::addmm_out_cuda_impl"},
+                   {"??", 0, "at::native::structured_addmm_out_cuda::impl"},
+                   {"pthread_create.c", 477, "start_thread"}};
+  for (auto& w : workerThread()) native.push_back(w);
+  Frames silu = native;
+  silu[0].name = "at::native::silu_kernel";
+  Frames cat = native;
+  cat[0].name = "at::native::cat_out_cuda";
+  Frames replica = {{std::string(kTorch) + "nn/parallel/comm.py", 67, "broadcast_coalesced"},
+                    {std::string(kTorch) + "nn/parallel/replicate.py", 110, "replicate"}};
+  uint64_t addr = kBase;
+  auto alloc = [&](uint64_t size, const Frames& f) {
+    const uint64_t a = addr;
+    addr += size;
+    b.alloc(a, size, {.frames = f});
+    return a;
+  };
+  for (int i = 0; i < 3; ++i) alloc(16 << 20, replica);  // the GNN's parameters, replicated
+  for (int layer = 0; layer < 3; ++layer) {
+    const uint64_t edges = alloc(8 << 20, cat);
+    alloc(64 << 20, native);  // the message MLP's first Linear
+    alloc(64 << 20, silu);
+    alloc(64 << 20, native);
+    b.free(edges, 8 << 20);
+  }
+  return b.build();
+}
+
+}  // namespace dp
+
+// 27 decoder layers under one modeling_qwen3.py:405 forward (a package's model: no User frame),
+// no backward: layers of one forward pass, not 27 steps (the guard knew only User frames, and
+// split this into 27 iterations).
+TEST(Phases, DecoderLayersOfOneForwardInAPackageAreNotIterations) {
+  auto snap = dp::qwenForward();
+  EXPECT_TRUE(ofKind(detectPhases(snap, 0), PhaseKind::Iteration).empty());
+}
+
+// 3 GNN layers of one forward pass with grad, stacks without any forward frame: the layers keep
+// their activations (live bytes only grow) and run no backward: not 3 steps.
+TEST(Phases, GnnLayersKeepingActivationsAreNotIterations) {
+  auto snap = dp::gnnForward();
+  EXPECT_TRUE(ofKind(detectPhases(snap, 2), PhaseKind::Iteration).empty());
+}
+
+// The guards cost a real inference loop nothing: steps without backward that free what they
+// make, whose forward is one of several lines, are still split.
+TEST(Phases, InferenceLoopIsStillSplit) {
+  TraceBuilder b;
+  b.ev.push_back(b.make("segment_alloc", kBase, kSeg, nullptr));
+  const auto in = stackAt("/home/u/infer.py", 20, "main");
+  const auto out = stackAt("/home/u/infer.py", 22, "main");
+  auto layer = [](uint64_t line) {
+    return std::vector<TFrame>{{"/home/u/model.py", line, "forward"},
+                               {"/home/u/model.py", 80, "forward"},
+                               {"/home/u/infer.py", 21, "main"}};
+  };
+  for (int step = 0; step < 5; ++step) {
+    const uint64_t x = b.alloc(65536, in);
+    const uint64_t h1 = b.alloc(131072, layer(40));
+    const uint64_t h2 = b.alloc(131072, layer(41));
+    b.free(h1, 131072);
+    const uint64_t y = b.alloc(4096, out);
+    b.free(h2, 131072);
+    const uint64_t z = b.alloc(4096, out);
+    b.free(x, 65536);
+    b.free(y, 4096);
+    b.free(z, 4096);
+  }
+  TSnapshot t;
+  t.traces.push_back(b.ev);
+  auto snap = buildSnapshot(t);
+  EXPECT_EQ(ofKind(detectPhases(snap, 0), PhaseKind::Iteration).size(), 5u);
 }
 
 // Every real snapshot: what is found is printed (for the record), and the known file checked.
