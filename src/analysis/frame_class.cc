@@ -80,8 +80,26 @@ constexpr std::array<std::string_view, 8> kAutogradNames = {
 constexpr std::array<std::string_view, 3> kOutputHelpers = {"::set_output", "at::native::resize_",
                                                             "at::native::_resize_output"};
 
+// CPython's own C functions (the C API and the interpreter: Py_RunMain, _PyObject_MakeTpCall,
+// PyVectorcall_Call, ...), its thread start-up (thread_run, t_bootstrap, pythread_wrapper) and
+// call glue, and pybind11's: they run the Python code, they are not an operator.
+constexpr std::array<std::string_view, 3> kInterpreterPrefixes = {"Py", "_Py", "pybind11::"};
+constexpr std::array<std::string_view, 7> kInterpreterNames = {"thread_run",
+                                                               "t_bootstrap",
+                                                               "pythread_wrapper",
+                                                               "cfunction_call",
+                                                               "cfunction_vectorcall_FASTCALL",
+                                                               "method_vectorcall_VARARGS",
+                                                               "slot_tp_call"};
+
 bool isPlumbingCpp(std::string_view name) {
   const std::string_view q = qualifiedFunctionName(name);
+  for (std::string_view p : kInterpreterPrefixes) {
+    if (startsWith(q, p)) return true;
+  }
+  for (std::string_view n : kInterpreterNames) {
+    if (startsWith(q, n)) return true;
+  }
   for (std::string_view p : kPlumbingPrefixes) {
     if (startsWith(q, p)) return true;
   }

@@ -17,6 +17,8 @@
 //   other frames (C++, or files that are not .py):
 //     * interpreter glue, unwinder and dispatcher boilerplate that PyTorch's viewers hide
 //       (format doc 2.6: PyEval_*, ceval.c, core/boxing, ...)                -> Plumbing
+//     * CPython's C API, interpreter and thread start-up (Py*, _Py*, thread_run, t_bootstrap,
+//       cfunction_call, ...) and pybind11::                                   -> Plumbing
 //     * libc / pthread / thread start-up (start_thread, clone, pthread_create.c,
 //       execute_native_thread_routine, __libc_start_main, _start)           -> Plumbing
 //     * the allocator, tensor factories and the dispatcher (c10::, at::detail::, at::_ops::,

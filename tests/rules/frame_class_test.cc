@@ -166,6 +166,54 @@ TEST(FrameClass, PythonBootstrapIsNeverShown) {
   EXPECT_FALSE(f.backward);
 }
 
+// The frames of real DataParallel worker stacks that are neither user code nor an operator: the
+// interpreter's C functions and thread start-up (thread_run, Py_RunMain), unsymbolized frames,
+// and the helpers that allocate an operator's output (resize_output, set_output_raw_strided).
+TEST(FrameClass, InterpreterUnsymbolizedAndOutputHelpersArePlumbing) {
+  for (const char* n : {"thread_run", "t_bootstrap", "Py_RunMain", "Py_BytesMain",
+                        "_PyObject_MakeTpCall", "PyVectorcall_Call", "cfunction_call", "??", "",
+                        "pybind11::cpp_function::dispatcher(_object*, _object*, _object*)",
+                        "bool at::native::resize_output<long>(at::Tensor const&, "
+                        "c10::ArrayRef<long>)",
+                        "at::native::structured_mm_out_cuda::set_output_raw_strided(long, "
+                        "c10::ArrayRef<long>)"}) {
+    EXPECT_EQ(classifyFrame("??", n), FrameKind::Plumbing) << n;
+  }
+  // Operators stay operators, torch's Python bindings included.
+  EXPECT_EQ(classifyFrame("??", "at::native::linear(at::Tensor const&, at::Tensor const&)"),
+            FrameKind::CppOp);
+  EXPECT_EQ(classifyFrame("??", "torch::autograd::THPVariable_mm(_object*, _object*)"),
+            FrameKind::CppOp);
+  format::Snapshot s;
+  const F resize{"??", 0, "at::native::resize_output(at::Tensor const&, c10::ArrayRef<long>)"};
+  const F addmm{"??", 0, "at::native::addmm_out_cuda_impl(at::Tensor&, at::Tensor const&)"};
+  const F thread_run{"??", 0, "thread_run"};
+  auto st = stackOf(
+      s,
+      {kMalloc, kEmptyGeneric, resize, addmm, {"??", 0, "??"}, thread_run, kStartThread, kClone3});
+  EXPECT_EQ(shown(s, st), (std::vector<std::string>{"??:0 " + addmm.name}));
+}
+
+// DataParallel's replicate is a stack fact of the one classifier: comm.py broadcast_coalesced,
+// replicate.py, data_parallel.py replicate and torch::cuda::broadcast*; not its reduce-add
+// (ReduceAddCoalesced: the gradients' way back) and not the rest of torch/nn/parallel.
+TEST(FrameClass, ReplicateFact) {
+  const std::string t = "/usr/lib/python3.10/site-packages/torch/nn/parallel/";
+  format::Snapshot s;
+  auto fact = [&](const std::vector<F>& fr) { return stackFacts(s, stackOf(s, fr)).replicate; };
+  EXPECT_TRUE(fact({kMalloc, {t + "comm.py", 67, "broadcast_coalesced"}, kUserTrain}));
+  EXPECT_TRUE(fact({kMalloc, {t + "replicate.py", 125, "replicate"}, kUserTrain}));
+  EXPECT_TRUE(fact({kMalloc, {t + "data_parallel.py", 200, "replicate"}, kUserTrain}));
+  EXPECT_TRUE(fact({kMalloc,
+                    {"??", 0,
+                     "torch::cuda::broadcast_coalesced(c10::ArrayRef<at::Tensor>, "
+                     "c10::ArrayRef<long>, unsigned long)"}}));
+  EXPECT_FALSE(fact({kMalloc, {t + "comm.py", 120, "reduce_add_coalesced"}, kUserTrain}));
+  EXPECT_FALSE(fact({kMalloc, {t + "parallel_apply.py", 83, "_worker"}, kUserModel}));
+  EXPECT_FALSE(fact({kMalloc, {"/home/u/replicate.py", 3, "replicate"}, kUserTrain}))
+      << "only PyTorch's replicate";
+}
+
 // A stack of nothing but plumbing shows nothing (no frame of it says who allocated).
 TEST(FrameClass, AllPlumbingShowsNothing) {
   format::Snapshot s;
