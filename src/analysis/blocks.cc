@@ -98,6 +98,9 @@ OomNeed oomNeed(uint64_t request_bytes, bool large, bool expandable,
       n.needed_bytes = mulSat(pages, page);
       return n;
     }
+    // The chains from the gaps up to segs[j] are suffixes of this one and fail the same way:
+    // each range is walked once (linear in the layout, whatever its shape).
+    i = std::max(i, j);
   }
   // No range of this pool and stream holds it: a new reservation, every page mapped.
   n.pages = pagesFor(request_bytes, page);

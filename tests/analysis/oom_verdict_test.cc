@@ -210,6 +210,32 @@ TEST(OomVerdict, ExpandablePagesFollowFindExpandableBlock) {
   EXPECT_EQ(n.needed_bytes, 2 * kMiB);
 }
 
+// Hostile layouts: 100000 fully free ranges separated by holes, then one whose first block is
+// live: every chain through the free ranges stops there, and each range is walked once (the
+// chains of later holes are suffixes of the first). The answer is the tail after the last range.
+TEST(OomVerdict, ExpandableChainsOverManyRangesAreWalkedOnce) {
+  const uint64_t P = 20 * kMiB;
+  constexpr size_t kRanges = 100000;
+  std::vector<replay::ModelSegment> segs(kRanges + 1);
+  for (size_t i = 0; i <= kRanges; ++i) {
+    replay::ModelSegment& s = segs[i];
+    s.address = kBase + 2 * P * i;  // one page mapped, one page of hole after it
+    s.size = P;
+    s.is_expandable = true;
+    replay::ModelBlock b;
+    b.address = s.address;
+    b.size = P;
+    b.state = i == kRanges ? BlockState::ActiveAllocated : BlockState::Inactive;
+    s.blocks.push_back(b);
+  }
+  std::vector<const replay::ModelSegment*> group;
+  for (const auto& s : segs) group.push_back(&s);
+  const uint64_t request = 2 * P * kRanges + P;  // more than all the free ranges and holes
+  OomNeed n = oomNeed(request, true, true, group);
+  EXPECT_EQ(n.usable_free, 0u);  // the last range ends live: the tail alone
+  EXPECT_EQ(n.pages, request / P);
+}
+
 // (d) An alloc address the model does not predict: the layout is an estimate, and so is every
 // figure (title and basis say so).
 TEST(OomVerdict, AnUnreproducibleHistoryMakesEveryFigureAnEstimate) {
