@@ -37,24 +37,47 @@ Category preTraceCategoryOfFlags(uint8_t f) {
 
 namespace {
 
-// The OOM events of the trace, in order.
-std::vector<int64_t> oomEvents(std::span<const format::Event> ev) {
-  std::vector<int64_t> out;
+// The OOMs an allocation can be alive at: this device's, by event index, and the other devices'
+// of the same file, by time (one job: an OOM in one DataParallel replica's forward unwinds the
+// step on every device).
+struct Ooms {
+  std::vector<int64_t> events;       // this device's oom events, in order
+  std::vector<int64_t> other_times;  // time_us of the other devices' oom events, sorted
+};
+
+Ooms oomsOf(const format::Snapshot& snap, int64_t device, std::span<const format::Event> ev) {
+  Ooms out;
   for (size_t i = 0; i < ev.size(); ++i) {
-    if (ev[i].action == format::Action::Oom) out.push_back(static_cast<int64_t>(i));
+    if (ev[i].action == format::Action::Oom) out.events.push_back(static_cast<int64_t>(i));
   }
+  for (size_t d = 0; d < snap.traceCount(); ++d) {
+    if (static_cast<int64_t>(d) == device) continue;
+    for (const format::Event& e : snap.trace(d)) {
+      if (e.action == format::Action::Oom && e.time_us >= 0) out.other_times.push_back(e.time_us);
+    }
+  }
+  std::sort(out.other_times.begin(), out.other_times.end());
   return out;
 }
 
-// Alive at an OOM: made before some OOM event and not freed before it. Its free, if any, came
-// from the exception's unwind (or later): its lifetime says nothing about what it was.
-bool aliveAtAnOom(const AllocFact& a, const std::vector<int64_t>& ooms) {
-  auto it = std::upper_bound(ooms.begin(), ooms.end(), a.event);
-  return it != ooms.end() && (a.freed < 0 || a.freed > *it);
+// Alive at an OOM: made before an OOM event of this device and not freed before it, or (with
+// times) made before another device's OOM and freed after it. Its free, if any, came from the
+// exception's unwind (or later): its lifetime says nothing about what it was.
+bool aliveAtAnOom(const Ctx& c, const AllocFact& a, const Ooms& ooms) {
+  auto it = std::upper_bound(ooms.events.begin(), ooms.events.end(), a.event);
+  if (it != ooms.events.end() && (a.freed < 0 || a.freed > *it)) return true;
+  if (ooms.other_times.empty()) return false;
+  const int64_t made = c.ev[static_cast<size_t>(a.event)].time_us;
+  if (made < 0) return false;
+  auto t = std::upper_bound(ooms.other_times.begin(), ooms.other_times.end(), made);
+  if (t == ooms.other_times.end()) return false;
+  if (a.freed < 0) return true;
+  const int64_t freed = c.ev[static_cast<size_t>(a.freed)].time_us;
+  return freed > *t;
 }
 
 // The rules of docs/findings.md "Categories", first match wins.
-Category categorizeWith(Ctx& c, const AllocFact& a, const std::vector<int64_t>& ooms) {
+Category categorizeWith(Ctx& c, const AllocFact& a, const Ooms& ooms) {
   const uint8_t f = c.flagsOf(a.stack);
   const bool have_iters = !c.iters.empty();
   const int64_t iter_end = a.iteration >= 0 ? c.iters[a.iteration].last_event : -1;
@@ -72,7 +95,7 @@ Category categorizeWith(Ctx& c, const AllocFact& a, const std::vector<int64_t>& 
   if (!have_iters && (f & kModuleInit)) return Category::Parameter;
   // Forward code's intermediates alive when an OOM struck are activations, however soon the
   // exception's unwind freed them; anything else alive there is not explained by its lifetime.
-  if (aliveAtAnOom(a, ooms)) return (f & kForward) ? Category::Activation : Category::Unknown;
+  if (aliveAtAnOom(c, a, ooms)) return (f & kForward) ? Category::Activation : Category::Unknown;
   const int64_t life = (a.freed < 0 ? static_cast<int64_t>(c.ev.size()) : a.freed) - a.event;
   if (!have_iters) {
     // One window, the whole trace (a single forward pass, inference, an unrecognised loop): dying
@@ -95,7 +118,7 @@ Category categorizeWith(Ctx& c, const AllocFact& a, const std::vector<int64_t>& 
 }  // namespace
 
 Category categorize(Ctx& c, const AllocFact& a) {
-  return categorizeWith(c, a, oomEvents(c.ev));
+  return categorizeWith(c, a, oomsOf(c.s, c.device, c.ev));
 }
 
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
@@ -123,7 +146,7 @@ void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts) {
   std::vector<Category> cats;
   {
     Ctx c(snap, facts);
-    const std::vector<int64_t> ooms = detail::oomEvents(c.ev);
+    const detail::Ooms ooms = detail::oomsOf(snap, facts.device, c.ev);
     cats.reserve(facts.allocs.size());
     for (const AllocFact& a : facts.allocs) cats.push_back(detail::categorizeWith(c, a, ooms));
   }

@@ -247,6 +247,33 @@ TEST(Categories, AllocationAliveAtAnOomWithoutForwardEvidenceIsUnknownNotTempora
   EXPECT_EQ(f[0].allocs[0].category, Category::Unknown);
 }
 
+// One job: the OOM in cuda:1's replica unwinds the step on cuda:0 too (the exception reaches
+// the main thread): cuda:0's forward intermediates alive at that moment (by time) are
+// activations, however soon after they were freed; one freed before it stays a temporary.
+TEST(Categories, AnOomOnAnotherDeviceOfTheJobUnwindsThisOneToo) {
+  ModelBuilder b;
+  b.device(1).segmentAlloc(kBase + (1ull << 32), 64 * kMiB, {.time_us = 40});
+  b.oom(128 * kMiB, 0, {.time_us = 50, .frames = workerForward(kModels)});
+  b.device(0).segmentAlloc(kBase, 64 * kMiB, {.time_us = 1});
+  b.alloc(kBase, 4 * kMiB, {.time_us = 10, .frames = workerForward(kModels)});  // freed at 20
+  b.free(kBase, 4 * kMiB, {.time_us = 20});
+  b.alloc(kBase + 4 * kMiB, 8 * kMiB, {.time_us = 45, .frames = workerForward(kModels)});
+  b.free(kBase + 4 * kMiB, 8 * kMiB, {.time_us = 60});  // by the unwind
+  for (int i = 0; i < 10; ++i) {
+    b.alloc(kBase + 16 * kMiB, kMiB, {.time_us = 70 + 2 * i, .frames = kScratch});
+    b.free(kBase + 16 * kMiB, kMiB, {.time_us = 71 + 2 * i});
+  }
+  format::Snapshot s = b.build();
+  auto f = buildFacts(s, {.device = 0});
+  ASSERT_EQ(f.size(), 1u);
+  const AllocFact* early = allocOfSize(f[0], 4 * kMiB);
+  const AllocFact* unwound = allocOfSize(f[0], 8 * kMiB);
+  ASSERT_NE(early, nullptr);
+  ASSERT_NE(unwound, nullptr);
+  EXPECT_EQ(early->category, Category::Temporary);
+  EXPECT_EQ(unwound->category, Category::Activation);
+}
+
 TEST(UserFramesOnRealShapes, WorkerThreadStackShowsModelsPyNotThreadStartUp) {
   format::Snapshot s = ModelBuilder().alloc(kBase, 1, {.frames = workerForward(kModels)}).build();
   const auto shown = userFrames(s, s.trace(0)[0].stack, 3);
