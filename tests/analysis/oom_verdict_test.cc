@@ -162,6 +162,43 @@ TEST(OomVerdict, ExpandableSegmentsShortByThePagesToMapLessDeviceFree) {
   EXPECT_TRUE(pages);
 }
 
+// The free 10 MiB at the end of the mapped range count only with the layout: 70 MiB need
+// ceil((70 - 10) / 20) = 3 pages by the layout; without one (past FindingsOptions::layout_ooms)
+// all ceil(70 / 20) = 4 pages, and every figure is an estimate that says why.
+TEST(OomVerdict, WithoutALayoutAnExpandableRequestMapsAllItsPagesAsAnEstimate) {
+  auto build = [] {
+    return ModelBuilder()
+        .settings({.conf = "expandable_segments:True", .expandable_segments = true})
+        .segment(kBase, {.expandable = true, .size = 60 * kMiB})
+        .live(50 * kMiB, {.frames = kHolder})
+        .segmentMap(kBase, 100 * kMiB, {.time_us = 1})
+        .alloc(kBase, 50 * kMiB, {.time_us = 2, .frames = kHolder})
+        .alloc(kBase + 50 * kMiB, 30 * kMiB, {.time_us = 3, .frames = kOther})
+        .free(kBase + 50 * kMiB, 30 * kMiB, {.time_us = 4})
+        .segmentUnmap(kBase + 60 * kMiB, 40 * kMiB, {.time_us = 5})
+        .oom(70 * kMiB, /*device_free=*/15 * kMiB, {.time_us = 6, .frames = kStraw})
+        .build();
+  };
+  auto snap = build();
+  const auto with = findFindings(snap, 0);
+  const Finding& a = oomFinding(with);
+  ASSERT_TRUE(a.oom.has_value());
+  EXPECT_TRUE(a.oom->exact);
+  EXPECT_EQ(a.oom->short_by_bytes, 3 * 20 * kMiB - 15 * kMiB);
+  FindingsOptions no_layout;
+  no_layout.layout_ooms = 0;
+  auto snap2 = build();
+  const auto without = findFindings(snap2, 0, no_layout);
+  const Finding& b = oomFinding(without);
+  ASSERT_TRUE(b.oom.has_value());
+  EXPECT_FALSE(b.oom->exact);
+  EXPECT_FALSE(b.oom->fragmentation);
+  EXPECT_EQ(b.oom->short_by_bytes, 4 * 20 * kMiB - 15 * kMiB);
+  EXPECT_EQ(b.oom->flushed_bytes, 40 * kMiB);
+  EXPECT_TRUE(has(b.title, "an estimated 65.00 MiB short")) << b.title;
+  EXPECT_TRUE(has(b.basis, "estimate: no block layout read for this OOM")) << b.basis;
+}
+
 // The chain rule of find_expandable_block on layouts directly: a hole between two mapped ranges
 // that holds the request is used first (lowest address), with the free block before it; a chain
 // runs on through a fully free range into the next hole; nothing mapped = a new reservation.
