@@ -146,6 +146,13 @@ struct Sim {
     return addr;
   }
 
+  uint64_t sizeOf(uint64_t addr) {
+    Seg* s = segAt(addr);
+    if (s == nullptr) return 0;
+    auto it = s->blocks.find(addr);
+    return it == s->blocks.end() || !it->second.allocated ? 0 : it->second.size;
+  }
+
   void freeBlock(uint64_t addr) {
     Seg* s = segAt(addr);
     if (s == nullptr) return;
@@ -707,12 +714,16 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
       ++r.start_blocks_refused;
     }
   }
+  // CCA's allocated_bytes drop at free() (free_requested); the block stays in use (active) until
+  // free_block (free_completed): `pending` holds the bytes between the two.
+  std::unordered_map<uint64_t, uint64_t> pending_blocks;  // recorded address -> block bytes
+  uint64_t pending = 0;
   auto note = [&]() {
     if (sim.reserved > r.peak_reserved) {
       r.peak_reserved = sim.reserved;
       r.allocated_at_peak_reserved = sim.allocated;
     }
-    r.peak_allocated = std::max(r.peak_allocated, sim.allocated);
+    r.peak_allocated = std::max(r.peak_allocated, sim.allocated - pending);
   };
   auto addOom = [&](SimOom o) {
     if (r.ooms.size() < kWhatIfMaxOoms) r.ooms.push_back(std::move(o));
@@ -746,9 +757,18 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
       }
       case Action::FreeRequested:
       case Action::FreeCompleted: {
-        if ((e.action == Action::FreeRequested) != at_request) break;
         auto it = live.find(e.addr);
         if (it == live.end()) break;  // before the trace, or a request the what-if refused
+        if (e.action == Action::FreeRequested && !at_request) {
+          if (pending_blocks.emplace(e.addr, sim.sizeOf(it->second)).second)
+            pending += pending_blocks[e.addr];
+          break;
+        }
+        if ((e.action == Action::FreeRequested) != at_request) break;
+        if (auto p = pending_blocks.find(e.addr); p != pending_blocks.end()) {
+          pending -= p->second;
+          pending_blocks.erase(p);
+        }
         sim.freeBlock(it->second);
         live.erase(it);
         break;

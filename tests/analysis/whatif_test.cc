@@ -266,6 +266,22 @@ TEST(WhatIf, GarbageCollectionFreesTheBlocksOlderThanTheAverageAge) {
       90 * kMiB);
 }
 
+// CCA's allocated_bytes drop at free() (free_requested); the block is reused only after
+// free_block (free_completed). A 10 MiB block freed on request and completed after the next
+// 10 MiB request: two segments (20 MiB reserved), but never more than 10 MiB allocated.
+TEST(WhatIf, PeakAllocatedDropsAtTheFreeRequestTheBlockAtItsCompletion) {
+  auto snap = ModelBuilder()
+                  .alloc(kBase, 10 * kMiB)
+                  .freeRequested(kBase, 10 * kMiB)
+                  .alloc(kBase + 100 * kMiB, 10 * kMiB)
+                  .freeCompleted(kBase, 10 * kMiB)
+                  .build();
+  SimResult r = simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited);
+  EXPECT_EQ(r.peak_reserved, 20 * kMiB);
+  EXPECT_EQ(r.peak_allocated, 10 * kMiB);
+  EXPECT_EQ(r.allocated_at_peak_reserved, 20 * kMiB);  // both in use: nothing cached free
+}
+
 // roundup_power2_divisions list form (CCA parseRoundUpPower2Divisions): MB:N sets the interval
 // [MB, 2 MB) MiB, the first entry also every interval below, ">:N" every interval after the last
 // entry's.

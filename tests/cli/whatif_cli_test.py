@@ -87,6 +87,17 @@ for path in inputs:
         check(b["exact"], f"{name} device {d['device']}: labelled exact")
 check(complete >= 15, f"at least 15 complete histories checked (got {complete})")
 
+# Peak allocated is CCA's allocated_bytes (down at free_requested, the block reused only after
+# free_completed): analyze's figure, pending frees across streams included.
+for name in ("pending_free_cross_stream", "clean_adam"):
+    path = os.path.join(SRC, "snapshots", "scenarios", name + ".pickle")
+    rc, out, err = run("analyze", "--json", path)
+    doc = whatif(path)
+    if rc == 0 and doc:
+        want = json.loads(out)["devices"][0]["peak_allocated_bytes"]
+        got = doc["devices"][0]["baseline"]["peak_allocated_bytes"]
+        check(got == want, f"{name}: baseline peak allocated {got} = analyze's {want}")
+
 # ---- fabricated: yes and no ----
 tmp = tempfile.mkdtemp(prefix="whatif_cli_")
 
