@@ -45,8 +45,10 @@ struct Site {
   uint64_t perCall() const { return calls == 0 ? 0 : held / calls; }
 };
 
-// Groups `items` by their forward frame at `depth`; a group whose activations repeat (the same
-// stack and size more than once: one module called in a loop) is a site; a group that does not
+// Groups `items` (in allocation order) by their forward frame at `depth`. In a group, the calls
+// are counted by its first activation (each call of a module makes it once: the same stack and
+// size); a group whose first activation repeats is a site of that many calls. One call's input is
+// the previous call's output, i.e. the last activation the first call made. A group that does not
 // repeat is split at the next depth.
 void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<Site>& out) {
   std::map<FrameId, std::vector<const Held*>> groups;
@@ -54,32 +56,16 @@ void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<
     if (depth < h->chain.size()) groups[h->chain[depth]].push_back(h);
   }
   for (auto& [frame, g] : groups) {
-    // Instances: per (stack, size) token the number of blocks; the count holding the most bytes
-    // is the number of calls.
-    std::map<std::pair<StackId, uint64_t>, size_t> tokens;
+    size_t calls = 0, second = 0;
     uint64_t held = 0;
-    for (const Held* h : g) {
-      tokens[{h->stack, h->bytes}]++;
-      held += h->bytes;
-    }
-    std::map<size_t, uint64_t> bytes_by_count;
-    for (const auto& [t, n] : tokens) bytes_by_count[n] += t.second * n;
-    size_t calls = 1;
-    uint64_t best = 0;
-    for (const auto& [n, b] : bytes_by_count) {
-      if (b > best) best = b, calls = n;
+    for (size_t i = 0; i < g.size(); ++i) {
+      held += g[i]->bytes;
+      if (g[i]->stack == g[0]->stack && g[i]->bytes == g[0]->bytes) {
+        if (++calls == 2) second = i;
+      }
     }
     if (calls >= 2) {
-      // One instance's input: the most frequent block size among the instances' activations (a
-      // block's hidden state is the size its layers' outputs share); ties to the larger.
-      std::map<uint64_t, size_t> sizes;
-      for (const Held* h : g) sizes[h->bytes]++;
-      uint64_t input = 0;
-      size_t most = 0;
-      for (const auto& [sz, n] : sizes) {
-        if (n >= most) most = n, input = sz;
-      }
-      out.push_back({frame, calls, held, input});
+      out.push_back({frame, calls, held, g[second - 1]->bytes});
     } else if (depth + 1 < kCheckpointMaxDepth) {
       findSites(g, depth + 1, out);
     }
@@ -151,15 +137,17 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
             pct(held_bytes, pk.bytes) + " of the " + formatBytes(pk.bytes) +
             " peak; checkpointing the " + std::to_string(top.calls) + " modules called at " +
             frameText(c.s, top.frame).display() +
-            (sites.size() > 1 ? " (and " + std::to_string(sites.size() - 1) + " more sites)" : "") +
+            (sites.size() > 1 ? " (and " + std::to_string(sites.size() - 1) +
+                                    (sites.size() == 2 ? " more site)" : " more sites)")
+                              : "") +
             " would lower it by about " + formatBytes(saving) + " (estimate)";
   f.fix =
       "wrap each repeated module in torch.utils.checkpoint.checkpoint(module, x, "
       "use_reentrant=False) (or the framework's gradient checkpointing): backward recomputes its "
       "activations instead of keeping them, for about one more forward of compute";
   f.basis = std::string(c.basis.empty() ? "" : c.basis + "; ") +
-            "estimate: each checkpointed call keeps its input (its most common activation size), "
-            "backward recomputes one call at a time";
+            "estimate: each checkpointed call keeps its input (the previous call's last "
+            "activation), backward recomputes one call at a time";
   f.where = {frameText(c.s, top.frame)};
   f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
   f.evidence.push_back({"activations held for backward at the peak (inferred)",
