@@ -394,5 +394,103 @@ TEST(PickleFastPath, MemoizedFramesTakeTheFastPath) {
   EXPECT_EQ(snap->events[1].addr, 0x7f0000000000ULL);
 }
 
+// Device trace lists are kept as runs of events (NK::EventList) until something else is appended
+// or they are read as a generic list: the results and errors are those of a list of items.
+std::vector<uint8_t> tracesWith(const std::function<void(PickleWriter&)>& body) {
+  PickleWriter w(4);
+  w.beginDict();
+  w.str("segments");
+  w.beginList();
+  w.endList();
+  w.str("device_traces");
+  body(w);
+  w.endDict();
+  return w.finish();
+}
+void entry(PickleWriter& w, uint64_t addr) {
+  w.beginDict();
+  w.str("action");
+  w.str("alloc");
+  w.str("addr");
+  w.uinteger(addr);
+  w.str("size");
+  w.integer(512);
+  w.endDict();
+}
+
+TEST(PickleEventLists, ANonEntryAfterEntriesIsNamedByItsIndex) {
+  auto bytes = tracesWith([](PickleWriter& w) {
+    w.beginList();
+    w.beginList();
+    entry(w, 4096);
+    entry(w, 8192);
+    w.listBatch();
+    w.integer(5);
+    w.endList();
+    w.endList();
+  });
+  auto s = readWith(bytes, true);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message,
+            "device_traces[0][2] is an int, expected a trace entry dict with an 'action'");
+  expectSame(bytes, "non-entry");
+}
+
+TEST(PickleEventLists, ATraceListSharedByTwoDevicesIsCopied) {
+  auto bytes = tracesWith([](PickleWriter& w) {
+    w.beginList();
+    uint32_t shared = w.memoCount();
+    w.beginList(/*memoize=*/true);
+    entry(w, 4096);
+    entry(w, 8192);
+    w.endList();
+    w.get(shared);
+    w.endList();
+  });
+  auto s = readWith(bytes, true);
+  ASSERT_TRUE(s.ok()) << s.error().describe();
+  ASSERT_EQ(s->traceCount(), 2u);
+  ASSERT_EQ(s->trace(1).size(), 2u);
+  EXPECT_EQ(s->trace(1)[1].addr, 8192u);
+  EXPECT_EQ(s->trace(0)[0].addr, 4096u);
+  expectSame(bytes, "shared");
+}
+
+TEST(PickleEventLists, BatchesThatFollowOnStayOneRunAndOthersDoNot) {
+  // Two lists filled alternately by batches: neither is a run of its own events in file order
+  // once the second starts, so both read as generic lists, in their own order.
+  auto bytes = tracesWith([](PickleWriter& w) {
+    w.beginList();
+    for (int d = 0; d < 2; ++d) {
+      w.beginList();
+      for (int k = 0; k < 3; ++k) {
+        entry(w, 4096 * (10 * d + k + 1));
+        if (k == 0) w.listBatch();
+      }
+      w.endList();
+    }
+    w.endList();
+  });
+  auto s = readWith(bytes, true);
+  ASSERT_TRUE(s.ok()) << s.error().describe();
+  ASSERT_EQ(s->traceCount(), 2u);
+  ASSERT_EQ(s->trace(0).size(), 3u);
+  EXPECT_EQ(s->trace(1)[2].addr, 4096u * 13);
+  expectSame(bytes, "batches");
+}
+
+TEST(PickleEventLists, AnEntryListReadAsSegmentsIsRefusedAsAList) {
+  PickleWriter w(4);
+  w.beginDict();
+  w.str("segments");
+  w.beginList();
+  entry(w, 4096);
+  w.endList();
+  w.endDict();
+  auto s = readWith(w.finish(), true);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message, "segments[0] is a trace entry dict, expected a dict");
+}
+
 }  // namespace
 }  // namespace memforensics::format

@@ -350,6 +350,12 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
         }
       }
       if (!interleaved) {
+        // Grown to what the bytes read so far predict, within the decoded-bytes budget
+        // (common/memory.h): no doubling copy of a large trace at its end.
+        if (snap.events.size() == snap.events.capacity()) {
+          growFor(snap.events, 1, predictedSize(snap.events.size(), c.offset, bytes.size()),
+                  static_cast<size_t>(trace::decodedBudget(bytes.size())));
+        }
         snap.events.push_back(toEvent(t));
       } else {
         if (t.device >= per_device.size()) per_device.resize(t.device + 1);

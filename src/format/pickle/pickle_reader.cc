@@ -84,7 +84,10 @@ static_assert(sizeof(Value) == 16);
 
 // OpenStack: a list holding only frames, still being filled (its FrameIds in open_stacks_[ref]);
 // it becomes an interned Stack when something first references it as `frames`.
-enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, OpenStack, Event };
+// EventList: a list holding only trace entries, events_[first, first + count) in order (what every
+// device trace is); kept as that run (event_runs_[ref]) instead of 16 bytes per item, and turned
+// into a generic List (materialize) the moment anything else is appended or it is read as one.
+enum class NK : uint8_t { List, Dict, Tuple, Frame, Stack, OpenStack, Event, EventList };
 
 // 8 bytes per container. Generic containers (List/Dict/Tuple) keep their items in store_[ref]
 // (allocated on first fill; kNoStore while empty); reduced ones keep their id in ref.
@@ -95,6 +98,10 @@ struct Node {
 };
 static_assert(sizeof(Node) == 8);
 constexpr uint32_t kNoStore = ~uint32_t{0};
+struct EventRun {
+  uint32_t first = 0;  // index into the machine's events
+  uint32_t count = 0;
+};
 using Items = std::vector<Value>;
 
 // Where a value sits in the snapshot, rendered only when an error needs it.
@@ -131,6 +138,7 @@ const char* aKind(const Value& v, const std::vector<Node>& nodes) {
     case VK::Node:
       switch (nodes[v.id].kind) {
         case NK::List:
+        case NK::EventList:
           return "a list";
         case NK::Dict:
           return "a dict";
@@ -186,28 +194,6 @@ class ValueStack {
   size_t size_ = 0;
   size_t cap_ = 0;
 };
-
-// Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
-// items). They grow from what was parsed, never reserved from the input's size: at least doubling,
-// and up to `predicted` (Machine::predicted: what the input read so far says the array will end at)
-// when that is more, but at most kMaxGrowthFactor times the old capacity and at most `most`
-// elements (as many bytes as the input has) in one step (pickle_reader.h). A large new buffer gets
-// the huge-page hint before the old elements are copied in, so filling it takes few page faults.
-template <typename T>
-inline void makeRoom(std::vector<T>& v, size_t need = 1, size_t predicted = 0, size_t most = 0) {
-  if (v.capacity() - v.size() >= need) return;
-  size_t cap = std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096));
-  if (predicted > cap) {
-    cap = std::max(cap, std::min({predicted, v.capacity() * kMaxGrowthFactor, most}));
-  }
-  std::vector<T> bigger;
-  bigger.reserve(cap);
-  if (bigger.capacity() * sizeof(T) >= (size_t{8} << 20)) {
-    adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
-  }
-  bigger.insert(bigger.end(), v.begin(), v.end());
-  v.swap(bigger);
-}
 
 Value longValue(const uint8_t* b, uint64_t n);
 
@@ -463,18 +449,16 @@ class Machine {
     }
   }
 
-  // What the input read so far predicts for the final size of an array that holds `have` elements
-  // now: have * input bytes / bytes read, plus 1/8 (makeRoom bounds what it takes of it).
-  size_t predicted(size_t have) const {
-    auto read = static_cast<double>(p_ - begin_);
-    if (read <= 0) return 0;
-    double x = static_cast<double>(have) * (static_cast<double>(end_ - begin_) / read) * 1.125;
-    return x >= 1e18 ? static_cast<size_t>(1e18) : static_cast<size_t>(x);
-  }
+  // Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
+  // items), grown to what the input read so far predicts (common/memory.h), at most to as many
+  // elements as the input has bytes: never reserved from the input's size up front.
   template <typename T>
   void grow(std::vector<T>& v, size_t need = 1) {
     if (v.capacity() - v.size() < need) {
-      makeRoom(v, need, predicted(v.size()), static_cast<size_t>(end_ - begin_) / sizeof(T));
+      auto done = static_cast<uint64_t>(p_ - begin_);
+      auto total = static_cast<uint64_t>(end_ - begin_);
+      growFor(v, need, predictedSize(v.size(), done, total),
+              static_cast<size_t>(total) / sizeof(T));
     }
   }
 
@@ -548,6 +532,52 @@ class Machine {
     return Status::Ok();
   }
 
+  // A batch of trace entries whose events follow on from the list's run (or start one in an empty
+  // list): recorded as the run. false: the list is left as it is.
+  bool appendEventRun(uint32_t list, size_t from) {
+    size_t count = stack_.size() - from;
+    Node& n = nodes_[list];
+    bool fresh = n.kind == NK::List && n.ref == kNoStore;
+    if (count == 0 || (!fresh && n.kind != NK::EventList)) return false;
+    const Value& first = stack_[from];
+    if (first.kind != VK::Node || nodes_[first.id].kind != NK::Event) return false;
+    uint32_t e0 = nodes_[first.id].ref;
+    if (!fresh) {
+      const EventRun& r = event_runs_[n.ref];
+      if (static_cast<uint64_t>(r.first) + r.count != e0) return false;
+    }
+    for (size_t k = 1; k < count; ++k) {
+      const Value& v = stack_[from + k];
+      if (v.kind != VK::Node || nodes_[v.id].kind != NK::Event || nodes_[v.id].ref != e0 + k)
+        return false;
+    }
+    if (fresh) {
+      grow(event_runs_);
+      event_runs_.push_back(EventRun{e0, 0});
+      n.kind = NK::EventList;
+      n.ref = static_cast<uint32_t>(event_runs_.size() - 1);
+    }
+    event_runs_[n.ref].count += static_cast<uint32_t>(count);
+    return true;
+  }
+  // An EventList as the generic List it stands for. Its items are new Event nodes of the same
+  // events: an entry node is never changed after makeEvent, so a copy stands for it everywhere
+  // (kind, event index, the refusal of a second fill).
+  void materialize(uint32_t list) {
+    if (nodes_[list].kind != NK::EventList) return;
+    EventRun r = event_runs_[nodes_[list].ref];
+    nodes_[list].kind = NK::List;
+    nodes_[list].ref = kNoStore;
+    Items items;
+    items.reserve(r.count);
+    for (uint32_t e = r.first; e < r.first + r.count; ++e) {
+      uint32_t copy = newNode(NK::Event);
+      nodes_[copy].ref = e;
+      items.push_back(Value::node(copy));
+    }
+    itemsOf(list).swap(items);
+  }
+
   // -- conversion (section 3)
   Status convert(const Value& root);
   Status convertSegments(const Value& list, const char* path);
@@ -556,9 +586,15 @@ class Machine {
   Status convertAnnotations(const Value& v);
   const Value* field(const Items& dict, StrId key) const;
   // The items of a generic container of the given kind, or nullptr.
-  const Items* asNode(const Value& v, NK kind) const {
+  const Items* asNode(const Value& v, NK kind) {
+    if (kind == NK::List && v.kind == VK::Node) materialize(v.id);
     if (v.kind != VK::Node || nodes_[v.id].kind != kind) return nullptr;
     return &itemsOf(v.id);
+  }
+  // A device trace list as a run of events, when it is one (else nullptr).
+  const EventRun* eventRunOf(const Value& v) const {
+    if (v.kind != VK::Node || nodes_[v.id].kind != NK::EventList) return nullptr;
+    return &event_runs_[nodes_[v.id].ref];
   }
   Expected<uint64_t> getU64(const Items& dict, StrId key, const Where& path, bool required,
                             uint64_t dflt = 0) const;
@@ -579,6 +615,7 @@ class Machine {
   std::vector<Items> store_;
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   std::vector<Event> events_;
+  std::vector<EventRun> event_runs_;               // runs of EventList nodes
   std::vector<std::vector<FrameId>> open_stacks_;  // frames of OpenStack nodes
   std::vector<FrameId> scratch_;
   uint64_t memo_budget_ = 0;     // kMemoEntriesPerInputByte
@@ -649,7 +686,8 @@ Expected<uint32_t> Machine::targetContainer(size_t below, NK want) {
                ", expected a " + (want == NK::Dict ? "dict" : "list"));
   }
   NK k = nodes_[t.id].kind;
-  bool ok = k == want || (want == NK::List && (k == NK::Stack || k == NK::OpenStack)) ||
+  bool ok = k == want ||
+            (want == NK::List && (k == NK::Stack || k == NK::OpenStack || k == NK::EventList)) ||
             (want == NK::Dict && (k == NK::Frame || k == NK::Event));
   if (!ok) {
     return err(std::string(pickleOpcodeName(op_)) + " targets " + aKind(t, nodes_) +
@@ -723,6 +761,11 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     std::vector<FrameId>& frames = open_stacks_[n.ref];
     for (size_t k = from; k < stack_.size(); ++k) frames.push_back(nodes_[stack_[k].id].ref);
   } else {
+    if (appendEventRun(list, from)) {
+      stack_.resize(from);
+      return Status::Ok();
+    }
+    materialize(list);
     Status sealed = sealOpenStacks(from);
     if (!sealed.ok()) return sealed;
     Items& items = itemsOf(list);
@@ -1690,6 +1733,14 @@ Status Machine::convertTraces(const Value& v) {
   bool in_order = true;
   uint32_t expect = 0;
   for (size_t d = 0; d < outer->size(); ++d) {
+    if (const EventRun* run = eventRunOf((*outer)[d])) {  // entries, in order by construction
+      Status charged =
+          chargeRecords(1 + uint64_t{run->count}, "device_traces[" + std::to_string(d) + "]");
+      if (!charged.ok()) return charged;
+      in_order = in_order && run->first == expect;
+      expect += run->count;
+      continue;
+    }
     const Items* inner = asNode((*outer)[d], NK::List);
     if (inner == nullptr) {
       return Error{"device_traces[" + std::to_string(d) + "] is " + aKind((*outer)[d], nodes_) +
@@ -1714,13 +1765,20 @@ Status Machine::convertTraces(const Value& v) {
   snap_.trace_begin.assign(1, 0);
   if (in_order) {
     for (size_t d = 0; d < outer->size(); ++d) {
-      snap_.trace_begin.push_back(snap_.trace_begin.back() + asNode((*outer)[d], NK::List)->size());
+      const EventRun* run = eventRunOf((*outer)[d]);
+      snap_.trace_begin.push_back(snap_.trace_begin.back() +
+                                  (run ? run->count : asNode((*outer)[d], NK::List)->size()));
     }
     snap_.events = std::move(events_);
   } else {
     for (size_t d = 0; d < outer->size(); ++d) {
-      for (const Value& ev : *asNode((*outer)[d], NK::List))
-        snap_.events.push_back(events_[nodes_[ev.id].ref]);
+      if (const EventRun* run = eventRunOf((*outer)[d])) {
+        snap_.events.insert(snap_.events.end(), events_.begin() + run->first,
+                            events_.begin() + run->first + run->count);
+      } else {
+        for (const Value& ev : *asNode((*outer)[d], NK::List))
+          snap_.events.push_back(events_[nodes_[ev.id].ref]);
+      }
       snap_.trace_begin.push_back(snap_.events.size());
     }
   }
