@@ -14,7 +14,6 @@
 // fraction of the file size.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -46,16 +45,6 @@ inline constexpr uint64_t kStackFramesPerInputByte = 1;
 inline constexpr uint64_t kRecordsPerInputByte = 1;
 // Added to the two per-byte budgets above so tiny hand-written inputs are never refused.
 inline constexpr uint64_t kBudgetSlack = 1u << 16;
-
-// Growth of the reader's big arrays (events, memo, nodes, a trace list's items): when one is full
-// it grows at least twofold, and up to what the part of the input read so far predicts for the
-// whole input (its size times input bytes / bytes read, plus 1/8) when that is more, but never to
-// more than kMaxGrowthFactor times its capacity, nor to more bytes than the input has, in one step.
-// A snapshot whose traces fill the file gets its arrays near their final size after three or four
-// steps, so the last copy is of a small array (measured on a 4.8 M-event file,
-// docs/performance.md), while a hostile input (a few events padded with 1 GB of zeros) gets at most
-// 16 times what it filled, as reserved address space that is never touched.
-inline constexpr size_t kMaxGrowthFactor = 16;
 
 // What the reader did (tests and benchmarks; optional).
 struct PickleReadStats {
