@@ -8,9 +8,8 @@
 // change), then the failed request as the last straw, then the cache flush of the allocator's
 // retry, then the category totals and the layout's figures.
 #include <algorithm>
-#include <cstdio>
-#include <map>
 #include <optional>
+#include <string>
 
 #include "analysis/blocks.h"
 #include "analysis/findings_ctx.h"
@@ -147,10 +146,15 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
                  "large enough (the device had " +
                  B(oom.device_free) + " free)";
       }
-      f.fix =
-          "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so that "
-          "freed space can be reused for large requests; allocate the largest long-lived tensors "
-          "first";
+      // No advice the file's settings contradict: with expandable segments already on, the
+      // holes are between live blocks of the mapped ranges.
+      f.fix = settings_expandable
+                  ? "expandable segments are already on (allocator_settings): the free space lies "
+                    "between live tensors; allocate the largest long-lived tensors first, free "
+                    "the short-lived ones between them sooner, or set max_split_size_mb"
+                  : "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) "
+                    "so that freed space can be reused for large requests; allocate the largest "
+                    "long-lived tensors first";
     } else if (num.short_by_bytes > 0) {
       title += std::string(", ") + (num.exact ? "" : "an estimated ") + B(num.short_by_bytes) +
                " short (the device had " + B(oom.device_free) + " free and the cache " +

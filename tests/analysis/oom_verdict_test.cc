@@ -199,6 +199,30 @@ TEST(OomVerdict, WithoutALayoutAnExpandableRequestMapsAllItsPagesAsAnEstimate) {
   EXPECT_TRUE(has(b.basis, "estimate: no block layout read for this OOM")) << b.basis;
 }
 
+// Fragmentation inside an expandable segment: the fix does not advise the setting the file
+// already has. 60 MiB mapped: 10 live | 10 free | 10 live | 10 free | 20 live; 15 MiB fail with
+// 5 MiB free: 20 MiB free in the pool, no block of 15.
+TEST(OomVerdict, FragmentationFixFollowsTheSettings) {
+  auto snap2 = ModelBuilder()
+                   .settings({.conf = "expandable_segments:True", .expandable_segments = true})
+                   .segmentMap(kBase, 60 * kMiB, {.time_us = 1})
+                   .alloc(kBase, 10 * kMiB, {.time_us = 2, .frames = kHolder})
+                   .alloc(kBase + 10 * kMiB, 10 * kMiB, {.time_us = 3, .frames = kOther})
+                   .alloc(kBase + 20 * kMiB, 10 * kMiB, {.time_us = 4, .frames = kHolder})
+                   .alloc(kBase + 30 * kMiB, 10 * kMiB, {.time_us = 5, .frames = kOther})
+                   .alloc(kBase + 40 * kMiB, 20 * kMiB, {.time_us = 6, .frames = kHolder})
+                   .free(kBase + 10 * kMiB, 10 * kMiB, {.time_us = 7})
+                   .free(kBase + 30 * kMiB, 10 * kMiB, {.time_us = 8})
+                   .oom(15 * kMiB, /*device_free=*/5 * kMiB, {.time_us = 9, .frames = kStraw})
+                   .build();
+  const auto fs2 = findFindings(snap2, 0);
+  const Finding& g = oomFinding(fs2);
+  ASSERT_TRUE(g.oom.has_value());
+  EXPECT_TRUE(g.oom->fragmentation) << g.title;
+  EXPECT_EQ(g.fix.find("expandable_segments:True"), std::string::npos) << g.fix;
+  EXPECT_NE(g.fix.find("already on"), std::string::npos) << g.fix;
+}
+
 // The chain rule of find_expandable_block on layouts directly: a hole between two mapped ranges
 // that holds the request is used first (lowest address), with the free block before it; a chain
 // runs on through a fully free range into the next hole; nothing mapped = a new reservation.
