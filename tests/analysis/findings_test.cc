@@ -333,6 +333,27 @@ TEST(Findings, TheUnwindAfterAnOomIsNotASeparateWarning) {
   auto no_oom = findFindings(unwind(false), 0);
   EXPECT_NE(find(no_oom, FindingKind::CacheBloat), nullptr);
   EXPECT_NE(find(no_oom, FindingKind::TemporarySpike), nullptr);
+  // An OOM on another device of the job (DataParallel: its exception unwinds every replica's
+  // step): after this device's peak it is that unwind too; before it, it is not.
+  auto with_other_oom = [&](int64_t time_us) {
+    format::Snapshot snap = unwind(false);
+    format::Event e;
+    e.action = format::Action::Oom;
+    e.size = 200 * MiB;
+    e.addr = 1 * MiB;
+    e.time_us = time_us;
+    snap.events.push_back(e);
+    snap.trace_begin.push_back(snap.events.size());
+    return findFindings(snap, 0);
+  };
+  // Sim's times: the segment at 1000, the parameters 1001, the four tensors 1002-1005 (the peak),
+  // their frees from 1006 on.
+  auto after = with_other_oom(1005);
+  EXPECT_EQ(find(after, FindingKind::CacheBloat), nullptr);
+  EXPECT_EQ(find(after, FindingKind::TemporarySpike), nullptr);
+  auto before = with_other_oom(10);  // before the peak and the cache: another story
+  EXPECT_NE(find(before, FindingKind::CacheBloat), nullptr);
+  EXPECT_NE(find(before, FindingKind::TemporarySpike), nullptr);
 }
 
 TEST(Findings, OptimizerStateBloatAboveTwiceTheParameters) {
