@@ -177,12 +177,15 @@
     for (const it of h.items) {
       const li = el("li", { "data-device": String(it.device), "data-kind": it.kind },
         el("span", { cls: "sev " + it.severity, text: it.severity }));
+      let title = it.title;
       if (it.device >= 0 && indexOfDevice(it.device) >= 0) {
         const b = el("button", { cls: "link", type: "button", text: "cuda:" + it.device });
         b.addEventListener("click", () => switchDevice(indexOfDevice(it.device)));
         li.append(b, ": ");
+        const prefix = "cuda:" + it.device + ":";  // a title that names its device already
+        if (title.startsWith(prefix)) title = title.slice(prefix.length).trimStart();
       }
-      li.append(el("span", { cls: "finding-title", text: it.title }));
+      li.append(el("span", { cls: "finding-title", text: title }), el("span", { cls: "bytes", text: " " + fmtBytes(it.bytes) }));
       if (it.where && it.where.length) li.append(el("div", { cls: "where", text: "Line to change: " + frameText(it.where[0]) }));
       ul.append(li);
     }
@@ -664,7 +667,7 @@
       "." + (simplified ? " Stacking simplified: past " + MAX_BREAKS.toLocaleString("en-US") + " moves, frees leave gaps." : "");
     const lg = $("allocations-legend");
     lg.textContent = "";
-    D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:hsl(" + CATEGORY_HUES[i] + ",60%,55%)" }), c)));
+    D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:hsl(" + CATEGORY_HUES[i] + "," + (i === 5 ? 15 : 62) + "%,55%)" }), c)));
     lg.append(el("span", null, el("i", { style: "background:#cbd1db" }), "rest"));
   }
   function allocColour(i) {
@@ -691,14 +694,15 @@
       const xa = AV.bxs[b], xb = b + 1 < nb ? AV.bxs[b + 1] : TL.hi;
       if (xb < v0 || xa > v1 || al.buckets.rest[b] <= 0) continue;
       // the drawn total changes inside the bucket: one rectangle per change
-      let k = Math.max(0, lowerBound(AV.totX, xa + 1e-9) - 1), x = xa;
+      const tx = AV.totX, ty = AV.totY;
+      let k = Math.max(0, lowerBound(tx, xa + 1e-9) - 1), x = xa;
       while (x < xb) {
-        const next = k + 1 < AV.totX.length ? Math.min(xb, Math.max(x, AV.totX[k + 1])) : xb;
-        const base = k < AV.totX.length && AV.totX[k] <= x + 1e-9 ? AV.totY[k] : drawnTotalAt(x);
+        while (k + 1 < tx.length && tx[k + 1] <= x) k++;
+        const base = tx.length && tx[k] <= x ? ty[k] : 0;
+        const next = k + 1 < tx.length ? Math.min(xb, tx[k + 1]) : xb;
         const ya = Y(base + al.buckets.rest[b]), yb = Y(base);
         g.fillRect(X(x), ya, Math.max(0.5, X(next) - X(x)), yb - ya);
-        if (next <= x) break;
-        x = next; k++;
+        x = next;
       }
     }
     // the drawn allocations
@@ -846,11 +850,13 @@
       cap.textContent = "No block map: " + noSegmentsWhy() + ". Moment " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) + ".";
       BM = null;
       $("blockmap").hidden = true;
+      $("blockmap").style.display = "none";  // canvas { display: block } would show it
       $("blockmap-legend").textContent = "";
       $("block-stack").textContent = "";
       return;
     }
     $("blockmap").hidden = false;
+    $("blockmap").style.display = "";
     let text = "Layout " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
       ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
     if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (the nearest precomputed moment to " + evWhen(S.picked) + ")";
@@ -1098,6 +1104,7 @@
       $("blockmap-caption").textContent = why;
       $("allocations-caption").textContent = why;
       $("blockmap").hidden = false;
+      $("blockmap").style.display = "";
       delete $("blockmap-caption").dataset.event;
       for (const id of ["timeline", "allocations", "blockmap", "icicle"]) placeholder(id, why);
       return;

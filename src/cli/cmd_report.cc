@@ -11,6 +11,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/cross_device.h"
 #include "analysis/headline.h"
 #include "analysis/session.h"
 #include "cli/cmd_diff.h"
@@ -151,6 +152,9 @@ int runReportCommand() {
   for (auto& f : facts)
     result.devices.push_back(analysis::analyzeDevice(*snap, std::move(f), aopt));
   facts.clear();
+  // Findings about the job as a whole (device imbalance), as analyze has them: the headline and
+  // the cross-device table show them.
+  result.job_findings = analysis::crossDeviceFindings(*snap, result);
   {
     setActivity("what-if simulations of " + g_args.file);
     const analysis::Headline h = analysis::buildHeadline(result);  // the focus device

@@ -56,8 +56,15 @@ def main():
             if errors:
                 print(f"{name}: JavaScript errors: {errors}")
                 return 1
-            # Hover the largest drawn allocation at its middle, so its band and stack show.
-            wd.js("document.getElementById('allocations-section').scrollIntoView()")
+            # The first screen: the header's device menu, the headline, the devices table.
+            wd.s("POST", "/window/rect", {"width": 1400, "height": 1000})
+            wd.js("window.scrollTo(0, 0)")
+            time.sleep(0.3)
+            top = os.path.join(args.out, f"report-{name}-top.png")
+            wd.screenshot(top)
+            print("wrote", top)
+            wd.s("POST", "/window/rect", {"width": 1400, "height": 2600})
+            time.sleep(0.3)
             for section in args.sections.split(","):
                 if not wd.js("const e = document.getElementById(arguments[0]); return !!e && !e.hidden", section):
                     continue
