@@ -89,13 +89,18 @@ TEST(ReportData, SampleKeyframesCarryTheReplayedPeaksAndTheOom) {
   expectBlocksCoverSegments(d);
   // Nothing was merged or dropped on a file this small: no caps but the timeline's, if any.
   for (const auto& c : r.caps) EXPECT_EQ(c.rfind("timeline", 0), 0u) << c;
-  // Every allocated block names a stack with frames; the sample records them all.
+  // Every allocated block names a stack with frames; the sample records them all. Its category is
+  // its allocation's, from the one classifier (the session's allocation table).
+  const DeviceFacts facts = eventFacts(*snap, 0);
   for (const auto& s : peak->segments) {
     for (const auto& b : s.blocks) {
       if (b.state == MapState::Allocated) {
         ASSERT_GE(b.stack, 0);
         EXPECT_FALSE(r.stacks[static_cast<size_t>(b.stack)].empty());
-        EXPECT_NE(b.category, Category::Unknown);
+        ASSERT_GE(b.alloc_event, 0);
+        const int32_t a = facts.alloc_at[static_cast<size_t>(b.alloc_event)];
+        ASSERT_GE(a, 0);
+        EXPECT_EQ(b.category, facts.allocs[static_cast<size_t>(a)].category);
       }
     }
   }
