@@ -8,8 +8,12 @@
 # newer than its inputs).  For each file it times, best of 3 wall-clock runs,
 #   BUILD_DIR/src/cli/memforensics analyze --json FILE >/dev/null
 #   python3 -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE
-# and records memforensics' peak RSS (/usr/bin/time -f %M when installed, Debian package `time`;
+# and records both peak RSS (/usr/bin/time -f %M when installed, Debian package `time`;
 # otherwise resource.getrusage(RUSAGE_CHILDREN) in a fresh measuring process per run).
+# Then the native-trace row (issue 16): the large file converted with `memforensics convert` and
+# its defaults (zstd level 3, a checkpoint every 262,144 events, as convert writes them) into
+# the same folder, and `analyze --json` of that .bin timed the same way.
+# Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT).
 # Prints a markdown table; with OUT_MD also writes it there.  Python is invoked through
 # sys.executable resolved once, so a pyenv shim's start-up is not timed.
 set -euo pipefail
@@ -45,11 +49,17 @@ memf_large_file "$REAL_DIR" "$PY"
 TIME_BIN=""
 if [ -x /usr/bin/time ]; then TIME_BIN=/usr/bin/time; fi
 
-TABLE=$("$PY" - "$PY" "$BIN" "$TIME_BIN" "$LARGEST" "$LARGE" <<'PYEOF'
+NATIVE="${LARGE%.pickle}.bin"
+if [ ! -s "$NATIVE" ] || [ "$NATIVE" -ot "$LARGE" ] || [ "$NATIVE" -ot "$BIN" ]; then
+    echo "converting $LARGE to $NATIVE ..." >&2
+    "$BIN" convert "$LARGE" -o "$NATIVE" >/dev/null
+fi
+
+TABLE=$("$PY" - "$PY" "$BIN" "$TIME_BIN" "$NATIVE" "$LARGEST" "$LARGE" <<'PYEOF'
 import os, subprocess, sys, tempfile
 
-py, binary, time_bin = sys.argv[1:4]
-files = sys.argv[4:]
+py, binary, time_bin, native = sys.argv[1:5]
+files = sys.argv[5:]
 RUNS = 3
 
 # Runs one command in a fresh process: prints "<wall seconds> <peak RSS KiB> <exit code>".
@@ -98,19 +108,25 @@ for path in files:
     size = os.path.getsize(path)
     sys.stderr.write("timing %s (%.1f MB) ...\n" % (os.path.basename(path), size / 1e6))
     mf_s, mf_rss, mf_rc = measure([binary, "analyze", "--json", path])
-    py_s, _, py_rc = measure([py, "-c", "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))",
-                              path])
+    py_s, py_rss, py_rc = measure([py, "-c",
+                                   "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))", path])
     if mf_rc != 0:
         sys.stderr.write("warning: memforensics exited with %d on %s\n" % (mf_rc, path))
     mf_cell = "%.3f" % mf_s if mf_rc == 0 else "%.3f (exit %d)" % (mf_s, mf_rc)
     py_cell = "%.3f" % py_s if py_rc == 0 else "%.3f (exit %d)" % (py_s, py_rc)
     speed = "%.1f" % (py_s / mf_s) if mf_s > 0 and mf_rc == 0 and py_rc == 0 else "n/a"
-    rows.append("| %s | %.1f | %s | %s | %s | %.1f | %.2f |" % (
+    rows.append("| %s | %.1f | %s | %s | %s | %.1f | %.2f | %.1f |" % (
         os.path.basename(path), size / 1e6, mf_cell, py_cell, speed, mf_rss / 1e6,
-        mf_rss / size))
+        mf_rss / size, py_rss / 1e6))
 
-print("| file | size MB | memforensics s | python s | speedup × | memforensics peak RSS MB | RSS/file-size ratio |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+sys.stderr.write("timing %s (native trace) ...\n" % os.path.basename(native))
+nat_s, nat_rss, nat_rc = measure([binary, "analyze", "--json", native])
+nat_cell = "%.3f" % nat_s if nat_rc == 0 else "%.3f (exit %d)" % (nat_s, nat_rc)
+rows.append("| %s (native trace of the row above, checkpoints on) | %.1f | %s | | | %.1f | | |" % (
+    os.path.basename(native), os.path.getsize(native) / 1e6, nat_cell, nat_rss / 1e6))
+
+print("| file | size MB | memforensics s | python s | speedup × | memforensics peak RSS MB | RSS/file-size ratio | python peak RSS MB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 print("\n".join(rows))
 PYEOF
 )
