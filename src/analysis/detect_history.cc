@@ -69,7 +69,7 @@ void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out) {
     f.title = "the history cannot explain the state: the trace holds " + entries(s.events) +
               " while " + blocks(s.live_at_start) + " (" + formatBytesShort(s.start.requested) +
               ") were live before its first entry, and the peak is there" +
-              (wrapped ? " (ring buffer full: its oldest entries were dropped)" : "") +
+              (wrapped ? " (the ring buffer dropped its older entries)" : "") +
               "; it cannot explain an OOM, the peak or a leak";
     f.evidence.push_back({"trace entries: " + std::to_string(s.events), -1, -1, 0, {}});
     f.evidence.push_back({blocks(s.live_at_start) + " live before the first entry, history unknown",
