@@ -235,21 +235,27 @@ TEST(Categories, MustNotRealTemporaryOptimizerStateAndThinEvidence) {
   EXPECT_EQ(g[0].allocs[0].category, Category::Unknown);
 }
 
+// Alive at an OOM, freed by the unwind right after, no forward frame: its short life says nothing
+// (a temporary by lifetime alone, before), so unknown. The scratch buffers after it are real
+// temporaries.
 TEST(Categories, AllocationAliveAtAnOomWithoutForwardEvidenceIsUnknownNotTemporary) {
-  format::Snapshot s = ModelBuilder()
-                           .segmentAlloc(kBase, 64 * kMiB)
-                           .alloc(kBase, 8 * kMiB, {.frames = kScratch})
-                           .oom(128 * kMiB, 0)
-                           .free(kBase, 8 * kMiB)
-                           .build();
+  ModelBuilder b;
+  b.segmentAlloc(kBase, 64 * kMiB);
+  b.alloc(kBase, 8 * kMiB, {.frames = kScratch});
+  b.oom(128 * kMiB, 0);
+  b.free(kBase, 8 * kMiB);
+  for (int i = 0; i < 10; ++i) {
+    b.alloc(kBase + 16 * kMiB, kMiB, {.frames = kScratch});
+    b.free(kBase + 16 * kMiB, kMiB);
+  }
+  format::Snapshot s = b.build();
   auto f = buildFacts(s, {.device = 0});
-  ASSERT_EQ(f[0].allocs.size(), 1u);
+  ASSERT_EQ(f[0].allocs.size(), 11u);
   EXPECT_EQ(f[0].allocs[0].category, Category::Unknown);
+  for (size_t k = 1; k < f[0].allocs.size(); ++k)
+    EXPECT_EQ(f[0].allocs[k].category, Category::Temporary);
 }
 
-// One job: the OOM in cuda:1's replica unwinds the step on cuda:0 too (the exception reaches
-// the main thread): cuda:0's forward intermediates alive at that moment (by time) are
-// activations, however soon after they were freed; one freed before it stays a temporary.
 TEST(Categories, AnOomOnAnotherDeviceOfTheJobUnwindsThisOneToo) {
   ModelBuilder b;
   b.device(1).segmentAlloc(kBase + (1ull << 32), 64 * kMiB, {.time_us = 40});
@@ -272,6 +278,53 @@ TEST(Categories, AnOomOnAnotherDeviceOfTheJobUnwindsThisOneToo) {
   ASSERT_NE(unwound, nullptr);
   EXPECT_EQ(early->category, Category::Temporary);
   EXPECT_EQ(unwound->category, Category::Activation);
+}
+
+// With annotated steps: in step 1 the forward's two intermediates live through the step
+// (activations) among 60 scratch buffers freed at once (temporaries); in step 2 the forward's
+// intermediates are made just before the OOM and freed by the unwind right after: they look as
+// short-lived as the scratch buffers, and are activations all the same.
+TEST(Categories, ForwardIntermediatesAliveAtAnOomInsideAStepAreActivations) {
+  ModelBuilder b;
+  b.segmentAlloc(kBase, 256 * kMiB, {.time_us = 1});
+  int64_t t = 10;
+  auto scratch = [&](uint64_t at) {
+    for (int i = 0; i < 60; ++i) {
+      b.alloc(at, kMiB, {.time_us = t++, .frames = kScratch});
+      b.free(at, kMiB, {.time_us = t++});
+    }
+  };
+  auto forward = [&](uint64_t at) {
+    for (int i = 0; i < 2; ++i)
+      b.alloc(at + i * 16 * kMiB, 16 * kMiB, {.time_us = t++, .frames = workerForward(kModels)});
+  };
+  auto release = [&](uint64_t at) {
+    for (int i = 1; i >= 0; --i) b.free(at + i * 16 * kMiB, 16 * kMiB, {.time_us = t++});
+  };
+  b.annotation(0, t++, "ProfilerStep#0", "START");
+  forward(kBase);
+  scratch(kBase + 64 * kMiB);
+  release(kBase);
+  b.annotation(0, t++, "ProfilerStep#0", "END");
+  b.annotation(0, t++, "ProfilerStep#1", "START");
+  scratch(kBase + 64 * kMiB);
+  forward(kBase);
+  b.oom(512 * kMiB, 0, {.time_us = t++, .frames = workerForward(kModels)});
+  release(kBase);
+  b.annotation(0, t++, "ProfilerStep#1", "END");
+  format::Snapshot s = b.build();
+  auto f = buildFacts(s, {.device = 0});
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(f[0].iterations.size(), 2u) << "the annotations are the steps";
+  size_t activations = 0, temporaries = 0;
+  for (const AllocFact& a : f[0].allocs) {
+    const Category want = a.requested == 16 * kMiB ? Category::Activation : Category::Temporary;
+    EXPECT_EQ(a.category, want) << "event " << a.event << ", iteration " << a.iteration;
+    activations += a.category == Category::Activation;
+    temporaries += a.category == Category::Temporary;
+  }
+  EXPECT_EQ(activations, 4u);
+  EXPECT_EQ(temporaries, 120u);
 }
 
 TEST(UserFramesOnRealShapes, WorkerThreadStackShowsModelsPyNotThreadStartUp) {
