@@ -283,5 +283,34 @@ TEST(IncompleteHistory, RealRingOfOneSnapshot) {
   EXPECT_EQ(text(r).find("OOMs: none"), std::string::npos);
 }
 
+// The corpus' 4-GPU DataParallel job that runs out of memory on cuda:1 (snapshots/scenarios,
+// made by tools/make_scenarios.py): the headline opens on cuda:1 with the OOM, and the imbalance
+// names models.py:174 (5305778176 bytes per tensor on cuda:1, 161996800 on cuda:0).
+TEST(DeviceImbalance, CorpusDataParallelOom) {
+  const std::filesystem::path p =
+      std::filesystem::path(MEMF_SOURCE_DIR) / "snapshots/scenarios/dp_imbalance_oom.pickle";
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << p << " absent";
+  auto snap = format::loadSnapshotFile(p.string());
+  ASSERT_TRUE(snap) << snap.error().describe();
+  auto r = analyzeSnapshot(*snap);
+  ASSERT_EQ(r.devices.size(), 4u);
+  const Headline h = buildHeadline(r);
+  EXPECT_EQ(h.focus_device, 1);
+  ASSERT_FALSE(h.items.empty());
+  EXPECT_EQ(h.items[0].kind, FindingKind::OomVerdict);
+  EXPECT_EQ(h.items[0].device, 1);
+  const Finding* f = findKind(r.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->device, 1);
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].line, 174u);
+  EXPECT_NE(f->where[0].filename.find("models.py"), std::string::npos);
+  ASSERT_GE(f->evidence.size(), 4u);
+  EXPECT_EQ(f->evidence[0].bytes, 161996800u);   // cuda:0
+  EXPECT_EQ(f->evidence[1].bytes, 5305778176u);  // cuda:1
+  EXPECT_EQ(f->evidence[2].bytes, 560996352u);   // cuda:2
+  EXPECT_EQ(oomFocusDevice(*snap), std::optional<int64_t>(1));
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
