@@ -906,16 +906,6 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
         k.at = m->at;
       }
       k.labels = moment.labels;
-      // The moment's call tree: from its live set where the session copied one, else from the
-      // layout's allocated blocks.
-      if (m->has_live) {
-        k.icicle = buildIcicle(snap, m->live, tables, icicle_per_moment, moment_icicle_cut);
-        k.icicle_source = IcicleSource::Live;
-      } else if (m->has_layout) {
-        k.icicle = buildIcicle(snap, liveOfLayout(m->layout), tables, icicle_per_moment,
-                               moment_icicle_cut);
-        k.icicle_source = IcicleSource::Layout;
-      }
       if (!is_important) {
         size_t cost = keyframeCost(k);
         rest_spent += cost;
@@ -968,15 +958,30 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
         dr.capacity_basis = "reserved + device free at the first OOM";
       }
     }
-    dr.allocations = allocationViewOf(f, tables, plan.allocation_bytes, opt.max_drawn_allocations,
-                                      dr.timeline.has_times);
-    if (dr.allocations.capped) ++allocations_capped;
-
     dr.icicle_event = f.summary.peak_requested.event;
     if (const MomentFacts* m = f.at(dr.icicle_event); m && m->has_live) {
       dr.icicle = buildIcicle(snap, m->live, tables, max_icicle_nodes, icicle_cut);
     } else {
       ++moments_missing;
+    }
+    // What the drawings above name comes first in the frame and stack tables; the allocation
+    // view's stacks and the keyframes' call trees after them.
+    dr.allocations = allocationViewOf(f, tables, plan.allocation_bytes, opt.max_drawn_allocations,
+                                      dr.timeline.has_times);
+    if (dr.allocations.capped) ++allocations_capped;
+    // Each keyframe's call tree: from its live set where the session copied one, else from the
+    // layout's allocated blocks.
+    for (Keyframe& k : dr.keyframes) {
+      const MomentFacts* m = f.at(k.event);
+      if (m == nullptr) continue;
+      if (m->has_live) {
+        k.icicle = buildIcicle(snap, m->live, tables, icicle_per_moment, moment_icicle_cut);
+        k.icicle_source = IcicleSource::Live;
+      } else if (m->has_layout) {
+        k.icicle = buildIcicle(snap, liveOfLayout(m->layout), tables, icicle_per_moment,
+                               moment_icicle_cut);
+        k.icicle_source = IcicleSource::Layout;
+      }
     }
     out.devices.push_back(std::move(dr));
   }
