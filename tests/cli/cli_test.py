@@ -603,6 +603,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check("timeline text shows the OOM device first and says so",
           r.returncode == 0 and "showing cuda:1 first (the OOM is on cuda:1" in r.stdout
           and r.stdout.find("\ndevice 1:") < r.stdout.find("\ndevice 0:"), r.stdout[:300])
+    dp = os.path.join(ROOT, "snapshots", "scenarios", "dp_imbalance_oom.pickle")
+    if os.path.exists(dp):
+        r = run("blocks", dp, "--at", "oom")
+        check("blocks --at oom on the 4-GPU DataParallel OOM (corpus): exit 0 on cuda:1",
+              r.returncode == 0 and "device 1 at oom" in r.stdout, f"rc={r.returncode} {r.stderr}")
+        lines = run("analyze", dp).stdout.split("\n")
+        check("analyze on the 4-GPU OOM: headline on cuda:1, the OOM verdict first, then the imbalance",
+              lines[1] == "  headline: cuda:1 first (the OOM is on cuda:1)"
+              and lines[2].startswith("    cuda:1 [high]") and "device imbalance" in lines[3],
+              "\n".join(lines[:4]))
     ring = os.path.join(REAL, "yiyi-philosophy__llm-inference__1.3b_snapshot.pickle")
     if os.path.exists(ring):
         r = run("analyze", ring)
