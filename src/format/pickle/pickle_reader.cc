@@ -414,26 +414,80 @@ class Machine {
     memo_other_.push_back(v);
     return uint64_t{3} << 32 | (memo_other_.size() - 1);
   }
+  // Memo entries are (kind << 32 | payload), kind 0 = unset. Stored in 32 bits as
+  // (kind << 30 | payload) while every payload fits 30 bits (strings, nodes and other values
+  // number at most about the input's bytes, so always below 1 GiB of input): 4 bytes per memo
+  // index instead of 8 (13 M indices, 52 MB, on a 4.8 M-event file). A larger payload widens the
+  // memo to 64-bit entries once.
+  static constexpr uint64_t kNarrowPayload = (uint64_t{1} << 30) - 1;
+  size_t memoSize() const { return memo_wide_ ? memo64_.size() : memo32_.size(); }
+  uint64_t memoAt(uint64_t idx) const {
+    if (memo_wide_) return idx < memo64_.size() ? memo64_[idx] : 0;
+    if (idx >= memo32_.size()) return 0;
+    uint32_t x = memo32_[idx];
+    return uint64_t{x >> 30} << 32 | (x & kNarrowPayload);
+  }
+  static uint32_t narrow(uint64_t enc) {
+    return static_cast<uint32_t>((enc >> 32) << 30 | (enc & kNarrowPayload));
+  }
+  void memoWiden(uint64_t enc) {
+    if (memo_wide_ || (enc & 0xffffffffu) <= kNarrowPayload) return;
+    memo64_.reserve(memo32_.capacity());
+    for (size_t i = 0; i < memo32_.size(); ++i) memo64_.push_back(memoAt(i));
+    std::vector<uint32_t>().swap(memo32_);
+    memo_wide_ = true;
+  }
+  void memoPush(uint64_t enc) {
+    memoWiden(enc);
+    if (memo_wide_) {
+      grow(memo64_);
+      memo64_.push_back(enc);
+    } else {
+      grow(memo32_);
+      memo32_.push_back(narrow(enc));
+    }
+  }
+  void memoSet(size_t idx, uint64_t enc) {
+    memoWiden(enc);
+    if (memo_wide_)
+      memo64_[idx] = enc;
+    else
+      memo32_[idx] = narrow(enc);
+  }
+  void memoExtend(size_t n) {  // unset entries up to n
+    if (memo_wide_) {
+      grow(memo64_, n - memo64_.size());
+      memo64_.resize(n, 0);
+    } else {
+      grow(memo32_, n - memo32_.size());
+      memo32_.resize(n, 0);
+    }
+  }
+  void memoTruncate(size_t n) {
+    if (memo_wide_)
+      memo64_.resize(n);
+    else
+      memo32_.resize(n);
+  }
   Status memoPut(uint64_t idx) {
     if (stack_.size() <= markBase()) return err("memo store with an empty stack");
-    if (idx >= memo_.size()) {
-      if (idx > memo_.size() + opt_.max_memo_gap) {
+    if (idx >= memoSize()) {
+      if (idx > memoSize() + opt_.max_memo_gap) {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
-                   std::to_string(memo_.size()) + " entries stored so far");
+                   std::to_string(memoSize()) + " entries stored so far");
       }
       if (idx >= memo_budget_) {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
                    std::to_string(memo_budget_) + " entries an input of " +
                    std::to_string(snap_.input_bytes) + " bytes can store");
       }
-      grow(memo_, idx + 1 - memo_.size());
-      memo_.resize(idx + 1, 0);
+      memoExtend(idx + 1);
     }
-    memo_[idx] = memoEncode(stack_.back());
+    memoSet(idx, memoEncode(stack_.back()));
     return Status::Ok();
   }
   Status memoGet(uint64_t idx) {
-    uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+    uint64_t m = memoAt(idx);
     switch (m >> 32) {
       case 1:
         stack_.push_back(Value::str(static_cast<uint32_t>(m)));
@@ -609,7 +663,10 @@ class Machine {
   Keys keys_;
   ValueStack stack_;
   std::vector<size_t> marks_;
-  std::vector<uint64_t> memo_;
+  // The memo (see memoAt): 32-bit entries until a payload needs more than 30 bits, then 64-bit.
+  std::vector<uint32_t> memo32_;
+  std::vector<uint64_t> memo64_;
+  bool memo_wide_ = false;
   std::vector<Value> memo_other_;
   std::vector<Node> nodes_;
   std::vector<Items> store_;
@@ -948,7 +1005,7 @@ bool Machine::skipFrames(const uint8_t*& p) const {
 }
 
 bool Machine::fastFetch(uint64_t idx, Value& out) const {
-  uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+  uint64_t m = memoAt(idx);
   switch (m >> 32) {
     case 1:
       out = Value::str(static_cast<uint32_t>(m));
@@ -970,7 +1027,7 @@ bool Machine::fastMemo(const uint8_t*& p, uint64_t enc) {
   if (p >= end_) return true;  // the next read gives up
   uint64_t idx;
   if (*p == MEMOIZE) {
-    idx = memo_.size();
+    idx = memoSize();
     p += 1;
   } else if (*p == BINPUT) {
     if (end_ - p < 2) return false;
@@ -985,9 +1042,8 @@ bool Machine::fastMemo(const uint8_t*& p, uint64_t enc) {
   } else {
     return true;
   }
-  if (idx != memo_.size() || idx >= memo_budget_) return false;
-  grow(memo_);
-  memo_.push_back(enc);
+  if (idx != memoSize() || idx >= memo_budget_) return false;
+  memoPush(enc);
   return true;
 }
 
@@ -1020,7 +1076,7 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
     } else {
       return false;  // a new frame dict, or anything else
     }
-    uint64_t m = idx < memo_.size() ? memo_[idx] : 0;
+    uint64_t m = memoAt(idx);
     if ((m >> 32) != 2) return false;
     const Node& f = nodes_[static_cast<uint32_t>(m)];
     if (f.kind != NK::Frame) return false;
@@ -1127,7 +1183,7 @@ bool Machine::fastValue(const uint8_t*& p, Value& out) {
 
 bool Machine::fastEntry() {
   const uint8_t* p = p_;  // just after EMPTY_DICT
-  const size_t memo0 = memo_.size();
+  const size_t memo0 = memoSize();
   const size_t nodes0 = nodes_.size();
   const uint64_t frames0 = frames_budget_;
   const uint32_t n = newNode(NK::Dict);
@@ -1170,7 +1226,7 @@ bool Machine::fastEntry() {
     ok = ok && count > 0 && makeEvent(n, fast_kv_, count).ok();
   }
   if (!ok) {
-    memo_.resize(memo0);
+    memoTruncate(memo0);
     nodes_.resize(nodes0);
     frames_budget_ = frames0;
     if (entry) ++stats_.fast_fallbacks;
@@ -1219,13 +1275,12 @@ Expected<Snapshot> Machine::run() {
       }
       case MEMOIZE: {
         if (stack_.size() <= markBase()) return err("MEMOIZE with an empty stack");
-        if (memo_.size() >= memo_budget_) {
+        if (memoSize() >= memo_budget_) {
           return err("MEMOIZE beyond the " + std::to_string(memo_budget_) +
                      " memo entries an input of " + std::to_string(snap_.input_bytes) +
                      " bytes can store");
         }
-        grow(memo_);
-        memo_.push_back(memoEncode(stack_.back()));
+        memoPush(memoEncode(stack_.back()));
         break;
       }
       case BINPUT: {
@@ -1462,8 +1517,8 @@ Expected<Snapshot> Machine::run() {
   if (opt_.stats != nullptr) *opt_.stats = stats_;
   Value root = stack_.back();
   stack_.clear();
-  memo_.clear();
-  memo_.shrink_to_fit();
+  std::vector<uint32_t>().swap(memo32_);
+  std::vector<uint64_t>().swap(memo64_);
   Status s = convert(root);
   if (!s.ok()) return s.error();
   return std::move(snap_);
