@@ -877,8 +877,9 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     double rest_cost = 0;  // mean cost of the evenly spaced keyframes built so far
 
     KeyframeBuilder kb(snap, f, tables);
-    const size_t icicle_per_moment =
-        std::max<size_t>(100, plan.moment_icicle_nodes / std::max<size_t>(1, all.size()));
+    const size_t icicle_per_moment = std::max<size_t>(
+        100, plan.moment_icicle_nodes /
+                 std::min<size_t>(kMomentIcicles, std::max<size_t>(1, all.size())));
     for (const auto& [ev, moment] : all) {
       const bool is_important = moment.important;
       if (!is_important) {
@@ -971,9 +972,26 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     if (dr.allocations.capped) ++allocations_capped;
     // Each keyframe's call tree: from its live set where the session copied one, else from the
     // layout's allocated blocks.
-    for (Keyframe& k : dr.keyframes) {
+    // At most kMomentIcicles trees: the labelled moments (peaks, OOMs, the end) first, then evenly
+    // spaced ones picked evenly; the requested peak has its full tree already. The page shows the
+    // nearest moment with a tree and says so.
+    std::vector<size_t> labelled, even;
+    for (size_t i = 0; i < dr.keyframes.size(); ++i) {
+      if (dr.keyframes[i].event == dr.icicle_event && !dr.icicle.empty()) continue;
+      (dr.keyframes[i].labels.empty() ? even : labelled).push_back(i);
+    }
+    std::vector<uint8_t> tree(dr.keyframes.size(), 0);
+    size_t room = kMomentIcicles;
+    for (size_t i : labelled) {
+      if (room == 0) break;
+      tree[i] = 1;
+      --room;
+    }
+    for (size_t j = 0; j < room && j < even.size(); ++j) tree[even[j * even.size() / room]] = 1;
+    for (size_t i = 0; i < dr.keyframes.size(); ++i) {
+      Keyframe& k = dr.keyframes[i];
       const MomentFacts* m = f.at(k.event);
-      if (m == nullptr) continue;
+      if (m == nullptr || !tree[i]) continue;
       if (m->has_live) {
         k.icicle = buildIcicle(snap, m->live, tables, icicle_per_moment, moment_icicle_cut);
         k.icicle_source = IcicleSource::Live;
