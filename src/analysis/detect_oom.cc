@@ -14,6 +14,7 @@
 #include "analysis/blocks.h"
 #include "analysis/findings_ctx.h"
 #include "analysis/stack_groups.h"
+#include "analysis/whatif.h"
 #include "common/format_bytes.h"
 
 namespace memforensics::analysis::detail {
@@ -61,12 +62,91 @@ std::string flushText(const OomFlush& fl) {
   return s;
 }
 
+// The fragmentation fix, tested before it is given: replays of the device's request stream
+// (whatif.h simulateRequests, on the card the file implies) under the file's settings and under
+// each setting the fix would name, at most FindingsOptions::fix_replays simulations per device.
+struct FixTrial {
+  std::string label;  // "expandable_segments:True", "max_split_size_mb:64" (the conf's spelling)
+  SimResult sim;
+  std::string estimate_reason;  // whatIfEstimateReason: "" = exact
+};
+struct FixReplays {
+  std::string untested;  // why the fix could not be tested ("" when the replays ran)
+  SimResult baseline;
+  std::vector<FixTrial> trials;  // in the order tried
+};
+
+FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budget) {
+  FixReplays r;
+  if (budget == 0) {
+    r.untested = "the verdict's replays are off";
+    return r;
+  }
+  if (device < 0 || static_cast<size_t>(device) >= snap.traceCount()) {
+    r.untested = "no request stream for this device";
+    return r;
+  }
+  const auto d = static_cast<size_t>(device);
+  DeviceWhatIf facts = recordedFacts(snap, d);
+  const WhatIfSettings base = whatIfSettingsOf(snap);
+  if (!facts.complete_history) {
+    r.untested = whatIfEstimateReason(facts, base);  // "history incomplete: N blocks were alive..."
+    return r;
+  }
+  const uint64_t cap = impliedCapacity(snap, d);
+  r.baseline = simulateRequests(snap, d, base, cap);
+  facts.baseline = r.baseline;
+  std::vector<std::pair<std::string, std::string>> sets;
+  if (!base.model.expandable_segments) sets.push_back({"expandable_segments", "True"});
+  for (uint64_t v : whatIfSplitSizesMb(snap, d, base))
+    sets.push_back({"max_split_size_mb", std::to_string(v)});
+  for (const auto& [key, value] : sets) {
+    if (r.trials.size() + 1 >= budget) break;  // the baseline counts
+    WhatIfSettings s = base;
+    if (!applyWhatIfSetting(s, key, value).empty()) continue;
+    FixTrial t;
+    t.label = key + ":" + value;
+    t.sim = simulateRequests(snap, d, s, cap);
+    t.estimate_reason = whatIfEstimateReason(facts, s);
+    r.trials.push_back(std::move(t));
+  }
+  return r;
+}
+
+// The recorded OOM `event` in a replay's list, or nullptr (past kWhatIfMaxOoms).
+const SimOom* recordedOomOf(const SimResult& r, int64_t event) {
+  for (const SimOom& o : r.ooms)
+    if (o.recorded && o.event == event) return &o;
+  return nullptr;
+}
+
+// The replay's label, as whatif gives it (whatIfEstimateReason): in full for the evidence, one word
+// in the fix (the evidence line of the same replay says why).
+std::string exactText(const std::string& estimate_reason) {
+  return estimate_reason.empty() ? std::string("exact") : "an estimate: " + estimate_reason;
+}
+std::string exactWord(const std::string& estimate_reason) {
+  return estimate_reason.empty() ? "exact" : "estimate";
+}
+
+// "a, b nor c" for the none-avoids sentence.
+std::string joinLabels(const std::vector<std::string>& ls) {
+  if (ls.size() == 1) return ls[0] + " does not avoid it";
+  std::string s = ls.size() == 2 ? "neither " : "none of ";
+  for (size_t i = 0; i < ls.size(); ++i) {
+    if (i > 0) s += i + 1 == ls.size() ? (ls.size() == 2 ? " nor " : " and ") : ", ";
+    s += ls[i];
+  }
+  return s + " avoids it";
+}
+
 }  // namespace
 
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const ModelFacts& model = c.facts.model;
   const bool settings_expandable = replay::modelSettingsOf(c.s).expandable_segments;
   const size_t n_ooms = c.summary.ooms.size();
+  std::optional<FixReplays> replays;  // run at the first fragmentation OOM, once per device
   for (size_t k = 0; k < n_ooms; ++k) {
     const replay::OomEvent& oom = c.summary.ooms[k];
     const MomentFacts* m = c.facts.at(oom.event);
@@ -128,6 +208,8 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     f.basis = (c.basis.empty() ? std::string("replayed allocator state at the OOM") : c.basis) +
               "; " + (num.exact ? std::string("exact block layout") : "estimate: " + reason);
 
+    std::vector<Evidence> replay_evidence;  // the fix's replays, after the layout's figures
+
     // The title: one sentence, each number once.
     std::string title = "cuda:" + std::to_string(c.device);
     if (n_ooms > 1) title += ", OOM " + std::to_string(k + 1) + " of " + std::to_string(n_ooms);
@@ -146,15 +228,74 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
                  "large enough (the device had " +
                  B(oom.device_free) + " free)";
       }
-      // No advice the file's settings contradict: with expandable segments already on, the
-      // holes are between live blocks of the mapped ranges.
-      f.fix = settings_expandable
-                  ? "expandable segments are already on (allocator_settings): the free space lies "
-                    "between live tensors; allocate the largest long-lived tensors first, free "
-                    "the short-lived ones between them sooner, or set max_split_size_mb"
-                  : "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) "
-                    "so that freed space can be reused for large requests; allocate the largest "
-                    "long-lived tensors first";
+      // No advice the file's settings contradict, and none a replay of the requests refutes.
+      const std::string untested_fix =
+          settings_expandable
+              ? "expandable segments are already on (allocator_settings): the free space lies "
+                "between live tensors; allocate the largest long-lived tensors first, free the "
+                "short-lived ones between them sooner, or set max_split_size_mb"
+              : "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so "
+                "that freed space can be reused for large requests; allocate the largest "
+                "long-lived tensors first";
+      if (!replays) replays = replayFixes(c.s, c.device, opt.fix_replays);
+      const SimOom* base_oom =
+          replays->untested.empty() ? recordedOomOf(replays->baseline, oom.event) : nullptr;
+      std::string untested = replays->untested;
+      if (untested.empty() && base_oom == nullptr)
+        untested = "past the first " + std::to_string(kWhatIfMaxOoms) + " OOMs a replay lists";
+      else if (untested.empty() && base_oom->avoided)
+        untested = "a replay under the file's own settings does not reproduce this OOM";
+      if (!untested.empty()) {
+        f.fix = untested_fix + " (untested: " + untested + ")";
+      } else if (replays->trials.empty()) {
+        f.fix =
+            "expandable segments are already on (allocator_settings) and no max_split_size_mb "
+            "applies (no request of 32 MiB or more): the free space lies between live tensors; "
+            "reduce what is live at this point, or allocate the largest long-lived tensors "
+            "first and free the short-lived ones between them sooner";
+      } else {
+        std::vector<const FixTrial*> avoid;
+        std::vector<std::string> tried;
+        for (const FixTrial& t : replays->trials) {
+          const SimOom* o = recordedOomOf(t.sim, oom.event);
+          const bool served = o != nullptr && o->avoided;
+          if (served) avoid.push_back(&t);
+          tried.push_back(t.label + " (" + exactWord(t.estimate_reason) + ")");
+          const uint64_t new_ooms = t.sim.oom_count - t.sim.recorded_failed;
+          replay_evidence.push_back(
+              {"a replay of the requests with " + t.label + ": " +
+                   (served ? "serves this request" : "fails this request too") +
+                   (new_ooms > 0 ? ", " + plural(new_ooms, "new OOM", "new OOMs") : "") +
+                   "; its peak reserved (" + exactText(t.estimate_reason) + ")",
+               -1,
+               -1,
+               t.sim.peak_reserved,
+               {}});
+        }
+        if (!avoid.empty()) {
+          std::string s;
+          for (const FixTrial* t : avoid) {
+            const uint64_t new_ooms = t->sim.oom_count - t->sim.recorded_failed;
+            const std::string figs =
+                "peak reserved " + B(t->sim.peak_reserved) +
+                (new_ooms > 0
+                     ? ", though " + plural(new_ooms, "other request fails", "other requests fail")
+                     : std::string()) +
+                "; " + exactWord(t->estimate_reason);
+            s += s.empty() ? "a replay of this run's requests with " + t->label +
+                                 " avoids this OOM (" + figs + ")"
+                           : "; so does " + t->label + " (" + figs + ")";
+          }
+          f.fix = s + ": set PYTORCH_CUDA_ALLOC_CONF=" + avoid.front()->label +
+                  "; allocate the largest long-lived tensors first";
+        } else {
+          f.fix = joinLabels(tried) +
+                  " in a replay of the requests: reduce what is live at this point (batch size, "
+                  "activation checkpointing, "
+                  "freeing tensors that are no longer needed) or the size of this request; "
+                  "allocate the largest long-lived tensors first";
+        }
+      }
     } else if (num.short_by_bytes > 0) {
       title += std::string(", ") + (num.exact ? "" : "an estimated ") + B(num.short_by_bytes) +
                " short (the device had " + B(oom.device_free) + " free and the cache " +
@@ -194,7 +335,8 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
       }
       // The line to change: the largest holder's, unless the failing request is itself the
       // largest (as large as the largest holder, or from the same lines).
-      if (!groups.empty() && !groups.front().frames.empty() &&
+      // Under fragmentation the request's own size and timing are what to change: it stays.
+      if (!num.fragmentation && !groups.empty() && !groups.front().frames.empty() &&
           groups.front().requested_bytes > oom.request_bytes &&
           !sameFrames(groups.front().frames, request_frames)) {
         f.where = groups.front().frames;
@@ -261,6 +403,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     }
     if (at.pending > 0)
       f.evidence.push_back({"freed but pending on another stream", -1, -1, at.pending, {}});
+    for (Evidence& e : replay_evidence) f.evidence.push_back(std::move(e));
     f.oom = num;
     if (!have_live) {
       f.evidence.push_back({"live set at this OOM not kept (a session copies at most " +

@@ -78,8 +78,16 @@ struct CategoryBytes {
   uint64_t bytes[kCategoryCount] = {};
 };
 
+// Simulations (analysis/whatif.h simulateRequests, each one replay of the device's request stream)
+// the OOM verdict runs per device to test the settings its fix would name for a fragmentation OOM:
+// the file's own settings (the baseline the exact/estimate label needs), expandable_segments:True
+// unless the file has it, then the max_split_size_mb values whatIfSplitSizesMb picks, in order,
+// while the budget lasts. Only on a device with a fragmentation OOM; 0 = never (the fix untested).
+inline constexpr size_t kOomFixReplays = 3;
+
 struct FindingsOptions {
-  size_t evidence_stacks = 3;  // stacks listed per finding
+  size_t evidence_stacks = 3;           // stacks listed per finding
+  size_t fix_replays = kOomFixReplays;  // OOM verdict: simulations per device to test its fix
   // OOMs (the first ones of the device) whose verdict reads the allocator model's block layout;
   // the facts must hold a layout at each (DeviceSession::requestFindingMoments(layout_ooms)).
   size_t layout_ooms = kLayoutOoms;

@@ -886,6 +886,25 @@ DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {
   return w;
 }
 
+std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
+                                         const WhatIfSettings& base) {
+  constexpr uint64_t kMiB = 1048576;
+  uint64_t oom_max = 0, alloc_max = 0;
+  for (const Event& e : snap.trace(d)) {
+    if (e.action == Action::Oom) oom_max = std::max(oom_max, e.size);
+    if (e.action == Action::Alloc) alloc_max = std::max(alloc_max, e.size);
+  }
+  const uint64_t r = std::min(oom_max > 0 ? oom_max : alloc_max, kWhatIfMaxRequest);
+  std::vector<uint64_t> out;
+  const uint64_t mb = r / kMiB;
+  if (mb < 32) return out;
+  const uint64_t v1 = uint64_t{1} << (63 - __builtin_clzll(mb));
+  for (uint64_t v : {v1, v1 / 4}) {
+    if (v > 20 && (v << 20) != base.model.max_split_size) out.push_back(v);
+  }
+  return out;
+}
+
 std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s) {
   if (!d.complete_history)
     return "history incomplete: " + std::to_string(d.start_blocks) +

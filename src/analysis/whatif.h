@@ -127,6 +127,13 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
 // start blocks, complete_history); baseline and whatif left empty. runWhatIf's per-device facts.
 DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d);
 
+// The max_split_size_mb values worth trying on device trace `d` (the report's what-if panel and the
+// OOM verdict's tested fix share this one choice): with R the largest recorded OOM request (else
+// the largest alloc request), the largest power of two of MiB not above R and a quarter of it,
+// those above 20 MiB (CCA's minimum) and unlike `base`'s own; empty below 32 MiB.
+std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
+                                         const WhatIfSettings& base);
+
 // "" when a simulation under `s` of the device `d` describes may be called exact (a complete
 // history whose baseline reproduced the recorded peak reserved, under settings the simulation
 // follows as CCA does), else why its figures are an estimate, in words. `d.baseline` must be set.

@@ -165,6 +165,20 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
     } else {
       out << "  verdict: not fragmentation - the cached free bytes are less than the request\n";
     }
+    // The figure the OOM verdict of `analyze` gives (the same OomVerdict: one home for it).
+    const auto& n = v.need;
+    if (!v.fragmentation) {
+      out << "  short by " << formatBytes(v.short_by) << ": the allocator would have needed "
+          << formatBytes(n.needed_bytes)
+          << (n.expandable
+                  ? " (" + std::to_string(n.pages) + " pages of " + formatBytes(n.page_bytes) +
+                        " beyond " + formatBytes(n.usable_free) + " free at the segment's end)"
+                  : std::string(" (a new segment)"))
+          << " and the device had " << formatBytes(v.device_free) << " free"
+          << (r.layout_exact ? "" : " (estimate: " + r.estimate_reason + ")") << "\n";
+    } else {
+      out << "  short by nothing: the cache held the bytes, in no block large enough\n";
+    }
   }
 }
 
@@ -255,7 +269,9 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
                   {"pool_largest_free_bytes", v.pool_largest},
                   {"fits_total", v.fits_total},
                   {"fits_block", v.fits_block},
-                  {"fragmentation", v.fragmentation}};
+                  {"fragmentation", v.fragmentation},
+                  {"short_by_bytes", v.short_by},
+                  {"needed_bytes", v.need.needed_bytes}};
   } else {
     doc["oom"] = nullptr;
   }

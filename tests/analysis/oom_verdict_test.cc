@@ -6,12 +6,17 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 
 #include "analysis/blocks.h"
 #include "analysis/findings.h"
+#include "analysis/whatif.h"
+#include "common/format_bytes.h"
 #include "fixtures/model_builder.h"
 #include "fixtures/real_snapshots.h"
 #include "format/load/load.h"
+#include "report/html/whatif_data.h"
+#include "report/render_blocks.h"
 
 namespace memforensics::analysis {
 namespace {
@@ -427,6 +432,187 @@ TEST(OomVerdict, DataParallelExpandableOomOnCuda1) {
             "(78.36 GiB) fill the card");
   ASSERT_FALSE(f.where.empty());
   EXPECT_EQ(f.where[0].display(), "/home/user/graphqa/models.py:174 forward");
+}
+
+// --- the fragmentation fix, tested by a replay of the requests (analysis/whatif.h) ----------
+
+// The report's what-if panel and the verdict agree: every panel row for a setting the fix names
+// says what the fix says of it (avoids the recorded OOM or not), and a fix that says no setting
+// avoids it has no panel row of those settings that does.
+void expectFixAgreesWithThePanel(const format::Snapshot& snap, const Finding& f) {
+  const report::WhatIfPanel p = report::buildWhatIfPanel(snap, f.device, "x.pickle");
+  ASSERT_TRUE(p.present);
+  size_t named = 0;
+  for (const report::WhatIfRow& r : p.rows) {
+    if (r.baseline ||
+        !(r.label == "expandable_segments:True" || r.label.rfind("max_split_size_mb:", 0) == 0))
+      continue;
+    if (!has(f.fix, r.label)) continue;
+    ++named;
+    const bool fix_avoids = has(f.fix, "with " + r.label + " avoids this OOM") ||
+                            has(f.fix, "so does " + r.label + " ");
+    EXPECT_EQ(fix_avoids, r.recorded_not_avoided == 0 && r.recorded_avoided > 0)
+        << r.label << ": panel '" << r.answer << "', fix '" << f.fix << "'";
+  }
+  EXPECT_GT(named, 0u) << f.fix;
+}
+
+// snapshots/scenarios/fragmentation_oom.pickle: the 83 MiB request fails though the pool holds
+// 155 MiB free. The report's what-if says neither expandable segments nor max_split_size_mb:64
+// avoids it (a card without a limit would need 516 MiB): the fix does not advise them.
+TEST(OomVerdictFix, ScenarioFragmentationNoSettingAvoidsSoNoneIsAdvised) {
+  const std::string p =
+      std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/fragmentation_oom.pickle";
+  if (!std::filesystem::exists(p)) GTEST_SKIP() << p << " not found";
+  auto snap = format::loadSnapshotFile(p);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  const auto fs = findFindings(*snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  ASSERT_TRUE(f.oom->fragmentation) << f.title;
+  EXPECT_FALSE(has(f.fix, "set PYTORCH_CUDA_ALLOC_CONF")) << f.fix;
+  EXPECT_FALSE(has(f.fix, "avoids this OOM")) << f.fix;
+  EXPECT_TRUE(has(f.fix, "neither expandable_segments:True (estimate) nor")) << f.fix;
+  EXPECT_TRUE(has(f.fix, "nor max_split_size_mb:64 (exact) avoids it in a replay")) << f.fix;
+  EXPECT_TRUE(has(f.fix, "reduce what is live")) << f.fix;
+  expectFixAgreesWithThePanel(*snap, f);
+  // The line to change is the request that did not fit (its allocation pattern), though a larger
+  // holder (112 MiB of optimizer state) is live: the holders stay in the evidence.
+  ASSERT_FALSE(f.where.empty());
+  const Evidence* straw = nullptr;
+  for (const Evidence& e : f.evidence)
+    if (has(e.text, "the last straw")) straw = &e;
+  ASSERT_NE(straw, nullptr);
+  ASSERT_FALSE(straw->frames.empty());
+  EXPECT_EQ(f.where[0].display(), straw->frames[0].display());
+  ASSERT_FALSE(f.evidence.empty());
+  EXPECT_TRUE(has(f.evidence[0].text, "live at the OOM from this stack")) << f.evidence[0].text;
+  EXPECT_GT(f.evidence[0].bytes, f.oom->request_bytes);
+  EXPECT_NE(f.evidence[0].frames[0].display(), f.where[0].display());
+}
+
+// A fragmentation OOM that max_split_size_mb avoids: a 100 MiB segment is freed, then split for
+// 30 MiB and 20 MiB tensors; the 30 MiB one is freed: 30 free | 20 live | 50 free. 60 MiB fail
+// with 10 MiB free on the device (a 110 MiB card): 80 MiB free in the pool, no block of 60. With
+// max_split_size_mb:32 the 30 and 20 MiB requests may not split the 100 MiB block; the allocator
+// releases it and gives them their own segments, and the 60 MiB request gets a new one.
+format::Snapshot splitAvoidable(bool expandable = false) {
+  ModelBuilder b;
+  if (expandable)
+    b.settings({.conf = "expandable_segments:True", .expandable_segments = true})
+        .segmentMap(kBase, 100 * kMiB, {.time_us = 1});
+  else
+    b.segmentAlloc(kBase, 100 * kMiB, {.time_us = 1});
+  return b.alloc(kBase, 100 * kMiB, {.time_us = 2, .frames = kOther})
+      .free(kBase, 100 * kMiB, {.time_us = 3})
+      .alloc(kBase, 30 * kMiB, {.time_us = 4, .frames = kOther})
+      .alloc(kBase + 30 * kMiB, 20 * kMiB, {.time_us = 5, .frames = kHolder})
+      .free(kBase, 30 * kMiB, {.time_us = 6})
+      .oom(60 * kMiB, /*device_free=*/10 * kMiB, {.time_us = 7, .frames = kStraw})
+      .build();
+}
+
+TEST(OomVerdictFix, AFragmentationOomMaxSplitSizeAvoidsIsNamed) {
+  auto snap = splitAvoidable();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  ASSERT_TRUE(f.oom->fragmentation) << f.title;
+  // The replay itself, as the report's panel runs it.
+  WhatIfSettings split = whatIfSettingsOf(snap);
+  ASSERT_EQ(applyWhatIfSetting(split, "max_split_size_mb", "32"), "");
+  const SimResult sim = simulateRequests(snap, 0, split, impliedCapacity(snap, 0));
+  ASSERT_EQ(sim.recorded_avoided, 1u);
+  EXPECT_TRUE(has(f.fix, "max_split_size_mb:32 (peak reserved " +
+                             formatBytesShort(sim.peak_reserved) + "; exact)"))
+      << f.fix;
+  EXPECT_TRUE(has(f.fix, ": set PYTORCH_CUDA_ALLOC_CONF=")) << f.fix;
+  EXPECT_FALSE(has(f.fix, "untested")) << f.fix;
+  expectFixAgreesWithThePanel(snap, f);
+  // The replays are evidence too, their peaks as bytes.
+  bool listed = false;
+  for (const Evidence& e : f.evidence)
+    listed |= has(e.text, "with max_split_size_mb:32: serves this request") &&
+              e.bytes == sim.peak_reserved;
+  EXPECT_TRUE(listed);
+}
+
+// Fragmentation inside an expandable segment with a large request: expandable_segments is never
+// advised, and max_split_size_mb (36 MiB request: 32) is tested on its own. 200 MiB mapped in ten
+// 20 MiB pages, each holding a live 2 MiB tensor after a freed 18 MiB one (no page can be
+// unmapped); 36 MiB fail with nothing free on the device: 180 MiB free in the pool, no block of 36.
+TEST(OomVerdictFix, ASettingTheFileHasIsNeverAdvised) {
+  ModelBuilder b;
+  b.settings({.conf = "expandable_segments:True", .expandable_segments = true})
+      .segmentMap(kBase, 200 * kMiB, {.time_us = 1});
+  int64_t t = 2;
+  for (uint64_t i = 0; i < 10; ++i) {
+    b.alloc(kBase + i * 20 * kMiB, 18 * kMiB, {.time_us = t++, .frames = kOther});
+    b.alloc(kBase + i * 20 * kMiB + 18 * kMiB, 2 * kMiB, {.time_us = t++, .frames = kHolder});
+  }
+  for (uint64_t i = 0; i < 10; ++i) b.free(kBase + i * 20 * kMiB, 18 * kMiB, {.time_us = t++});
+  auto snap = b.oom(36 * kMiB, /*device_free=*/0, {.time_us = t++, .frames = kStraw}).build();
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  ASSERT_TRUE(f.oom->fragmentation) << f.title;
+  EXPECT_FALSE(has(f.fix, "expandable_segments:True")) << f.fix;
+  EXPECT_TRUE(has(f.fix, "max_split_size_mb:32")) << f.fix;
+  EXPECT_FALSE(has(f.fix, "untested")) << f.fix;
+  expectFixAgreesWithThePanel(snap, f);
+}
+
+// A block alive before the trace began: the replay cannot rebuild the cache around it, so the
+// fix is given as untested, with why.
+TEST(OomVerdictFix, AnIncompleteHistoryLeavesTheFixUntested) {
+  auto snap = ModelBuilder()
+                  .segment(kBase3)
+                  .live(2 * kMiB, {.frames = kOther})
+                  .segmentAlloc(kBase, 20 * kMiB, {.time_us = 10})
+                  .alloc(kBase, 6 * kMiB, {.time_us = 11})
+                  .alloc(kBase + 6 * kMiB, 2 * kMiB - 100, {.time_us = 12, .frames = kHolder})
+                  .alloc(kBase + 8 * kMiB, 6 * kMiB, {.time_us = 13})
+                  .alloc(kBase + 14 * kMiB, 2 * kMiB - 100, {.time_us = 14, .frames = kHolder})
+                  .free(kBase, 6 * kMiB, {.time_us = 15})
+                  .free(kBase + 8 * kMiB, 6 * kMiB, {.time_us = 16})
+                  .oom(8 * kMiB, /*device_free=*/3 * kMiB, {.time_us = 17, .frames = kStraw})
+                  .build();
+  ASSERT_FALSE(recordedFacts(snap, 0).complete_history);
+  const auto fs = findFindings(snap, 0);
+  const Finding& f = oomFinding(fs);
+  ASSERT_TRUE(f.oom.has_value());
+  ASSERT_TRUE(f.oom->fragmentation) << f.title;
+  EXPECT_TRUE(has(f.fix, "(untested: history incomplete: 1 blocks were alive")) << f.fix;
+  // Replays off: untested too.
+  FindingsOptions off;
+  off.fix_replays = 0;
+  const auto fs0 = findFindings(snap, 0, off);
+  EXPECT_TRUE(has(oomFinding(fs0).fix, "(untested: the verdict's replays are off)"))
+      << oomFinding(fs0).fix;
+}
+
+// `blocks --at oom` says what `analyze` says: the same short-by figure from the same OomVerdict.
+TEST(OomVerdictFix, BlocksAtOomPrintsTheVerdictsShortBy) {
+  std::vector<std::pair<std::string, int64_t>> files = {
+      {std::string(MEMF_SOURCE_DIR) + "/snapshots/sample_training.pickle", 0},
+      {std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/dp_imbalance_oom.pickle", 1},
+      {std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/fragmentation_oom.pickle", 0}};
+  for (const auto& [p, d] : files) {
+    if (!std::filesystem::exists(p)) continue;
+    auto snap = format::loadSnapshotFile(p);
+    ASSERT_TRUE(snap.ok()) << snap.error().message;
+    const auto fs = findFindings(*snap, d);
+    const Finding& f = oomFinding(fs);
+    ASSERT_TRUE(f.oom.has_value());
+    auto b = computeBlocks(*snap, d, BlocksAt{BlocksAt::Kind::Oom, 0});
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    std::ostringstream out;
+    report::renderBlocksText(*b, out);
+    const std::string line = f.oom->fragmentation
+                                 ? std::string("short by nothing")
+                                 : "short by " + formatBytes(f.oom->short_by_bytes) + ":";
+    EXPECT_TRUE(has(out.str(), line)) << p << ": " << line << "\n" << out.str();
+  }
 }
 
 }  // namespace

@@ -102,24 +102,6 @@ std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap,
   return first;
 }
 
-std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const analysis::WhatIfSettings& base) {
-  uint64_t oom_max = 0, alloc_max = 0;
-  for (const auto& e : snap.trace(d)) {
-    if (e.action == Action::Oom) oom_max = std::max(oom_max, e.size);
-    if (e.action == Action::Alloc) alloc_max = std::max(alloc_max, e.size);
-  }
-  const uint64_t r = std::min(oom_max > 0 ? oom_max : alloc_max, analysis::kWhatIfMaxRequest);
-  std::vector<uint64_t> out;
-  const uint64_t mb = r / kMiB;
-  if (mb < 32) return out;
-  const uint64_t v1 = uint64_t{1} << (63 - __builtin_clzll(mb));
-  for (uint64_t v : {v1, v1 / 4}) {
-    if (v > 20 && (v << 20) != base.model.max_split_size) out.push_back(v);
-  }
-  return out;
-}
-
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
                              const std::string& file, const std::string& focus_reason) {
   WhatIfPanel p;
@@ -166,7 +148,7 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                    std::string("--set expandable_segments=") + (exp ? "False" : "True"),
                    {{"expandable_segments", exp ? "False" : "True"}},
                    cap});
-  const auto splits = whatIfSplitSizesMb(snap, d, base);
+  const auto splits = analysis::whatIfSplitSizesMb(snap, d, base);
   for (uint64_t v : splits) {
     specs.push_back({"max_split_size_mb:" + std::to_string(v),
                      "cached blocks of " + std::to_string(v) +

@@ -58,11 +58,9 @@ struct WhatIfPanel {
 // with a recorded OOM, else the first; nullopt when none has a trace. `report` takes the focus
 // device of analysis/headline.h instead (the one "OOM first" rule).
 std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap, std::optional<int64_t> only);
-// The max_split_size_mb values the panel tries for device trace `d`: with R the largest recorded
-// OOM request (else the largest alloc request), the largest power of two of MiB not above R and a
-// quarter of it, those above 20 MiB (CCA's minimum) and unlike the file's own; empty below 32 MiB.
-std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const analysis::WhatIfSettings& base);
+// The max_split_size_mb values the panel tries: analysis::whatIfSplitSizesMb (shared with the OOM
+// verdict's tested fix).
+using analysis::whatIfSplitSizesMb;
 
 // The panel of `device` (the focus device of analysis/headline.h buildHeadline, said by
 // `focus_reason`); without one, of whatIfFocusDevice(snap, nullopt). A device without a trace (or
