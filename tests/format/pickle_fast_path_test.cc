@@ -492,5 +492,36 @@ TEST(PickleEventLists, AnEntryListReadAsSegmentsIsRefusedAsAList) {
   EXPECT_EQ(s.error().message, "segments[0] is a trace entry dict, expected a dict");
 }
 
+// An entry list met as another top-level key's value is materialized during the conversion, while
+// the conversion holds the top-level dict's items (found by fuzz_pickle under ASan:
+// fuzz/corpus/fuzz_pickle/crash-eventlist-materialized-in-conversion.pickle).
+TEST(PickleEventLists, AnEntryListMaterializedDuringTheConversion) {
+  PickleWriter w(4);
+  w.beginDict();
+  w.str("host_traces");
+  w.beginList();
+  entry(w, 4096);
+  entry(w, 8192);
+  w.endList();
+  w.str("segments");
+  w.beginList();
+  w.endList();
+  w.str("device_traces");
+  w.beginList();
+  w.beginList();
+  entry(w, 12288);
+  w.endList();
+  w.endList();
+  w.endDict();
+  auto bytes = w.finish();
+  auto s = readWith(bytes, true);
+  ASSERT_TRUE(s.ok()) << s.error().describe();
+  EXPECT_EQ(s->host_trace_events, 2u);
+  ASSERT_EQ(s->traceCount(), 1u);
+  ASSERT_EQ(s->trace(0).size(), 1u);
+  EXPECT_EQ(s->trace(0)[0].addr, 12288u);
+  expectSame(bytes, "host_traces");
+}
+
 }  // namespace
 }  // namespace memforensics::format

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <unordered_set>
@@ -669,7 +670,8 @@ class Machine {
   bool memo_wide_ = false;
   std::vector<Value> memo_other_;
   std::vector<Node> nodes_;
-  std::vector<Items> store_;
+  // A deque: materialize() adds stores during the conversion, while it holds pointers to others.
+  std::deque<Items> store_;
   std::map<std::pair<uint64_t, uint64_t>, uint32_t> pool_index_;
   std::vector<Event> events_;
   std::vector<EventRun> event_runs_;               // runs of EventList nodes
