@@ -589,6 +589,12 @@ TEST(OomVerdictFix, AnIncompleteHistoryLeavesTheFixUntested) {
   const auto fs0 = findFindings(snap, 0, off);
   EXPECT_TRUE(has(oomFinding(fs0).fix, "(untested: the verdict's replays are off)"))
       << oomFinding(fs0).fix;
+  // A budget of one (the baseline alone) tests nothing either: untested, not "no setting applies".
+  FindingsOptions one;
+  one.fix_replays = 1;
+  const auto fs1 = findFindings(splitAvoidable(), 0, one);
+  EXPECT_TRUE(has(oomFinding(fs1).fix, "(untested: the verdict's replays are off)"))
+      << oomFinding(fs1).fix;
 }
 
 // `blocks --at oom` says what `analyze` says: the same short-by figure from the same OomVerdict.
