@@ -8,6 +8,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "analysis/cross_device.h"
 #include "analysis/stack_groups.h"
 
 namespace memforensics::analysis {
@@ -145,6 +146,7 @@ int64_t signedDelta(uint64_t base, uint64_t neu) {
 
 RunProfile profileSnapshot(const format::Snapshot& snap, const ProfileOptions& options) {
   RunProfile out;
+  AnalysisResult job;  // the devices' analyses, for the cross-device findings
   for (int64_t d : snap.devices()) {
     if (options.device && *options.device != d) continue;
     DeviceSession session(snap, d);
@@ -153,12 +155,18 @@ RunProfile profileSnapshot(const format::Snapshot& snap, const ProfileOptions& o
       session.requestLive(summaryPeak(s, static_cast<PeakKind>(k)).event, kPeakReasons[k]);
     }
     session.requestFindingMoments(kLayoutOoms);
-    out.devices.push_back(profileDevice(snap, session.take()));
+    job.devices.emplace_back();
+    out.devices.push_back(profileDevice(snap, session.take(), &job.devices.back()));
   }
+  // As analyze does (analyzeSnapshot): the job's findings from every device's analysis; with
+  // --device only that device is analysed, so there is nothing to compare across.
+  for (const Finding& f : crossDeviceFindings(snap, job))
+    out.job_findings.push_back({f.device, findingRef(f)});
   return out;
 }
 
-DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts) {
+DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts,
+                            DeviceAnalysis* analysis) {
   DeviceProfile p;
   const auto& s = facts.summary;
   p.device = facts.device;
@@ -236,6 +244,7 @@ DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts) {
   ao.top = 1;
   DeviceAnalysis da = analyzeDevice(snap, std::move(facts), ao);
   for (const auto& f : da.findings) p.findings.push_back(findingRef(f));
+  if (analysis != nullptr) *analysis = std::move(da);
   return p;
 }
 
@@ -446,6 +455,8 @@ std::vector<RankRow> rankRowsOf(const RunProfile& profile) {
     r.peak_allocated = d.peaks[static_cast<size_t>(PeakKind::Allocated)].peak.bytes;
     r.ooms = d.ooms;
     for (const auto& f : d.findings) r.high_findings += f.severity == FindingSeverity::High;
+    for (const auto& j : profile.job_findings)
+      r.high_findings += j.device == d.device && j.finding.severity == FindingSeverity::High;
     const PeakProfile& rq = d.peaks[static_cast<size_t>(PeakKind::Requested)];
     if (!rq.groups.empty()) {
       r.largest_holder = framesLine(rq.groups[0].frames, rq.groups[0].has_stack);
@@ -591,13 +602,17 @@ CheckReport checkProfile(const RunProfile& run, const CheckLimits& limits,
       }
     }
     if (limits.fail_on) {
-      for (const auto& f : d.findings) {
-        if (f.severity < *limits.fail_on) continue;
+      auto fail = [&](const FindingRef& f) {
+        if (f.severity < *limits.fail_on) return;
         rep.violations.push_back({run.path, d.device,
                                   "finding " + std::string(findingKindId(f.kind)) + " (" +
                                       std::string(findingSeverityName(f.severity)) + ")",
                                   f.bytes, 0, f.where, f.title});
-      }
+      };
+      for (const auto& f : d.findings) fail(f);
+      // The job's findings count on the device they point at (device imbalance: the heaviest).
+      for (const auto& j : run.job_findings)
+        if (j.device == d.device) fail(j.finding);
     }
     if (limits.max_increase_pct && baseline != nullptr) {
       const DeviceProfile* b = nullptr;

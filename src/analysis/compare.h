@@ -113,9 +113,17 @@ struct DeviceProfile {
   std::string iteration_basis;
 };
 
+struct JobFindingRef {
+  int64_t device = -1;  // the device the finding points at (cross_device.h), -1 for the job
+  FindingRef finding;
+};
+
 struct RunProfile {
   std::string path;
   std::vector<DeviceProfile> devices;  // ascending device
+  // Findings about the job as a whole (cross_device.h: device imbalance), as analyze gives them;
+  // check --fail-on and ranks count them on their device.
+  std::vector<JobFindingRef> job_findings;
 };
 
 struct ProfileOptions {
@@ -126,7 +134,9 @@ struct ProfileOptions {
 RunProfile profileSnapshot(const format::Snapshot& snap, const ProfileOptions& options = {});
 // The profile of one device from its session facts (which must hold the live sets at the three
 // peaks; the findings come from analyzeDevice over the same facts).
-DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts);
+// With `analysis`, also that device's analyzeDevice result (for the job's cross-device findings).
+DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts,
+                            DeviceAnalysis* analysis = nullptr);
 
 // ---- diff ----
 

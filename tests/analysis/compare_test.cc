@@ -372,5 +372,40 @@ TEST(Check, GrowthNeedsTwoIterations) {
   EXPECT_NE(r.notes[0].find("growth per step not checked"), std::string::npos);
 }
 
+// The job's findings (cross_device.h) count as analyze gives them: check --fail-on fails on the
+// device imbalance of a DataParallel job, on the device it points at, and ranks counts it there.
+TEST(Check, JobFindingsCountOnTheirDevice) {
+  RunProfile dp = loadProfile(scenario("dp_imbalance_oom"));
+  ASSERT_EQ(dp.job_findings.size(), 1u);
+  EXPECT_EQ(dp.job_findings[0].finding.kind, FindingKind::DeviceImbalance);
+  EXPECT_EQ(dp.job_findings[0].device, 1);
+  CheckLimits lim;
+  lim.fail_on = FindingSeverity::High;
+  CheckReport r = checkProfile(dp, lim);
+  size_t imbalance = 0;
+  for (const auto& v : r.violations) {
+    if (v.figure != "finding device_imbalance (high)") continue;
+    ++imbalance;
+    EXPECT_EQ(v.device, 1);
+    EXPECT_NE(v.line.find("models.py:174"), std::string::npos) << v.line;
+  }
+  EXPECT_EQ(imbalance, 1u);
+  size_t high_on_1 = 0, job_high = 0;
+  for (const auto& d : dp.devices) {
+    if (d.device != 1) continue;
+    for (const auto& f : d.findings) high_on_1 += f.severity == FindingSeverity::High;
+  }
+  for (const auto& j : dp.job_findings) job_high += j.finding.severity == FindingSeverity::High;
+  for (const RankRow& row : rankRowsOf(dp)) {
+    if (row.device == 1) EXPECT_EQ(row.high_findings, high_on_1 + job_high);
+  }
+  // One device alone: nothing to compare across.
+  auto snap = format::loadSnapshotFile(scenario("dp_imbalance_oom"));
+  ASSERT_TRUE(snap.ok());
+  ProfileOptions one;
+  one.device = 1;
+  EXPECT_TRUE(profileSnapshot(*snap, one).job_findings.empty());
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
