@@ -45,18 +45,13 @@ struct Ooms {
   std::vector<int64_t> other_times;  // time_us of the other devices' oom events, sorted
 };
 
-Ooms oomsOf(const format::Snapshot& snap, int64_t device, std::span<const format::Event> ev) {
+Ooms oomsOf(const format::Snapshot& snap, int64_t device) {
   Ooms out;
-  for (size_t i = 0; i < ev.size(); ++i) {
-    if (ev[i].action == format::Action::Oom) out.events.push_back(static_cast<int64_t>(i));
+  const auto all = snap.ooms();
+  for (const format::OomRef& o : *all) {
+    if (o.device == device) out.events.push_back(o.event);
   }
-  for (size_t d = 0; d < snap.traceCount(); ++d) {
-    if (static_cast<int64_t>(d) == device) continue;
-    for (const format::Event& e : snap.trace(d)) {
-      if (e.action == format::Action::Oom && e.time_us >= 0) out.other_times.push_back(e.time_us);
-    }
-  }
-  std::sort(out.other_times.begin(), out.other_times.end());
+  out.other_times = otherDeviceOomTimes(snap, device);
   return out;
 }
 
@@ -117,10 +112,6 @@ Category categorizeWith(Ctx& c, const AllocFact& a, const Ooms& ooms) {
 
 }  // namespace
 
-Category categorize(Ctx& c, const AllocFact& a) {
-  return categorizeWith(c, a, oomsOf(c.s, c.device, c.ev));
-}
-
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b) {
   if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= c.alloc_at.size())
     return preTraceCategoryOfFlags(c.flagsOf(b.stack));
@@ -146,7 +137,7 @@ void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts) {
   std::vector<Category> cats;
   {
     Ctx c(snap, facts);
-    const detail::Ooms ooms = detail::oomsOf(snap, facts.device, c.ev);
+    const detail::Ooms ooms = detail::oomsOf(snap, facts.device);
     cats.reserve(facts.allocs.size());
     for (const AllocFact& a : facts.allocs) cats.push_back(detail::categorizeWith(c, a, ooms));
   }

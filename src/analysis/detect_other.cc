@@ -68,24 +68,6 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   out.push_back(std::move(f));
 }
 
-namespace {
-
-// The times of the OOMs on the file's other devices (one job: an OOM there unwinds this device's
-// step too), sorted; OOMs without a time are left out.
-std::vector<int64_t> otherDeviceOomTimes(const Ctx& c) {
-  std::vector<int64_t> out;
-  for (int64_t d : c.s.devices()) {
-    if (d == c.device || d < 0) continue;
-    for (const Event& e : c.s.trace(static_cast<size_t>(d))) {
-      if (e.action == Action::Oom && e.time_us >= 0) out.push_back(e.time_us);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
 void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   const replay::Peak& pr = c.summary.peak_reserved;
   if (pr.bytes == 0) return;
@@ -94,7 +76,7 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
   // verdict explains; it is not a separate warning.
   if (!c.summary.ooms.empty() && pr.event <= c.summary.ooms.back().event) return;
   // The same when another device of the job ran out of memory after this one's cache peaked.
-  const std::vector<int64_t> others = otherDeviceOomTimes(c);
+  const std::vector<int64_t> others = otherDeviceOomTimes(c.s, c.device);
   if (!others.empty() && pr.time_us >= 0 && pr.time_us <= others.back()) return;
   // At the end of the run: how much of what the process holds is unused cache.
   const replay::Counters end = c.summary.final_replayed;
@@ -154,7 +136,7 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   // An OOM on another device of the job unwinds this device's step too (by time).
   int64_t other_oom_time = -1;
   if (pk.time_us >= 0) {
-    const std::vector<int64_t> others = otherDeviceOomTimes(c);
+    const std::vector<int64_t> others = otherDeviceOomTimes(c.s, c.device);
     auto it = std::lower_bound(others.begin(), others.end(), pk.time_us);
     if (it != others.end()) other_oom_time = *it;
   }

@@ -71,9 +71,13 @@ struct Ctx {
 // the category its stack implies (categories.cc).
 Category categoryOfLive(Ctx& c, const replay::LiveBlock& b);
 Category preTraceCategoryOfFlags(uint8_t flags);
-Category categorize(Ctx& c, const AllocFact& a);
 
-std::string pct(uint64_t part, uint64_t whole);  // "42%"
+std::string pct(uint64_t part, uint64_t whole);
+
+// The times of the OOMs on the file's other devices, sorted; OOMs without a time are left out.
+// One job: an OOM there unwinds this device's step too (categories, cache bloat, the spike).
+// From Snapshot::ooms(), so a file of many devices is scanned once, not once per device.
+std::vector<int64_t> otherDeviceOomTimes(const format::Snapshot& s, int64_t device);  // "42%"
 
 // Training steps (detect_growth.cc). Detected (not annotated) iterations count as steps only when
 // most of them run a backward pass or an optimizer.

@@ -208,6 +208,23 @@ std::string FormatTraits::era() const {
   return "unknown";
 }
 
+std::shared_ptr<const std::vector<OomRef>> OomIndexCache::get(const Snapshot& snap) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (refs_ && built_from_ == snap.events.data() && built_size_ == snap.events.size()) return refs_;
+  auto refs = std::make_shared<std::vector<OomRef>>();
+  for (size_t d = 0; d < snap.traceCount(); ++d) {
+    const std::span<const Event> ev = snap.trace(d);
+    for (size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].action == Action::Oom)
+        refs->push_back({static_cast<int64_t>(d), static_cast<int64_t>(i), ev[i].time_us});
+    }
+  }
+  refs_ = std::move(refs);
+  built_from_ = snap.events.data();
+  built_size_ = snap.events.size();
+  return refs_;
+}
+
 std::vector<int64_t> Snapshot::devices() const {
   std::set<int64_t> ds;
   for (const auto& s : segments) ds.insert(s.device);

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -206,6 +208,33 @@ struct FormatTraits {
   std::string era() const;              // e.g. "2.10-2.11"
 };
 
+// One OOM event of a device trace (Snapshot::ooms()).
+struct OomRef {
+  int64_t device = 0;
+  int64_t event = 0;     // index in the device's trace
+  int64_t time_us = -1;  // -1 when the file has no time
+};
+
+// A derived index a const Snapshot computes on first use and keeps (thread-safe); a copy starts
+// empty, and it is recomputed when the events it was built from changed (their count or buffer).
+class OomIndexCache {
+ public:
+  OomIndexCache() = default;
+  OomIndexCache(const OomIndexCache&) {}
+  OomIndexCache& operator=(const OomIndexCache&) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refs_.reset();
+    return *this;
+  }
+  std::shared_ptr<const std::vector<OomRef>> get(const struct Snapshot& snap) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::shared_ptr<const std::vector<OomRef>> refs_;
+  mutable const void* built_from_ = nullptr;
+  mutable size_t built_size_ = 0;
+};
+
 struct Snapshot {
   SourceFormat source = SourceFormat::Pickle;
   int pickle_protocol = 0;
@@ -249,6 +278,13 @@ struct Snapshot {
   }
   // Devices that appear anywhere (segments or traces), ascending.
   std::vector<int64_t> devices() const;
+  // Every OOM event of every device trace, by device then event: one scan of the events for the
+  // whole file, however many devices ask (an OOM on one device of a job unwinds the step on every
+  // device, so each device's analysis reads the others' OOMs).
+  std::shared_ptr<const std::vector<OomRef>> ooms() const { return oom_index_.get(*this); }
+
+ private:
+  OomIndexCache oom_index_;
 };
 
 }  // namespace memforensics::format
