@@ -119,8 +119,13 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
     if (opt.findings) session.requestFindingMoments(kLayoutOoms);
     res.devices.push_back(analyzeDevice(snap, session.take(), opt));
   }
-  if (opt.findings) res.job_findings = crossDeviceFindings(snap, res);
+  finishAnalysis(snap, res, opt);
   return res;
+}
+
+void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,
+                    const AnalyzeOptions& options) {
+  if (options.findings) result.job_findings = crossDeviceFindings(snap, result);
 }
 
 AnalysisResult analysisHeader(const format::Snapshot& snap) {

@@ -106,5 +106,9 @@ AnalysisResult analysisHeader(const format::Snapshot& snap);
 // the requested peak and, with options.findings, the finding moments).
 DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
                              const AnalyzeOptions& options = {});
+// What analyzeSnapshot does after the devices, for callers that add the devices themselves
+// (report, compare): the job's findings across devices (cross_device.h), with options.findings.
+void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,
+                    const AnalyzeOptions& options = {});
 
 }  // namespace memforensics::analysis

@@ -8,7 +8,6 @@
 #include <map>
 #include <unordered_map>
 
-#include "analysis/cross_device.h"
 #include "analysis/stack_groups.h"
 
 namespace memforensics::analysis {
@@ -160,8 +159,8 @@ RunProfile profileSnapshot(const format::Snapshot& snap, const ProfileOptions& o
   }
   // As analyze does (analyzeSnapshot): the job's findings from every device's analysis; with
   // --device only that device is analysed, so there is nothing to compare across.
-  for (const Finding& f : crossDeviceFindings(snap, job))
-    out.job_findings.push_back({f.device, findingRef(f)});
+  finishAnalysis(snap, job);
+  for (const Finding& f : job.job_findings) out.job_findings.push_back({f.device, findingRef(f)});
   return out;
 }
 

@@ -11,7 +11,6 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/cross_device.h"
 #include "analysis/headline.h"
 #include "analysis/session.h"
 #include "cli/cmd_diff.h"
@@ -154,7 +153,7 @@ int runReportCommand() {
   facts.clear();
   // Findings about the job as a whole (device imbalance), as analyze has them: the headline and
   // the cross-device table show them.
-  result.job_findings = analysis::crossDeviceFindings(*snap, result);
+  analysis::finishAnalysis(*snap, result, aopt);
   {
     setActivity("what-if simulations of " + g_args.file);
     const analysis::Headline h = analysis::buildHeadline(result);  // the focus device
