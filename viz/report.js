@@ -233,6 +233,9 @@
     return ev < 0 ? "at the start" : "after " + evWhen(ev, t);
   }
 
+  // A device whose history cannot explain its state (a ring buffer of 1, no trace: the
+  // incomplete_history finding at warning): its OOM count and layout say so, never "0" or "exact".
+  const historyUnexplained = (a) => !!a && a.findings.some((f) => f.kind === "incomplete_history" && f.severity !== "info");
   // Exact only where the allocator model reproduced the whole device (the page never says more).
   function layoutText(d) {
     if (!d) return "not drawn for this device in this report (see below)";
@@ -240,6 +243,9 @@
     const m = d.model;
     const counts = "the allocator model predicted " + m.alloc_matches + " of " + m.allocs + " allocations and " +
       m.segment_matches + " of " + m.segment_events + " segment events";
+    if (d.layout_exact && historyUnexplained(devA())) {
+      return "the file's final layout as it is; the history cannot explain how it came about (see the incomplete_history finding: " + counts + ")";
+    }
     if (d.layout_exact) return "exact (" + counts + (m.final_compared ? ", and the file's final layout" : "") + ")";
     return "estimate: " + (m.estimate_reason || "the allocator model did not reproduce the trace") + " (" + counts + ")";
   }
@@ -281,7 +287,13 @@
     st.append(stat("peak_requested_bytes", "Peak requested", a.peak_requested_bytes, eventNote(a.peak_requested_event, a.peak_requested_time_us)));
     st.append(stat("peak_active_bytes", "Peak active", a.peak_active_bytes, eventNote(a.peak_active_event, a.peak_active_time_us)));
     st.append(stat("final_reserved_bytes", "Reserved at the end", a.final_reserved_bytes));
-    st.append(countStat("oom_count", "OOMs", a.oom_count));
+    if (historyUnexplained(a) && !a.oom_count) {
+      st.append(el("div", { cls: "stat", "data-stat": "oom_count", "data-value": "unknown" },
+        el("div", { cls: "label", text: "OOMs" }), el("div", { cls: "value", text: "unknown" }),
+        el("div", { cls: "exact", text: "the history cannot explain an OOM" })));
+    } else {
+      st.append(countStat("oom_count", "OOMs", a.oom_count));
+    }
     st.append(countStat("events", "Events", a.events));
 
     const oo = $("ooms");
