@@ -40,7 +40,7 @@ native`), and every command above on the .bin must give the pickle's golden, exc
 describes the file itself: the top-level `path`, in `input` the format, size, origin, pickle
 protocol and the counts of interned strings, frames and stacks (the pickle reader also interns
 what the model does not keep, e.g. legacy history entries after the first), Perfetto's
-otherData.source_format, and the text outputs' header (up to the first empty line). Differences
+otherData.source_format, the report's what-if panel's `file`, and the text outputs' header (up to the first empty line). Differences
 known to be bugs are listed in KNOWN_NATIVE with their cause; such an entry that no longer differs
 is a failure too, so the fix removes it. This mode never writes goldens.
 
@@ -461,6 +461,8 @@ def normalize_native(name, data):
                     holder["input"].pop(k, None)
             if isinstance(holder.get("otherData"), dict):
                 holder["otherData"].pop("source_format", None)
+            if isinstance(holder.get("whatif"), dict):
+                holder["whatif"].pop("file", None)  # the report's what-if panel names its file
         docs.append(j)
     return docs  # compared as values; laid out only to show a difference
 
