@@ -40,6 +40,9 @@
     const file = Array.isArray(f) ? f[0] : f.filename, line = Array.isArray(f) ? f[2] : f.line, name = Array.isArray(f) ? f[1] : f.name;
     return file + (knownLine(line) ? ":" + line : "") + (name ? " " + name : "");
   }
+  // The helpers the page's other panels (whatif.js, embedded after this script) draw with: one
+  // definition of an element, a byte count and a frame for the whole page.
+  window.memfViz = Object.freeze({ el, fmtBytes, frameText });
   function dprCanvas(c) {
     const r = c.getBoundingClientRect();
     const dpr = window.devicePixelRatio || 1;

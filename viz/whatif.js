@@ -5,26 +5,9 @@
   const D = JSON.parse(document.getElementById("memf-data").textContent);
   const W = D.whatif, B = D.baseline_diff;
   if (!W && !B) return;
-  function el(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    if (attrs) for (const k of Object.keys(attrs)) {
-      if (k === "text") e.textContent = attrs[k];
-      else if (k === "cls") e.className = attrs[k];
-      else e.setAttribute(k, attrs[k]);
-    }
-    for (const c of children) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : String(c));
-    return e;
-  }
-  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-  function fmtBytes(n) {
-    if (n === null || n === undefined) return "n/a";
-    if (typeof n === "string") n = Number(n);
-    let v = Math.abs(n), u = 0;
-    while (v >= 1024 && u < UNITS.length - 1) { v /= 1024; u++; }
-    return (n < 0 ? "-" : "") + (u === 0 ? String(v) : v.toFixed(2)) + " " + UNITS[u];
-  }
+  const { el, fmtBytes, frameText } = window.memfViz;  // report.js, embedded before this script
   const signed = (n) => (n > 0 ? "+" : "") + fmtBytes(n);
-  const frames = (fs) => (fs || []).map((f) => f.filename + ":" + f.line + " " + f.name).join(" < ") || "(no stack recorded)";
+  const frames = (fs) => (fs || []).map(frameText).join(" < ") || "(no stack recorded)";
   const main = document.querySelector("main"), nav = document.querySelector("nav");
   let after = document.getElementById("findings-section");
   function addSection(id, title, link) {
