@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "analysis/findings.h"
 #include "common/allocator_constants.h"
 
 namespace memforensics::analysis {
@@ -217,6 +218,7 @@ BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::strin
   r.verdict = facts.model.verdict;
   r.layout_exact = facts.model.layout_exact;
   r.estimate_reason = facts.model.ran ? facts.model.estimate_reason : "the model did not run";
+  r.history_gap = historyGap(snap, facts);
 
   std::map<std::string, FreeSpace> pools;
   std::map<int64_t, FreeSpace> streams;

@@ -131,7 +131,10 @@ struct BlocksResult {
   // The model reproduced the whole device (every alloc address and segment event of the trace,
   // and the file's final layout) and the history is consistent: ModelFacts::layout_exact.
   bool layout_exact = false;
-  std::string estimate_reason;   // "" when layout_exact, else why the layout is an estimate
+  std::string estimate_reason;  // "" when layout_exact, else why the layout is an estimate
+  // findings.h historyGap: why the history cannot explain this state (a ring buffer of one entry,
+  // no trace), "" when it can. The layout is then the file's own, but not explained.
+  std::string history_gap;
   replay::ModelVerdict verdict;  // the model's whole-device verdict
   // false when the trace cannot lead to the file's final state: `untrusted`
   // (replay::UntrustedFigure bits) then includes the block layout.

@@ -120,3 +120,16 @@ void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out) {
 }
 
 }  // namespace memforensics::analysis::detail
+
+namespace memforensics::analysis {
+
+std::string historyGap(const format::Snapshot& snap, const DeviceFacts& facts) {
+  detail::Ctx c(snap, facts);
+  std::vector<Finding> out;
+  detail::detectIncompleteHistory(c, out);
+  for (const Finding& f : out)
+    if (f.severity >= FindingSeverity::Warning) return f.title;
+  return {};
+}
+
+}  // namespace memforensics::analysis

@@ -102,6 +102,12 @@ std::vector<Finding> findFindings(const format::Snapshot& snap, const DeviceFact
 std::vector<Finding> findFindings(const format::Snapshot& snap, int64_t device,
                                   const FindingsOptions& options = {});
 
+// The incomplete_history rule (detect_history.cc) at warning: the history cannot explain the
+// device's state (no trace while blocks are live; the peak before the first entry of a ring of 1
+// or a wrapped trace). Its title, or "" when the history can explain the state (complete, or only
+// its beginning missing). `blocks` says it next to a layout that is otherwise exact.
+std::string historyGap(const format::Snapshot& snap, const DeviceFacts& facts);
+
 // The category rules (docs/findings.md), used by the session to fill AllocFact::category and by
 // DeviceFacts::categoryOf for blocks alive before the trace (judged by their stack alone).
 void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts);

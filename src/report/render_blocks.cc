@@ -109,6 +109,10 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
   out << "layout: " << (r.layout_exact ? "exact" : "approximate") << " (allocator model predicted "
       << r.model.alloc_matches << "/" << r.model.allocs << " alloc addresses, "
       << r.model.segment_matches << "/" << r.model.segment_events << " segment events)\n";
+  if (!r.history_gap.empty()) {
+    out << "history: " << escapeText(r.history_gap)
+        << " (analyze's incomplete_history finding says how to record one that can)\n";
+  }
   if (!r.consistent) {
     out << "UNTRUSTED: the trace cannot lead to the file's final state; not exact:";
     for (auto n : replay::untrustedNames(r.untrusted)) out << " " << n;
@@ -193,6 +197,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   doc["events"] = r.events;
   doc["time_us"] = r.time_us < 0 ? json(nullptr) : json(r.time_us);
   doc["layout_exact"] = r.layout_exact;
+  if (!r.history_gap.empty()) doc["history_gap"] = r.history_gap;
   doc["consistent"] = r.consistent;
   json untrusted = json::array();
   for (auto n : replay::untrustedNames(r.untrusted)) untrusted.push_back(std::string(n));

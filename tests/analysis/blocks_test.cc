@@ -8,6 +8,7 @@
 
 #include "cli/at_option.h"  // --at is parsed by the CLI (header-only)
 #include "fixtures/snapshot_builder.h"
+#include "format/load/load.h"
 #include "report/render_blocks.h"
 
 namespace memforensics::analysis {
@@ -220,6 +221,32 @@ TEST(BlocksHostile, ATraceThatCannotReachTheFinalStateMarksTheLayoutUntrusted) {
   EXPECT_NE(text.str().find("UNTRUSTED"), std::string::npos) << text.str();
   EXPECT_NE(json.str().find("\"consistent\":false"), std::string::npos);
   EXPECT_NE(json.str().find("\"block_layout\""), std::string::npos);
+}
+
+// A ring buffer of one entry: the layout is the file's own, but the history cannot explain it, and
+// blocks says so next to it (the same rule as analyze's incomplete_history); a complete history
+// says nothing more.
+TEST(Blocks, AHistoryThatCannotExplainTheStateIsSaidNextToTheLayout) {
+  const std::string dir = std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/";
+  auto ring = format::loadSnapshotFile(dir + "ring_of_1.pickle");
+  ASSERT_TRUE(ring.ok());
+  const auto at = cli::parseAtOption("peak");
+  ASSERT_TRUE(at.ok());
+  auto r = computeBlocks(*ring, std::nullopt, at.value());
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->history_gap.find("cannot explain"), std::string::npos) << r->history_gap;
+  std::ostringstream text;
+  report::renderBlocksText(*r, text);
+  EXPECT_NE(text.str().find("\nhistory: the history cannot explain"), std::string::npos)
+      << text.str();
+  auto clean = format::loadSnapshotFile(dir + "clean_adam.pickle");
+  ASSERT_TRUE(clean.ok());
+  auto c = computeBlocks(*clean, std::nullopt, at.value());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->history_gap, "");
+  std::ostringstream ctext;
+  report::renderBlocksText(*c, ctext);
+  EXPECT_EQ(ctext.str().find("\nhistory:"), std::string::npos);
 }
 
 }  // namespace
