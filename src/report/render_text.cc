@@ -80,7 +80,9 @@ void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h
       if (title.substr(0, dev.size() + 2) == dev + ": ") title.remove_prefix(dev.size() + 2);
     }
     out << "[" << analysis::findingSeverityName(it.severity) << "] ";
-    if (it.bytes > 0) out << formatBytesShort(it.bytes) << ": ";
+    // Each number once: no badge when the title already gives these bytes.
+    const std::string badge = it.bytes > 0 ? formatBytesShort(it.bytes) : std::string();
+    if (!badge.empty() && title.find(badge) == std::string_view::npos) out << badge << ": ";
     out << escapeText(title);
     if (!it.where.empty()) out << " -- at " << escapeText(it.where.front().display());
     out << "\n";
