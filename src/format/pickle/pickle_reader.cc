@@ -504,6 +504,9 @@ class Machine {
     }
   }
 
+  // A generic container's items grow as the input predicts (grow()) only from this many on.
+  static constexpr size_t kPredictedGrowthItems = 4096;
+
   // Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
   // items), grown to what the input read so far predicts (common/memory.h), at most to as many
   // elements as the input has bytes: never reserved from the input's size up front.
@@ -828,7 +831,10 @@ Status Machine::appendItems(uint32_t list, size_t from) {
     Status sealed = sealOpenStacks(from);
     if (!sealed.ok()) return sealed;
     Items& items = itemsOf(list);
-    grow(items, count);  // a device's trace list holds millions of entries
+    // A device's trace list holds millions of entries: it grows as the input predicts. Every
+    // other container (a block, a segment, a 1,000,000-deep nest of lists) grows as a vector
+    // does, or each would reserve growFor's floor of 4096 items (64 KiB): 4 GB on c9_deep_list.
+    if (items.size() + count >= kPredictedGrowthItems) grow(items, count);
     items.insert(items.end(), stack_.begin() + static_cast<ptrdiff_t>(from), stack_.end());
   }
   stack_.resize(from);
