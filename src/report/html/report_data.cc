@@ -454,9 +454,8 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
     return f.allocs[x].requested > f.allocs[y].requested;
   });
-  std::vector<size_t> chosen;
-  for (size_t i : order) {
-    const AllocFact& a = f.allocs[i];
+  // One allocation as drawn (its stack is added once it is chosen).
+  auto drawnOf = [&](const AllocFact& a) {
     DrawnAllocation d;
     d.alloc_event = a.event;
     d.free_event = a.freed;
@@ -468,6 +467,11 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
                            ? f.events[static_cast<size_t>(a.freed)].time_us
                            : -1;
     }
+    return d;
+  };
+  std::vector<size_t> chosen;
+  for (size_t i : order) {
+    const DrawnAllocation d = drawnOf(f.allocs[i]);
     const size_t cost = drawnCost(d, times) + 3;  // the stack index may grow to a few digits
     if (chosen.size() >= max_drawn || spent + cost > budget) {
       v.capped = true;
@@ -479,18 +483,8 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   std::sort(chosen.begin(), chosen.end());
   for (size_t i : chosen) {
     const AllocFact& a = f.allocs[i];
-    DrawnAllocation d;
-    d.alloc_event = a.event;
-    d.free_event = a.freed;
-    d.bytes = a.requested;
-    d.category = a.category;
+    DrawnAllocation d = drawnOf(a);
     d.stack = tables.stack(a.stack);
-    if (times) {
-      d.alloc_time_us = f.events[static_cast<size_t>(a.event)].time_us;
-      d.free_time_us = a.freed >= 0 && static_cast<size_t>(a.freed) < n
-                           ? f.events[static_cast<size_t>(a.freed)].time_us
-                           : -1;
-    }
     v.smallest_drawn = v.smallest_drawn == 0 ? d.bytes : std::min(v.smallest_drawn, d.bytes);
     v.drawn.push_back(d);
   }
