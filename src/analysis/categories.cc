@@ -20,7 +20,10 @@ constexpr uint8_t kReplicate = 16;
 
 uint8_t stackFlags(const format::Snapshot& s, StackId id) {
   if (id == format::kNoStack || id == format::kEmptyStack) return 0;
-  const StackFacts f = stackFacts(s, id);
+  return stackFlags(stackFacts(s, id));
+}
+
+uint8_t stackFlags(const StackFacts& f) {
   return static_cast<uint8_t>((f.optimizer ? kOptimizer : 0) | (f.backward ? kAutograd : 0) |
                               (f.module_init ? kModuleInit : 0) | (f.forward ? kForward : 0) |
                               (f.replicate ? kReplicate : 0));
@@ -134,9 +137,15 @@ using detail::preTraceCategoryOfFlags;
 using detail::stackFlags;
 
 void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts) {
+  StackFactsCache cache(snap);
+  categorizeAllocations(facts, cache);
+}
+
+void categorizeAllocations(DeviceFacts& facts, StackFactsCache& cache) {
+  const format::Snapshot& snap = cache.snapshot();
   std::vector<Category> cats;
   {
-    Ctx c(snap, facts);
+    Ctx c(snap, facts, &cache);
     const detail::Ooms ooms = detail::oomsOf(snap, facts.device);
     cats.reserve(facts.allocs.size());
     for (const AllocFact& a : facts.allocs) cats.push_back(detail::categorizeWith(c, a, ooms));

@@ -111,6 +111,8 @@ std::string historyGap(const format::Snapshot& snap, const DeviceFacts& facts);
 // The category rules (docs/findings.md), used by the session to fill AllocFact::category and by
 // DeviceFacts::categoryOf for blocks alive before the trace (judged by their stack alone).
 void categorizeAllocations(const format::Snapshot& snap, DeviceFacts& facts);
+// The same, with the stacks' facts from `cache` (the session's: its phases filled it already).
+void categorizeAllocations(DeviceFacts& facts, StackFactsCache& cache);
 Category preTraceCategory(const format::Snapshot& snap, format::StackId stack);
 
 // The category of every allocation of one device (the same inference as the detectors'), for

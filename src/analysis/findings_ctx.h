@@ -26,6 +26,7 @@ enum StackFlag : uint8_t {
 };
 
 uint8_t stackFlags(const format::Snapshot& s, format::StackId id);
+uint8_t stackFlags(const StackFacts& f);
 
 // One device's facts as the detectors read them, with a per-call cache of stack flags (no state
 // survives a call: the detectors are pure functions of the facts).
@@ -39,9 +40,11 @@ struct Ctx {
   const std::vector<AllocFact>& allocs;
   const std::vector<int32_t>& alloc_at;  // per event: index into allocs for alloc events, else -1
   const replay::DeviceSummary& summary;
-  std::vector<uint8_t> flags;  // per stack id, 0xff = not computed
+  std::vector<uint8_t> flags;              // per stack id, 0xff = not computed
+  StackFactsCache own_stack_facts;         // frame and stack facts, when no cache is given
+  StackFactsCache* stack_facts = nullptr;  // a caller's cache (the session's), else own's
 
-  Ctx(const format::Snapshot& snap, const DeviceFacts& f)
+  Ctx(const format::Snapshot& snap, const DeviceFacts& f, StackFactsCache* cache = nullptr)
       : s(snap),
         facts(f),
         device(f.device),
@@ -50,7 +53,9 @@ struct Ctx {
         basis(f.iteration_basis),
         allocs(f.allocs),
         alloc_at(f.alloc_at),
-        summary(f.summary) {}
+        summary(f.summary),
+        own_stack_facts(snap),
+        stack_facts(cache) {}
 
   // The moment after `event` with its live set, or nullptr when the facts do not hold one.
   const MomentFacts* live(int64_t event) const {
@@ -59,7 +64,8 @@ struct Ctx {
   }
   uint8_t flagsOf(format::StackId id) {
     if (id >= flags.size()) flags.resize(std::max<size_t>(s.stacks.stackCount(), id + 1), 0xff);
-    if (flags[id] == 0xff) flags[id] = stackFlags(s, id);
+    if (flags[id] == 0xff)
+      flags[id] = stackFlags((stack_facts ? *stack_facts : own_stack_facts).of(id));
     return flags[id];
   }
   std::vector<FrameText> frames(format::StackId id, size_t n = 3) const {

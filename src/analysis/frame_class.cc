@@ -237,45 +237,75 @@ FrameKind classifyFrame(const format::Snapshot& s, const format::Frame& f) {
   return classifyFrame(s.strings.get(f.filename), s.strings.get(f.name));
 }
 
+FrameFacts frameFacts(std::string_view file, std::string_view name) {
+  FrameFacts f;
+  f.kind = classifyFrame(file, name);
+  f.python = isPythonFile(file);
+  f.module_init = (containsPath(file, "nn/modules/module.py") &&
+                   (name == "_apply" || name == "to" || name == "cuda" || name == "convert")) ||
+                  (name == "__init__" && f.kind != FrameKind::Optimizer);
+  f.replicate = isReplicateFrame(file, name);
+  f.forward = name == "forward" || name == "_call_impl" || name == "_wrapped_call_impl" ||
+              containsPath(file, "nn/functional.py");
+  return f;
+}
+
+namespace {
+
+// Frame `i` (innermost first) of a stack into its facts.
+void addFrame(StackFacts& out, const FrameFacts& f, size_t i) {
+  const FrameKind k = f.kind;
+  out.python = out.python || f.python;
+  if (k == FrameKind::Optimizer) out.optimizer = true;
+  if (k == FrameKind::Autograd) out.backward = true;
+  if (k == FrameKind::User && out.innermost_user < 0) out.innermost_user = static_cast<int32_t>(i);
+  if (!f.python && (k == FrameKind::CppOp || k == FrameKind::Autograd) && out.op < 0)
+    out.op = static_cast<int32_t>(i);
+  if (f.module_init) out.module_init = true;
+  if (f.replicate) out.replicate = true;
+  if (f.forward) out.forward = true;
+}
+
+}  // namespace
+
 StackFacts stackFacts(const format::Snapshot& s, format::StackId id) {
   StackFacts out;
   if (id == format::kNoStack || id == format::kEmptyStack) return out;
   auto frames = s.stacks.stack(id);
   for (size_t i = 0; i < frames.size(); ++i) {
     const format::Frame& fr = s.stacks.frame(frames[i]);
-    std::string_view file = s.strings.get(fr.filename);
-    std::string_view name = s.strings.get(fr.name);
-    const FrameKind k = classifyFrame(file, name);
-    const bool py = isPythonFile(file);
-    out.python = out.python || py;
-    if (k == FrameKind::Optimizer) out.optimizer = true;
-    if (k == FrameKind::Autograd) out.backward = true;
-    if (k == FrameKind::User && out.innermost_user < 0)
-      out.innermost_user = static_cast<int32_t>(i);
-    if (!py && (k == FrameKind::CppOp || k == FrameKind::Autograd) && out.op < 0)
-      out.op = static_cast<int32_t>(i);
-    if (containsPath(file, "nn/modules/module.py") &&
-        (name == "_apply" || name == "to" || name == "cuda" || name == "convert")) {
-      out.module_init = true;
-    }
-    if (name == "__init__" && k != FrameKind::Optimizer) out.module_init = true;
-    if (isReplicateFrame(file, name)) out.replicate = true;
-    if (name == "forward" || name == "_call_impl" || name == "_wrapped_call_impl" ||
-        containsPath(file, "nn/functional.py")) {
-      out.forward = true;
-    }
+    addFrame(out, frameFacts(s.strings.get(fr.filename), s.strings.get(fr.name)), i);
   }
   return out;
 }
 
+const FrameFacts& StackFactsCache::frame(format::FrameId id) {
+  if (id >= frames_.size()) {
+    const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.frameCount());
+    frames_.resize(n);
+    frame_known_.resize(n, 0);
+  }
+  if (!frame_known_[id]) {
+    const format::Frame& fr = s_.stacks.frame(id);
+    frames_[id] = frameFacts(s_.strings.get(fr.filename), s_.strings.get(fr.name));
+    frame_known_[id] = 1;
+  }
+  return frames_[id];
+}
+
 const StackFacts& StackFactsCache::of(format::StackId id) {
   if (id >= facts_.size()) {
-    const size_t n = std::max<size_t>(id + 1, s_.stacks.stackCount());
+    const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.stackCount());
     facts_.resize(n);
     known_.resize(n, 0);
   }
   if (!known_[id]) {
-    facts_[id] = stackFacts(s_, id);
+    StackFacts out;
+    if (id != format::kNoStack && id != format::kEmptyStack) {
+      auto frames = s_.stacks.stack(id);
+      for (size_t i = 0; i < frames.size(); ++i) addFrame(out, frame(frames[i]), i);
+    }
+    facts_[id] = out;
     known_[id] = 1;
   }
   return facts_[id];

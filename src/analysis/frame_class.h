@@ -82,16 +82,36 @@ struct StackFacts {
 };
 StackFacts stackFacts(const format::Snapshot& s, format::StackId id);
 
-// stackFacts() memoized per stack id (stacks repeat across millions of events).
+// What one frame contributes to a stack's facts: its kind and the name / file tests of
+// stackFacts(). The stack's facts are a fold of its frames' (innermost first), so a frame shared by
+// many stacks is classified once per cache, not once per stack.
+struct FrameFacts {
+  FrameKind kind = FrameKind::CppOp;
+  bool python = false;       // a Python file
+  bool module_init = false;  // nn.Module._apply / to / cuda / convert, or an __init__ outside
+                             // torch/optim
+  bool replicate = false;    // DataParallel's replicate / broadcast (StackFacts::replicate)
+  bool forward = false;      // forward, the module call wrappers, torch/nn/functional.py
+};
+FrameFacts frameFacts(std::string_view filename, std::string_view name);
+
+// frameFacts() memoized per frame id and stackFacts() per stack id (frames repeat across
+// thousands of stacks, stacks across millions of events). Filled on first use, so it is not
+// thread-safe: one per device's analysis (a DeviceSession, a call's locals), never shared between
+// threads. It caches only what frameFacts() / stackFacts() say: the rule stays there.
 class StackFactsCache {
  public:
   explicit StackFactsCache(const format::Snapshot& s) : s_(s) {}
   const StackFacts& of(format::StackId id);
+  const FrameFacts& frame(format::FrameId id);
+  const format::Snapshot& snapshot() const { return s_; }
 
  private:
   const format::Snapshot& s_;
   std::vector<StackFacts> facts_;
   std::vector<uint8_t> known_;
+  std::vector<FrameFacts> frames_;
+  std::vector<uint8_t> frame_known_;
 };
 
 }  // namespace memforensics::analysis

@@ -13,6 +13,8 @@
 
 namespace memforensics::analysis {
 
+class StackFactsCache;
+
 struct FrameText {
   std::string filename;
   std::string name;
@@ -31,6 +33,9 @@ struct FrameText {
 std::vector<FrameText> userFrames(const format::Snapshot& s, format::StackId stack, size_t max);
 // The same frames as ids, innermost first.
 std::vector<format::FrameId> userFrameIds(const format::Snapshot& s, format::StackId stack,
+                                          size_t max);
+// The same, with the frames' kinds from `cache` (one per device's analysis, frame_class.h).
+std::vector<format::FrameId> userFrameIds(StackFactsCache& cache, format::StackId stack,
                                           size_t max);
 
 // The text of one frame of the snapshot.

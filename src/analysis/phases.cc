@@ -332,13 +332,13 @@ bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event
     if (it != forwards.end()) return it->second;
     Fw fw;
     for (format::FrameId f : snap.stacks.stack(st)) {
-      const auto& fr = snap.stacks.frame(f);
-      if (!isPythonFile(snap.strings.get(fr.filename))) continue;
+      const FrameFacts& ff = facts.frame(f);
+      if (!ff.python) continue;
       fw.python = true;
-      if (snap.strings.get(fr.name) != "forward") continue;
+      if (snap.strings.get(snap.stacks.frame(f).name) != "forward") continue;
       bool seen = false;
       for (const auto& [g, u] : fw.frames) seen = seen || g == f;
-      if (!seen) fw.frames.emplace_back(f, classifyFrame(snap, fr) == FrameKind::User);
+      if (!seen) fw.frames.emplace_back(f, ff.kind == FrameKind::User);
     }
     return forwards.emplace(st, std::move(fw)).first->second;
   };
@@ -406,7 +406,7 @@ bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event
 }
 
 std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Event> ev,
-                               const Stream& s) {
+                               const Stream& s, StackFactsCache& facts) {
   const size_t n = s.token.size();
   if (n < 6) return std::nullopt;
   // Occurrences of every token (CSR layout).
@@ -453,7 +453,6 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   if (cands.size() > 24) cands.resize(24);
 
   std::vector<int32_t> scratch(s.tokens, 0);
-  StackFactsCache facts(snap);
   // Per allocation (position in the stream): the event that frees it, SIZE_MAX when none does.
   std::vector<size_t> freed_at(n, SIZE_MAX);
   {
@@ -527,10 +526,11 @@ void addSubPhases(StackFactsCache& facts, std::span<const Event> ev, const Phase
   if (opt[0] >= 0) add(PhaseKind::Optimizer, "optimizer", opt[0], opt[1]);
 }
 
-std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<const Event> ev) {
+std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<const Event> ev,
+                                    StackFactsCache& facts) {
   std::vector<Phase> out;
   Stream s = tokenize(ev);
-  auto sp = findSteps(snap, ev, s);
+  auto sp = findSteps(snap, ev, s, facts);
   if (!sp) return out;
   // A step's events start at its first allocation, together with the segment_alloc/segment_map
   // that PyTorch records just before it for that allocation.
@@ -543,7 +543,6 @@ std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<cons
     return static_cast<int64_t>(e);
   };
   const size_t n_alloc = s.token.size();
-  StackFactsCache facts(snap);
   for (size_t j = 0; j < sp->steps.size(); ++j) {
     const auto [b, e] = sp->steps[j];
     Phase p;
@@ -565,6 +564,12 @@ std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<cons
 }  // namespace
 
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
+  StackFactsCache cache(snap);
+  return detectPhases(snap, device, cache);
+}
+
+std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
+                                StackFactsCache& cache) {
   if (device < 0) return {};
   auto ev = snap.trace(static_cast<size_t>(device));
   std::vector<Phase> out = fromAnnotations(snap, device, ev);
@@ -573,7 +578,7 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
   bool has_steps = std::any_of(out.begin(), out.end(),
                                [](const Phase& p) { return p.kind == PhaseKind::Iteration; });
   if (!has_steps) {
-    auto det = detectIterations(snap, ev);
+    auto det = detectIterations(snap, ev, cache);
     out.insert(out.end(), det.begin(), det.end());
   }
   // By first event; the enclosing range first; then by time and name, so the order is stable.

@@ -41,6 +41,10 @@ struct Phase {
 
 // Phases of `device`, sorted by first_event; nested ranges (forward inside a step) both appear.
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device);
+// The same, with the stacks' facts from `cache` (one per device's analysis, frame_class.h).
+class StackFactsCache;
+std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
+                                StackFactsCache& cache);
 
 std::string_view phaseKindName(PhaseKind k);
 

@@ -69,6 +69,11 @@ Category DeviceFacts::categoryOf(const format::Snapshot& snap, const replay::Liv
 }
 
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
+  StackFactsCache cache(snap);
+  return eventFacts(snap, device, cache);
+}
+
+DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsCache& cache) {
   DeviceFacts f;
   f.device = device;
   if (device >= 0 && static_cast<size_t>(device) < snap.traceCount())
@@ -76,7 +81,7 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
   for (const auto& seg : snap.segments) f.segments += seg.device == device;
 
   // Phases once, and the allocation table with lifetimes and categories (no replay).
-  f.phases = detectPhases(snap, device);
+  f.phases = detectPhases(snap, device, cache);
   for (const Phase& p : f.phases) {
     if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) f.iterations.push_back(p);
   }
@@ -107,7 +112,7 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
       }
     }
   }
-  categorizeAllocations(snap, f);
+  categorizeAllocations(f, cache);
 
   return f;
 }
@@ -118,9 +123,9 @@ struct DeviceSession::Pending {
 
 DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
                              const SessionOptions& options)
-    : snap_(snap), pending_(std::make_unique<Pending>()) {
+    : snap_(snap), stack_facts_(snap), pending_(std::make_unique<Pending>()) {
   before_ = replay::passStats()[device];
-  facts_ = eventFacts(snap, device);
+  facts_ = eventFacts(snap, device, stack_facts_);
   DeviceFacts& f = facts_;
   // The backward pass, then forward pass 1.
   replayer_ = std::make_unique<replay::DeviceReplayer>(snap, device);

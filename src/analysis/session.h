@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/frame_class.h"
 #include "analysis/phases.h"
 #include "common/flat_map.h"
 #include "format/model/snapshot.h"
@@ -159,6 +160,8 @@ inline constexpr size_t kLayoutOoms = 16;
 // The facts that need no replay: events, segment count, phases, iterations, the allocation table
 // with categories (what a DeviceSession starts from).
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device);
+// The same, with the frames' and stacks' facts from `cache` (a DeviceSession's).
+DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsCache& cache);
 
 struct SessionOptions {
   bool series = false;  // keep the counters after every event (timeline, report, exports)
@@ -193,6 +196,7 @@ class DeviceSession {
  private:
   struct Pending;
   const format::Snapshot& snap_;
+  StackFactsCache stack_facts_;  // this device's frame and stack facts (phases, categories)
   DeviceFacts facts_;
   std::unique_ptr<replay::DeviceReplayer> replayer_;
   std::unique_ptr<Pending> pending_;
