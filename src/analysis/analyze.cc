@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "analysis/cross_device.h"
+#include "analysis/frame_class.h"
 #include "analysis/stack_groups.h"
+#include "common/parallel.h"
 
 namespace memforensics::analysis {
 
@@ -49,10 +51,11 @@ std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts
     format::StackId stack = format::kNoStack;  // the first stack seen for the line
   };
   U64Map<int64_t> line_of_stack;  // stack id -> frame id of its innermost user line, -1 = none
+  StackFactsCache frame_kinds(snap);  // each frame classified once per device
   U64Map<Acc> by_line;            // frame id -> sizes
   auto lineOf = [&](format::StackId st) -> int64_t {
     if (const int64_t* l = line_of_stack.find(st)) return *l;
-    auto ids = userFrameIds(snap, st, 1);
+    auto ids = userFrameIds(frame_kinds, st, 1);
     int64_t l = ids.empty() ? -1 : static_cast<int64_t>(ids.front());
     line_of_stack.insert(st, l);
     return l;
@@ -107,17 +110,63 @@ std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts
 
 }  // namespace
 
+namespace {
+
+// `b - a`, counter by counter (a is an earlier reading of the same counters).
+replay::PassStats passesSince(const replay::PassStats& a, const replay::PassStats& b) {
+  return {b.backward - a.backward,
+          b.forward - a.forward,
+          b.events_stepped - a.events_stepped,
+          b.model_seeds - a.model_seeds,
+          b.model_forward - a.model_forward,
+          b.model_events_stepped - a.model_events_stepped};
+}
+
+void addPasses(replay::PassStats& to, const replay::PassStats& d) {
+  to.backward += d.backward;
+  to.forward += d.forward;
+  to.events_stepped += d.events_stepped;
+  to.model_seeds += d.model_seeds;
+  to.model_forward += d.model_forward;
+  to.model_events_stepped += d.model_events_stepped;
+}
+
+}  // namespace
+
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& opt) {
   AnalysisResult res = analysisHeader(snap);
+  std::vector<int64_t> devices;
   for (int64_t d : snap.devices()) {
-    if (opt.device && *opt.device != d) continue;
+    if (!opt.device || *opt.device == d) devices.push_back(d);
+  }
+  // One device per task (common/parallel.h), each into its own slot, so the devices stay in
+  // snap.devices() order whatever the timing; each task reads the const Snapshot only. The pass
+  // counters (replay/pass_stats.h) are per thread: each task takes its device's passes out of the
+  // counters of the thread it ran on, and they are added to the caller's below, as a serial loop
+  // would have counted them.
+  struct Slot {
+    DeviceAnalysis analysis;
+    replay::PassStats passes;
+  };
+  std::vector<Slot> slots(devices.size());
+  parallelFor(devices.size(), opt.threads, [&](size_t i) {
+    const int64_t d = devices[i];
+    replay::PassStats& counters = replay::passStats()[d];
+    const replay::PassStats before = counters;
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
     // over the moments the top groups, the call graph and the detectors read.
     DeviceSession session(snap, d);
     const int64_t peak = session.facts().summary.peak_requested.event;
     session.requestLive(peak, kMomentPeakRequested);
     if (opt.findings) session.requestFindingMoments(kLayoutOoms);
-    res.devices.push_back(analyzeDevice(snap, session.take(), opt));
+    slots[i].analysis = analyzeDevice(snap, session.take(), opt);
+    slots[i].passes = passesSince(before, counters);
+    counters = before;
+  });
+  res.devices.reserve(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    addPasses(replay::passStats()[devices[i]], slots[i].passes);
+    res.devices.push_back(std::move(slots[i].analysis));
   }
   finishAnalysis(snap, res, opt);
   return res;

@@ -96,6 +96,9 @@ struct AnalyzeOptions {
   size_t frames_per_group = 3;
   bool findings = true;   // run the detectors of findings.h
   size_t top_frames = 0;  // > 0: call-graph attribution at the requested peak, this many frames
+  // Devices analysed at once (common/parallel.h: 0 = the machine's cores, at most kMaxThreads);
+  // the result is the same for every value.
+  size_t threads = 0;
 };
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& options = {});

@@ -31,6 +31,7 @@
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "cli/output.h"
+#include "cli/threads.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
 #include "format/model/dump.h"
@@ -72,6 +73,7 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
     opt.device = device;
     opt.top = top;
     opt.top_frames = top_frames;
+    opt.threads = mf::cli::analysisThreads();
     auto result = mf::analysis::analyzeSnapshot(*snap, opt);
     result.path = path;
     if (mf::replay::passStatsRequested())
@@ -247,6 +249,7 @@ int run(int argc, char** argv) {
   an->add_option("--top-frames", top_frames,
                  "also attribute live bytes at the peak to frames (call graph): list this many")
       ->check(CLI::Range(1, 10000));
+  mf::cli::addThreadsOption(an);
 
   auto* du = app.add_subcommand(
       "dump", "Print every segment, block and event in a stable one-line text form");
