@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "analysis/frame_class.h"
+#include "common/flat_map.h"
 
 namespace memforensics::analysis {
 
@@ -219,17 +220,20 @@ struct Stream {
 
 Stream tokenize(std::span<const Event> ev) {
   Stream s;
-  std::unordered_map<uint64_t, uint32_t> ids;
+  U64Map<uint32_t> ids;  // key -> token id (open addressing: one probe per alloc)
   for (size_t i = 0; i < ev.size(); ++i) {
     if (ev[i].action != Action::Alloc) continue;
     // Exact key: the stack id in the high bits cannot collide with a size below 2^40; larger
     // sizes are mixed in, where a collision would only merge two tokens.
     uint64_t key =
         (uint64_t{ev[i].stack} << 40) ^ ev[i].size ^ ((ev[i].size >> 40) * 0x9E3779B97F4A7C15ULL);
-    auto [it, inserted] = ids.try_emplace(key, s.tokens);
-    if (inserted) ++s.tokens;
+    uint32_t token = s.tokens;
+    if (const uint32_t* t = ids.find(key))
+      token = *t;
+    else
+      ids.insert(key, s.tokens++);
     s.event.push_back(i);
-    s.token.push_back(it->second);
+    s.token.push_back(token);
   }
   return s;
 }
@@ -456,16 +460,15 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   // Per allocation (position in the stream): the event that frees it, SIZE_MAX when none does.
   std::vector<size_t> freed_at(n, SIZE_MAX);
   {
-    std::unordered_map<uint64_t, size_t> open;  // address -> position of its live allocation
+    U64Map<size_t> open;  // address -> position of its live allocation
     size_t pos = 0;
     for (size_t i = 0; i < ev.size(); ++i) {
       if (ev[i].action == Action::Alloc) {
-        open[ev[i].addr] = pos++;
+        open.insert(ev[i].addr, pos++);
       } else if (ev[i].action == Action::FreeRequested || ev[i].action == Action::FreeCompleted) {
-        auto it = open.find(ev[i].addr);
-        if (it != open.end()) {
-          freed_at[it->second] = i;
-          open.erase(it);
+        if (const size_t* p = open.find(ev[i].addr)) {
+          freed_at[*p] = i;
+          open.erase(ev[i].addr);
         }
       }
     }

@@ -24,15 +24,6 @@ replay::PassStats minus(const replay::PassStats& a, const replay::PassStats& b) 
   return d;
 }
 
-// Index into `iters` of the iteration holding `event`, -1 when none does.
-int iterationOf(const std::vector<Phase>& iters, int64_t event) {
-  auto it = std::upper_bound(iters.begin(), iters.end(), event,
-                             [](int64_t e, const Phase& p) { return e < p.first_event; });
-  if (it == iters.begin()) return -1;
-  --it;
-  return event <= it->last_event ? static_cast<int>(it - iters.begin()) : -1;
-}
-
 // One line saying why figures from the model are not exact ("" when they are).
 std::string estimateReason(const replay::ModelVerdict& v, uint8_t untrusted) {
   std::string why;
@@ -92,6 +83,10 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
   }
   f.alloc_at.assign(f.events.size(), -1);
   U64Map<int32_t> open;
+  // The iteration holding each alloc (-1 when none does), by a cursor (allocs come in event order,
+  // iterations by first event): the last iteration that starts at or before the alloc, if the
+  // alloc is not past its end.
+  size_t next_iter = 0;
   for (size_t i = 0; i < f.events.size(); ++i) {
     const Event& e = f.events[i];
     if (e.action == Action::Alloc) {
@@ -100,7 +95,11 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
       a.requested = e.size;
       a.stack = e.stack;
       a.stream = e.stream;
-      a.iteration = iterationOf(f.iterations, a.event);
+      while (next_iter < f.iterations.size() && f.iterations[next_iter].first_event <= a.event)
+        ++next_iter;
+      a.iteration = next_iter > 0 && a.event <= f.iterations[next_iter - 1].last_event
+                        ? static_cast<int>(next_iter - 1)
+                        : -1;
       f.alloc_at[i] = static_cast<int32_t>(f.allocs.size());
       open.insert(e.addr, static_cast<int32_t>(f.allocs.size()));
       f.allocs.push_back(a);

@@ -265,7 +265,7 @@ void DeviceReplayer::backward() {
           alloc_block_size_[k] = b->size;
           alloc_size_exact_[k] = b->size_exact;
           w.erase(e.addr);
-          from_free.erase(e.addr);
+          if (!from_free.empty()) from_free.erase(e.addr);
         } else {
           alloc_block_size_[k] = roundSize(e.size, divisions_);
           contradiction(k);
@@ -291,8 +291,9 @@ void DeviceReplayer::backward() {
         break;
       }
       case Action::FreeCompleted: {
-        if (w.find(e.addr) != nullptr) contradiction(k);
-        if (w.find(e.addr) == nullptr) {
+        if (w.find(e.addr) != nullptr) {
+          contradiction(k);
+        } else {
           LiveBlock nb;
           nb.requested = e.size;
           nb.size = roundSize(e.size, divisions_);
