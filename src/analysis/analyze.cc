@@ -50,9 +50,9 @@ std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts
     uint64_t allocs = 0, total = 0, max = 0, live = 0;
     format::StackId stack = format::kNoStack;  // the first stack seen for the line
   };
-  U64Map<int64_t> line_of_stack;  // stack id -> frame id of its innermost user line, -1 = none
+  U64Map<int64_t> line_of_stack;      // stack id -> frame id of its innermost user line, -1 = none
   StackFactsCache frame_kinds(snap);  // each frame classified once per device
-  U64Map<Acc> by_line;            // frame id -> sizes
+  U64Map<Acc> by_line;                // frame id -> sizes
   auto lineOf = [&](format::StackId st) -> int64_t {
     if (const int64_t* l = line_of_stack.find(st)) return *l;
     auto ids = userFrameIds(frame_kinds, st, 1);
@@ -108,10 +108,6 @@ std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // `b - a`, counter by counter (a is an earlier reading of the same counters).
 replay::PassStats passesSince(const replay::PassStats& a, const replay::PassStats& b) {
   return {b.backward - a.backward,
@@ -131,6 +127,23 @@ void addPasses(replay::PassStats& to, const replay::PassStats& d) {
   to.model_events_stepped += d.model_events_stepped;
 }
 
+// Runs task(i) for every index on opt.threads threads (common/parallel.h) and moves each task's
+// pass counters (replay/pass_stats.h counts per thread) from the thread it ran on to the calling
+// thread's, per device (devices[i]), as a serial loop would have counted them. A task that ran on
+// the caller gives its counts back first, so none is counted twice.
+template <class Task>
+void forEachDevice(const std::vector<int64_t>& devices, size_t threads, Task&& task) {
+  std::vector<replay::PassStats> passes(devices.size());
+  parallelFor(devices.size(), threads, [&](size_t i) {
+    replay::PassStats& counters = replay::passStats()[devices[i]];
+    const replay::PassStats before = counters;
+    task(i);
+    passes[i] = passesSince(before, counters);
+    counters = before;
+  });
+  for (size_t i = 0; i < devices.size(); ++i) addPasses(replay::passStats()[devices[i]], passes[i]);
+}
+
 }  // namespace
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& opt) {
@@ -139,37 +152,36 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   for (int64_t d : snap.devices()) {
     if (!opt.device || *opt.device == d) devices.push_back(d);
   }
-  // One device per task (common/parallel.h), each into its own slot, so the devices stay in
-  // snap.devices() order whatever the timing; each task reads the const Snapshot only. The pass
-  // counters (replay/pass_stats.h) are per thread: each task takes its device's passes out of the
-  // counters of the thread it ran on, and they are added to the caller's below, as a serial loop
-  // would have counted them.
-  struct Slot {
-    DeviceAnalysis analysis;
-    replay::PassStats passes;
-  };
-  std::vector<Slot> slots(devices.size());
-  parallelFor(devices.size(), opt.threads, [&](size_t i) {
-    const int64_t d = devices[i];
-    replay::PassStats& counters = replay::passStats()[d];
-    const replay::PassStats before = counters;
+  // One device per task, each into its own slot, so the devices stay in snap.devices() order
+  // whatever the timing; each task reads the const Snapshot only, and its session lives and dies
+  // on the thread that runs the task.
+  std::vector<DeviceAnalysis> slots(devices.size());
+  forEachDevice(devices, opt.threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
     // over the moments the top groups, the call graph and the detectors read.
-    DeviceSession session(snap, d);
+    DeviceSession session(snap, devices[i]);
     const int64_t peak = session.facts().summary.peak_requested.event;
     session.requestLive(peak, kMomentPeakRequested);
     if (opt.findings) session.requestFindingMoments(kLayoutOoms);
-    slots[i].analysis = analyzeDevice(snap, session.take(), opt);
-    slots[i].passes = passesSince(before, counters);
-    counters = before;
+    slots[i] = analyzeDevice(snap, session.take(), opt);
   });
-  res.devices.reserve(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    addPasses(replay::passStats()[devices[i]], slots[i].passes);
-    res.devices.push_back(std::move(slots[i].analysis));
-  }
+  res.devices = std::move(slots);
   finishAnalysis(snap, res, opt);
   return res;
+}
+
+std::vector<DeviceAnalysis> analyzeDevices(const format::Snapshot& snap,
+                                           std::vector<DeviceFacts> facts,
+                                           const AnalyzeOptions& opt) {
+  std::vector<int64_t> devices;
+  devices.reserve(facts.size());
+  for (const DeviceFacts& f : facts) devices.push_back(f.device);
+  std::vector<DeviceAnalysis> out(facts.size());
+  forEachDevice(devices, opt.threads, [&](size_t i) {
+    out[i] = analyzeDevice(snap, std::move(facts[i]), opt);
+    facts[i] = DeviceFacts{};  // its live sets and layouts are no longer needed
+  });
+  return out;
 }
 
 void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,

@@ -109,6 +109,12 @@ AnalysisResult analysisHeader(const format::Snapshot& snap);
 // the requested peak and, with options.findings, the finding moments).
 DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
                              const AnalyzeOptions& options = {});
+// analyzeDevice for each of `facts`, in that order, on options.threads threads (the sessions were
+// visited by the caller; each facts is released once analysed). The pass counters of the work are
+// the calling thread's, as with a serial loop.
+std::vector<DeviceAnalysis> analyzeDevices(const format::Snapshot& snap,
+                                           std::vector<DeviceFacts> facts,
+                                           const AnalyzeOptions& options = {});
 // What analyzeSnapshot does after the devices, for callers that add the devices themselves
 // (report, compare): the job's findings across devices (cross_device.h), with options.findings.
 void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,

@@ -7,21 +7,19 @@
 // however many files. Rows land in input order, so the output does not depend on scheduling.
 #include "cli/cmd_ranks.h"
 
-#include <atomic>
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "analysis/compare.h"
 #include "cli/diagnostics.h"
 #include "cli/options.h"
+#include "common/parallel.h"
 #include "format/load/load.h"
 #include "report/render_compare.h"
 
@@ -29,14 +27,12 @@ namespace memforensics::cli {
 
 namespace {
 
-// The most worker threads, whatever --jobs or the machine says (each holds one snapshot).
-constexpr size_t kMaxRankJobs = 256;
 // The largest `ranks --json` shard read by --merge.
 constexpr uint64_t kMaxMergeShardBytes = uint64_t{1} << 30;
 
 struct RanksArgs {
   std::vector<std::string> files;
-  size_t jobs = 0;  // 0 = std::thread::hardware_concurrency()
+  size_t jobs = 0;  // 0 = the number of cores (common/parallel.h workerCount, at most kMaxThreads)
   std::optional<int64_t> device;
   bool merge = false;
   bool json = false;
@@ -81,22 +77,9 @@ FileResult rankFile(const std::string& path) {
 }
 
 std::vector<FileResult> rankFiles(const std::vector<std::string>& files) {
-  std::vector<FileResult> results(files.size());
-  size_t jobs = g_args.jobs != 0 ? g_args.jobs : std::thread::hardware_concurrency();
-  jobs = std::max<size_t>(1, std::min({jobs, files.size(), kMaxRankJobs}));
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) results[i] = rankFile(files[i]);
-  };
-  if (jobs == 1) {
-    worker();
-  } else {
-    std::vector<std::thread> pool;
-    pool.reserve(jobs);
-    for (size_t t = 0; t < jobs; ++t) pool.emplace_back(worker);
-    for (auto& t : pool) t.join();
-  }
-  return results;
+  // rankFile catches every failure into its row, so no task throws.
+  return parallelMap<FileResult>(files.size(), g_args.jobs,
+                                 [&](size_t i) { return rankFile(files[i]); });
 }
 
 std::vector<FileResult> mergeShards(const std::vector<std::string>& shards) {
@@ -144,7 +127,7 @@ CLI::App* addRanksCommand(CLI::App& app) {
       ->required();
   c->add_option("--jobs,-j", g_args.jobs,
                 "files analysed at once (default: the number of cores; each holds one snapshot)")
-      ->check(CLI::Range(size_t{1}, kMaxRankJobs));
+      ->check(CLI::Range(size_t{1}, kMaxThreads));
   c->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
   c->add_flag("--merge", g_args.merge,
               "the FILEs are `ranks --json` outputs (e.g. one per Slurm array task): merge their "

@@ -18,6 +18,7 @@
 #include "cli/load_cli.h"
 #include "cli/options.h"
 #include "cli/output.h"
+#include "cli/threads.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
 #include "replay/pass_stats.h"
@@ -74,6 +75,7 @@ CLI::App* addReportCommand(CLI::App& app) {
                 "BASELINE FILE`)");
   r->add_flag("--salvage", g_args.salvage,
               "read the intact part of a native trace that is damaged in the middle");
+  addThreadsOption(r);
   return r;
 }
 
@@ -106,6 +108,7 @@ int runReportCommand() {
   analysis::AnalyzeOptions aopt;
   aopt.device = g_args.device;
   aopt.top_frames = 10;
+  aopt.threads = analysisThreads();
   // One session per device serves the analysis and the drawings: the backward pass and forward
   // pass 1 (with the counters after every event, for the timeline) for every device, so that the
   // plan can rank them; then one visit each, over the moments both ask for.
@@ -148,8 +151,7 @@ int runReportCommand() {
   }
   analysis::AnalysisResult result = analysis::analysisHeader(*snap);
   result.path = g_args.file;
-  for (auto& f : facts)
-    result.devices.push_back(analysis::analyzeDevice(*snap, std::move(f), aopt));
+  result.devices = analysis::analyzeDevices(*snap, std::move(facts), aopt);
   facts.clear();
   // Findings about the job as a whole (device imbalance), as analyze has them: the headline and
   // the cross-device table show them.

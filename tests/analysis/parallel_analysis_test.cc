@@ -6,6 +6,7 @@
 
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "analysis/analyze.h"
 #include "fixtures/model_builder.h"
@@ -22,18 +23,18 @@ using memforensics::testing::ModelBuilder;
 constexpr uint64_t kBase = 0x7f0000000000ULL;
 constexpr uint64_t kMiB = 1048576;
 
-struct Run {
+struct Outcome {
   std::string json, text, passes;
   size_t devices = 0, job_findings = 0;
 };
 
-Run analyzeWith(const format::Snapshot& snap, size_t threads, size_t top_frames = 0) {
+Outcome analyzeWith(const format::Snapshot& snap, size_t threads, size_t top_frames = 0) {
   replay::resetPassStats();
   AnalyzeOptions opt;
   opt.threads = threads;
   opt.top_frames = top_frames;
   AnalysisResult r = analyzeSnapshot(snap, opt);
-  Run out;
+  Outcome out;
   out.passes = replay::describePassStats();
   out.json = report::renderJsonString(r);
   std::ostringstream text;
@@ -46,11 +47,11 @@ Run analyzeWith(const format::Snapshot& snap, size_t threads, size_t top_frames 
 
 void expectSameOnEveryThreadCount(const format::Snapshot& snap, size_t devices) {
   for (size_t top_frames : {size_t{0}, size_t{5}}) {
-    const Run serial = analyzeWith(snap, 1, top_frames);
+    const Outcome serial = analyzeWith(snap, 1, top_frames);
     ASSERT_EQ(serial.devices, devices);
     EXPECT_NE(serial.passes, "no device replayed");
     for (size_t threads : {2, 3, 4, 0}) {
-      const Run par = analyzeWith(snap, threads, top_frames);
+      const Outcome par = analyzeWith(snap, threads, top_frames);
       EXPECT_EQ(par.json, serial.json) << threads << " threads";
       EXPECT_EQ(par.text, serial.text) << threads << " threads";
       // Counted as a serial loop would count them, on the caller's counters.
@@ -110,6 +111,35 @@ TEST(ParallelAnalysis, OneDeviceOfManyIsTheSameOnAnyThreadCount) {
   ASSERT_EQ(a.devices.size(), 1u);
   EXPECT_EQ(a.devices[0].summary.device, 11);
   EXPECT_EQ(report::renderJsonString(a), report::renderJsonString(b));
+}
+
+// analyzeDevices (report's path: the caller visits the sessions, the analysis of the facts runs on
+// threads) gives what analyzeSnapshot gives, with the same pass counters.
+TEST(ParallelAnalysis, AnalyzeDevicesOnThreadsIsAnalyzeSnapshot) {
+  auto real = format::loadSnapshotFile(std::string(MEMF_SOURCE_DIR) +
+                                       "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  ASSERT_TRUE(real.ok());
+  const format::Snapshot synthetic = manyDevices(40);
+  for (const format::Snapshot* snap : std::vector<const format::Snapshot*>{&*real, &synthetic}) {
+    const Outcome serial = analyzeWith(*snap, 1);
+    for (size_t threads : {1, 4}) {
+      replay::resetPassStats();
+      AnalyzeOptions opt;
+      opt.threads = threads;
+      std::vector<DeviceFacts> facts;
+      for (int64_t d : snap->devices()) {
+        DeviceSession session(*snap, d);
+        session.requestLive(session.facts().summary.peak_requested.event, kMomentPeakRequested);
+        session.requestFindingMoments(kLayoutOoms);
+        facts.push_back(session.take());
+      }
+      AnalysisResult r = analysisHeader(*snap);
+      r.devices = analyzeDevices(*snap, std::move(facts), opt);
+      finishAnalysis(*snap, r, opt);
+      EXPECT_EQ(replay::describePassStats(), serial.passes) << threads << " threads";
+      EXPECT_EQ(report::renderJsonString(r), serial.json) << threads << " threads";
+    }
+  }
 }
 
 }  // namespace
