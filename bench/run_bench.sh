@@ -9,10 +9,13 @@
 #   BUILD_DIR/src/cli/memforensics analyze --json FILE >/dev/null
 #   python3 -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE
 # and records both peak RSS (/usr/bin/time -f %M when installed, Debian package `time`;
-# otherwise resource.getrusage(RUSAGE_CHILDREN) in a fresh measuring process per run).
+# otherwise resource.getrusage(RUSAGE_CHILDREN) in a fresh measuring process per run) and the CPU
+# time (user + sys) of the best run. The large file is timed a second time with MEMF_THREADS=1
+# (the analysis on one core) to show what the cores add.
 # Then the native-trace row (issue 16): the large file converted with `memforensics convert` and
 # its defaults (zstd level 3, a checkpoint every 262,144 events, as convert writes them) into
-# the same folder, and `analyze --json` of that .bin timed the same way.
+# the same folder, and `analyze --json` of that .bin timed the same way, with the default threads
+# and with MEMF_THREADS=1.
 # Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT).
 # Prints a markdown table; with OUT_MD also writes it there.  Python is invoked through
 # sys.executable resolved once, so a pyenv shim's start-up is not timed.
@@ -62,7 +65,8 @@ py, binary, time_bin, native = sys.argv[1:5]
 files = sys.argv[5:]
 RUNS = 3
 
-# Runs one command in a fresh process: prints "<wall seconds> <peak RSS KiB> <exit code>".
+# Runs one command in a fresh process: prints "<wall seconds> <peak RSS KiB> <exit code> <CPU
+# seconds, user + sys, of the command and its children>".
 MEASURE = r'''
 import os, resource, subprocess, sys, time
 time_bin, out = sys.argv[1], sys.argv[2]
@@ -85,48 +89,61 @@ if rss_file:
             rss = int(lines[-1])
     finally:
         os.unlink(rss_file)
-print("%.6f %d %d" % (wall, rss, rc))
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("%.6f %d %d %.6f" % (wall, rss, rc, ru.ru_utime + ru.ru_stime))
 '''
 
-def measure(cmd):
-    best, peak, rc = None, 0, 0
+def measure(cmd, env=None):
+    """Best wall time of RUNS runs, the CPU time (user + sys) of that run, the peak RSS of all."""
+    best, cpu, peak, rc = None, 0.0, 0, 0
     for _ in range(RUNS):
         r = subprocess.run([py, "-c", MEASURE, time_bin, os.devnull] + cmd,
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           env=dict(os.environ, **(env or {})))
         if r.returncode != 0:
             sys.stderr.write(r.stderr)
             raise SystemExit("measuring %s failed" % cmd)
-        wall, kib, code = r.stdout.split()
+        wall, kib, code, used = r.stdout.split()
         if int(code) != 0:
             rc = int(code)
-        best = float(wall) if best is None else min(best, float(wall))
+        if best is None or float(wall) < best:
+            best, cpu = float(wall), float(used)
         peak = max(peak, int(kib))
-    return best, peak * 1024, rc
+    return best, peak * 1024, rc, cpu
 
 rows = []
+ONE_THREAD = {"MEMF_THREADS": "1"}   # the analysis (and the native decoding) on one core
+
+def cell(seconds, rc):
+    return "%.3f" % seconds if rc == 0 else "%.3f (exit %d)" % (seconds, rc)
+
 for path in files:
     size = os.path.getsize(path)
     sys.stderr.write("timing %s (%.1f MB) ...\n" % (os.path.basename(path), size / 1e6))
-    mf_s, mf_rss, mf_rc = measure([binary, "analyze", "--json", path])
-    py_s, py_rss, py_rc = measure([py, "-c",
-                                   "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))", path])
+    mf_s, mf_rss, mf_rc, mf_cpu = measure([binary, "analyze", "--json", path])
+    py_s, py_rss, py_rc, _ = measure([py, "-c",
+                                      "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))", path])
     if mf_rc != 0:
         sys.stderr.write("warning: memforensics exited with %d on %s\n" % (mf_rc, path))
-    mf_cell = "%.3f" % mf_s if mf_rc == 0 else "%.3f (exit %d)" % (mf_s, mf_rc)
-    py_cell = "%.3f" % py_s if py_rc == 0 else "%.3f (exit %d)" % (py_s, py_rc)
     speed = "%.1f" % (py_s / mf_s) if mf_s > 0 and mf_rc == 0 and py_rc == 0 else "n/a"
-    rows.append("| %s | %.1f | %s | %s | %s | %.1f | %.2f | %.1f |" % (
-        os.path.basename(path), size / 1e6, mf_cell, py_cell, speed, mf_rss / 1e6,
-        mf_rss / size, py_rss / 1e6))
+    rows.append("| %s | %.1f | %s | %.3f | %s | %s | %.1f | %.2f | %.1f |" % (
+        os.path.basename(path), size / 1e6, cell(mf_s, mf_rc), mf_cpu, cell(py_s, py_rc), speed,
+        mf_rss / 1e6, mf_rss / size, py_rss / 1e6))
+    if path == files[-1]:
+        one_s, one_rss, one_rc, one_cpu = measure([binary, "analyze", "--json", path], ONE_THREAD)
+        speed = "%.1f" % (py_s / one_s) if one_s > 0 and one_rc == 0 and py_rc == 0 else "n/a"
+        rows.append("| same, MEMF_THREADS=1 | | %s | %.3f | | %s | %.1f | %.2f | |" % (
+            cell(one_s, one_rc), one_cpu, speed, one_rss / 1e6, one_rss / size))
 
 sys.stderr.write("timing %s (native trace) ...\n" % os.path.basename(native))
-nat_s, nat_rss, nat_rc = measure([binary, "analyze", "--json", native])
-nat_cell = "%.3f" % nat_s if nat_rc == 0 else "%.3f (exit %d)" % (nat_s, nat_rc)
-rows.append("| %s (native trace of the row above, checkpoints on) | %.1f | %s | | | %.1f | | |" % (
-    os.path.basename(native), os.path.getsize(native) / 1e6, nat_cell, nat_rss / 1e6))
+for label, env in (("", None), (", MEMF_THREADS=1", ONE_THREAD)):
+    nat_s, nat_rss, nat_rc, nat_cpu = measure([binary, "analyze", "--json", native], env)
+    rows.append("| %s (native trace of the row above, checkpoints on%s) | %.1f | %s | %.3f | | | %.1f | | |" % (
+        os.path.basename(native), label, os.path.getsize(native) / 1e6, cell(nat_s, nat_rc), nat_cpu,
+        nat_rss / 1e6))
 
-print("| file | size MB | memforensics s | python s | speedup × | memforensics peak RSS MB | RSS/file-size ratio | python peak RSS MB |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| file | size MB | memforensics s | memforensics CPU s | python s | speedup × | memforensics peak RSS MB | RSS/file-size ratio | python peak RSS MB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 print("\n".join(rows))
 PYEOF
 )
