@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/prefault.h"
+
 namespace memforensics {
 
 // Asks the kernel to back [p, p + bytes) with transparent huge pages (Linux, THP in "madvise"
@@ -29,11 +31,14 @@ void reserveHuge(std::vector<T>& v, size_t n) {
 // three or four steps and its last copy is small (the copy of a doubling array at the end is what
 // set a large load's peak memory: 676 -> 556 MB on a 4.8 M-event pickle, docs/performance.md); a
 // forged or padded input gets at most 16 times what it filled, as address space that is never
-// touched. The new buffer gets the huge-page hint before the old elements are copied in.
+// touched. The new buffer gets the huge-page hint before the old elements are copied in. With a
+// Prefaulter, the new buffer is tracked in `slot` (its pages populated on the prefaulter's thread
+// ahead of the writer, prefault.h) before the old one is freed.
 inline constexpr size_t kMaxGrowthFactor = 16;
 
 template <typename T>
-void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most) {
+void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most,
+             Prefaulter* prefaulter = nullptr, size_t slot = 0) {
   if (v.capacity() - v.size() >= need) return;
   size_t cap = std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096));
   if (predicted > cap) {
@@ -43,6 +48,9 @@ void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most) {
   bigger.reserve(cap);
   if (bigger.capacity() * sizeof(T) >= (size_t{8} << 20)) {
     adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
+  }
+  if (prefaulter != nullptr) {
+    prefaulter->track(slot, bigger.data(), bigger.capacity() * sizeof(T), v.size() * sizeof(T));
   }
   bigger.insert(bigger.end(), v.begin(), v.end());
   v.swap(bigger);

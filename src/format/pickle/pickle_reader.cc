@@ -384,7 +384,7 @@ class Machine {
     return m;
   }
   uint32_t newNode(NK kind) {
-    grow(nodes_);
+    grow(nodes_, 1, kSlotNodes);
     nodes_.push_back(Node{kNoStore, kind});
     return static_cast<uint32_t>(nodes_.size() - 1);
   }
@@ -433,6 +433,7 @@ class Machine {
   }
   void memoWiden(uint64_t enc) {
     if (memo_wide_ || (enc & 0xffffffffu) <= kNarrowPayload) return;
+    prefault_.untrack(kSlotMemo);  // memo32_ is freed below
     memo64_.reserve(memo32_.capacity());
     for (size_t i = 0; i < memo32_.size(); ++i) memo64_.push_back(memoAt(i));
     std::vector<uint32_t>().swap(memo32_);
@@ -441,10 +442,10 @@ class Machine {
   void memoPush(uint64_t enc) {
     memoWiden(enc);
     if (memo_wide_) {
-      grow(memo64_);
+      grow(memo64_, 1, kSlotMemo);
       memo64_.push_back(enc);
     } else {
-      grow(memo32_);
+      grow(memo32_, 1, kSlotMemo);
       memo32_.push_back(narrow(enc));
     }
   }
@@ -457,10 +458,10 @@ class Machine {
   }
   void memoExtend(size_t n) {  // unset entries up to n
     if (memo_wide_) {
-      grow(memo64_, n - memo64_.size());
+      grow(memo64_, n - memo64_.size(), kSlotMemo);
       memo64_.resize(n, 0);
     } else {
-      grow(memo32_, n - memo32_.size());
+      grow(memo32_, n - memo32_.size(), kSlotMemo);
       memo32_.resize(n, 0);
     }
   }
@@ -509,15 +510,28 @@ class Machine {
 
   // Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
   // items), grown to what the input read so far predicts (common/memory.h), at most to as many
-  // elements as the input has bytes: never reserved from the input's size up front.
+  // elements as the input has bytes: never reserved from the input's size up front. The events,
+  // the memo and the nodes (`slot` below kSlotNone) have their pages populated on prefault_'s
+  // thread ahead of the parse (common/prefault.h).
+  static constexpr size_t kSlotEvents = 0, kSlotMemo = 1, kSlotNodes = 2, kSlotNone = 3;
   template <typename T>
-  void grow(std::vector<T>& v, size_t need = 1) {
+  void grow(std::vector<T>& v, size_t need = 1, size_t slot = kSlotNone) {
     if (v.capacity() - v.size() < need) {
       auto done = static_cast<uint64_t>(p_ - begin_);
       auto total = static_cast<uint64_t>(end_ - begin_);
-      growFor(v, need, predictedSize(v.size(), done, total),
-              static_cast<size_t>(total) / sizeof(T));
+      growFor(v, need, predictedSize(v.size(), done, total), static_cast<size_t>(total) / sizeof(T),
+              slot < kSlotNone ? &prefault_ : nullptr, slot);
     }
+  }
+  // Tells prefault_ how far the parse has filled its arrays; every kPrefaultEveryDicts dicts.
+  static constexpr uint32_t kPrefaultEveryDicts = 1024;
+  void reportFill() {
+    prefault_.advance(kSlotEvents, events_.size() * sizeof(Event));
+    if (memo_wide_)
+      prefault_.advance(kSlotMemo, memo64_.size() * sizeof(uint64_t));
+    else
+      prefault_.advance(kSlotMemo, memo32_.size() * sizeof(uint32_t));
+    prefault_.advance(kSlotNodes, nodes_.size() * sizeof(Node));
   }
 
   // -- the trace-entry fast path (section 2b)
@@ -691,6 +705,9 @@ class Machine {
   PickleReadStats stats_;
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
+  uint32_t dicts_to_report_ = kPrefaultEveryDicts;
+  // Last: destroyed first, so its thread has stopped before the arrays it populates are freed.
+  Prefaulter prefault_;
 };
 
 const Value* Machine::field(const Items& dict, StrId key) const {
@@ -980,7 +997,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   if (!have_action) return err("trace entry without an action");
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
-  grow(events_);
+  grow(events_, 1, kSlotEvents);
   events_.push_back(e);
   return Status::Ok();
 }
@@ -1381,6 +1398,10 @@ Expected<Snapshot> Machine::run() {
         marks_.push_back(stack_.size());
         break;
       case EMPTY_DICT:
+        if (--dicts_to_report_ == 0) {
+          dicts_to_report_ = kPrefaultEveryDicts;
+          reportFill();
+        }
         if (opt_.fast_path && fastEntry()) break;
         stack_.push_back(Value::node(newNode(NK::Dict)));
         break;
@@ -1521,6 +1542,7 @@ Expected<Snapshot> Machine::run() {
                (stack_.size() == 1 ? " object" : " objects") +
                " on the stack (expected exactly 1)");
   }
+  prefault_.stop();  // before the memo is freed
   if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);
   if (opt_.stats != nullptr) *opt_.stats = stats_;
   Value root = stack_.back();
