@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -577,6 +578,255 @@ TEST(TraceConversion, DeviceGapsKeepTraceIndexEqualToOrdinal) {
   EXPECT_EQ(s->trace(2).size(), 0u);
   ASSERT_EQ(s->trace(3).size(), 1u);
   EXPECT_EQ(s->trace(3)[0].size, 3u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parallel load (LoadOptions::threads) against the serial reader: the same Snapshot, id for
+// id, on the real snapshots converted, on a many-device multi-chunk trace, and on cut and damaged
+// files (the same error, offset and warnings, with and without salvage).
+
+// "" when equal in every field, ids included (not only by content); else the first difference.
+std::string exactDiff(const Snapshot& a, const Snapshot& b) {
+  std::ostringstream o;
+  if (a.strings.size() != b.strings.size()) return "string count";
+  for (size_t i = 0; i < a.strings.size(); ++i)
+    if (a.strings.get(static_cast<StrId>(i)) != b.strings.get(static_cast<StrId>(i)))
+      return "string " + std::to_string(i);
+  if (a.stacks.frameCount() != b.stacks.frameCount()) return "frame count";
+  for (size_t i = 0; i < a.stacks.frameCount(); ++i)
+    if (!(a.stacks.frame(static_cast<FrameId>(i)) == b.stacks.frame(static_cast<FrameId>(i))))
+      return "frame " + std::to_string(i);
+  if (a.stacks.stackCount() != b.stacks.stackCount()) return "stack count";
+  for (size_t i = 0; i < a.stacks.stackCount(); ++i) {
+    auto x = a.stacks.stack(static_cast<StackId>(i)), y = b.stacks.stack(static_cast<StackId>(i));
+    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return "stack " + std::to_string(i);
+  }
+  if (a.events.size() != b.events.size())
+    return "event count " + std::to_string(a.events.size()) + " vs " +
+           std::to_string(b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    const Event &x = a.events[i], &y = b.events[i];
+    if (x.addr != y.addr || x.size != y.size || x.stream != y.stream || x.time_us != y.time_us ||
+        x.stack != y.stack || x.compile_context != y.compile_context ||
+        x.user_metadata != y.user_metadata || x.action_name != y.action_name || x.pool != y.pool ||
+        x.action != y.action || x.category != y.category)
+      return "event " + std::to_string(i);
+  }
+  if (a.trace_begin != b.trace_begin) return "trace_begin";
+  if (a.pools != b.pools) return "pools";
+  if (a.segments.size() != b.segments.size() || a.blocks.size() != b.blocks.size())
+    return "segment or block count";
+  for (size_t i = 0; i < a.segments.size(); ++i) {
+    const Segment &x = a.segments[i], &y = b.segments[i];
+    if (x.device != y.device || x.address != y.address || x.total_size != y.total_size ||
+        x.allocated_size != y.allocated_size || x.active_size != y.active_size ||
+        x.requested_size != y.requested_size || x.stream != y.stream || x.pool_a != y.pool_a ||
+        x.pool_b != y.pool_b || x.stack != y.stack || x.segment_type != y.segment_type ||
+        x.is_large != y.is_large || x.is_expandable != y.is_expandable ||
+        x.first_block != y.first_block || x.block_count != y.block_count)
+      return "segment " + std::to_string(i);
+  }
+  for (size_t i = 0; i < a.blocks.size(); ++i) {
+    const Block &x = a.blocks[i], &y = b.blocks[i];
+    if (x.address != y.address || x.size != y.size || x.requested_size != y.requested_size ||
+        x.stack != y.stack || x.state != y.state || x.has_requested_size != y.has_requested_size)
+      return "block " + std::to_string(i);
+  }
+  if (a.annotations.size() != b.annotations.size()) return "annotation count";
+  for (size_t i = 0; i < a.annotations.size(); ++i) {
+    const Annotation &x = a.annotations[i], &y = b.annotations[i];
+    if (x.device != y.device || x.time_us != y.time_us || x.name != y.name || x.stage != y.stage)
+      return "annotation " + std::to_string(i);
+  }
+  if (traitsToBits(a.traits) != traitsToBits(b.traits)) return "traits";
+  if (a.load_warnings != b.load_warnings) return "load_warnings";
+  if (a.ignored_keys != b.ignored_keys) return "ignored_keys";
+  if (a.origin != b.origin || a.live_capture != b.live_capture) return "origin";
+  if (a.host_trace_events != b.host_trace_events || a.has_segment_info != b.has_segment_info ||
+      a.input_bytes != b.input_bytes || a.source != b.source)
+    return "header fields";
+  if (a.settings.present != b.settings.present || a.settings.conf != b.settings.conf ||
+      a.settings.max_split_size != b.settings.max_split_size)
+    return "settings";
+  return "";
+}
+
+// Serial and parallel (1, 2, 3 and 8 threads) reads of `b` agree: the same Snapshot, or the same
+// error at the same offset.
+void expectSameAsSerial(std::span<const uint8_t> b, bool salvage, const std::string& what) {
+  LoadOptions lo;
+  lo.salvage = salvage;
+  auto ref = readSnapshotTraceSerial(b, lo);
+  for (int threads : {1, 2, 3, 8}) {
+    lo.threads = threads;
+    auto got = readSnapshotTrace(b, lo);
+    ASSERT_EQ(ref.ok(), got.ok()) << what << ", " << threads << " threads: "
+                                  << (ref.ok() ? got.error().message : ref.error().message);
+    if (!ref.ok()) {
+      EXPECT_EQ(ref.error().message, got.error().message) << what << ", " << threads;
+      EXPECT_EQ(ref.error().offset, got.error().offset) << what << ", " << threads;
+    } else {
+      EXPECT_EQ(exactDiff(*ref, *got), "") << what << ", " << threads << " threads";
+    }
+  }
+}
+
+// A many-device trace of many chunks: `devices` devices, stacks shared across devices and new
+// ones on later devices (so that ids are created across chunks), unknown actions with their
+// names, compile contexts and pools.
+Snapshot manyDevices(size_t devices, size_t per_device) {
+  Snapshot s;
+  s.traits.has_device_traces = true;
+  s.traits.has_time_us = true;
+  s.traits.has_compile_context = true;
+  s.pools.push_back({7, 1});
+  s.trace_begin.push_back(0);
+  std::mt19937_64 rng(42);
+  for (size_t d = 0; d < devices; ++d) {
+    for (size_t i = 0; i < per_device; ++i) {
+      const size_t variant = (d * 7 + i / 5) % (8 + d);
+      std::vector<FrameId> frames;
+      for (size_t k = 0; k < 1 + variant % 6; ++k) {
+        frames.push_back(s.stacks.internFrame(
+            Frame{s.strings.intern("f" + std::to_string(variant) + "_" + std::to_string(k) + ".py"),
+                  s.strings.intern("fn" + std::to_string(k)), 10 + k}));
+      }
+      Event e;
+      const int kind = static_cast<int>(rng() % 10);
+      e.action = kind == 9 ? Action::Unknown : (kind % 2 ? Action::FreeCompleted : Action::Alloc);
+      e.action_name =
+          s.strings.intern(e.action == Action::Unknown ? "custom_" + std::to_string(i % 3)
+                                                       : std::string(actionName(e.action)));
+      e.addr = (d << 40) + (i % 64) * 4096;
+      e.size = 512 * (1 + i % 17);
+      e.stream = static_cast<int64_t>(i % 3);
+      e.time_us = static_cast<int64_t>(1000 + d * per_device + i);
+      e.stack = i % 11 == 0 ? kNoStack : s.stacks.internStack(frames);
+      e.compile_context = s.strings.intern(i % 13 == 0 ? "ctx" + std::to_string(d % 4) : "N/A");
+      e.pool = i % 17 == 0 ? 1 : 0;
+      s.events.push_back(e);
+    }
+    s.trace_begin.push_back(s.events.size());
+  }
+  return s;
+}
+
+TEST(TraceParallel, RealSnapshotsConvertedReadTheSameWithAnyThreadCount) {
+  size_t n = 0;
+  for (const auto& p : realSnapshots()) {
+    auto orig = loadSnapshotFile(p.string());
+    ASSERT_TRUE(orig.ok()) << p;
+    for (uint32_t chunk_bytes : {1u << 20, 4096u}) {
+      TraceWriteOptions opt;
+      opt.chunk_bytes = chunk_bytes;
+      opt.checkpoint_every = chunk_bytes == 4096 ? 300 : 1u << 18;
+      auto bin = toTrace(*orig, opt);
+      expectSameAsSerial(bin, false, p.filename().string());
+    }
+    ++n;
+  }
+  EXPECT_GT(n, 0u);
+}
+
+TEST(TraceParallel, ManyDevicesManyChunks) {
+  Snapshot s = manyDevices(40, 3000);
+  for (int level : {0, 3}) {
+    TraceWriteOptions opt;
+    opt.zstd_level = level;
+    opt.chunk_bytes = 8192;  // hundreds of Events chunks
+    opt.checkpoint_every = 5000;
+    auto bin = toTrace(s, opt);
+    expectSameAsSerial(bin, false, "level " + std::to_string(level));
+    LoadOptions lo;
+    lo.threads = 4;
+    auto got = readSnapshotTrace(bin, lo);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->events.size(), s.events.size());
+    EXPECT_EQ(got->traceCount(), 40u);
+  }
+}
+
+TEST(TraceParallel, CutAndDamagedFilesGiveTheSerialResult) {
+  Snapshot s = manyDevices(6, 2000);
+  TraceWriteOptions opt;
+  opt.zstd_level = 1;
+  opt.chunk_bytes = 4096;
+  opt.checkpoint_every = 700;
+  auto bin = toTrace(s, opt);
+  // Every chunk boundary and a few bytes either side of it.
+  std::vector<size_t> cuts;
+  size_t pos = kHeaderSize;
+  while (pos + kChunkHeaderSize <= bin.size()) {
+    uint8_t type = bin[pos];
+    for (size_t d : {0, 1, 7, 13}) cuts.push_back(pos + d);
+    pos += kChunkHeaderSize + getU32(bin.data() + pos + 4);
+    if (type == static_cast<uint8_t>(ChunkType::Trailer)) break;
+  }
+  ASSERT_GT(cuts.size(), 40u);
+  for (size_t cut : cuts) {
+    if (cut >= bin.size()) continue;
+    std::span<const uint8_t> part(bin.data(), cut);
+    expectSameAsSerial(part, false, "cut at " + std::to_string(cut));
+  }
+  // Flipped bytes: a checksum failure, or a decoding failure in fuzz builds; with and without
+  // salvage.
+  std::mt19937 rng(7);
+  for (int k = 0; k < 60; ++k) {
+    auto bad = bin;
+    const size_t at = kHeaderSize + rng() % (bad.size() - kHeaderSize);
+    bad[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    expectSameAsSerial(bad, false, "flip at " + std::to_string(at));
+    expectSameAsSerial(bad, true, "flip at " + std::to_string(at) + ", salvage");
+  }
+}
+
+TEST(TraceParallel, DamagedEventsChunkWithAValidChecksumIsTheSerialError) {
+  // An Events chunk that passes its checksum but refers to an undefined stack (rewritten with a
+  // fresh CRC): the parallel path must report the serial reader's message and offset.
+  Snapshot s = manyDevices(3, 3000);
+  TraceWriteOptions opt;
+  opt.zstd_level = 0;
+  opt.chunk_bytes = 4096;
+  auto bin = toTrace(s, opt);
+  size_t pos = kHeaderSize, events_seen = 0, target = 0;
+  while (pos + kChunkHeaderSize <= bin.size()) {
+    if (bin[pos] == static_cast<uint8_t>(ChunkType::Events) && ++events_seen == 5) {
+      target = pos;
+      break;
+    }
+    pos += kChunkHeaderSize + getU32(bin.data() + pos + 4);
+  }
+  ASSERT_NE(target, 0u);
+  // Find the first record with a stack delta (head bit 7 clear) and make its delta huge.
+  const uint32_t stored = getU32(bin.data() + target + 4);
+  std::vector<uint8_t> payload(bin.begin() + target + kChunkHeaderSize,
+                               bin.begin() + target + kChunkHeaderSize + stored);
+  // Rewrite the chunk: same records, plus the trailing garbage the serial reader refuses.
+  payload.push_back(0x42);
+  std::vector<uint8_t> out(bin.begin(), bin.begin() + target);
+  uint8_t h[kChunkHeaderSize] = {static_cast<uint8_t>(ChunkType::Events), 0, 0, 0};
+  putU32(h + 4, static_cast<uint32_t>(payload.size()));
+  uint32_t crc = crc32c(0, h, 8);
+  crc = crc32c(crc, payload.data(), payload.size());
+  putU32(h + 8, crc);
+  out.insert(out.end(), h, h + kChunkHeaderSize);
+  out.insert(out.end(), payload.begin(), payload.end());
+  out.insert(out.end(), bin.begin() + target + kChunkHeaderSize + stored, bin.end());
+  LoadOptions lo;
+  auto ref = readSnapshotTraceSerial(out, lo);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_NE(ref.error().message.find("bytes after the last of"), std::string::npos)
+      << ref.error().message;
+  expectSameAsSerial(out, false, "extra byte in an Events chunk");
+  expectSameAsSerial(out, true, "extra byte in an Events chunk, salvage");
+}
+
+TEST(TraceParallel, ThreadCountIsCapped) {
+  EXPECT_EQ(traceLoadThreads(1, 100), 1u);
+  EXPECT_EQ(traceLoadThreads(4, 2), 2u);
+  EXPECT_EQ(traceLoadThreads(1000, 1000), kMaxTraceLoadThreads);
+  EXPECT_GE(traceLoadThreads(0, 1000), 1u);
+  EXPECT_EQ(traceLoadThreads(0, 0), 1u);
 }
 
 }  // namespace

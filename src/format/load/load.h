@@ -30,6 +30,9 @@ struct LoadOptions {
   ProgressFn progress;   // optional: consumed/total input bytes
   bool salvage = false;  // native traces: read the intact prefix of a file damaged in the middle
   int stream_wait_ms = kStreamFirstByteWaitMs;  // see kStreamFirstByteWaitMs (tests shorten it)
+  // Native traces: threads that decode the chunks (0 = hardware_concurrency, 1 = the calling
+  // thread only; capped by kMaxTraceLoadThreads, snapshot_trace.h). Same Snapshot either way.
+  int threads = 0;
 };
 
 Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& options = {});

@@ -33,8 +33,26 @@ Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
 // Reads a native trace. A file cut short is read up to its last complete chunk and the loss is
 // stated in Snapshot::load_warnings; a file damaged in the middle is an error unless
 // options.salvage, which keeps the good prefix (with a warning).
+//
+// The chunks are checked, decompressed and decoded on options.threads threads (0: the machine's
+// hardware_concurrency; at most kMaxTraceLoadThreads, at most one per chunk), each writing its own
+// slice of the events array, sized once from the counts the chunks' own bytes hold (never from the
+// trailer's claim). The model's ids are created in the serial reader's order, so the Snapshot is
+// the same whatever the number of threads; a file that does not take that path (a damaged chunk,
+// devices interleaved, a stack budget exceeded) is read by the serial reader, whose errors,
+// warnings and salvage are the reference. options.threads = 1 decodes on the calling thread only.
 Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes,
                                      const LoadOptions& options = {});
+// The serial reader alone (every chunk checked, decoded and converted in file order): the
+// reference the parallel path is tested against.
+Expected<Snapshot> readSnapshotTraceSerial(std::span<const uint8_t> bytes,
+                                           const LoadOptions& options = {});
+
+// The most threads one native trace load uses, whatever LoadOptions::threads or the machine says.
+inline constexpr unsigned kMaxTraceLoadThreads = 16;
+// Threads for a load of `chunks` chunks with the setting `threads` (0 = hardware_concurrency):
+// between 1 and min(kMaxTraceLoadThreads, chunks).
+unsigned traceLoadThreads(int threads, size_t chunks);
 
 // FormatTraits as the bit set stored in the Meta chunk, and back.
 uint64_t traitsToBits(const FormatTraits& t);

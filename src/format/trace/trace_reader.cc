@@ -1,6 +1,8 @@
 // trace_reader.cc: see trace_reader.h; the byte layout is in trace_format.h.
 #include "format/trace/trace_reader.h"
 
+#include "format/trace/trace_events.h"
+
 #ifndef MEMF_HAVE_ZSTD  // cmake/MemfZstd.cmake sets 0 for capture-only builds without libzstd
 #define MEMF_HAVE_ZSTD 1
 #endif
@@ -15,70 +17,8 @@ namespace memforensics::format::trace {
 
 namespace {
 
-// Bounds-checked reading of a payload. Errors are sticky: check ok() after a group of reads.
-struct Cursor {
-  const uint8_t* begin;
-  const uint8_t* p;
-  const uint8_t* end;
-  bool ok = true;
-  // Where the first failure happened (payload offset) and what it was, for the error message.
-  size_t fail_at = 0;
-  bool overlong = false;  // a varint of more than 10 bytes or 64 bits (otherwise: cut short)
-
-  explicit Cursor(std::span<const uint8_t> b)
-      : begin(b.data()), p(b.data()), end(b.data() + b.size()) {}
-  void fail(bool too_long) {
-    if (ok) {
-      fail_at = static_cast<size_t>(p - begin);
-      overlong = too_long;
-    }
-    ok = false;
-    p = end;
-  }
-  uint64_t var() {
-    uint64_t v = 0;
-    const uint8_t* q = getVarint(p, end, v);
-    if (q == nullptr) {
-      // Cut short when every byte up to the end has its continuation bit set (and fewer than
-      // 10 bytes were there); otherwise too long or more than 64 bits.
-      size_t n = static_cast<size_t>(end - p);
-      bool cut = n < 10 && std::all_of(p, end, [](uint8_t b) { return b & 0x80; });
-      fail(!cut);
-      return 0;
-    }
-    p = q;
-    return v;
-  }
-  // What went wrong, for messages: "a varint at payload byte 17 is longer than 10 bytes ...".
-  std::string failure() const {
-    return overlong ? "the varint at payload byte " + std::to_string(fail_at) +
-                          " is longer than 10 bytes or overflows 64 bits"
-                    : "the payload is cut short at byte " + std::to_string(fail_at);
-  }
-  int64_t svar() { return unzigzag(var()); }
-  uint8_t byte() {
-    if (p >= end) {
-      fail(false);
-      return 0;
-    }
-    return *p++;
-  }
-  std::string_view bytes(uint64_t n) {
-    if (n > static_cast<uint64_t>(end - p)) {
-      fail(false);
-      return {};
-    }
-    std::string_view s(reinterpret_cast<const char*>(p), n);
-    p += n;
-    return s;
-  }
-  size_t left() const { return static_cast<size_t>(end - p); }
-  bool done() const { return p == end; }
-};
-
-Error bad(std::string what) {
-  return Error{std::move(what), -1};
-}
+using detail::bad;
+using detail::Cursor;
 
 std::string at(uint64_t offset) {
   return " at byte " + std::to_string(offset);
@@ -120,6 +60,66 @@ struct TraceReader::ZstdContext {
 #else
 struct TraceReader::ZstdContext {};
 #endif
+
+#if MEMF_HAVE_ZSTD
+struct ChunkPreparer::Zstd {
+  ZSTD_DCtx* ctx = ZSTD_createDCtx();
+  ~Zstd() { ZSTD_freeDCtx(ctx); }
+};
+#else
+struct ChunkPreparer::Zstd {};
+#endif
+
+ChunkPreparer::ChunkPreparer() = default;
+ChunkPreparer::~ChunkPreparer() = default;
+
+uint64_t ChunkPreparer::declaredSize(std::span<const uint8_t> stored) {
+#if MEMF_HAVE_ZSTD
+  unsigned long long raw = ZSTD_getFrameContentSize(stored.data(), stored.size());
+  if (raw == ZSTD_CONTENTSIZE_UNKNOWN || raw == ZSTD_CONTENTSIZE_ERROR || raw > kMaxChunkBytes)
+    return 0;
+  return raw;
+#else
+  (void)stored;
+  return 0;
+#endif
+}
+
+bool ChunkPreparer::prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p) {
+  p.offset = c.offset;
+  p.verified = false;
+  if (c.offset > file.size() || file.size() - c.offset < kChunkHeaderSize ||
+      c.stored_size > file.size() - c.offset - kChunkHeaderSize) {
+    return false;
+  }
+  const uint8_t* h = file.data() + c.offset;
+  std::span<const uint8_t> stored{h + kChunkHeaderSize, c.stored_size};
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+  uint32_t crc = crc32c(0, h, 8);
+  crc = crc32c(crc, stored.data(), stored.size());
+  if (crc != getU32(h + 8)) return false;
+#endif
+  if (h[1] == static_cast<uint8_t>(Codec::None)) {
+    p.payload = stored;
+  } else if (h[1] == static_cast<uint8_t>(Codec::Zstd)) {
+#if MEMF_HAVE_ZSTD
+    uint64_t raw = declaredSize(stored);
+    if (raw == 0 && ZSTD_getFrameContentSize(stored.data(), stored.size()) != 0) return false;
+    if (!zstd_) zstd_ = std::make_unique<Zstd>();
+    p.raw.resize(raw);
+    size_t n =
+        ZSTD_decompressDCtx(zstd_->ctx, p.raw.data(), p.raw.size(), stored.data(), stored.size());
+    if (ZSTD_isError(n) || n != raw) return false;
+    p.payload = p.raw;
+#else
+    return false;
+#endif
+  } else {
+    return false;
+  }
+  p.verified = true;
+  return true;
+}
 
 TraceReader::TraceReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
 TraceReader::~TraceReader() = default;
@@ -250,12 +250,23 @@ bool TraceReader::next() {
     pos_ += kChunkHeaderSize + c.stored_size;
     return true;
   }
-  uint32_t crc = crc32c(0, h, 8);
-  crc = crc32c(crc, stored.data(), stored.size());
+  // A chunk prepared ahead (setPrepared) was checked there; the others are checked here.
+  while (prepared_next_ < prepared_.size() && prepared_[prepared_next_].offset < pos_)
+    ++prepared_next_;
+  const PreparedChunk* prep = prepared_next_ < prepared_.size() &&
+                                      prepared_[prepared_next_].offset == pos_ &&
+                                      prepared_[prepared_next_].verified
+                                  ? &prepared_[prepared_next_]
+                                  : nullptr;
+  events_deferred_ = false;
+  if (prep == nullptr) {
+    uint32_t crc = crc32c(0, h, 8);
+    crc = crc32c(crc, stored.data(), stored.size());
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-  // (Fuzz builds skip this check so that mutated inputs reach the decoders behind it.)
-  if (crc != getU32(h + 8)) return stop(false, name + " fails its checksum (damaged file)");
+    // (Fuzz builds skip this check so that mutated inputs reach the decoders behind it.)
+    if (crc != getU32(h + 8)) return stop(false, name + " fails its checksum (damaged file)");
 #endif
+  }
   std::span<const uint8_t> payload;
   if (c.codec == static_cast<uint8_t>(Codec::None)) {
     payload = stored;
@@ -281,22 +292,37 @@ bool TraceReader::next() {
                              " decoded so far; damaged or hostile file)");
     }
     zstd_decoded_ += raw;
-    if (!zstd_) zstd_ = std::make_unique<ZstdContext>();
-    raw_.resize(raw);
-    size_t n =
-        ZSTD_decompressDCtx(zstd_->ctx, raw_.data(), raw_.size(), stored.data(), stored.size());
-    if (ZSTD_isError(n) || n != raw) {
-      return stop(false, name + ": zstd payload does not decompress to its declared " +
-                             std::to_string(raw) + " bytes (damaged file)");
+    if (prep != nullptr && prep->payload.size() == raw) {
+      payload = prep->payload;
+    } else {
+      if (!zstd_) zstd_ = std::make_unique<ZstdContext>();
+      raw_.resize(raw);
+      size_t n =
+          ZSTD_decompressDCtx(zstd_->ctx, raw_.data(), raw_.size(), stored.data(), stored.size());
+      if (ZSTD_isError(n) || n != raw) {
+        return stop(false, name + ": zstd payload does not decompress to its declared " +
+                               std::to_string(raw) + " bytes (damaged file)");
+      }
+      payload = raw_;
     }
-    payload = raw_;
     c.raw_size = static_cast<uint32_t>(raw);
 #endif
   } else {
     return stop(false, name + " uses unknown compression codec " + std::to_string(c.codec));
   }
   chunk_ = c;
-  Status s = decode(static_cast<ChunkType>(c.type), payload);
+  Status s;
+  if (prep != nullptr && prep->events_decoded &&
+      c.type == static_cast<uint8_t>(ChunkType::Events) &&
+      (skip_tables_ || (prep->ids.strings <= string_views_.size() &&
+                        prep->ids.stacks <= stacks_.size() && prep->ids.pools <= pools_.size()))) {
+    // Its records were decoded by the caller and refer only to table entries defined so far.
+    for (const auto& [d, n] : prep->device_events) device_events_read_[d] += n;
+    events_read_ += prep->event_count;
+    events_deferred_ = true;
+  } else {
+    s = decode(static_cast<ChunkType>(c.type), payload);
+  }
   if (!s.ok()) return stop(false, name + ": " + s.error().message + " (damaged file)");
   pos_ += kChunkHeaderSize + c.stored_size;
   end_.good_bytes = pos_;
@@ -336,97 +362,18 @@ Status TraceReader::decode(ChunkType type, std::span<const uint8_t> p) {
 }
 
 Status TraceReader::decodeEvents(std::span<const uint8_t> payload) {
-  Cursor c(payload);
-  uint64_t count = c.var();
-  if (!c.ok) return bad("event count: " + c.failure());
-  // A record takes at least 4 bytes (head, addr, size, time), so the count is checked against the
-  // bytes present before anything is allocated.
-  if (count > c.left() / 4) {
-    return bad("event count " + std::to_string(count) + " does not fit the chunk's " +
-               std::to_string(c.left()) + " bytes of records");
-  }
-  events_.resize(count);
+  struct Into {
+    std::vector<TraceEvent>& out;
+    void begin(uint64_t count) { out.resize(count); }
+    void event(uint64_t i, const TraceEvent& e) { out[i] = e; }
+  } into{events_};
   const uint64_t nstrings = skip_tables_ ? ~uint64_t{0} : string_views_.size();
   const uint64_t nstacks = skip_tables_ ? ~uint64_t{0} : stacks_.size();
   const uint64_t npools = skip_tables_ ? ~uint64_t{0} : pools_.size();
-  uint32_t device = 0, stack = 0;
-  uint64_t stream = 0, addr = 0, t = 0;
-  uint32_t compile = 0, user = 0, pool = 0, action_name = 0;
-  for (uint64_t i = 0; i < count; ++i) {
-    uint8_t h = c.byte();
-    uint8_t action = h & kHeadActionMask;
-    if (action > 10)
-      return bad("event " + std::to_string(i) + " has action code " + std::to_string(action));
-    if (h & kHeadDevice) {
-      uint64_t d = c.var();
-      if (d >= kMaxDevice)
-        return bad("event " + std::to_string(i) + " names device " + std::to_string(d));
-      device = static_cast<uint32_t>(d);
-    }
-    if (h & kHeadStream) stream += static_cast<uint64_t>(c.svar());
-    if (h & kHeadContext) {
-      uint8_t mask = c.byte();
-      if (mask & ~0x0f) return bad("event " + std::to_string(i) + " has an unknown context field");
-      uint64_t v;
-      if (mask & kCtxCompile) {
-        if ((v = c.var()) >= nstrings)
-          return bad("event " + std::to_string(i) + " refers to undefined string " +
-                     std::to_string(v));
-        compile = static_cast<uint32_t>(v);
-      }
-      if (mask & kCtxUser) {
-        if ((v = c.var()) >= nstrings)
-          return bad("event " + std::to_string(i) + " refers to undefined string " +
-                     std::to_string(v));
-        user = static_cast<uint32_t>(v);
-      }
-      if (mask & kCtxPool) {
-        if ((v = c.var()) >= npools)
-          return bad("event " + std::to_string(i) + " refers to undefined pool " +
-                     std::to_string(v));
-        pool = static_cast<uint32_t>(v);
-      }
-      if (mask & kCtxActionName) {
-        if ((v = c.var()) >= nstrings)
-          return bad("event " + std::to_string(i) + " refers to undefined string " +
-                     std::to_string(v));
-        action_name = static_cast<uint32_t>(v);
-      }
-    }
-    if (!(h & kHeadSameStack)) {
-      int64_t s = static_cast<int64_t>(stack) + c.svar();
-      if (s < 0 || static_cast<uint64_t>(s) >= nstacks || s > 0xffffffffll) {
-        return bad("event " + std::to_string(i) + " refers to undefined stack " +
-                   std::to_string(s));
-      }
-      stack = static_cast<uint32_t>(s);
-    }
-    addr += static_cast<uint64_t>(c.svar());
-    uint64_t size = c.var();
-    t += static_cast<uint64_t>(c.svar());
-    if (!c.ok)
-      return bad("event " + std::to_string(i) + " of " + std::to_string(count) + ": " +
-                 c.failure());
-    TraceEvent& e = events_[i];
-    e.addr = addr;
-    e.size = size;
-    e.stream = static_cast<int64_t>(stream);
-    // Stored as time_us + 1 (0 = no time), so INT64_MAX is stored as 2^63: subtract in uint64
-    // (t - 1 as int64 would overflow there). A value no writer produces (above 2^63) is no time.
-    e.time_us = t == 0 || t > (uint64_t{1} << 63) ? -1 : static_cast<int64_t>(t - 1);
-    e.device = device;
-    e.stack = stack;
-    e.compile_context = compile;
-    e.user_metadata = user;
-    e.action_name = action == 10 ? action_name : 0;
-    e.pool = pool;
-    e.action = action;
-  }
-  if (!c.done())
-    return bad(std::to_string(c.left()) + " bytes after the last of " + std::to_string(count) +
-               " events");
+  Status s = detail::decodeEventRecords(payload, nstrings, nstacks, npools, into);
+  if (!s.ok()) return s;
   for (const auto& e : events_) ++device_events_read_[e.device];
-  events_read_ += count;
+  events_read_ += events_.size();
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "format/trace/trace_events.h"
 #include "format/trace/trace_format.h"
 #include "format/trace/trace_state.h"
 
@@ -65,6 +66,39 @@ struct StackNode {
   uint32_t frame = 0;
 };
 
+// A chunk checked and decoded ahead of the reader, on another thread (the parallel loader of
+// format/load): TraceReader::setPrepared uses it instead of checking and decompressing again.
+struct PreparedChunk {
+  uint64_t offset = 0;               // of the chunk header
+  bool verified = false;             // its CRC-32C matched and a zstd payload decoded in full
+  std::vector<uint8_t> raw;          // the decompressed payload of a zstd chunk
+  std::span<const uint8_t> payload;  // the payload (in `raw` or in the file) when verified
+  // Events chunks whose records the caller decoded (for well-formedness; not against the tables):
+  bool events_decoded = false;
+  uint64_t event_count = 0;
+  IdExtent ids;
+  std::vector<std::pair<uint32_t, uint64_t>> device_events;  // events per device (any order)
+};
+
+// Checks and decompresses chunks apart from a reader, one per thread.
+class ChunkPreparer {
+ public:
+  ChunkPreparer();
+  ~ChunkPreparer();
+  ChunkPreparer(const ChunkPreparer&) = delete;
+  ChunkPreparer& operator=(const ChunkPreparer&) = delete;
+  // The decoded size a zstd chunk's frame header declares, 0 when it declares none or one past
+  // kMaxChunkBytes (next() then refuses the chunk).
+  static uint64_t declaredSize(std::span<const uint8_t> stored);
+  // Fills p.verified, p.raw and p.payload for the chunk `c` of `file` (found by a headers-only
+  // pass): true when next() would find its checksum right and its payload decoding in full.
+  bool prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p);
+
+ private:
+  struct Zstd;
+  std::unique_ptr<Zstd> zstd_;
+};
+
 class TraceReader {
  public:
   // Checks the file header. `bytes` must outlive the reader.
@@ -109,6 +143,16 @@ class TraceReader {
   void setSkipTables(bool skip) { skip_tables_ = skip; }
   // When set, next() only walks chunk headers (no checksum, no decoding): a fast index pass.
   void setHeadersOnly(bool only) { headers_only_ = only; }
+  // Chunks prepared ahead (sorted by offset, outliving the reader's use of them): next() takes a
+  // verified one's payload instead of checking and decompressing the chunk again (the budget of
+  // decoded bytes is still counted here, in file order). An Events chunk whose records the caller
+  // decoded is accepted without decoding when its ids fit the tables read so far: events() is
+  // then empty and eventsDeferred() true; otherwise it is decoded here (and refused as before).
+  void setPrepared(std::span<const PreparedChunk> prepared) {
+    prepared_ = prepared;
+    prepared_next_ = 0;
+  }
+  bool eventsDeferred() const { return events_deferred_; }
   // Positions the reader at a chunk boundary found by an earlier pass (offsets from chunk()).
   void seek(uint64_t offset) {
     pos_ = offset;
@@ -146,6 +190,10 @@ class TraceReader {
   struct ZstdContext;
   std::unique_ptr<ZstdContext> zstd_;
   uint64_t zstd_decoded_ = 0;  // bytes decoded from zstd chunks so far (against decodedBudget)
+
+  std::span<const PreparedChunk> prepared_;
+  size_t prepared_next_ = 0;
+  bool events_deferred_ = false;
 
   std::vector<TraceEvent> events_;
   uint64_t events_read_ = 0;
