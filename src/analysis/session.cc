@@ -2,7 +2,9 @@
 #include "analysis/session.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <optional>
 
 #include "analysis/findings.h"
 
@@ -215,8 +217,32 @@ void DeviceSession::visit() {
     if (!p.layout.empty())
       model = std::make_unique<replay::DeviceAllocatorModel>(snap_, f.device, *replayer_);
     replay::DeviceReplayer& r = *replayer_;
+    const auto n = static_cast<int64_t>(f.events.size());
+    // The live set after the last event (kMomentEnd) is where forward pass 1 left the replayer:
+    // it is taken from there, so pass 2 stops at the moment before it instead of stepping the
+    // whole trace again (the replay is deterministic: pass 2 would reach the same state). Not for
+    // a moment that also needs the model's layout, which pass 2 steps to.
+    std::optional<MomentFacts> end;
+    if (n > 0 && all.rbegin()->first == n - 1 && p.live.count(n - 1) != 0 &&
+        p.layout.count(n - 1) == 0 && r.next() == f.events.size()) {
+      MomentFacts m;
+      m.event = n - 1;
+      m.time_us = f.events.back().time_us;
+      m.reasons = all.rbegin()->second;
+      m.at = r.counters();
+      m.has_live = true;
+      m.live = r.live();
+      end = std::move(m);
+      all.erase(std::prev(all.end()));
+    }
     r.reset();
-    const int64_t last_live = p.live.empty() ? -2 : p.live.rbegin()->first;
+    int64_t last_live = -2;  // the last moment pass 2 copies a live set at
+    for (auto l = p.live.rbegin(); l != p.live.rend(); ++l) {
+      if (!end || l->first != n - 1) {
+        last_live = l->first;
+        break;
+      }
+    }
     size_t copied = 0;  // blocks copied into live sets and layouts (kMaxCopiedBlocks)
     auto capture = [&](int64_t event, uint32_t reasons) {
       MomentFacts m;
@@ -249,7 +275,7 @@ void DeviceSession::visit() {
       f.moments.push_back(std::move(m));
     };
     auto it = all.begin();
-    if (it->first == -1) {
+    if (it != all.end() && it->first == -1) {
       capture(-1, it->second);
       ++it;
     }
@@ -264,6 +290,16 @@ void DeviceSession::visit() {
         capture(it->first, it->second);
         ++it;
       }
+    }
+    if (end) {  // last in event order, under the same block budget
+      if (copied + end->live.size() <= kMaxCopiedBlocks) {
+        copied += end->live.size();
+      } else {
+        end->has_live = false;
+        end->live = U64Map<replay::LiveBlock>();
+        end->over_budget = true;
+      }
+      f.moments.push_back(std::move(*end));
     }
     if (model) {
       f.model.ran = true;

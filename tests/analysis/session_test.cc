@@ -240,5 +240,43 @@ TEST(Session, MomentsOutsideTheTraceAreRefusedAndPass2IsSkippedWithoutRequests) 
   EXPECT_EQ(s.facts().passes.forward, 1u);
 }
 
+// The end state is where forward pass 1 left the replayer: pass 2 steps only to the last other
+// moment, and the end's live set equals the one a full second walk would copy.
+TEST(Session, TheEndMomentComesFromPass1AndPass2StopsAtTheMomentBeforeIt) {
+  const auto snap = manyOoms(4);
+  const auto n = static_cast<int64_t>(snap.trace(0).size());
+  const int64_t mid = n / 2;
+  replay::resetPassStats();
+  DeviceSession s(snap, 0);
+  ASSERT_TRUE(s.requestLive(mid, kMomentAt));
+  ASSERT_TRUE(s.requestLive(n - 1, kMomentEnd));
+  s.visit();
+  // Pass 1: n events; pass 2: events [0, mid] only.
+  EXPECT_EQ(s.facts().passes.events_stepped, static_cast<uint64_t>(n + mid + 1));
+  const MomentFacts* end = s.facts().at(n - 1);
+  ASSERT_NE(end, nullptr);
+  ASSERT_TRUE(end->has_live);
+  EXPECT_EQ(end->reasons, kMomentEnd);
+  // The same moment from a full walk (a second session, the end reached by pass 2 as a layout
+  // moment, which pass 2 always steps to).
+  DeviceSession full(snap, 0);
+  ASSERT_TRUE(full.requestLive(n - 1, kMomentEnd));
+  ASSERT_TRUE(full.requestLayout(n - 1, kMomentEnd));
+  full.visit();
+  const MomentFacts* want = full.facts().at(n - 1);
+  ASSERT_NE(want, nullptr);
+  ASSERT_TRUE(want->has_live);
+  EXPECT_EQ(end->at.requested, want->at.requested);
+  EXPECT_EQ(end->at.allocated, want->at.allocated);
+  EXPECT_EQ(end->at.reserved, want->at.reserved);
+  EXPECT_EQ(end->time_us, want->time_us);
+  std::vector<std::pair<uint64_t, uint64_t>> a, b;
+  end->live.forEach(
+      [&](uint64_t addr, const replay::LiveBlock& x) { a.emplace_back(addr, x.size); });
+  want->live.forEach(
+      [&](uint64_t addr, const replay::LiveBlock& x) { b.emplace_back(addr, x.size); });
+  EXPECT_EQ(a, b);
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
