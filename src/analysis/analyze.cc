@@ -155,8 +155,14 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   // One device per task, each into its own slot, so the devices stay in snap.devices() order
   // whatever the timing; each task reads the const Snapshot only, and its session lives and dies
   // on the thread that runs the task.
+  uint64_t largest = 1;
+  for (int64_t d : devices) {
+    if (static_cast<uint64_t>(d) < snap.traceCount())
+      largest = std::max<uint64_t>(largest, snap.trace(static_cast<size_t>(d)).size());
+  }
+  const size_t threads = sessionThreads(opt.threads, devices.size(), largest);
   std::vector<DeviceAnalysis> slots(devices.size());
-  forEachDevice(devices, opt.threads, [&](size_t i) {
+  forEachDevice(devices, threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
     // over the moments the top groups, the call graph and the detectors read.
     DeviceSession session(snap, devices[i]);
@@ -168,6 +174,11 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   res.devices = std::move(slots);
   finishAnalysis(snap, res, opt);
   return res;
+}
+
+size_t sessionThreads(size_t threads, size_t devices, uint64_t largest_events) {
+  const uint64_t cap = kMaxSessionEventsInFlight / std::max<uint64_t>(1, largest_events);
+  return std::max<size_t>(1, std::min<uint64_t>(workerCount(threads, devices), cap));
 }
 
 std::vector<DeviceAnalysis> analyzeDevices(const format::Snapshot& snap,

@@ -101,6 +101,16 @@ struct AnalyzeOptions {
   size_t threads = 0;
 };
 
+// analyzeSnapshot holds one DeviceSession per thread (the allocation table, the replayer's
+// per-event state: tens of bytes per event). It runs at most kMaxSessionEventsInFlight /
+// (the largest device's events) threads, at least one, so that a file of a few huge devices does
+// not hold several of their sessions at once for a speed-up of a few cores.
+inline constexpr uint64_t kMaxSessionEventsInFlight = uint64_t{16} << 20;
+// The threads analyzeSnapshot uses for `devices` devices, the largest of `largest_events` events,
+// with the setting `threads` (AnalyzeOptions::threads): common/parallel.h workerCount, capped as
+// above.
+size_t sessionThreads(size_t threads, size_t devices, uint64_t largest_events);
+
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& options = {});
 // The input fields of the result (no device): analyzeSnapshot is this plus analyzeDevice per
 // device; `report` adds the devices from the sessions it shares with its drawings.

@@ -39,6 +39,9 @@ struct RanksArgs {
   bool salvage = false;
 };
 RanksArgs g_args;
+// LoadOptions::threads of each file: 1 when several files load at once (their workers already
+// use the cores), else 0 (the cores decode one native trace's chunks). Set before the pool starts.
+size_t g_load_threads = 0;
 
 struct FileResult {
   std::vector<analysis::RankRow> rows;
@@ -50,6 +53,7 @@ FileResult rankFile(const std::string& path) {
   try {
     format::LoadOptions lo;
     lo.salvage = g_args.salvage;
+    lo.threads = static_cast<int>(g_load_threads);
     auto snap = format::loadSnapshotFile(path, lo);
     if (!snap) {
       out.rows.push_back(analysis::failedRankRow(path, snap.error().describe()));
@@ -77,6 +81,7 @@ FileResult rankFile(const std::string& path) {
 }
 
 std::vector<FileResult> rankFiles(const std::vector<std::string>& files) {
+  g_load_threads = workerCount(g_args.jobs, files.size()) > 1 ? 1 : 0;
   // rankFile catches every failure into its row, so no task throws.
   return parallelMap<FileResult>(files.size(), g_args.jobs,
                                  [&](size_t i) { return rankFile(files[i]); });

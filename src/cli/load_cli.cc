@@ -3,6 +3,7 @@
 
 #include "cli/diagnostics.h"
 #include "cli/progress.h"
+#include "cli/threads.h"
 #include "format/load/load.h"
 
 namespace memforensics::cli {
@@ -13,6 +14,9 @@ Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvag
   format::LoadOptions opt;
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
   opt.salvage = salvage;
+  // The --threads / MEMF_THREADS setting also decodes a native trace's chunks
+  // (LoadOptions::threads, 0 = the cores; the same Snapshot for every value).
+  opt.threads = static_cast<int>(analysisThreads());
   auto snap = format::loadSnapshotFile(path, opt);
   bar.finish();
   if (snap) {

@@ -142,5 +142,17 @@ TEST(ParallelAnalysis, AnalyzeDevicesOnThreadsIsAnalyzeSnapshot) {
   }
 }
 
+// The sessions in flight are bounded by the largest device's events (kMaxSessionEventsInFlight):
+// a file of a few huge devices runs fewer threads than asked, down to one.
+TEST(ParallelAnalysis, HugeDevicesRunOnFewerThreads) {
+  EXPECT_EQ(sessionThreads(8, 207, 30000), 8u);  // zid_x207: ~23 k events a device
+  EXPECT_EQ(sessionThreads(8, 3, 30000), 3u);    // no more threads than devices
+  EXPECT_EQ(sessionThreads(8, 8, kMaxSessionEventsInFlight / 3), 3u);
+  EXPECT_EQ(sessionThreads(8, 8, kMaxSessionEventsInFlight), 1u);
+  EXPECT_EQ(sessionThreads(8, 8, kMaxSessionEventsInFlight * 4), 1u);
+  EXPECT_EQ(sessionThreads(1, 8, 10), 1u);
+  EXPECT_EQ(sessionThreads(8, 0, 0), 1u);
+}
+
 }  // namespace
 }  // namespace memforensics::analysis
