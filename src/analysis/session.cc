@@ -147,7 +147,7 @@ DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
     f.series.reserve(f.events.size() + 1);
     f.series.push_back(replayer_->startCounters());
   }
-  f.summary = replay::summarizeDevice(*replayer_, [&](size_t i, const replay::Counters& c) {
+  f.summary = replay::summarizeDeviceWith(*replayer_, [&](size_t i, const replay::Counters& c) {
     if (f.has_series) f.series.push_back(c);
     while (next_end < ends.size() && ends[next_end].first == static_cast<int64_t>(i)) {
       f.requested_at_iteration_end[ends[next_end].second] = c.requested;

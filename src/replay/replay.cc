@@ -490,6 +490,13 @@ DeviceSummary summarizeDevice(DeviceReplayer& r) {
 
 DeviceSummary summarizeDevice(DeviceReplayer& r,
                               const std::function<void(size_t, const Counters&)>& after_event) {
+  if (!after_event) return summarizeDeviceWith(r, [](size_t, const Counters&) {});
+  return summarizeDeviceWith(r, after_event);
+}
+
+namespace detail {
+
+DeviceSummary beginSummary(DeviceReplayer& r) {
   DeviceSummary s;
   r.reset();
   s.device = r.device();
@@ -507,40 +514,10 @@ DeviceSummary summarizeDevice(DeviceReplayer& r,
   init(s.peak_requested, s.start.requested);
   init(s.peak_allocated, s.start.allocated);
   init(s.peak_active, s.start.active());
-  auto ev = r.events();
-  for (size_t i = 0; i < ev.size(); ++i) {
-    const Event& e = ev[i];
-    r.step();
-    s.by_action[static_cast<size_t>(e.action)]++;
-    if (e.time_us >= 0) {
-      if (s.first_time_us < 0) s.first_time_us = e.time_us;
-      s.last_time_us = e.time_us;
-    }
-    const Counters& c = r.counters();
-    if (after_event) after_event(i, c);
-    auto upd = [&](Peak& p, uint64_t v) {
-      if (v > p.bytes) {
-        p.bytes = v;
-        p.event = static_cast<int64_t>(i);
-        p.time_us = e.time_us;
-      }
-    };
-    upd(s.peak_reserved, c.reserved);
-    upd(s.peak_requested, c.requested);
-    upd(s.peak_allocated, c.allocated);
-    upd(s.peak_active, c.active());
-    if (e.action == Action::Oom) {
-      OomEvent o;
-      o.event = static_cast<int64_t>(i);
-      o.time_us = e.time_us;
-      o.request_bytes = e.size;
-      o.device_free = e.addr;
-      o.stream = e.stream;
-      o.stack = e.stack;
-      o.at = c;
-      s.ooms.push_back(o);
-    }
-  }
+  return s;
+}
+
+void finishSummary(DeviceReplayer& r, DeviceSummary& s) {
   r.checkFinalState();
   s.final_replayed = r.counters();
   s.allocated_exact = r.allocatedExact();
@@ -548,7 +525,8 @@ DeviceSummary summarizeDevice(DeviceReplayer& r,
   s.consistent = s.untrusted == 0;
   s.anomalies = r.anomalies();
   s.live_blocks_final = r.live().size();
-  return s;
 }
+
+}  // namespace detail
 
 }  // namespace memforensics::replay

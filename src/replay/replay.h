@@ -313,4 +313,56 @@ DeviceSummary summarizeDevice(DeviceReplayer& r);
 DeviceSummary summarizeDevice(DeviceReplayer& r,
                               const std::function<void(size_t, const Counters&)>& after_event);
 
+namespace detail {
+// summarizeDeviceWith's parts: before the walk, one event, after it (replay.cc has the first and
+// the last).
+DeviceSummary beginSummary(DeviceReplayer& r);
+void finishSummary(DeviceReplayer& r, DeviceSummary& s);
+inline void summarizeEvent(DeviceSummary& s, size_t i, const Event& e, const Counters& c) {
+  s.by_action[static_cast<size_t>(e.action)]++;
+  if (e.time_us >= 0) {
+    if (s.first_time_us < 0) s.first_time_us = e.time_us;
+    s.last_time_us = e.time_us;
+  }
+  auto upd = [&](Peak& p, uint64_t v) {
+    if (v > p.bytes) {
+      p.bytes = v;
+      p.event = static_cast<int64_t>(i);
+      p.time_us = e.time_us;
+    }
+  };
+  upd(s.peak_reserved, c.reserved);
+  upd(s.peak_requested, c.requested);
+  upd(s.peak_allocated, c.allocated);
+  upd(s.peak_active, c.active());
+  if (e.action == Action::Oom) {
+    OomEvent o;
+    o.event = static_cast<int64_t>(i);
+    o.time_us = e.time_us;
+    o.request_bytes = e.size;
+    o.device_free = e.addr;
+    o.stream = e.stream;
+    o.stack = e.stack;
+    o.at = c;
+    s.ooms.push_back(o);
+  }
+}
+}  // namespace detail
+
+// The same pass with the observer called directly (no std::function per event): for the session,
+// which observes every event of every device.
+template <class AfterEvent>
+DeviceSummary summarizeDeviceWith(DeviceReplayer& r, AfterEvent&& after_event) {
+  DeviceSummary s = detail::beginSummary(r);
+  auto ev = r.events();
+  for (size_t i = 0; i < ev.size(); ++i) {
+    r.step();
+    const Counters& c = r.counters();
+    after_event(i, c);
+    detail::summarizeEvent(s, i, ev[i], c);
+  }
+  detail::finishSummary(r, s);
+  return s;
+}
+
 }  // namespace memforensics::replay
