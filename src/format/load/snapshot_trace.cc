@@ -556,6 +556,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       p.events_decoded = st.ok() && scan.fits;
     });
     r.setPrepared(prepared);
+    r.setCheckpointsCheckedOnly(true);  // this reader has no use for them
   }
   std::vector<size_t> accepted;  // Events chunks (indices in `chunks`) whose events are deferred
   size_t chunk_index = 0;
@@ -573,6 +574,11 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   }
   if (threads > 0) {
     if (r.end().damaged) return std::nullopt;  // the serial reader's error or salvage
+    // The other chunks are decoded: only the Events payloads are needed from here on.
+    for (size_t i = 0; i < prepared.size(); ++i) {
+      if (chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events))
+        std::vector<uint8_t>().swap(prepared[i].raw);
+    }
     // Devices in file order never decrease (else: per-device arrays, the serial reader's way).
     bool any = false;
     uint32_t last = 0;

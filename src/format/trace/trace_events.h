@@ -44,14 +44,20 @@ struct Cursor {
     p = end;
   }
   uint64_t var() {
-    // One- and two-byte varints (most deltas) inline, the rest in varSlow().
-    if (end - p >= 2) {
-      if (p[0] < 0x80) return *p++;
-      if (p[1] < 0x80) {
-        uint64_t v = (p[0] & 0x7fu) | (uint64_t{p[1]} << 7);
-        p += 2;
-        return v;
+    // Varints of up to 9 bytes at least 10 bytes before the end inline (no bounds check per
+    // byte); the rest, the 10-byte ones and every failure in varSlow().
+    if (end - p >= 10) {
+      uint64_t v = 0;
+      for (int i = 0; i < 9; ++i) {
+        const uint64_t b = p[i];
+        v |= (b & 0x7f) << (7 * i);
+        if (b < 0x80) {
+          p += i + 1;
+          return v;
+        }
       }
+    } else if (p < end && *p < 0x80) {
+      return *p++;
     }
     return varSlow();
   }

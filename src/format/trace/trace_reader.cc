@@ -708,7 +708,7 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
       l.stack = static_cast<uint32_t>(stack);
       l.stream = static_cast<int64_t>(stream);
       l.pending = pending != 0;
-      live.insert(addr, l);
+      if (!checkpoints_checked_only_) live.insert(addr, l);
     }
     uint64_t nseg = c.var();
     if (!c.ok || nseg > c.left() / 2)
@@ -721,8 +721,9 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
       if (!c.ok)
         return bad("segment " + std::to_string(k) + " of device " + std::to_string(dev) +
                    " is cut short");
-      segs[addr] = size;
+      if (!checkpoints_checked_only_) segs[addr] = size;
     }
+    if (checkpoints_checked_only_) continue;
     DeviceTraceState st;
     st.restore(events, std::move(live), std::move(segs));
     out.emplace_back(static_cast<uint32_t>(dev), std::move(st));

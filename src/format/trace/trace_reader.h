@@ -153,6 +153,9 @@ class TraceReader {
     prepared_next_ = 0;
   }
   bool eventsDeferred() const { return events_deferred_; }
+  // When set, Checkpoint chunks are checked as before but not kept (checkpoint() stays empty):
+  // for callers that read the whole file and have no use for them.
+  void setCheckpointsCheckedOnly(bool only) { checkpoints_checked_only_ = only; }
   // Positions the reader at a chunk boundary found by an earlier pass (offsets from chunk()).
   void seek(uint64_t offset) {
     pos_ = offset;
@@ -194,6 +197,7 @@ class TraceReader {
   std::span<const PreparedChunk> prepared_;
   size_t prepared_next_ = 0;
   bool events_deferred_ = false;
+  bool checkpoints_checked_only_ = false;
 
   std::vector<TraceEvent> events_;
   uint64_t events_read_ = 0;
