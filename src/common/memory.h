@@ -50,9 +50,16 @@ void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most,
     adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
   }
   if (prefaulter != nullptr) {
-    prefaulter->track(slot, bigger.data(), bigger.capacity() * sizeof(T), v.size() * sizeof(T));
+    // The copy's second half is populated on the prefaulter's thread while this one copies (and
+    // faults in) the first.
+    size_t half = v.size() / 2;
+    prefaulter->track(slot, bigger.data(), bigger.capacity() * sizeof(T), half * sizeof(T),
+                      v.size() * sizeof(T));
+    bigger.insert(bigger.end(), v.begin(), v.begin() + static_cast<ptrdiff_t>(half));
+    bigger.insert(bigger.end(), v.begin() + static_cast<ptrdiff_t>(half), v.end());
+  } else {
+    bigger.insert(bigger.end(), v.begin(), v.end());
   }
-  bigger.insert(bigger.end(), v.begin(), v.end());
   v.swap(bigger);
 }
 

@@ -37,7 +37,7 @@ Prefaulter::~Prefaulter() {
   stop();
 }
 
-void Prefaulter::track(size_t slot, void* base, size_t bytes, size_t used) {
+void Prefaulter::track(size_t slot, void* base, size_t bytes, size_t used, size_t upto) {
   if (slot >= kSlots) return;
   std::unique_lock lk(mu_);
   settled_.wait(lk, [&] { return in_flight_ != slot; });
@@ -51,6 +51,7 @@ void Prefaulter::track(size_t slot, void* base, size_t bytes, size_t used) {
   s.end = b + bytes;
   s.used = b + std::min(used, bytes);
   s.done = s.used & ~(kPage - 1);
+  s.upto = b + std::min(upto, bytes);
   idle_ = false;  // until the thread has looked at the new buffer
   if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   wake_.notify_one();
@@ -96,7 +97,7 @@ void Prefaulter::loop() {
       Slot& s = slots_[k];
       if (s.begin == 0) continue;
       s.done = std::max(s.done, s.used & ~(kPage - 1));  // the writer touched what it wrote
-      uintptr_t target = std::min(s.end, s.used + kPrefaultWindowBytes);
+      uintptr_t target = std::min(s.end, std::max(s.upto, s.used + kPrefaultWindowBytes));
       if (s.done >= target) continue;
       pick = k;
       from = s.done & ~(kPage - 1);

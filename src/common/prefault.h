@@ -38,10 +38,11 @@ class Prefaulter {
   Prefaulter(const Prefaulter&) = delete;
   Prefaulter& operator=(const Prefaulter&) = delete;
 
-  // Slot `slot` now covers the buffer [base, base + bytes), whose first `used` bytes are written.
-  // Returns once the thread no longer touches the slot's previous buffer (which may then be
-  // freed). A buffer under kPrefaultMinBytes just untracks the slot.
-  void track(size_t slot, void* base, size_t bytes, size_t used);
+  // Slot `slot` now covers the buffer [base, base + bytes), whose first `used` bytes are written;
+  // populated from there up to the window or `upto` bytes, whichever is more. Returns once the
+  // thread no longer touches the slot's previous buffer (which may then be freed). A buffer under
+  // kPrefaultMinBytes just untracks the slot.
+  void track(size_t slot, void* base, size_t bytes, size_t used, size_t upto = 0);
   // The writer has written the first `used` bytes of the slot's buffer.
   void advance(size_t slot, size_t used);
   // Forget the slot's buffer (before it is freed).
@@ -57,6 +58,7 @@ class Prefaulter {
     uintptr_t end = 0;
     uintptr_t used = 0;  // writer's position (absolute address)
     uintptr_t done = 0;  // populated up to here (absolute address)
+    uintptr_t upto = 0;  // populated at least up to here, whatever the window
   };
   void loop();
 

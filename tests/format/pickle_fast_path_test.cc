@@ -394,6 +394,47 @@ TEST(PickleFastPath, MemoizedFramesTakeTheFastPath) {
   EXPECT_EQ(snap->events[1].addr, 0x7f0000000000ULL);
 }
 
+// The fast path caches a frames list's bytes (a run of memo fetches) with the stack they made; a
+// memo slot rebound between two identical runs must not give the old stack (BINPUT over a frame's
+// slot), and identical runs with the memo untouched give the cached one.
+TEST(PickleFastPath, CachedFramesRunsAreDroppedWhenAMemoSlotIsRebound) {
+  for (bool rebind : {false, true}) {
+    auto bytes = definedFramesThen([&](PickleWriter& w, const uint32_t* f) {
+      w.str("frames");
+      w.beginList(true);
+      w.get(f[0]);
+      w.get(f[2]);
+      w.endList();
+      w.endDict();  // entry 1 ends; entry 2 fetches the same slots
+      if (rebind) {
+        w.get(f[1]);
+        w.raw({'r', static_cast<uint8_t>(f[0]), static_cast<uint8_t>(f[0] >> 8),
+               static_cast<uint8_t>(f[0] >> 16), static_cast<uint8_t>(f[0] >> 24)});
+        w.raw({'0'});  // POP
+      }
+      w.beginDict();
+      w.str("action");
+      w.str("alloc");
+      w.str("frames");
+      w.beginList(true);
+      w.get(f[0]);
+      w.get(f[2]);
+      w.endList();
+    });
+    PickleReadStats st;
+    expectSame(bytes, rebind ? "rebound" : "same", &st);
+    auto snap = readWith(bytes, true);
+    ASSERT_TRUE(snap.ok()) << snap.error().describe();
+    ASSERT_EQ(snap->events.size(), 3u);
+    auto stack = snap->stacks.stack(snap->events[2].stack);
+    ASSERT_EQ(stack.size(), 2u);
+    EXPECT_EQ(snap->stacks.frame(stack[0]).line, rebind ? 1u : 0u);
+    EXPECT_EQ(snap->stacks.frame(stack[1]).line, 2u);
+    EXPECT_EQ(st.fast_entries, 2u);
+    EXPECT_EQ(st.fast_frames_runs, rebind ? 0u : 1u);
+  }
+}
+
 // Device trace lists are kept as runs of events (NK::EventList) until something else is appended
 // or they are read as a generic list: the results and errors are those of a list of items.
 std::vector<uint8_t> tracesWith(const std::function<void(PickleWriter&)>& body) {

@@ -19,6 +19,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/flat_map.h"
 #include "common/memory.h"
 
 namespace memforensics::format {
@@ -473,6 +474,7 @@ class Machine {
   }
   Status memoPut(uint64_t idx) {
     if (stack_.size() <= markBase()) return err("memo store with an empty stack");
+    if (idx < memoSize()) frames_runs_.clear();  // a rebound slot: cached frames runs are stale
     if (idx >= memoSize()) {
       if (idx > memoSize() + opt_.max_memo_gap) {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
@@ -706,6 +708,25 @@ class Machine {
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
   uint32_t dicts_to_report_ = kPrefaultEveryDicts;
+  // The fast path's frames runs (fastFrames): the bytes between a frames list's MARK and APPENDS,
+  // when they are only memo fetches, by hash -> the stack they were interned as. Valid while no
+  // memo slot is rebound (memoPut clears it): the slots hold frame nodes, which never change, and
+  // a fallback's memo truncation only cuts slots pushed during that attempt, never a frame's.
+  struct FramesRun {
+    uint64_t offset = 0;  // of the run's first byte in the input
+    uint32_t len = 0;
+    uint32_t frames = 0;  // fetches in the run (the frames budget it charges)
+    StackId stack = 0;
+  };
+  static constexpr size_t kMaxFramesRuns = size_t{1} << 16;  // cached runs at most
+  U64Map<FramesRun> frames_runs_;
+  // makeEvent's parsed action strings, by StrId (direct-mapped; a StrId's string never changes).
+  struct ActionOf {
+    StrId id = ~StrId{0};
+    Action action = Action::Unknown;
+  };
+  static constexpr size_t kActionCache = 16;
+  ActionOf action_of_[kActionCache];
   // Last: destroyed first, so its thread has stopped before the arrays it populates are freed.
   Prefaulter prefault_;
 };
@@ -917,11 +938,15 @@ Status Machine::reduceDict(uint32_t n, const Value* kv, size_t count) {
 Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   Event e;
   // Integers must fit their field: a negative size or address is refused, never wrapped to 2^64-n.
-  auto asU64 = [&](const Value& v, const char* key, uint64_t& out) -> Status {
+  // No Status per key (it holds a string): the error is built only when one is returned.
+  auto asU64 = [](const Value& v, uint64_t& out) -> bool {
     if (v.kind == VK::UInt || (v.kind == VK::Int && v.i >= 0)) {
       out = static_cast<uint64_t>(v.i);
-      return Status::Ok();
+      return true;
     }
+    return false;
+  };
+  auto notU64 = [&](const Value& v, const char* key) -> Status {
     if (v.kind == VK::Int) {
       return err(std::string("trace entry `") + key + "` is negative (" + std::to_string(v.i) +
                  ")");
@@ -935,20 +960,23 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
     const Value& v = kv[k + 1];
     if (key.kind != VK::Str) continue;
     StrId id = key.id;
-    Status s;
     if (id == keys_.action) {
       if (v.kind != VK::Str) return err("trace entry `action` is not a string");
-      auto a = parseAction(snap_.strings.get(v.id));
-      e.action = a ? *a : Action::Unknown;
+      ActionOf& cached = action_of_[v.id % kActionCache];
+      if (cached.id != v.id) {
+        auto a = parseAction(snap_.strings.get(v.id));
+        cached = ActionOf{v.id, a ? *a : Action::Unknown};
+      }
+      e.action = cached.action;
       e.action_name = v.id;
       have_action = true;
       if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
     } else if (id == keys_.addr) {
-      s = asU64(v, "addr", e.addr);
+      if (!asU64(v, e.addr)) return notU64(v, "addr");
     } else if (id == keys_.device_free) {
-      s = asU64(v, "device_free", e.addr);
+      if (!asU64(v, e.addr)) return notU64(v, "device_free");
     } else if (id == keys_.size) {
-      s = asU64(v, "size", e.size);
+      if (!asU64(v, e.size)) return notU64(v, "size");
     } else if (id == keys_.stream) {
       if (v.kind != VK::Int) {  // a signed 64-bit cudaStream_t
         return err(std::string("trace entry `stream` is ") + aKind(v, nodes_) +
@@ -956,16 +984,16 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
       }
       e.stream = v.i;
     } else if (id == keys_.time_us) {
+      snap_.traits.has_time_us = true;
       uint64_t u = 0;
       if (v.kind == VK::Int && v.i < 0) {
         ++bad_time_us_;  // kept as "no time" (-1), and counted in a load warning
       } else if (v.kind == VK::UInt) {
         ++bad_time_us_;
       } else {
-        s = asU64(v, "time_us", u);
+        if (!asU64(v, u)) return notU64(v, "time_us");
         e.time_us = static_cast<int64_t>(u);
       }
-      snap_.traits.has_time_us = true;
     } else if (id == keys_.frames) {
       auto st = stackOf(v, Where{"trace entry"});
       if (!st) return st.error();
@@ -992,7 +1020,6 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
         }
       }
     }
-    if (!s.ok()) return s;
   }
   if (!have_action) return err("trace entry without an action");
   nodes_[n].kind = NK::Event;
@@ -1016,6 +1043,24 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
 // what it did: the memo and the nodes are cut back, the frames budget restored. What it cannot
 // undo is harmless: strings and stacks it interned are interned again, at the same points and so
 // under the same ids, by the generic machine reading the same bytes.
+
+// A hash of a frames run's bytes (fastFrames).
+uint64_t runHash(const uint8_t* p, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t x;
+    std::memcpy(&x, p, 8);
+    h = (h ^ x) * 0xff51afd7ed558ccdULL;
+    h ^= h >> 32;
+  }
+  if (n > 0) {
+    uint64_t x = 0;
+    std::memcpy(&x, p, n);
+    h = (h ^ x) * 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 29;
+  }
+  return h;
+}
 
 // FRAME opcodes (protocol 4 framing) before an object: checked as the main loop checks them.
 bool Machine::skipFrames(const uint8_t*& p) const {
@@ -1081,6 +1126,35 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
   if (!fastMemo(p, uint64_t{2} << 32 | n)) return false;
   if (p >= end_ || *p != MARK) return true;  // an empty list
   ++p;
+  // A run of plain fetches up to APPENDS, seen before: the same frame nodes, the same stack.
+  const uint8_t* run = p;
+  const uint8_t* q = p;
+  uint32_t fetches = 0;
+  for (;;) {
+    if (q < end_ && *q == BINGET && end_ - q >= 2) {
+      q += 2;
+    } else if (q < end_ && *q == LONG_BINGET && end_ - q >= 5) {
+      q += 5;
+    } else {
+      break;
+    }
+    ++fetches;
+  }
+  const bool plain = fetches > 0 && q < end_ && *q == APPENDS;
+  uint64_t hash = 0;
+  if (plain) {
+    const auto len = static_cast<size_t>(q - run);
+    hash = runHash(run, len);
+    if (const FramesRun* c = frames_runs_.find(hash);
+        c != nullptr && c->len == len && std::memcmp(begin_ + c->offset, run, len) == 0) {
+      if (!chargeFrames(c->frames).ok()) return false;
+      nodes_[n].kind = NK::Stack;
+      nodes_[n].ref = c->stack;
+      p = q + 1;
+      ++stats_.fast_frames_runs;
+      return true;
+    }
+  }
   scratch_.clear();
   for (;;) {
     if (!skipFrames(p) || p >= end_) return false;
@@ -1111,6 +1185,10 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
   StackId id = snap_.stacks.internStack(scratch_);
   nodes_[n].kind = NK::Stack;
   nodes_[n].ref = id;
+  if (plain && p == q + 1 && frames_runs_.size() < kMaxFramesRuns && q - run <= INT32_MAX) {
+    frames_runs_.insert(hash, FramesRun{static_cast<uint64_t>(run - begin_),
+                                        static_cast<uint32_t>(q - run), fetches, id});
+  }
   return true;
 }
 

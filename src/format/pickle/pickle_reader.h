@@ -48,8 +48,9 @@ inline constexpr uint64_t kBudgetSlack = 1u << 16;
 
 // What the reader did (tests and benchmarks; optional).
 struct PickleReadStats {
-  uint64_t fast_entries = 0;    // trace entries read by the trace-entry fast path
-  uint64_t fast_fallbacks = 0;  // dicts that started like a trace entry, read by the generic path
+  uint64_t fast_entries = 0;      // trace entries read by the trace-entry fast path
+  uint64_t fast_fallbacks = 0;    // dicts that started like a trace entry, read by the generic path
+  uint64_t fast_frames_runs = 0;  // frames lists the fast path found in its cache of runs
 };
 
 struct PickleReadOptions {
