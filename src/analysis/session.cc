@@ -105,11 +105,16 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
       f.alloc_at[i] = static_cast<int32_t>(f.allocs.size());
       open.insert(e.addr, static_cast<int32_t>(f.allocs.size()));
       f.allocs.push_back(a);
-    } else if (e.action == Action::FreeRequested || e.action == Action::FreeCompleted) {
-      if (int32_t* k = open.find(e.addr)) {
+    } else if (e.action == Action::FreeRequested) {
+      if (const int32_t* k = open.find(e.addr)) {
         if (f.allocs[static_cast<size_t>(*k)].freed < 0)
           f.allocs[static_cast<size_t>(*k)].freed = static_cast<int64_t>(i);
-        if (e.action == Action::FreeCompleted) open.erase(e.addr);
+      }
+    } else if (e.action == Action::FreeCompleted) {
+      int32_t k = -1;
+      if (open.take(e.addr, &k)) {  // one probe: found and erased
+        if (f.allocs[static_cast<size_t>(k)].freed < 0)
+          f.allocs[static_cast<size_t>(k)].freed = static_cast<int64_t>(i);
       }
     }
   }

@@ -58,33 +58,60 @@ class U64Map {
     }
   }
 
+  // Finds `key`, or inserts it with a value-initialized V: {its value, true when it was inserted}.
+  // One probe where find() then insert() take two; the table ends exactly as find() followed, when
+  // the key is absent, by insert() leaves it (same growth points, same slots, same forEach order).
+  // The pointer is valid until the next insertion or erasure.
+  std::pair<V*, bool> tryEmplace(uint64_t key) {
+    if (key == kEmpty) {
+      if (has_special_) return {&special_, false};
+      has_special_ = true;
+      special_ = V{};
+      return {&special_, true};
+    }
+    size_t i = slot(key);
+    while (true) {
+      Entry& e = table_[i];
+      if (e.key == key) return {&e.value, false};
+      if (e.key == kEmpty) break;
+      i = (i + 1) & mask_;
+    }
+    if ((size_ + 1) * 4 > table_.size() * 3) {
+      rehash(table_.size() * 2);
+      i = slot(key);
+      while (table_[i].key != kEmpty) i = (i + 1) & mask_;
+    }
+    table_[i].key = key;
+    table_[i].value = V{};
+    ++size_;
+    return {&table_[i].value, true};
+  }
+
   bool erase(uint64_t key) {
     if (key == kEmpty) {
       bool had = has_special_;
       has_special_ = false;
       return had;
     }
-    size_t i = slot(key);
-    while (true) {
-      if (table_[i].key == key) break;
-      if (table_[i].key == kEmpty) return false;
-      i = (i + 1) & mask_;
+    const size_t i = probe(key);
+    if (i == kNone) return false;
+    eraseSlot(i);
+    return true;
+  }
+
+  // Removes `key`, copying its value into *out first: one probe where find() then erase() take
+  // two. false, and *out untouched, when the key is absent. The table ends as erase() leaves it.
+  bool take(uint64_t key, V* out) {
+    if (key == kEmpty) {
+      if (!has_special_) return false;
+      *out = special_;
+      has_special_ = false;
+      return true;
     }
-    // Backward-shift deletion: pull later entries of the probe run into the hole.
-    size_t hole = i;
-    size_t j = i;
-    while (true) {
-      j = (j + 1) & mask_;
-      if (table_[j].key == kEmpty) break;
-      size_t home = slot(table_[j].key);
-      bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-      if (movable) {
-        table_[hole] = table_[j];
-        hole = j;
-      }
-    }
-    table_[hole].key = kEmpty;
-    --size_;
+    const size_t i = probe(key);
+    if (i == kNone) return false;
+    *out = table_[i].value;
+    eraseSlot(i);
     return true;
   }
 
@@ -108,6 +135,34 @@ class U64Map {
     uint64_t key = kEmpty;
     V value{};
   };
+  static constexpr size_t kNone = ~size_t{0};
+  // The slot holding `key` (not kEmpty), or kNone.
+  size_t probe(uint64_t key) const {
+    size_t i = slot(key);
+    while (true) {
+      if (table_[i].key == key) return i;
+      if (table_[i].key == kEmpty) return kNone;
+      i = (i + 1) & mask_;
+    }
+  }
+  // Backward-shift deletion of the entry in slot i: pull later entries of the probe run into the
+  // hole.
+  void eraseSlot(size_t i) {
+    size_t hole = i;
+    size_t j = i;
+    while (true) {
+      j = (j + 1) & mask_;
+      if (table_[j].key == kEmpty) break;
+      size_t home = slot(table_[j].key);
+      bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+      if (movable) {
+        table_[hole] = table_[j];
+        hole = j;
+      }
+    }
+    table_[hole].key = kEmpty;
+    --size_;
+  }
   size_t slot(uint64_t key) const {
     uint64_t h = key * 0x9E3779B97F4A7C15ULL;
     return static_cast<size_t>(h >> shift_);

@@ -2,6 +2,7 @@
 #include "replay/replay.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/allocator_constants.h"
 #include "replay/pass_stats.h"
@@ -261,10 +262,10 @@ void DeviceReplayer::backward() {
     const Event& e = ev[k];
     switch (e.action) {
       case Action::Alloc: {
-        if (LiveBlock* b = w.find(e.addr)) {
-          alloc_block_size_[k] = b->size;
-          alloc_size_exact_[k] = b->size_exact;
-          w.erase(e.addr);
+        LiveBlock b;
+        if (w.take(e.addr, &b)) {
+          alloc_block_size_[k] = b.size;
+          alloc_size_exact_[k] = b.size_exact;
           if (!from_free.empty()) from_free.erase(e.addr);
         } else {
           alloc_block_size_[k] = roundSize(e.size, divisions_);
@@ -273,34 +274,30 @@ void DeviceReplayer::backward() {
         break;
       }
       case Action::FreeRequested: {
-        LiveBlock* b = w.find(e.addr);
-        if (b != nullptr && (complete_on_request_ || !b->pending)) contradiction(k);
-        if (complete_on_request_ || b == nullptr) {
-          if (b == nullptr) {
-            LiveBlock nb;
-            nb.requested = e.size;
-            nb.size = roundSize(e.size, divisions_);
-            nb.stream = e.stream;
-            nb.stack = e.stack;
-            w.insert(e.addr, nb);
-            from_free.insert(e.addr, 1);
-          }
+        // One probe: the block the free leaves behind, or a new one when there is none.
+        auto [b, fresh] = w.tryEmplace(e.addr);
+        if (fresh) {
+          b->requested = e.size;
+          b->size = roundSize(e.size, divisions_);
+          b->stream = e.stream;
+          b->stack = e.stack;
+          from_free.insert(e.addr, 1);
         } else {
-          b->pending = false;
+          if (complete_on_request_ || !b->pending) contradiction(k);
+          if (!complete_on_request_) b->pending = false;
         }
         break;
       }
       case Action::FreeCompleted: {
-        if (w.find(e.addr) != nullptr) {
+        auto [b, fresh] = w.tryEmplace(e.addr);
+        if (!fresh) {
           contradiction(k);
         } else {
-          LiveBlock nb;
-          nb.requested = e.size;
-          nb.size = roundSize(e.size, divisions_);
-          nb.stream = e.stream;
-          nb.stack = e.stack;
-          nb.pending = !request_on_complete_;
-          w.insert(e.addr, nb);
+          b->requested = e.size;
+          b->size = roundSize(e.size, divisions_);
+          b->stream = e.stream;
+          b->stack = e.stack;
+          b->pending = !request_on_complete_;
           from_free.insert(e.addr, 1);
         }
         break;
@@ -345,6 +342,7 @@ void DeviceReplayer::backward() {
 void DeviceReplayer::reset() {
   live_ = start_live_;
   ranges_ = start_ranges_;
+  reserved_hit_ = AddressRange{};
   cur_ = start_;
   next_ = 0;
   last_time_ = -1;
@@ -375,12 +373,14 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
   }
   switch (e.action) {
     case Action::Alloc: {
-      if (live_.find(e.addr) != nullptr) {
+      // One probe: the slot the new block goes into, or the live block already there.
+      auto [slot, fresh] = live_.tryEmplace(e.addr);
+      if (!fresh) {
         note(AnomalyKind::DoubleAlloc, idx);
         break;
       }
-      if (!ranges_.contains(e.addr)) note(AnomalyKind::AllocOutsideSegments, idx);
-      LiveBlock b;
+      if (!reservedContains(e.addr)) note(AnomalyKind::AllocOutsideSegments, idx);
+      LiveBlock& b = *slot;
       b.requested = e.size;
       b.size = alloc_block_size_[i];
       b.size_exact = alloc_size_exact_[i] != 0;
@@ -392,7 +392,6 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         b.requested = b.size;
       }
       if (!b.size_exact) allocated_exact_ = false;
-      live_.insert(e.addr, b);
       add(cur_.requested, b.requested, idx);
       add(cur_.allocated, b.size, idx);
       break;
@@ -421,20 +420,19 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
       break;
     }
     case Action::FreeCompleted: {
-      LiveBlock* b = live_.find(e.addr);
-      if (b == nullptr) {
+      LiveBlock b;
+      if (!live_.take(e.addr, &b)) {  // one probe: found and erased
         note(AnomalyKind::FreeOfUnknownBlock, idx);
         break;
       }
-      if (b->requested != e.size) note(AnomalyKind::FreeSizeMismatch, idx);
-      if (b->pending) {
-        cur_.pending = subSat(cur_.pending, b->size);
+      if (b.requested != e.size) note(AnomalyKind::FreeSizeMismatch, idx);
+      if (b.pending) {
+        cur_.pending = subSat(cur_.pending, b.size);
       } else {
         if (!request_on_complete_) note(AnomalyKind::FreeCompletedWithoutRequest, idx);
-        cur_.allocated = subSat(cur_.allocated, b->size);
+        cur_.allocated = subSat(cur_.allocated, b.size);
       }
-      cur_.requested = subSat(cur_.requested, b->requested);
-      live_.erase(e.addr);
+      cur_.requested = subSat(cur_.requested, b.requested);
       break;
     }
     case Action::SegmentAlloc:
@@ -455,6 +453,7 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
         note(AnomalyKind::InvalidSegmentRange, idx);
         break;
       }
+      reserved_hit_ = AddressRange{};  // bytes leave the set: the cached range may be gone
       if (!ranges_.erase(rangeOf(e.addr, e.size))) note(AnomalyKind::SegmentNotMapped, idx);
       cur_.reserved = subSat(cur_.reserved, e.size);
       break;
@@ -467,6 +466,14 @@ void DeviceReplayer::apply(size_t i, const Event& e) {
     default:
       break;
   }
+}
+
+bool DeviceReplayer::reservedContains(uint64_t addr) {
+  if (reserved_hit_.contains(addr)) return true;
+  const std::optional<AddressRange> r = ranges_.find(addr);
+  if (!r) return false;
+  reserved_hit_ = *r;
+  return true;
 }
 
 void DeviceReplayer::checkFinalState() {

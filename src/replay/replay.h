@@ -240,6 +240,8 @@ class DeviceReplayer {
   void add(uint64_t& c, uint64_t v, int64_t event);
   void backward();
   void apply(size_t i, const Event& e);
+  // ranges_.contains(addr), through reserved_hit_.
+  bool reservedContains(uint64_t addr);
 
   const Snapshot& snap_;
   int64_t device_;
@@ -258,6 +260,10 @@ class DeviceReplayer {
   // Current state.
   U64Map<LiveBlock> live_;
   RangeSet ranges_;  // reserved now
+  // A range of ranges_ the last alloc fell in (empty: none), so that the allocs into one segment
+  // skip the map search. Adding ranges keeps it inside the set; it is cleared when bytes leave the
+  // set (segment free/unmap) and on reset().
+  AddressRange reserved_hit_;
   Counters cur_;
   size_t next_ = 0;
   int64_t last_time_ = -1;

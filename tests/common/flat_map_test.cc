@@ -5,6 +5,8 @@
 
 #include <random>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace memforensics {
 namespace {
@@ -58,6 +60,73 @@ TEST(U64Map, MatchesUnorderedMapUnderChurn) {
     EXPECT_EQ(ref.at(k), v);
   });
   EXPECT_EQ(seen, ref.size());
+}
+
+TEST(U64Map, TryEmplaceFindsOrInsertsAValueInitializedEntry) {
+  U64Map<int> m;
+  auto [v, fresh] = m.tryEmplace(7);
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(fresh);
+  EXPECT_EQ(*v, 0);
+  *v = 3;
+  auto [w, again] = m.tryEmplace(7);
+  EXPECT_FALSE(again);
+  EXPECT_EQ(*w, 3);
+  EXPECT_EQ(m.size(), 1u);
+  const uint64_t k = ~uint64_t{0};  // the out-of-band key
+  auto [s, sfresh] = m.tryEmplace(k);
+  EXPECT_TRUE(sfresh);
+  *s = 9;
+  EXPECT_FALSE(m.tryEmplace(k).second);
+  EXPECT_EQ(*m.find(k), 9);
+  EXPECT_EQ(m.size(), 2u);
+}
+
+TEST(U64Map, TakeCopiesTheValueOutAndErases) {
+  U64Map<int> m;
+  m.insert(7, 4);
+  m.insert(~uint64_t{0}, 5);
+  int out = -1;
+  EXPECT_FALSE(m.take(8, &out));
+  EXPECT_EQ(out, -1);  // untouched when absent
+  EXPECT_TRUE(m.take(7, &out));
+  EXPECT_EQ(out, 4);
+  EXPECT_EQ(m.find(7), nullptr);
+  EXPECT_FALSE(m.take(7, &out));
+  EXPECT_TRUE(m.take(~uint64_t{0}, &out));
+  EXPECT_EQ(out, 5);
+  EXPECT_TRUE(m.empty());
+}
+
+// tryEmplace and take leave the table exactly as find+insert and find+erase do: same entries in
+// the same forEach order after the same churn (replay's output order depends on it).
+TEST(U64Map, TryEmplaceAndTakeLeaveTheSameTableAsFindInsertErase) {
+  std::mt19937_64 rng(7);
+  U64Map<uint64_t> a, b;
+  for (int i = 0; i < 200000; ++i) {
+    uint64_t key = 0x7f0000000000ULL + (rng() % 4096) * 512;
+    if (rng() % 64 == 0) key = ~uint64_t{0};
+    if (rng() % 2 == 0) {
+      if (a.find(key) == nullptr) a.insert(key, static_cast<uint64_t>(i));
+      auto [v, fresh] = b.tryEmplace(key);
+      if (fresh) *v = static_cast<uint64_t>(i);
+    } else {
+      const uint64_t* av = a.find(key);
+      const bool had = av != nullptr;
+      const uint64_t want = had ? *av : 0;
+      a.erase(key);
+      uint64_t got = 0;
+      ASSERT_EQ(b.take(key, &got), had);
+      if (had) {
+        EXPECT_EQ(got, want);
+      }
+    }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> ea, eb;
+  a.forEach([&](uint64_t k, uint64_t v) { ea.push_back({k, v}); });
+  b.forEach([&](uint64_t k, uint64_t v) { eb.push_back({k, v}); });
+  EXPECT_EQ(ea, eb);
+  EXPECT_EQ(a.size(), b.size());
 }
 
 }  // namespace
