@@ -8,14 +8,12 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "common/memory.h"
+#include "common/parallel.h"
 #include "format/trace/trace_events.h"
 #include "format/trace/trace_reader.h"
 #include "format/trace/trace_state.h"
@@ -252,46 +250,6 @@ size_t synthesizeFinalState(Snapshot& snap) {
 
 namespace {
 
-// Runs task(i) for every i in [0, n) on `threads` threads, the caller one of them; indices are
-// handed out in increasing order. An exception (bad_alloc) of a task is re-thrown on the caller
-// once every thread has stopped, the one of the lowest index as a serial loop would have.
-template <typename F>
-void runTasks(size_t n, unsigned threads, F&& task) {
-  if (threads <= 1 || n <= 1) {
-    for (size_t i = 0; i < n; ++i) task(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  size_t failed_at = n;
-  std::exception_ptr failure;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        task(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (i < failed_at) {
-          failed_at = i;
-          failure = std::current_exception();
-        }
-        next.store(n);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads && t < n; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // the work runs on the threads that started
-    }
-  }
-  work();
-  for (auto& th : pool) th.join();
-  if (failure) std::rethrow_exception(failure);
-}
-
 // One bit per id, for the ids an Events chunk refers to. Backed by calloc, so that a large table
 // costs address space, not memory, where few of its ids are used.
 class IdBits {
@@ -358,7 +316,7 @@ void populateInParallel(void* data, size_t bytes, unsigned threads) {
   if (end <= begin) return;
   std::atomic<bool> unsupported{false};
   const size_t pieces = (end - begin + kPopulateBytes - 1) / kPopulateBytes;
-  runTasks(pieces, threads, [&](size_t i) {
+  parallelFor(pieces, threads, [&](size_t i) {
     if (unsupported.load(std::memory_order_relaxed)) return;
     const uintptr_t a = begin + i * kPopulateBytes;
     const uintptr_t b = std::min<uintptr_t>(end, a + kPopulateBytes);
@@ -506,7 +464,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     prepared.resize(n);
     threads = traceLoadThreads(static_cast<int>(threads), n);
     // 2. Checksums and decompression, every chunk on its own.
-    runTasks(n, threads, [&](size_t i) {
+    parallelFor(n, threads, [&](size_t i) {
       trace::ChunkPreparer preparer;
       preparer.prepare(bytes, chunks[i], prepared[i]);
     });
@@ -515,7 +473,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     const uint64_t string_bound = tableBound(prepared, chunks, trace::ChunkType::Strings, 1);
     const uint64_t stack_bound = tableBound(prepared, chunks, trace::ChunkType::Stacks, 2);
     refs.resize(n);
-    runTasks(n, threads, [&](size_t i) {
+    parallelFor(n, threads, [&](size_t i) {
       trace::PreparedChunk& p = prepared[i];
       if (!p.verified || chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events)) return;
       struct Scan {
@@ -632,7 +590,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         seen += cnt;
       }
     }
-    runTasks(accepted.size(), threads, [&](size_t k) {
+    parallelFor(accepted.size(), threads, [&](size_t k) {
       trace::PreparedChunk& p = prepared[accepted[k]];
       struct Write {
         Event* out;
