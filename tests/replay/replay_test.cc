@@ -218,6 +218,31 @@ TEST(Replay, AnomaliesDoNotDependOnHowTheReplayerWasMovedBefore) {
   expectBrokenTraceAnomalies(summarizeDevice(q));
 }
 
+// The alloc check goes through the last reserved range an alloc fell in (DeviceReplayer's
+// reserved_hit_): once a segment_free takes bytes out of that range, an alloc there is outside
+// the segments again, whether the free takes the whole range or splits it.
+TEST(Replay, AllocOutsideSegmentsSeesSegmentFreesOfTheLastHitRange) {
+  constexpr uint64_t k1M = 1048576;
+  TSnapshot t;  // trace only: no final state to contradict
+  t.traces.push_back({
+      {"segment_alloc", kBase, 4 * k1M, 0, 10},
+      {"alloc", kBase, 1000, 0, 11},  // inside [kBase, kBase + 4M)
+      {"free_requested", kBase, 1000, 0, 12},
+      {"free_completed", kBase, 1000, 0, 13},
+      {"segment_free", kBase + 2 * k1M, 2 * k1M, 0, 14},  // splits the range
+      {"alloc", kBase + 3 * k1M, 512, 0, 15},             // outside now
+      {"alloc", kBase + k1M, 512, 0, 16},                 // still inside
+      {"segment_free", kBase, 2 * k1M, 0, 17},            // the rest
+      {"alloc", kBase + 4096, 512, 0, 18},                // outside
+  });
+  auto snap = buildSnapshot(t);
+  DeviceReplayer r(snap, 0);
+  auto s = summarizeDevice(r);
+  EXPECT_EQ(count(s, AnomalyKind::AllocOutsideSegments), 2u);
+  EXPECT_EQ(s.anomalies[static_cast<size_t>(AnomalyKind::AllocOutsideSegments)].first_event, 5);
+  EXPECT_EQ(count(s, AnomalyKind::SegmentNotMapped), 0u);
+}
+
 TEST(Replay, CleanTraceRaisesNoDetector) {
   auto snap = buildSnapshot(completeHistory());
   DeviceReplayer r(snap, 0);
