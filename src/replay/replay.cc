@@ -252,8 +252,10 @@ void DeviceReplayer::backward() {
   alloc_size_exact_.assign(ev.size(), 0);
   U64Map<LiveBlock> w = final_live_;
   RangeSet ranges = final_ranges_;
-  // Blocks re-inserted by undoing a free carry from_free (in `stream` we keep the real stream).
-  U64Map<uint8_t> from_free;
+  // Blocks re-inserted by undoing a free are marked by alloc_event == kFromFree while the pass
+  // runs (no block of w has an alloc event yet: all are -1), instead of a second table keyed by
+  // address that every undone free and alloc would probe too; the mark is reset to -1 below.
+  constexpr int64_t kFromFree = -2;
   // Undoing an event must find the state it produced; where it cannot (an alloc whose block is
   // neither freed later nor alive at the end, a free of a block that is alive afterwards without a
   // later alloc, a segment event the later reserved ranges contradict), the trace cannot lead to
@@ -266,7 +268,6 @@ void DeviceReplayer::backward() {
         if (w.take(e.addr, &b)) {
           alloc_block_size_[k] = b.size;
           alloc_size_exact_[k] = b.size_exact;
-          if (!from_free.empty()) from_free.erase(e.addr);
         } else {
           alloc_block_size_[k] = roundSize(e.size, divisions_);
           contradiction(k);
@@ -281,7 +282,7 @@ void DeviceReplayer::backward() {
           b->size = roundSize(e.size, divisions_);
           b->stream = e.stream;
           b->stack = e.stack;
-          from_free.insert(e.addr, 1);
+          b->alloc_event = kFromFree;
         } else {
           if (complete_on_request_ || !b->pending) contradiction(k);
           if (!complete_on_request_) b->pending = false;
@@ -298,7 +299,7 @@ void DeviceReplayer::backward() {
           b->stream = e.stream;
           b->stack = e.stack;
           b->pending = !request_on_complete_;
-          from_free.insert(e.addr, 1);
+          b->alloc_event = kFromFree;
         }
         break;
       }
@@ -324,8 +325,9 @@ void DeviceReplayer::backward() {
     add(start_.requested, b.requested, -1);
     add(b.pending ? start_.pending : start_.allocated, b.size, -1);
     if (!b.size_exact) allocated_exact_ = false;
-    if (from_free.find(addr) != nullptr) {
+    if (b.alloc_event == kFromFree) {
       ++freed_before_start_;
+      start_live_.find(addr)->alloc_event = -1;  // alive before the trace, as every start block
     }
   });
   live_at_start_ = start_live_.size();

@@ -115,6 +115,34 @@ TEST(Replay, TruncatedHistoryPutsFreedBlocksIntoTheStartState) {
   EXPECT_EQ(s.final_replayed.requested, 0u);
 }
 
+// The backward pass marks the blocks it re-creates from undone frees while it runs (no separate
+// table); the start state's blocks carry no such mark: every one is alive before the trace
+// (alloc_event -1), freed-before-start or alive at the end alike.
+TEST(Replay, StartBlocksFromUndoneFreesAndFromTheFinalStateAllHaveNoAllocEvent) {
+  TSnapshot t;
+  t.segments.push_back({0,
+                        kBase,
+                        0,
+                        "large",
+                        {{4096, 4000, "active_allocated", {}}, {k20M - 4096, 0, "inactive", {}}}});
+  t.traces.push_back({{"free_requested", kBase + 8192, 1000, 0, 5},
+                      {"free_completed", kBase + 8192, 1000, 0, 5},
+                      {"free_requested", kBase + 16384, 512, 0, 6},
+                      {"free_completed", kBase + 16384, 512, 0, 6}});
+  auto snap = buildSnapshot(t);
+  DeviceReplayer r(snap, 0);
+  EXPECT_EQ(r.startLive().size(), 3u);
+  EXPECT_EQ(r.freedBeforeStartCount(), 2u);
+  EXPECT_EQ(r.liveAtStartCount(), 3u);
+  r.startLive().forEach(
+      [&](uint64_t addr, const LiveBlock& b) { EXPECT_EQ(b.alloc_event, -1) << addr; });
+  auto s = summarizeDevice(r);
+  EXPECT_EQ(count(s, AnomalyKind::FreesBeforeTraceStart), 2u);
+  EXPECT_EQ(count(s, AnomalyKind::LiveWithoutAlloc), 1u);
+  r.live().forEach(
+      [&](uint64_t addr, const LiveBlock& b) { EXPECT_EQ(b.alloc_event, -1) << addr; });
+}
+
 TEST(Replay, PendingFreeAcrossStreams) {
   TSnapshot t;
   t.segments.push_back(
