@@ -435,6 +435,47 @@ TEST(PickleFastPath, CachedFramesRunsAreDroppedWhenAMemoSlotIsRebound) {
   }
 }
 
+// Keys are read directly when they are memo fetches (BINGET, LONG_BINGET) of strings, as PyTorch
+// writes them; a key fetched from the memo that is not a string (a frame dict) falls back to the
+// generic machine, which reads or refuses it exactly as with the fast path off.
+TEST(PickleFastPath, MemoFetchedKeysAreReadDirectlyAndOtherKeysFallBack) {
+  for (bool frame_key : {false, true}) {
+    auto bytes = definedFramesThen([&](PickleWriter& w, const uint32_t* f) {
+      const uint32_t size_key = w.memoCount();
+      w.str("size");
+      w.memoize();
+      w.integer(512);
+      const uint32_t stream_key = w.memoCount();
+      w.str("stream");
+      w.memoize();
+      w.integer(3);
+      w.endDict();
+      w.beginDict();  // entry 2: both keys fetched, one by BINGET, one by LONG_BINGET
+      w.str("action");
+      w.str("alloc");
+      w.get(size_key);
+      w.integer(64);
+      w.raw({'j', static_cast<uint8_t>(stream_key), static_cast<uint8_t>(stream_key >> 8),
+             static_cast<uint8_t>(stream_key >> 16), static_cast<uint8_t>(stream_key >> 24)});
+      w.integer(5);
+      if (frame_key) {
+        w.get(f[0]);  // a frame dict as a key
+        w.integer(1);
+      }
+    });
+    PickleReadStats st;
+    expectSame(bytes, frame_key ? "frame key" : "string keys", &st);
+    EXPECT_EQ(st.fast_entries, frame_key ? 1u : 2u);
+    if (frame_key) continue;
+    auto snap = readWith(bytes, true);
+    ASSERT_TRUE(snap.ok()) << snap.error().describe();
+    ASSERT_EQ(snap->events.size(), 3u);
+    EXPECT_EQ(snap->events[1].size, 512u);
+    EXPECT_EQ(snap->events[2].size, 64u);
+    EXPECT_EQ(snap->events[2].stream, 5u);
+  }
+}
+
 // Device trace lists are kept as runs of events (NK::EventList) until something else is appended
 // or they are read as a generic list: the results and errors are those of a list of items.
 std::vector<uint8_t> tracesWith(const std::function<void(PickleWriter&)>& body) {

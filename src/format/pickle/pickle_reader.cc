@@ -539,6 +539,7 @@ class Machine {
   // -- the trace-entry fast path (section 2b)
   bool fastEntry();
   bool fastValue(const uint8_t*& p, Value& out);
+  bool fastKey(const uint8_t*& p, Value& out);
   bool fastFetch(uint64_t idx, Value& out) const;
   bool fastMemo(const uint8_t*& p, uint64_t enc);
   bool fastFrames(const uint8_t*& p, Value& out);
@@ -1284,6 +1285,28 @@ bool Machine::fastValue(const uint8_t*& p, Value& out) {
   return p >= end_ || (*p != MEMOIZE && *p != BINPUT && *p != LONG_BINPUT);
 }
 
+// A key at p (FRAME opcodes already skipped): almost always a memo fetch of an interned string,
+// read here without fastValue's dispatch; anything else goes through fastValue. Either way the
+// key must be a string.
+bool Machine::fastKey(const uint8_t*& p, Value& out) {
+  const auto left = static_cast<uint64_t>(end_ - p);
+  uint64_t m = 0;
+  if (left >= 2 && *p == BINGET) {
+    m = memoAt(p[1]);
+    if ((m >> 32) == 1) p += 2;
+  } else if (left >= 5 && *p == LONG_BINGET) {
+    uint32_t i;
+    std::memcpy(&i, p + 1, 4);
+    m = memoAt(i);
+    if ((m >> 32) == 1) p += 5;
+  }
+  if ((m >> 32) == 1) {
+    out = Value::str(static_cast<uint32_t>(m));
+    return true;
+  }
+  return fastValue(p, out) && out.kind == VK::Str;
+}
+
 bool Machine::fastEntry() {
   const uint8_t* p = p_;  // just after EMPTY_DICT
   const size_t memo0 = memoSize();
@@ -1304,8 +1327,7 @@ bool Machine::fastEntry() {
         ++p;
         break;
       }
-      if (count + 2 > kFastMaxItems || !fastValue(p, fast_kv_[count]) ||
-          fast_kv_[count].kind != VK::Str) {
+      if (count + 2 > kFastMaxItems || !fastKey(p, fast_kv_[count])) {
         ok = false;
         break;
       }
