@@ -119,7 +119,9 @@ TEST(PickleFastPath, SameSnapshotOnEveryRealScenarioAndSampleFile) {
     // PyTorch's entries (and the scenario tools', written the same way) all take the fast path
     // except those whose frames list holds a frame dict seen for the first time.
     EXPECT_EQ(st.fast_entries + st.fast_fallbacks, snap->events.size()) << path;
-    if (snap->events.size() > 1000) EXPECT_GT(st.fast_entries, snap->events.size() / 2) << path;
+    if (snap->events.size() > 1000) {
+      EXPECT_GT(st.fast_entries, snap->events.size() / 2) << path;
+    }
     fast_entries += st.fast_entries;
     ++files;
   }
