@@ -779,6 +779,16 @@ def c9_shapes(out, E):
     E.append(Entry("c9_deep_list.pickle", 9, "1,000,000 nested lists (pickle)"))
     write(out, "c9_deep_list.json", b"[" * depth + b"]" * depth)
     E.append(Entry("c9_deep_list.json", 9, "1,000,000 nested arrays (JSON)"))
+    # 65,536 distinct two-frame stacks (the reader caches each frames list's bytes), then 5,000,000
+    # rebinds of memo slot 0 before STOP: each rebind drops the cache, and dropping it must cost
+    # what the cache held, not its capacity (a clear per 2-byte BINPUT took minutes for this file).
+    fr = [frame("fn%d" % i, "f%d.py" % i, i) for i in range(256)]
+    evs = [{"action": "alloc", "addr": 4096 * (k + 1), "size": 512, "stream": 0,
+            "frames": [fr[k >> 8], fr[k & 255]]} for k in range(65536)]
+    s = pickle.dumps({"segments": [], "device_traces": [evs]}, protocol=2)
+    write(out, "c9_rebinds_after_frames_runs.pickle", s[:-1] + b"q\x00" * 5000000 + b".")
+    E.append(Entry("c9_rebinds_after_frames_runs.pickle", 9,
+                   "65,536 cached frames lists, then 5,000,000 memo rebinds (BINPUT 0)"))
     write(out, "c9_empty.pickle", b"")
     E.append(Entry("c9_empty.pickle", 9, "an empty file"))
     write(out, "c9_proto_only.pickle", b"\x80\x04")
