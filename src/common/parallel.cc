@@ -6,7 +6,6 @@
 #include <exception>
 #include <limits>
 #include <mutex>
-#include <system_error>
 #include <thread>
 
 namespace memforensics {
@@ -50,8 +49,10 @@ void parallelFor(size_t count, size_t threads, const std::function<void(size_t)>
   for (size_t t = 1; t < workers; ++t) {
     try {
       pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones started (and the caller) do the rest
+    } catch (...) {
+      // No more threads (system_error, or bad_alloc for the thread's state): the ones started
+      // and the caller do the rest; letting it escape would destroy joinable threads (abort).
+      break;
     }
   }
   work();

@@ -53,7 +53,18 @@ void Prefaulter::track(size_t slot, void* base, size_t bytes, size_t used, size_
   s.done = s.used & ~(kPage - 1);
   s.upto = b + std::min(upto, bytes);
   idle_ = false;  // until the thread has looked at the new buffer
-  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  if (!thread_.joinable()) {
+    // The thread is only a speed-up: when it cannot start (a process or address-space limit),
+    // the pages fault in on the writer as they would without it, and nothing else changes.
+    try {
+      thread_ = std::thread([this] { loop(); });
+    } catch (...) {
+      unsupported_ = true;
+      s = Slot{};
+      idle_ = true;
+      return;
+    }
+  }
   wake_.notify_one();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -823,7 +824,14 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
 }  // namespace
 
 Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadOptions& options) {
-  auto fast = readTrace(bytes, options, traceLoadThreads(options.threads, kMaxTraceLoadThreads));
+  std::optional<Expected<Snapshot>> fast;
+  try {
+    fast = readTrace(bytes, options, traceLoadThreads(options.threads, kMaxTraceLoadThreads));
+  } catch (const std::bad_alloc&) {
+    // The parallel path holds every decompressed payload and a stack and arena per thread at
+    // once; under an address-space limit the serial reader, which needs less, may still fit.
+    fast.reset();
+  }
   if (fast) return std::move(*fast);
   return *readTrace(bytes, options, 0);
 }
