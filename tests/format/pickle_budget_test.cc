@@ -23,6 +23,26 @@
 namespace memforensics::format {
 namespace {
 
+// Tests that run the reader under an address-space limit (RLIMIT_AS) skip themselves under a
+// sanitizer, whose shadow memory needs terabytes of address space.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+constexpr bool kUnderSanitizer = true;
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+#define MEMF_SKIP_WITHOUT_ADDRESS_LIMITS()                                   \
+  do {                                                                       \
+    if (kUnderSanitizer) {                                                   \
+      GTEST_SKIP() << "address-space limits do not apply under a sanitizer"; \
+    }                                                                        \
+  } while (0)
+
 // A tiny pickle assembler: opcodes as Python's pickletools names them.
 struct P {
   std::vector<uint8_t> b{0x80, 4};
@@ -277,13 +297,7 @@ int failsUnderAddressLimit(const std::string& path, uint64_t extra, const std::s
 }
 
 TEST(PickleBudget, ZeroPaddedPickleReservesNothingFromTheFileSize) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-  GTEST_SKIP() << "address-space limits do not apply under a sanitizer";
-#endif
-#endif
+  MEMF_SKIP_WITHOUT_ADDRESS_LIMITS();
   // A valid pickle followed by 1 GiB of zeros (a sparse file): the reader stops at STOP. Before,
   // it reserved nodes, memo and events from the file size (3.5 GB of address space) and failed
   // under a 768 MiB limit beyond the map of the file itself.
@@ -307,13 +321,7 @@ TEST(PickleBudget, ZeroPaddedPickleReservesNothingFromTheFileSize) {
 // as a vector does; before, every list reserved the big arrays' floor of 4096 items (64 KiB), 6.4
 // GB of address space here (4 GB resident and 8 s on the hostile file, 85 MB and 0.13 s after).
 TEST(PickleBudget, DeeplyNestedListsReserveNoBigArrayEach) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-  GTEST_SKIP() << "address-space limits do not apply under a sanitizer";
-#endif
-#endif
+  MEMF_SKIP_WITHOUT_ADDRESS_LIMITS();
   namespace fs = std::filesystem;
   fs::path path =
       fs::temp_directory_path() / ("memf_deep_" + std::to_string(::getpid()) + ".pickle");
@@ -331,13 +339,7 @@ TEST(PickleBudget, DeeplyNestedListsReserveNoBigArrayEach) {
 }
 
 TEST(PickleBudget, HtmlPagePaddedWithZerosReservesNothingFromTheFileSize) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-  GTEST_SKIP() << "address-space limits do not apply under a sanitizer";
-#endif
-#endif
+  MEMF_SKIP_WITHOUT_ADDRESS_LIMITS();
   // A memory_viz page whose base64 string ends early, in a 2 GiB (sparse) file: the decoder
   // reserved 3/4 of the file size before decoding.
   namespace fs = std::filesystem;
@@ -434,13 +436,7 @@ TEST(PickleBudget, OutOfRangeTimesAreCountedInAWarning) {
 }
 
 TEST(JsonInput, DeepNestingIsRefusedWithoutBuildingADocument) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "address-space limits do not apply under AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-  GTEST_SKIP() << "address-space limits do not apply under a sanitizer";
-#endif
-#endif
+  MEMF_SKIP_WITHOUT_ADDRESS_LIMITS();
   // 8 M nested arrays (16 MB): the JSON was parsed into a document first (about 40 bytes of
   // memory per input byte) and only then checked for depth.
   namespace fs = std::filesystem;
