@@ -435,6 +435,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   std::vector<trace::ChunkRef> chunks;
   std::vector<trace::PreparedChunk> prepared;
   std::vector<ChunkRefs> refs;
+  std::vector<size_t> slice_at;  // where each prepared Events chunk's events go in the array
   if (threads > 0) {
     // 1. Chunk headers only (the serial walk's checks of sizes), to the trailer.
     {
@@ -469,22 +470,52 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       trace::ChunkPreparer preparer;
       preparer.prepare(bytes, chunks[i], prepared[i]);
     });
-    // 3. First decoding of the Events chunks: counts, devices, ids (checked against the tables
-    // when the reader reaches the chunk, in file order).
+    // 3. The Events chunks, each decoded once straight into its own slice of the events array
+    // with the file's ids (the model's ids are known only once every chunk's first references
+    // are, step 5). The array is sized once from the record counts the chunks' payloads declare,
+    // each checked against the bytes present as decodeEventRecords checks it (a record takes at
+    // least 4 bytes), never from the trailer's claim; a chunk whose count does not fit gets no
+    // slice (its decoding fails, and the reader then refuses it).
     const uint64_t string_bound = tableBound(prepared, chunks, trace::ChunkType::Strings, 1);
     const uint64_t stack_bound = tableBound(prepared, chunks, trace::ChunkType::Stacks, 2);
+    std::vector<uint64_t> slice_count(n, 0);
+    slice_at.assign(n, 0);
+    uint64_t slots = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!prepared[i].verified || chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events))
+        continue;
+      uint64_t count = 0;
+      if (!trace::detail::eventRecordCount(prepared[i].payload, count)) continue;
+      slice_at[i] = static_cast<size_t>(slots);
+      slice_count[i] = count;
+      slots += count;
+    }
+    reserveHuge(snap.events, static_cast<size_t>(slots));
+    populateInParallel(snap.events.data(), snap.events.capacity() * sizeof(Event), threads);
+    snap.events.resize(static_cast<size_t>(slots));
     refs.resize(n);
     parallelFor(n, threads, [&](size_t i) {
       trace::PreparedChunk& p = prepared[i];
       if (!p.verified || chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events)) return;
+      // The file's ids go into the events as they are (step 6 maps them), except the action
+      // name of a known action, the model's own string for it.
       struct Scan {
         ChunkRefs& out;
         trace::PreparedChunk& p;
         IdBits stacks, strings;
+        Event* slice;
+        uint64_t slice_count;
+        const StrId* action_names;
         bool fits = true;
         bool any = false;
         uint32_t stack = 0, compile = 0, user = 0, action_name = 0;
-        void begin(uint64_t count) { p.event_count = count; }
+        void begin(uint64_t count) {
+          p.event_count = count;
+          if (count != slice_count) {
+            fits = false;
+            slice_count = 0;
+          }
+        }
         void ref(IdBits& bits, uint64_t kind, uint32_t id) {
           if (id >= bits.size()) {
             fits = false;
@@ -492,24 +523,42 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
             out.refs.push_back(kind << 32 | id);
           }
         }
-        void event(uint64_t, const trace::TraceEvent& e) {
-          if (!any || e.device != out.last_device) {
-            if (any && e.device < out.last_device) out.ordered = false;
-            if (!any) out.first_device = e.device;
-            out.last_device = e.device;
-            p.device_events.emplace_back(e.device, 0);
+        void event(uint64_t i, const trace::TraceEvent& t) {
+          if (!any || t.device != out.last_device) {
+            if (any && t.device < out.last_device) out.ordered = false;
+            if (!any) out.first_device = t.device;
+            out.last_device = t.device;
+            p.device_events.emplace_back(t.device, 0);
           }
           ++p.device_events.back().second;
           // In toEvent's order: stack, compile context, user metadata, action name.
-          if (!any || e.stack != stack) ref(stacks, kRefStack, stack = e.stack);
-          if (!any || e.compile_context != compile)
-            ref(strings, kRefString, compile = e.compile_context);
-          if (!any || e.user_metadata != user) ref(strings, kRefString, user = e.user_metadata);
-          if (e.action == 10 && (!any || e.action_name != action_name))
-            ref(strings, kRefString, action_name = e.action_name);
+          if (!any || t.stack != stack) ref(stacks, kRefStack, stack = t.stack);
+          if (!any || t.compile_context != compile)
+            ref(strings, kRefString, compile = t.compile_context);
+          if (!any || t.user_metadata != user) ref(strings, kRefString, user = t.user_metadata);
+          if (t.action == 10 && (!any || t.action_name != action_name))
+            ref(strings, kRefString, action_name = t.action_name);
           any = true;
+          if (i >= slice_count) return;
+          Event& e = slice[i];
+          e.addr = t.addr;
+          e.size = t.size;
+          e.stream = t.stream;
+          e.time_us = t.time_us;
+          e.stack = t.stack;
+          e.compile_context = t.compile_context;
+          e.user_metadata = t.user_metadata;
+          e.action = static_cast<Action>(t.action);
+          e.action_name = t.action == 10 ? t.action_name : action_names[t.action];
+          e.pool = t.pool;
         }
-      } scan{refs[i], p, IdBits(stack_bound), IdBits(string_bound)};
+      } scan{refs[i],
+             p,
+             IdBits(stack_bound),
+             IdBits(string_bound),
+             snap.events.data() + slice_at[i],
+             slice_count[i],
+             action_names};
       constexpr uint64_t kAll = ~uint64_t{0};
       Status st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
       p.events_decoded = st.ok() && scan.fits;
@@ -517,6 +566,8 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     r.setPrepared(prepared);
     r.setCheckpointsCheckedOnly(true);  // this reader has no use for them
   }
+  // 4. The reader's walk in file order, each Events chunk's ids checked against the tables defined
+  // before it.
   std::vector<size_t> accepted;  // Events chunks (indices in `chunks`) whose events are deferred
   size_t chunk_index = 0;
   while (threads > 0 && r.next()) {
@@ -550,8 +601,8 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       last = cr.last_device;
       total += prepared[i].event_count;
     }
-    // The model's ids, in the order the serial reader creates them: each chunk's first references
-    // in file order.
+    // 5. The model's ids, in the order the serial reader creates them: each chunk's first
+    // references in file order.
     for (size_t i : accepted) {
       for (uint64_t ref : refs[i].refs) {
         if (ref >> 32 == kRefStack)
@@ -572,17 +623,15 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           str_of[id] = str(id);
       }
     }
-    // 4. The events, each chunk decoded again into its own slice of the array, sized once: the
-    // count is what the chunks' bytes held (each checked against them), not a trailer's claim.
-    reserveHuge(snap.events, static_cast<size_t>(total));
-    populateInParallel(snap.events.data(), snap.events.capacity() * sizeof(Event), threads);
-    snap.events.resize(static_cast<size_t>(total));
-    std::vector<size_t> slice(accepted.size());
-    // Where each device starts: as the serial reader's begin_of, one entry per device up to the
-    // last one with events.
+    // 6. The file's ids in each accepted chunk's slice become the model's. The accepted chunks
+    // are the first Events chunks of the file, their slices one run from the array's start (else
+    // the serial reader reads the file); what the reader did not accept is cut off.
     size_t seen = 0;
     for (size_t k = 0; k < accepted.size(); ++k) {
-      slice[k] = seen;
+      if (slice_at[accepted[k]] != seen && prepared[accepted[k]].event_count != 0)
+        return std::nullopt;
+      // Where each device starts: as the serial reader's begin_of, one entry per device up to the
+      // last one with events.
       for (const auto& [d, cnt] : prepared[accepted[k]].device_events) {
         while (static_cast<uint64_t>(cur_device) < d) {
           begin_of.push_back(seen);
@@ -591,32 +640,18 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         seen += cnt;
       }
     }
+    if (seen != total) return std::nullopt;
+    snap.events.resize(static_cast<size_t>(total));
     parallelFor(accepted.size(), threads, [&](size_t k) {
-      trace::PreparedChunk& p = prepared[accepted[k]];
-      struct Write {
-        Event* out;
-        const std::vector<StackId>& stack_of;
-        const std::vector<StrId>& str_of;
-        const StrId* action_names;
-        void begin(uint64_t) {}
-        void event(uint64_t i, const trace::TraceEvent& t) {
-          Event& e = out[i];
-          e.addr = t.addr;
-          e.size = t.size;
-          e.stream = t.stream;
-          e.time_us = t.time_us;
-          e.stack = stack_of[t.stack];
-          e.compile_context = str_of[t.compile_context];
-          e.user_metadata = str_of[t.user_metadata];
-          e.action = static_cast<Action>(t.action);
-          e.action_name = t.action == 10 ? str_of[t.action_name] : action_names[t.action];
-          e.pool = t.pool;
-        }
-      } write{snap.events.data() + slice[k], stack_of, str_of, action_names};
-      constexpr uint64_t kAll = ~uint64_t{0};
-      Status st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, write);
-      (void)st;  // decoded the same way before (step 3)
-      std::vector<uint8_t>().swap(p.raw);
+      const size_t i = accepted[k];
+      Event* e = snap.events.data() + slice_at[i];
+      Event* const end = e + prepared[i].event_count;
+      for (; e != end; ++e) {
+        e->stack = stack_of[e->stack];
+        e->compile_context = str_of[e->compile_context];
+        e->user_metadata = str_of[e->user_metadata];
+        if (e->action == Action::Unknown) e->action_name = str_of[e->action_name];
+      }
     });
     prepared.clear();
   }
