@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "analysis/frame_class.h"
+#include "analysis/session.h"
 #include "common/flat_map.h"
 
 namespace memforensics::analysis {
@@ -72,22 +73,51 @@ std::vector<int64_t> monotoneTimes(std::span<const Event> ev, bool* any) {
 std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
                                    std::span<const Event> ev) {
   std::vector<Phase> out;
-  bool any_time = false;
-  auto t = monotoneTimes(ev, &any_time);
-  if (!any_time) return out;
+  // No annotation of this device (or of every device): no phases, and no times to look at.
+  if (std::none_of(snap.annotations.begin(), snap.annotations.end(),
+                   [&](const auto& a) { return a.device == device || a.device == -1; }))
+    return out;
   const auto n = static_cast<int64_t>(ev.size());
+  // The events' times made non-decreasing, -1 before the first time (monotoneTimes). When every
+  // event has a time and they never decrease (the usual trace), that is the events' own times, and
+  // the searches read them in place instead of a copy.
+  bool in_place = n > 0;
+  for (size_t i = 0; i < ev.size() && in_place; ++i)
+    in_place = ev[i].time_us >= 0 && (i == 0 || ev[i].time_us >= ev[i - 1].time_us);
+  bool any_time = in_place;
+  std::vector<int64_t> t;
+  if (!in_place) {
+    t = monotoneTimes(ev, &any_time);
+    if (!any_time) return out;
+  }
   // An event belongs to a range when START <= time <= END (both ends inclusive: the clock has
   // microsecond resolution, and events in the same microsecond as the marker are inside it).
-  auto lower = [&](int64_t ts) { return std::lower_bound(t.begin(), t.end(), ts) - t.begin(); };
-  auto upper = [&](int64_t ts) { return std::upper_bound(t.begin(), t.end(), ts) - t.begin(); };
+  auto lower = [&](int64_t ts) -> int64_t {
+    if (in_place)
+      return std::lower_bound(ev.begin(), ev.end(), ts,
+                              [](const Event& e, int64_t x) { return e.time_us < x; }) -
+             ev.begin();
+    return std::lower_bound(t.begin(), t.end(), ts) - t.begin();
+  };
+  auto upper = [&](int64_t ts) -> int64_t {
+    if (in_place)
+      return std::upper_bound(ev.begin(), ev.end(), ts,
+                              [](int64_t x, const Event& e) { return x < e.time_us; }) -
+             ev.begin();
+    return std::upper_bound(t.begin(), t.end(), ts) - t.begin();
+  };
   int64_t first_time = -1;
-  for (int64_t x : t) {
-    if (x >= 0) {
-      first_time = x;
-      break;
+  if (in_place) {
+    first_time = ev.front().time_us;
+  } else {
+    for (int64_t x : t) {
+      if (x >= 0) {
+        first_time = x;
+        break;
+      }
     }
   }
-  const int64_t last_time = n > 0 ? t.back() : -1;
+  const int64_t last_time = n > 0 ? (in_place ? ev.back().time_us : t.back()) : -1;
 
   auto make = [&](std::string_view name) {
     Phase p;
@@ -218,21 +248,24 @@ struct Stream {
   uint32_t tokens = 0;
 };
 
-Stream tokenize(std::span<const Event> ev) {
+// The allocs of the table (session.h allocationTable: in event order, each alloc's event, stack
+// and requested size as the event holds them) as tokens.
+Stream tokenize(const std::vector<AllocFact>& allocs) {
   Stream s;
+  s.event.reserve(allocs.size());
+  s.token.reserve(allocs.size());
   U64Map<uint32_t> ids;  // key -> token id (open addressing: one probe per alloc)
-  for (size_t i = 0; i < ev.size(); ++i) {
-    if (ev[i].action != Action::Alloc) continue;
+  for (const AllocFact& a : allocs) {
     // Exact key: the stack id in the high bits cannot collide with a size below 2^40; larger
     // sizes are mixed in, where a collision would only merge two tokens.
     uint64_t key =
-        (uint64_t{ev[i].stack} << 40) ^ ev[i].size ^ ((ev[i].size >> 40) * 0x9E3779B97F4A7C15ULL);
+        (uint64_t{a.stack} << 40) ^ a.requested ^ ((a.requested >> 40) * 0x9E3779B97F4A7C15ULL);
     uint32_t token = s.tokens;
     if (const uint32_t* t = ids.find(key))
       token = *t;
     else
       ids.insert(key, s.tokens++);
-    s.event.push_back(i);
+    s.event.push_back(static_cast<size_t>(a.event));
     s.token.push_back(token);
   }
   return s;
@@ -410,7 +443,8 @@ bool repeatsInsideOneForward(const format::Snapshot& snap, std::span<const Event
 }
 
 std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Event> ev,
-                               const Stream& s, StackFactsCache& facts) {
+                               const Stream& s, StackFactsCache& facts,
+                               const std::vector<AllocFact>& allocs) {
   const size_t n = s.token.size();
   if (n < 6) return std::nullopt;
   // Occurrences of every token (CSR layout).
@@ -457,21 +491,11 @@ std::optional<Split> findSteps(const format::Snapshot& snap, std::span<const Eve
   if (cands.size() > 24) cands.resize(24);
 
   std::vector<int32_t> scratch(s.tokens, 0);
-  // Per allocation (position in the stream): the event that frees it, SIZE_MAX when none does.
+  // Per allocation (position in the stream): the event that frees it, SIZE_MAX when none does:
+  // the table's first free_requested / free_completed of its address before the next alloc there.
   std::vector<size_t> freed_at(n, SIZE_MAX);
-  {
-    U64Map<size_t> open;  // address -> position of its live allocation
-    size_t pos = 0;
-    for (size_t i = 0; i < ev.size(); ++i) {
-      if (ev[i].action == Action::Alloc) {
-        open.insert(ev[i].addr, pos++);
-      } else if (ev[i].action == Action::FreeRequested || ev[i].action == Action::FreeCompleted) {
-        if (const size_t* p = open.find(ev[i].addr)) {
-          freed_at[*p] = i;
-          open.erase(ev[i].addr);
-        }
-      }
-    }
+  for (size_t pos = 0; pos < n; ++pos) {
+    if (allocs[pos].freed >= 0) freed_at[pos] = static_cast<size_t>(allocs[pos].freed);
   }
   std::optional<Split> best;
   for (const auto& [c, cd] : cands) {
@@ -530,10 +554,10 @@ void addSubPhases(StackFactsCache& facts, std::span<const Event> ev, const Phase
 }
 
 std::vector<Phase> detectIterations(const format::Snapshot& snap, std::span<const Event> ev,
-                                    StackFactsCache& facts) {
+                                    StackFactsCache& facts, const std::vector<AllocFact>& allocs) {
   std::vector<Phase> out;
-  Stream s = tokenize(ev);
-  auto sp = findSteps(snap, ev, s, facts);
+  Stream s = tokenize(allocs);
+  auto sp = findSteps(snap, ev, s, facts, allocs);
   if (!sp) return out;
   // A step's events start at its first allocation, together with the segment_alloc/segment_map
   // that PyTorch records just before it for that allocation.
@@ -574,6 +598,13 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
                                 StackFactsCache& cache) {
   if (device < 0) return {};
+  return detectPhases(snap, device, cache,
+                      allocationTable(snap.trace(static_cast<size_t>(device))));
+}
+
+std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
+                                StackFactsCache& cache, const std::vector<AllocFact>& allocs) {
+  if (device < 0) return {};
   auto ev = snap.trace(static_cast<size_t>(device));
   std::vector<Phase> out = fromAnnotations(snap, device, ev);
   // Annotations without ProfilerStep markers (e.g. only optimizer scopes) leave the steps unknown:
@@ -581,7 +612,7 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
   bool has_steps = std::any_of(out.begin(), out.end(),
                                [](const Phase& p) { return p.kind == PhaseKind::Iteration; });
   if (!has_steps) {
-    auto det = detectIterations(snap, ev, cache);
+    auto det = detectIterations(snap, ev, cache, allocs);
     out.insert(out.end(), det.begin(), det.end());
   }
   // By first event; the enclosing range first; then by time and name, so the order is stable.

@@ -61,6 +61,38 @@ Category DeviceFacts::categoryOf(const format::Snapshot& snap, const replay::Liv
   return k < 0 ? Category::Unknown : allocs[static_cast<size_t>(k)].category;
 }
 
+std::vector<AllocFact> allocationTable(std::span<const Event> events,
+                                       std::vector<int32_t>* alloc_at) {
+  std::vector<AllocFact> allocs;
+  if (alloc_at != nullptr) alloc_at->assign(events.size(), -1);
+  U64Map<int32_t> open;  // address -> its latest alloc
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (e.action == Action::Alloc) {
+      AllocFact a;
+      a.event = static_cast<int64_t>(i);
+      a.requested = e.size;
+      a.stack = e.stack;
+      a.stream = e.stream;
+      if (alloc_at != nullptr) (*alloc_at)[i] = static_cast<int32_t>(allocs.size());
+      open.insert(e.addr, static_cast<int32_t>(allocs.size()));
+      allocs.push_back(a);
+    } else if (e.action == Action::FreeRequested) {
+      if (const int32_t* k = open.find(e.addr)) {
+        if (allocs[static_cast<size_t>(*k)].freed < 0)
+          allocs[static_cast<size_t>(*k)].freed = static_cast<int64_t>(i);
+      }
+    } else if (e.action == Action::FreeCompleted) {
+      int32_t k = -1;
+      if (open.take(e.addr, &k)) {  // one probe: found and erased
+        if (allocs[static_cast<size_t>(k)].freed < 0)
+          allocs[static_cast<size_t>(k)].freed = static_cast<int64_t>(i);
+      }
+    }
+  }
+  return allocs;
+}
+
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
   StackFactsCache cache(snap);
   return eventFacts(snap, device, cache);
@@ -73,8 +105,10 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
     f.events = snap.trace(static_cast<size_t>(device));
   for (const auto& seg : snap.segments) f.segments += seg.device == device;
 
-  // Phases once, and the allocation table with lifetimes and categories (no replay).
-  f.phases = detectPhases(snap, device, cache);
+  // The allocation table (one walk), phases once from it, then each alloc's iteration and
+  // category (no replay).
+  f.allocs = allocationTable(f.events, &f.alloc_at);
+  f.phases = detectPhases(snap, device, cache, f.allocs);
   for (const Phase& p : f.phases) {
     if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) f.iterations.push_back(p);
   }
@@ -83,40 +117,16 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
                             ? "iterations from external_annotations"
                             : "iterations detected from the repeating allocation pattern";
   }
-  f.alloc_at.assign(f.events.size(), -1);
-  U64Map<int32_t> open;
   // The iteration holding each alloc (-1 when none does), by a cursor (allocs come in event order,
   // iterations by first event): the last iteration that starts at or before the alloc, if the
   // alloc is not past its end.
   size_t next_iter = 0;
-  for (size_t i = 0; i < f.events.size(); ++i) {
-    const Event& e = f.events[i];
-    if (e.action == Action::Alloc) {
-      AllocFact a;
-      a.event = static_cast<int64_t>(i);
-      a.requested = e.size;
-      a.stack = e.stack;
-      a.stream = e.stream;
-      while (next_iter < f.iterations.size() && f.iterations[next_iter].first_event <= a.event)
-        ++next_iter;
-      a.iteration = next_iter > 0 && a.event <= f.iterations[next_iter - 1].last_event
-                        ? static_cast<int>(next_iter - 1)
-                        : -1;
-      f.alloc_at[i] = static_cast<int32_t>(f.allocs.size());
-      open.insert(e.addr, static_cast<int32_t>(f.allocs.size()));
-      f.allocs.push_back(a);
-    } else if (e.action == Action::FreeRequested) {
-      if (const int32_t* k = open.find(e.addr)) {
-        if (f.allocs[static_cast<size_t>(*k)].freed < 0)
-          f.allocs[static_cast<size_t>(*k)].freed = static_cast<int64_t>(i);
-      }
-    } else if (e.action == Action::FreeCompleted) {
-      int32_t k = -1;
-      if (open.take(e.addr, &k)) {  // one probe: found and erased
-        if (f.allocs[static_cast<size_t>(k)].freed < 0)
-          f.allocs[static_cast<size_t>(k)].freed = static_cast<int64_t>(i);
-      }
-    }
+  for (AllocFact& a : f.allocs) {
+    while (next_iter < f.iterations.size() && f.iterations[next_iter].first_event <= a.event)
+      ++next_iter;
+    a.iteration = next_iter > 0 && a.event <= f.iterations[next_iter - 1].last_event
+                      ? static_cast<int>(next_iter - 1)
+                      : -1;
   }
   categorizeAllocations(f, cache);
 

@@ -157,6 +157,14 @@ inline constexpr size_t kMaxCopiedBlocks = size_t{1} << 22;
 // OOMs per device whose finding reads the block layout (the first ones), by default.
 inline constexpr size_t kLayoutOoms = 16;
 
+// The allocation table from the events alone: every alloc in event order with its request, stack,
+// stream and the first free_requested / free_completed of its address before the address is
+// allocated again (`freed`); iteration -1 and category Unknown (eventFacts fills both). With
+// `alloc_at`, also the index of each event's alloc (-1 for the others). Phase detection and
+// eventFacts read this one table (one walk of the events and one address table per device).
+std::vector<AllocFact> allocationTable(std::span<const format::Event> events,
+                                       std::vector<int32_t>* alloc_at = nullptr);
+
 // The facts that need no replay: events, segment count, phases, iterations, the allocation table
 // with categories (what a DeviceSession starts from).
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device);

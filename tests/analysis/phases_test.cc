@@ -124,6 +124,69 @@ TEST(Phases, FromAnnotationsNestedAndOpen) {
   EXPECT_EQ(phaseKindName(ps[4].kind), "other");
 }
 
+// The annotation ranges are placed on the events' times made non-decreasing (-1 before the first
+// time). A trace whose times all exist and never decrease is searched in place; any other goes
+// through the copy. Both must place every range where a naive scan of the monotone times does.
+TEST(Phases, AnnotationRangesInPlaceAndOnTheMonotoneCopyAgreeWithANaiveScan) {
+  auto st = stackAt("/home/u/model.py", 10, "forward");
+  // times: 0 = all present and increasing (in place), 1 = one missing at the start and one
+  // regression, 2 = equal times (still in place).
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    TraceBuilder b;
+    b.time = 1000;
+    for (int i = 0; i < 12; ++i) b.alloc(1024, st);  // t = 1010 .. 1120
+    if (variant == 1) {
+      b.ev[0].time_us = -1;
+      b.ev[5].time_us = 1020;  // a regression: the monotone times stay at 1050 there
+    }
+    if (variant == 2) {
+      for (size_t i = 0; i < b.ev.size(); ++i) b.ev[i].time_us = 1000 + 20 * int64_t(i / 2);
+    }
+    TSnapshot t;
+    t.traces.push_back(b.ev);
+    auto snap = buildSnapshot(t);
+    const std::vector<std::pair<int64_t, int64_t>> ranges = {
+        {1005, 1200}, {1020, 1050}, {1040, 1041}, {1060, 1060}, {1100, 1119}, {900, 1000}};
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      const std::string name = "range " + std::to_string(k);
+      annotate(snap, 0, ranges[k].first, name, "START");
+      annotate(snap, 0, ranges[k].second, name, "END");
+    }
+    // The naive scan: the monotone times, the first event at or after START, the last at or
+    // before END.
+    std::vector<int64_t> mono;
+    int64_t cur = -1;
+    for (const auto& e : snap.trace(0)) {
+      if (e.time_us >= 0) cur = std::max(cur, e.time_us);
+      mono.push_back(cur);
+    }
+    const auto ps = detectPhases(snap, 0);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      const std::string name = "range " + std::to_string(k);
+      int64_t first = static_cast<int64_t>(mono.size()), last = -1;
+      for (size_t i = 0; i < mono.size(); ++i) {
+        if (mono[i] >= ranges[k].first && first == static_cast<int64_t>(mono.size()))
+          first = static_cast<int64_t>(i);
+        if (mono[i] <= ranges[k].second) last = static_cast<int64_t>(i);
+      }
+      size_t found = 0;
+      for (const auto& p : ps) {
+        if (p.name != name) continue;
+        ++found;
+        EXPECT_EQ(p.first_event, first) << name;
+        EXPECT_EQ(p.last_event, last) << name;
+      }
+      EXPECT_EQ(found, 1u) << name;
+    }
+    // Annotations of another device only: nothing for device 0.
+    auto other = buildSnapshot(t);
+    annotate(other, 3, 1020, "elsewhere", "START");
+    annotate(other, 3, 1050, "elsewhere", "END");
+    for (const auto& p : detectPhases(other, 0)) EXPECT_NE(p.name, "elsewhere");
+  }
+}
+
 TEST(Phases, AnnotationsNeedTimes) {
   // No time_us: annotations cannot be placed, and a single alloc is no period either.
   TraceBuilder b;

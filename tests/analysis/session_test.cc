@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "analysis/analyze.h"
 #include "analysis/blocks.h"
 #include "analysis/findings.h"
@@ -276,6 +278,79 @@ TEST(Session, TheEndMomentComesFromPass1AndPass2StopsAtTheMomentBeforeIt) {
   want->live.forEach(
       [&](uint64_t addr, const replay::LiveBlock& x) { b.emplace_back(addr, x.size); });
   EXPECT_EQ(a, b);
+}
+
+// The allocation table that phase detection and the session share: each alloc's `freed` is the
+// first free_requested or free_completed of its address before that address is allocated again,
+// as a naive scan (the one phase detection used to run on its own) finds it.
+TEST(Session, AllocationTableFreesAreTheFirstFreeBeforeTheAddressIsAllocatedAgain) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  const uint64_t A = kB, B = kB + 4 * kMiB, C = kB + 8 * kMiB;
+  ModelBuilder m;
+  m.device(0).segmentAlloc(kB, 20 * kMiB, {.time_us = 1});  // 0
+  m.alloc(A, kMiB, {.frames = a});                          // 1: freed at 2
+  m.freeRequested(A, kMiB);                                 // 2
+  m.freeCompleted(A, kMiB);                                 // 3
+  m.alloc(A, 2 * kMiB, {.frames = a});                      // 4: freed at 5 (no request)
+  m.freeCompleted(A, 2 * kMiB);                             // 5
+  m.alloc(B, kMiB, {.frames = a});                          // 6: address reused at once: never
+  m.alloc(B, kMiB, {.frames = a});                          // 7: freed at 9
+  m.freeRequested(C, kMiB);                                 // 8: unknown block
+  m.freeRequested(B, kMiB);                                 // 9
+  m.freeRequested(B, kMiB);                                 // 10: twice
+  m.freeCompleted(B, kMiB);                                 // 11
+  m.freeCompleted(B, kMiB);                                 // 12: nothing left
+  m.alloc(A, kMiB, {.frames = a});                          // 13: alive at the end
+  m.freeCompleted(C, kMiB);                                 // 14
+  const auto snap = m.build();
+  const auto ev = snap.trace(0);
+  // The naive scan: an alloc is open until the first free of either kind or the next alloc of its
+  // address.
+  std::vector<int64_t> want;
+  std::map<uint64_t, size_t> open;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].action == format::Action::Alloc) {
+      open[ev[i].addr] = want.size();
+      want.push_back(-1);
+    } else if (ev[i].action == format::Action::FreeRequested ||
+               ev[i].action == format::Action::FreeCompleted) {
+      auto it = open.find(ev[i].addr);
+      if (it != open.end()) {
+        want[it->second] = static_cast<int64_t>(i);
+        open.erase(it);
+      }
+    }
+  }
+  EXPECT_EQ(want, (std::vector<int64_t>{2, 5, -1, 9, -1}));
+  std::vector<int32_t> alloc_at;
+  const std::vector<AllocFact> table = allocationTable(ev, &alloc_at);
+  const DeviceFacts f = eventFacts(snap, 0);
+  ASSERT_EQ(table.size(), want.size());
+  ASSERT_EQ(f.allocs.size(), want.size());
+  ASSERT_EQ(alloc_at.size(), ev.size());
+  EXPECT_EQ(alloc_at, f.alloc_at);
+  size_t k = 0;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].action != format::Action::Alloc) {
+      EXPECT_EQ(alloc_at[i], -1) << i;
+      continue;
+    }
+    EXPECT_EQ(alloc_at[i], static_cast<int32_t>(k)) << i;
+    EXPECT_EQ(table[k].event, static_cast<int64_t>(i));
+    EXPECT_EQ(table[k].freed, want[k]) << k;
+    EXPECT_EQ(f.allocs[k].freed, want[k]) << k;
+    EXPECT_EQ(table[k].requested, ev[i].size);
+    EXPECT_EQ(table[k].stack, ev[i].stack);
+    ++k;
+  }
+  // Phase detection from the session's table and from its own give the same phases.
+  const auto own = detectPhases(snap, 0);
+  ASSERT_EQ(own.size(), f.phases.size());
+  for (size_t j = 0; j < own.size(); ++j) {
+    EXPECT_EQ(own[j].name, f.phases[j].name);
+    EXPECT_EQ(own[j].first_event, f.phases[j].first_event);
+    EXPECT_EQ(own[j].last_event, f.phases[j].last_event);
+  }
 }
 
 }  // namespace
