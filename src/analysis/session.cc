@@ -295,8 +295,15 @@ void DeviceSession::visit() {
       ++it;
     }
     // One walk: the replayer up to the last live moment, the model (when a layout is needed) to the
-    // end of the trace, for its verdict.
-    for (size_t i = 0; i < f.events.size(); ++i) {
+    // end of the trace, for its verdict. Without the model the replayer runs from moment to moment
+    // (advanceTo steps the same events without a call each).
+    if (!model) {
+      for (; it != all.end(); ++it) {
+        r.advanceTo(it->first);
+        capture(it->first, it->second);
+      }
+    }
+    for (size_t i = 0; model && i < f.events.size(); ++i) {
       const bool replayer_needed = static_cast<int64_t>(i) <= last_live || it != all.end();
       if (!replayer_needed && !model) break;
       if (replayer_needed) r.step();

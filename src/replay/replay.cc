@@ -351,23 +351,36 @@ void DeviceReplayer::reset() {
 }
 
 bool DeviceReplayer::step() {
-  if (next_ >= events_.size()) return false;
+  return stepOne();
+}
+
+inline bool DeviceReplayer::stepOne() {
+  const size_t i = next_;
+  if (i >= events_.size()) return false;
   if (stats_ == nullptr) stats_ = &passStats()[device_];
-  stats_->forward += next_ == 0;
-  ++stats_->events_stepped;
-  apply(next_, events_[next_]);
-  ++next_;
-  checked_ = std::max(checked_, next_);
+  PassStats& st = *stats_;
+  if (i == 0) ++st.forward;
+  ++st.events_stepped;
+  apply(i, events_[i]);
+  next_ = i + 1;
+  if (checked_ < next_) checked_ = next_;
   return true;
+}
+
+size_t DeviceReplayer::stepMany(size_t max, Counters* after) {
+  size_t n = 0;
+  while (n < max && stepOne()) after[n++] = cur_;
+  return n;
 }
 
 void DeviceReplayer::advanceTo(int64_t event_index) {
   if (event_index < static_cast<int64_t>(next_) - 1) reset();
-  while (static_cast<int64_t>(next_) <= event_index && step()) {
+  while (static_cast<int64_t>(next_) <= event_index && stepOne()) {
   }
 }
 
-void DeviceReplayer::apply(size_t i, const Event& e) {
+// Inlined into stepOne(), its one caller (one call per event saved).
+[[gnu::always_inline]] inline void DeviceReplayer::apply(size_t i, const Event& e) {
   const auto idx = static_cast<int64_t>(i);
   if (e.time_us >= 0) {
     if (last_time_ >= 0 && e.time_us < last_time_) note(AnomalyKind::TimeRegression, idx);

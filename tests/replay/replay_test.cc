@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fixtures/snapshot_builder.h"
+#include "replay/pass_stats.h"
 
 namespace memforensics::replay {
 namespace {
@@ -269,6 +270,98 @@ TEST(Replay, AllocOutsideSegmentsSeesSegmentFreesOfTheLastHitRange) {
   EXPECT_EQ(count(s, AnomalyKind::AllocOutsideSegments), 2u);
   EXPECT_EQ(s.anomalies[static_cast<size_t>(AnomalyKind::AllocOutsideSegments)].first_event, 5);
   EXPECT_EQ(count(s, AnomalyKind::SegmentNotMapped), 0u);
+}
+
+// The forward walk steps the replayer in batches (stepMany, kSummaryBatch events at a time in
+// summarizeDeviceWith): the counters after every event, the summary and the pass counters must be
+// those of one step() per event, across batch edges, on a trace longer than a batch with frees,
+// segment events, OOMs, a time regression and a double alloc.
+TEST(Replay, BatchedSteppingGivesTheCountersOfOneStepPerEvent) {
+  TSnapshot t;
+  std::vector<TEvent> ev;
+  int64_t time = 100;
+  ev.push_back({"segment_alloc", kBase, 64 * k20M, 0, time++});
+  for (int k = 0; k < 300; ++k) {
+    const uint64_t a = kBase + static_cast<uint64_t>(k % 37) * k20M / 8;
+    ev.push_back({"alloc",
+                  a,
+                  1000 + static_cast<uint64_t>(k) * 512,
+                  0,
+                  time++,
+                  {{"train.py", 10 + static_cast<uint64_t>(k % 5), "main"}},
+                  true});
+    if (k % 3 != 0) {
+      ev.push_back({"free_requested", a, 1000 + static_cast<uint64_t>(k) * 512, 0, time++});
+      ev.push_back({"free_completed", a, 1000 + static_cast<uint64_t>(k) * 512, 0, time++});
+    }
+    if (k % 50 == 49) ev.push_back({"oom", 1u << 20, 1u << 30, 0, time++});
+    if (k == 120) ev.push_back({"segment_alloc", kBase + 80 * k20M, k20M, 0, time - 50});
+    if (k == 200) ev.push_back({"segment_free", kBase + 80 * k20M, k20M, 0, time++});
+  }
+  ASSERT_GT(ev.size(), 2 * kSummaryBatch + 1);
+  t.traces.push_back(ev);
+  auto snap = buildSnapshot(t);
+
+  // The reference: one step() per event.
+  resetPassStats();
+  DeviceReplayer ref(snap, 0);
+  std::vector<Counters> want;
+  while (ref.step()) want.push_back(ref.counters());
+  ASSERT_EQ(want.size(), ev.size());
+  const PassStats ref_stats = passStats()[0];
+
+  for (size_t batch : {size_t{1}, size_t{7}, kSummaryBatch, ev.size() + 10}) {
+    SCOPED_TRACE(batch);
+    resetPassStats();
+    DeviceReplayer r(snap, 0);
+    std::vector<Counters> got(ev.size() + 10);
+    size_t n = 0;
+    while (size_t k = r.stepMany(batch, got.data() + n)) {
+      EXPECT_LE(k, batch);
+      n += k;
+    }
+    ASSERT_EQ(n, ev.size());
+    EXPECT_EQ(r.next(), ev.size());
+    EXPECT_EQ(r.stepMany(batch, got.data()), 0u);  // at the end
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(got[i].reserved, want[i].reserved) << i;
+      EXPECT_EQ(got[i].requested, want[i].requested) << i;
+      EXPECT_EQ(got[i].allocated, want[i].allocated) << i;
+      EXPECT_EQ(got[i].pending, want[i].pending) << i;
+    }
+    EXPECT_EQ(passStats()[0].forward, ref_stats.forward);
+    EXPECT_EQ(passStats()[0].events_stepped, ref_stats.events_stepped);
+  }
+
+  // The summary's walk: its observer sees every event's counters in order, and its peaks, OOMs
+  // and anomalies are the ones a walk of step() calls finds.
+  DeviceReplayer r(snap, 0);
+  std::vector<Counters> seen;
+  size_t next = 0;
+  const DeviceSummary s = summarizeDeviceWith(r, [&](size_t i, const Counters& c) {
+    EXPECT_EQ(i, next++);
+    seen.push_back(c);
+  });
+  ASSERT_EQ(seen.size(), want.size());
+  Peak requested;
+  requested.bytes = s.start.requested;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(seen[i].requested, want[i].requested) << i;
+    EXPECT_EQ(seen[i].reserved, want[i].reserved) << i;
+    if (want[i].requested > requested.bytes) {
+      requested.bytes = want[i].requested;
+      requested.event = static_cast<int64_t>(i);
+    }
+  }
+  EXPECT_EQ(s.peak_requested.bytes, requested.bytes);
+  EXPECT_EQ(s.peak_requested.event, requested.event);
+  EXPECT_EQ(s.ooms.size(), 6u);
+  EXPECT_EQ(count(s, AnomalyKind::TimeRegression), 1u);
+  const DeviceSummary rs = summarizeDevice(ref);
+  for (size_t k = 0; k < kAnomalyKinds; ++k) {
+    EXPECT_EQ(s.anomalies[k].count, rs.anomalies[k].count) << anomalyId(AnomalyKind(k));
+    EXPECT_EQ(s.anomalies[k].first_event, rs.anomalies[k].first_event) << k;
+  }
 }
 
 TEST(Replay, CleanTraceRaisesNoDetector) {
