@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <thread>
@@ -435,7 +436,8 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   std::vector<trace::ChunkRef> chunks;
   std::vector<trace::PreparedChunk> prepared;
   std::vector<ChunkRefs> refs;
-  std::vector<size_t> slice_at;  // where each prepared Events chunk's events go in the array
+  std::vector<size_t> slice_at;         // where each prepared Events chunk's events go in the array
+  std::unique_ptr<uint8_t[]> payloads;  // the prepared zstd chunks' payloads
   if (threads > 0) {
     // 1. Chunk headers only (the serial walk's checks of sizes), to the trailer.
     {
@@ -465,10 +467,23 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     chunks.resize(n);
     prepared.resize(n);
     threads = traceLoadThreads(static_cast<int>(threads), n);
-    // 2. Checksums and decompression, every chunk on its own.
+    // 2. Checksums and decompression, every chunk on its own, the payloads side by side in one
+    // buffer of the sizes their frames declare (the `decoded` bytes within the budget, counted
+    // above): fresh memory in huge pages where the kernel gives them, not one array per chunk.
+    std::vector<uint64_t> payload_at(n, 0);
+    uint64_t payload_bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const trace::ChunkRef& c = chunks[i];
+      if (c.codec != static_cast<uint8_t>(trace::Codec::Zstd)) continue;
+      payload_at[i] = payload_bytes;
+      payload_bytes += trace::ChunkPreparer::declaredSize(
+          bytes.subspan(c.offset + trace::kChunkHeaderSize, c.stored_size));
+    }
+    payloads.reset(new uint8_t[std::max<uint64_t>(payload_bytes, 1)]);
+    if (payload_bytes >= kPopulateBytes) adviseHugePages(payloads.get(), payload_bytes);
     parallelFor(n, threads, [&](size_t i) {
       trace::ChunkPreparer preparer;
-      preparer.prepare(bytes, chunks[i], prepared[i]);
+      preparer.prepare(bytes, chunks[i], prepared[i], payloads.get() + payload_at[i]);
     });
     // 3. The Events chunks, each decoded once straight into its own slice of the events array
     // with the file's ids (the model's ids are known only once every chunk's first references
@@ -584,11 +599,9 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   }
   if (threads > 0) {
     if (r.end().damaged) return std::nullopt;  // the serial reader's error or salvage
-    // The other chunks are decoded: only the Events payloads are needed from here on.
-    for (size_t i = 0; i < prepared.size(); ++i) {
-      if (chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events))
-        std::vector<uint8_t>().swap(prepared[i].raw);
-    }
+    // Every chunk is decoded (the reader keeps copies of what its tables refer to): the payloads
+    // are needed no more.
+    payloads.reset();
     // Devices in file order never decrease (else: per-device arrays, the serial reader's way).
     bool any = false;
     uint32_t last = 0;

@@ -85,7 +85,8 @@ uint64_t ChunkPreparer::declaredSize(std::span<const uint8_t> stored) {
 #endif
 }
 
-bool ChunkPreparer::prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p) {
+bool ChunkPreparer::prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p,
+                            uint8_t* into) {
   p.offset = c.offset;
   p.verified = false;
   if (c.offset > file.size() || file.size() - c.offset < kChunkHeaderSize ||
@@ -106,11 +107,14 @@ bool ChunkPreparer::prepare(std::span<const uint8_t> file, const ChunkRef& c, Pr
     uint64_t raw = declaredSize(stored);
     if (raw == 0 && ZSTD_getFrameContentSize(stored.data(), stored.size()) != 0) return false;
     if (!zstd_) zstd_ = std::make_unique<Zstd>();
-    p.raw.resize(raw);
-    size_t n =
-        ZSTD_decompressDCtx(zstd_->ctx, p.raw.data(), p.raw.size(), stored.data(), stored.size());
+    uint8_t* out = into;
+    if (out == nullptr) {
+      p.raw.resize(raw);
+      out = p.raw.data();
+    }
+    size_t n = ZSTD_decompressDCtx(zstd_->ctx, out, raw, stored.data(), stored.size());
     if (ZSTD_isError(n) || n != raw) return false;
-    p.payload = p.raw;
+    p.payload = std::span<const uint8_t>(out, raw);
 #else
     return false;
 #endif

@@ -92,7 +92,10 @@ class ChunkPreparer {
   static uint64_t declaredSize(std::span<const uint8_t> stored);
   // Fills p.verified, p.raw and p.payload for the chunk `c` of `file` (found by a headers-only
   // pass): true when next() would find its checksum right and its payload decoding in full.
-  bool prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p);
+  // With `into`, a zstd payload is decoded there instead of into p.raw (p.payload then points
+  // into it): the caller's buffer of at least declaredSize(the chunk's stored bytes) bytes.
+  bool prepare(std::span<const uint8_t> file, const ChunkRef& c, PreparedChunk& p,
+               uint8_t* into = nullptr);
 
  private:
   struct Zstd;
