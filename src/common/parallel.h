@@ -31,6 +31,18 @@ size_t workerCount(size_t threads, size_t count);
 
 void parallelFor(size_t count, size_t threads, const std::function<void(size_t)>& task);
 
+// Two rounds over the same indices: first(i) for every index, then between() once on the calling
+// thread after every first(i) has returned, then second(i) for every index, each on the thread
+// that ran first(i) (the threads stay alive in between), so per-thread state that first(i) left
+// (a replayer's pointer to its thread's pass counters, replay/pass_stats.h) is still its
+// thread's. Serially (one worker): every first, between, every second, in index order.
+// Exceptions as in parallelFor: the lowest failing index of the first round is re-thrown and
+// neither between() nor any second(i) runs; then between()'s; then the lowest failing index of
+// the second round.
+void parallelForTwoRounds(size_t count, size_t threads, const std::function<void(size_t)>& first,
+                          const std::function<void()>& between,
+                          const std::function<void(size_t)>& second);
+
 // results[i] = fn(i) for i in [0, count), computed by parallelFor; T must be default-constructible.
 template <class T, class Fn>
 std::vector<T> parallelMap(size_t count, size_t threads, Fn&& fn) {

@@ -117,5 +117,104 @@ TEST(Parallel, AnExceptionFromTheFirstTaskStopsTheRest) {
   EXPECT_LT(calls.load(), 10000);
 }
 
+// parallelForTwoRounds: every index once per round, between() once after the whole first round
+// and before any second(i), and second(i) on the thread that ran first(i), for 1 to 8 threads.
+TEST(Parallel, TwoRoundsRunEachIndexOnceAndTheSecondOnTheFirstsThread) {
+  constexpr size_t kCount = 97;
+  for (size_t threads : {1, 2, 3, 4, 8}) {
+    std::vector<std::thread::id> first_on(kCount), second_on(kCount);
+    std::vector<int> firsts(kCount, 0), seconds(kCount, 0);
+    std::atomic<size_t> first_done{0};
+    size_t between_calls = 0, first_done_at_between = 0;
+    bool second_before_between = false;
+    parallelForTwoRounds(
+        kCount, threads,
+        [&](size_t i) {
+          first_on[i] = std::this_thread::get_id();
+          ++firsts[i];
+          first_done.fetch_add(1);
+        },
+        [&] {
+          ++between_calls;
+          first_done_at_between = first_done.load();
+        },
+        [&](size_t i) {
+          if (between_calls == 0) second_before_between = true;
+          second_on[i] = std::this_thread::get_id();
+          ++seconds[i];
+        });
+    EXPECT_EQ(between_calls, 1u) << threads;
+    EXPECT_EQ(first_done_at_between, kCount) << threads;
+    EXPECT_FALSE(second_before_between) << threads;
+    for (size_t i = 0; i < kCount; ++i) {
+      EXPECT_EQ(firsts[i], 1) << threads << " threads, index " << i;
+      EXPECT_EQ(seconds[i], 1) << threads << " threads, index " << i;
+      EXPECT_EQ(first_on[i], second_on[i]) << threads << " threads, index " << i;
+    }
+  }
+}
+
+TEST(Parallel, TwoRoundsOnOneThreadRunInOrderOnTheCaller) {
+  std::vector<std::string> log;
+  const auto caller = std::this_thread::get_id();
+  bool elsewhere = false;
+  parallelForTwoRounds(
+      3, 1,
+      [&](size_t i) {
+        elsewhere |= std::this_thread::get_id() != caller;
+        log.push_back("a" + std::to_string(i));
+      },
+      [&] { log.push_back("between"); },
+      [&](size_t i) {
+        elsewhere |= std::this_thread::get_id() != caller;
+        log.push_back("b" + std::to_string(i));
+      });
+  EXPECT_FALSE(elsewhere);
+  EXPECT_EQ(log, (std::vector<std::string>{"a0", "a1", "a2", "between", "b0", "b1", "b2"}));
+}
+
+// A failure in the first round: the lowest failing index is re-thrown, nothing of the second round
+// (nor between) runs. A failure in between: no second round. In the second round: its lowest.
+TEST(Parallel, TwoRoundsRethrowTheLowestFailureOfTheRoundThatFailed) {
+  for (size_t threads : {1, 2, 4}) {
+    std::atomic<int> seconds{0};
+    bool between_ran = false;
+    try {
+      parallelForTwoRounds(
+          50, threads,
+          [&](size_t i) {
+            if (i == 7 || i == 30) throw std::runtime_error("first " + std::to_string(i));
+          },
+          [&] { between_ran = true; }, [&](size_t) { seconds.fetch_add(1); });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "first 7") << threads;
+    }
+    EXPECT_FALSE(between_ran) << threads;
+    EXPECT_EQ(seconds.load(), 0) << threads;
+
+    try {
+      parallelForTwoRounds(
+          50, threads, [](size_t) {}, [] { throw std::runtime_error("between"); },
+          [&](size_t) { seconds.fetch_add(1); });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "between") << threads;
+    }
+    EXPECT_EQ(seconds.load(), 0) << threads;
+
+    try {
+      parallelForTwoRounds(
+          50, threads, [](size_t) {}, [] {},
+          [&](size_t i) {
+            if (i == 11 || i == 40) throw std::runtime_error("second " + std::to_string(i));
+          });
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "second 11") << threads;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memforensics
