@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
@@ -158,7 +160,18 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
   doc["command"] = "timeline";
   doc["path"] = r.path;
   doc["point_columns"] = {"event", "time_us", "reserved", "allocated", "requested", "pending_free"};
-  json devices = json::array();
+  // The document is written with its devices as an empty array, each device's object dumped on
+  // its own into that place: the same bytes as one dump of the whole document (compact dumps
+  // concatenate), without holding every device's points as JSON nodes at once.
+  doc["devices"] = json::array();
+  const std::string head = doc.dump(-1, ' ', false, json::error_handler_t::replace);
+  // The keys are sorted: "devices" follows "command" (a fixed string), before the path, so its
+  // first occurrence is the key (a quote inside the path would be escaped anyway).
+  const std::string_view kEmptyDevices = "\"devices\":[]";
+  const size_t at = head.find(kEmptyDevices);
+  const size_t split = at == std::string::npos ? head.size() : at + kEmptyDevices.size() - 1;
+  out << std::string_view(head).substr(0, split);
+  bool first = true;
   for (const auto& d : r.devices) {
     json j;
     j["device"] = d.device;
@@ -210,10 +223,11 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
     }
     j["phases"] = phases;
     j["requested_sparkline_bytes"] = d.requested_columns;
-    devices.push_back(std::move(j));
+    if (!first) out << ',';
+    first = false;
+    out << j.dump(-1, ' ', false, json::error_handler_t::replace);
   }
-  doc["devices"] = std::move(devices);
-  out << doc.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  out << std::string_view(head).substr(split) << "\n";
 }
 
 }  // namespace memforensics::report
