@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <utility>
 
+#include "analysis/compare.h"
 #include "analysis/cross_device.h"
 #include "analysis/frame_class.h"
 #include "analysis/stack_groups.h"
+#include "analysis/timeline.h"
 #include "common/parallel.h"
 
 namespace memforensics::analysis {
@@ -144,23 +146,179 @@ void forEachDevice(const std::vector<int64_t>& devices, size_t threads, Task&& t
   for (size_t i = 0; i < devices.size(); ++i) addPasses(replay::passStats()[devices[i]], passes[i]);
 }
 
+// forEachDevice for parallelForTwoRounds: first(i) and second(i) run on one thread, whose counters
+// of devices[i] are read before first(i) and put back after second(i).
+template <class First, class Between, class Second>
+void forEachDeviceTwoRounds(const std::vector<int64_t>& devices, size_t threads, First&& first,
+                            Between&& between, Second&& second) {
+  std::vector<replay::PassStats> before(devices.size()), passes(devices.size());
+  parallelForTwoRounds(
+      devices.size(), threads,
+      [&](size_t i) {
+        before[i] = replay::passStats()[devices[i]];
+        first(i);
+      },
+      [&] { between(); },
+      [&](size_t i) {
+        second(i);
+        replay::PassStats& counters = replay::passStats()[devices[i]];
+        passes[i] = passesSince(before[i], counters);
+        counters = before[i];
+      });
+  for (size_t i = 0; i < devices.size(); ++i) addPasses(replay::passStats()[devices[i]], passes[i]);
+}
+
+const replay::Peak& profilePeak(const replay::DeviceSummary& s, size_t k) {
+  switch (static_cast<PeakKind>(k)) {
+    case PeakKind::Reserved:
+      return s.peak_reserved;
+    case PeakKind::Requested:
+      return s.peak_requested;
+    case PeakKind::Allocated:
+      return s.peak_allocated;
+  }
+  return s.peak_reserved;
+}
+// compare.cc's reasons of the three peaks' moments (PeakKind order).
+constexpr uint32_t kProfilePeakReasons[kPeakKinds] = {kMomentPeakReserved, kMomentPeakRequested,
+                                                      kMomentPeakAllocated};
+
 }  // namespace
+
+std::vector<int64_t> selectedDevices(const format::Snapshot& snap, std::optional<int64_t> device) {
+  std::vector<int64_t> devices;
+  for (int64_t d : snap.devices()) {
+    if (!device || *device == d) devices.push_back(d);
+  }
+  return devices;
+}
+
+size_t sessionThreadsFor(const format::Snapshot& snap, const std::vector<int64_t>& devices,
+                         size_t threads) {
+  uint64_t largest = 1;
+  for (int64_t d : devices) {
+    if (d >= 0 && static_cast<uint64_t>(d) < snap.traceCount())
+      largest = std::max<uint64_t>(largest, snap.trace(static_cast<size_t>(d)).size());
+  }
+  return sessionThreads(threads, devices.size(), largest);
+}
+
+std::vector<DeviceFacts> visitSessions(
+    const format::Snapshot& snap, const std::vector<int64_t>& devices,
+    const SessionOptions& session_options, size_t threads,
+    const std::function<void(const std::vector<const DeviceFacts*>&)>& between,
+    const std::function<void(size_t, DeviceSession&)>& request,
+    const std::function<void(size_t, DeviceFacts&)>& after) {
+  std::vector<std::unique_ptr<DeviceSession>> sessions(devices.size());
+  std::vector<DeviceFacts> facts(devices.size());
+  forEachDeviceTwoRounds(
+      devices, sessionThreadsFor(snap, devices, threads),
+      [&](size_t i) {
+        sessions[i] = std::make_unique<DeviceSession>(snap, devices[i], session_options);
+      },
+      [&] {
+        std::vector<const DeviceFacts*> pass1;
+        pass1.reserve(sessions.size());
+        for (const auto& s : sessions) pass1.push_back(&s->facts());
+        between(pass1);
+      },
+      [&](size_t i) {
+        request(i, *sessions[i]);
+        sessions[i]->visit();
+        facts[i] = sessions[i]->take();
+        sessions[i].reset();
+        after(i, facts[i]);
+      });
+  return facts;
+}
+
+TimelineResult computeTimelineOn(const format::Snapshot& snap, const TimelineOptions& opt,
+                                 size_t threads) {
+  const std::vector<int64_t> devices = selectedDevices(snap, opt.device);
+  TimelineResult res;
+  res.devices.resize(devices.size());
+  SessionOptions so;
+  so.series = true;
+  forEachDevice(devices, sessionThreadsFor(snap, devices, threads), [&](size_t i) {
+    DeviceSession session(snap, devices[i], so);  // the backward pass and forward pass 1
+    res.devices[i] = timelineOf(snap, session.take(), opt);
+  });
+  return res;
+}
+
+void requestProfilePeaks(DeviceSession& session) {
+  const auto& s = session.facts().summary;
+  for (size_t k = 0; k < kPeakKinds; ++k)
+    session.requestLive(profilePeak(s, k).event, kProfilePeakReasons[k]);
+}
+
+bool profileFactsComplete(const DeviceFacts& facts) {
+  for (const MomentFacts& m : facts.moments) {
+    if (m.over_budget) return false;
+  }
+  for (size_t k = 0; k < kPeakKinds; ++k) {
+    const MomentFacts* m = facts.at(profilePeak(facts.summary, k).event);
+    if (m == nullptr || !m->has_live) return false;
+  }
+  return true;
+}
+
+RunProfile finishProfile(const format::Snapshot& snap, std::vector<DeviceProfile> devices,
+                         std::vector<DeviceAnalysis> analyses) {
+  RunProfile out;
+  out.devices = std::move(devices);
+  AnalysisResult job;
+  job.devices = std::move(analyses);
+  finishAnalysis(snap, job);
+  for (const Finding& f : job.job_findings) out.job_findings.push_back({f.device, findingRef(f)});
+  return out;
+}
+
+std::vector<int64_t> findingLiveEvents(const DeviceFacts& f) {
+  const replay::DeviceSummary& s = f.summary;
+  const auto n = static_cast<int64_t>(f.events.size());
+  std::vector<int64_t> out = {s.peak_requested.event, s.peak_active.event,
+                              f.iterations.empty() ? -1 : f.iterations.front().first_event - 1,
+                              n - 1};
+  for (const auto& o : s.ooms) out.push_back(o.event);
+  return out;
+}
+
+void dropLiveSets(DeviceFacts& facts, const std::vector<int64_t>& events) {
+  for (int64_t e : events) {
+    auto it = std::lower_bound(facts.moments.begin(), facts.moments.end(), e,
+                               [](const MomentFacts& m, int64_t ev) { return m.event < ev; });
+    if (it == facts.moments.end() || it->event != e) continue;
+    if (!it->has_layout) {
+      facts.moments.erase(it);
+    } else {
+      it->has_live = false;
+      it->live = U64Map<replay::LiveBlock>();
+    }
+  }
+}
+
+RunProfile profileSnapshotOn(const format::Snapshot& snap, const ProfileOptions& opt,
+                             size_t threads) {
+  const std::vector<int64_t> devices = selectedDevices(snap, opt.device);
+  std::vector<DeviceProfile> profiles(devices.size());
+  std::vector<DeviceAnalysis> analyses(devices.size());
+  forEachDevice(devices, sessionThreadsFor(snap, devices, threads), [&](size_t i) {
+    DeviceSession session(snap, devices[i]);
+    requestProfilePeaks(session);
+    session.requestFindingMoments(kLayoutOoms);
+    profiles[i] = profileDevice(snap, session.take(), &analyses[i]);
+  });
+  return finishProfile(snap, std::move(profiles), std::move(analyses));
+}
 
 AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOptions& opt) {
   AnalysisResult res = analysisHeader(snap);
-  std::vector<int64_t> devices;
-  for (int64_t d : snap.devices()) {
-    if (!opt.device || *opt.device == d) devices.push_back(d);
-  }
+  const std::vector<int64_t> devices = selectedDevices(snap, opt.device);
   // One device per task, each into its own slot, so the devices stay in snap.devices() order
   // whatever the timing; each task reads the const Snapshot only, and its session lives and dies
   // on the thread that runs the task.
-  uint64_t largest = 1;
-  for (int64_t d : devices) {
-    if (static_cast<uint64_t>(d) < snap.traceCount())
-      largest = std::max<uint64_t>(largest, snap.trace(static_cast<size_t>(d)).size());
-  }
-  const size_t threads = sessionThreads(opt.threads, devices.size(), largest);
+  const size_t threads = sessionThreadsFor(snap, devices, opt.threads);
   std::vector<DeviceAnalysis> slots(devices.size());
   forEachDevice(devices, threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass

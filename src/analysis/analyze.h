@@ -5,7 +5,9 @@
 // one DeviceSession (analysis/session.h) walks the history; everything here reads its facts.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -125,9 +127,63 @@ DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
 std::vector<DeviceAnalysis> analyzeDevices(const format::Snapshot& snap,
                                            std::vector<DeviceFacts> facts,
                                            const AnalyzeOptions& options = {});
+// The devices of `snap` a command with `--device` analyses: all of snap.devices() (ascending), or
+// the one asked for when the file has it.
+std::vector<int64_t> selectedDevices(const format::Snapshot& snap, std::optional<int64_t> device);
+// sessionThreads for `devices` of `snap`: the cap from the largest of their traces.
+size_t sessionThreadsFor(const format::Snapshot& snap, const std::vector<int64_t>& devices,
+                         size_t threads);
+
+// The sessions of `devices` (in that order) on sessionThreadsFor threads, in two rounds: each
+// session built (phases, allocation table, backward pass and forward pass 1); then, on the calling
+// thread, between(pass1) with every device's pass-1 facts in `devices` order (report's plan ranks
+// them); then, on the thread that built it, request(i, session), visit(), take() and
+// after(i, facts) (the session is gone by then). Returns the facts in `devices` order, the same for
+// any thread count; the pass counters end up on the calling thread's, as with a serial loop. Every
+// session is alive between the rounds, as serially.
+std::vector<DeviceFacts> visitSessions(
+    const format::Snapshot& snap, const std::vector<int64_t>& devices,
+    const SessionOptions& session_options, size_t threads,
+    const std::function<void(const std::vector<const DeviceFacts*>&)>& between,
+    const std::function<void(size_t, DeviceSession&)>& request,
+    const std::function<void(size_t, DeviceFacts&)>& after);
+
 // What analyzeSnapshot does after the devices, for callers that add the devices themselves
 // (report, compare): the job's findings across devices (cross_device.h), with options.findings.
 void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,
                     const AnalyzeOptions& options = {});
+
+// The per-device loops of the other commands, on `threads` threads (0 = the machine's cores; capped
+// as analyzeSnapshot is, by sessionThreadsFor), each device into its own slot: the result is the
+// one of the serial function named, for any thread count, pass counters included.
+struct TimelineOptions;  // timeline.h
+struct TimelineResult;
+struct ProfileOptions;  // compare.h
+struct RunProfile;
+// computeTimeline (timeline.h).
+TimelineResult computeTimelineOn(const format::Snapshot& snap, const TimelineOptions& options,
+                                 size_t threads);
+// profileSnapshot (compare.h).
+RunProfile profileSnapshotOn(const format::Snapshot& snap, const ProfileOptions& options,
+                             size_t threads);
+// profileSnapshot's end, for callers that profile the devices themselves (report --baseline):
+// the profiles (ascending device) with the job's findings from every device's analysis
+// (profileDevice's `analysis`), as profileSnapshot makes them.
+struct DeviceProfile;  // compare.h
+RunProfile finishProfile(const format::Snapshot& snap, std::vector<DeviceProfile> devices,
+                         std::vector<DeviceAnalysis> analyses);
+// Asks `session` for the live sets at the three peaks that profileSnapshot reads (compare.h
+// PeakKind), as profileSnapshot's sessions ask for them.
+void requestProfilePeaks(DeviceSession& session);
+// True when `facts` holds the live set at each of those peaks and no moment of it went over the
+// session's copy budget (kMaxCopiedBlocks: a live set asked for by someone else would then change
+// what the other moments hold).
+bool profileFactsComplete(const DeviceFacts& facts);
+// The events DeviceSession::requestFindingMoments asks live sets for, from the pass-1 facts (its
+// first requests; the OOMs' too, every one: those past kMaxLiveMoments are refused to anyone).
+std::vector<int64_t> findingLiveEvents(const DeviceFacts& facts);
+// Takes the live sets at `events` out of visited facts again: a moment that holds no layout is
+// removed, another keeps its layout without the live set.
+void dropLiveSets(DeviceFacts& facts, const std::vector<int64_t>& events);
 
 }  // namespace memforensics::analysis

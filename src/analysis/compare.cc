@@ -59,6 +59,8 @@ std::string frameOrderText(const std::vector<FrameText>& frames) {
   return t;
 }
 
+}  // namespace
+
 FindingRef findingRef(const Finding& f) {
   FindingRef r;
   r.kind = f.kind;
@@ -71,6 +73,8 @@ FindingRef findingRef(const Finding& f) {
   }
   return r;
 }
+
+namespace {
 
 uint64_t medianOf(std::vector<uint64_t> v) {
   if (v.empty()) return 0;

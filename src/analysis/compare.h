@@ -91,6 +91,9 @@ struct FindingRef {
   uint64_t bytes = 0;
 };
 
+// A finding as profiles keep it (DeviceProfile::findings, RunProfile::job_findings).
+FindingRef findingRef(const Finding& f);
+
 struct SegmentRef {
   uint64_t address = 0;
   uint64_t size = 0;

@@ -12,6 +12,7 @@
 #include "cli/cmd_diff.h"
 #include "cli/diagnostics.h"
 #include "cli/options.h"
+#include "cli/threads.h"
 #include "common/parse_size.h"
 #include "report/render_compare.h"
 
@@ -75,6 +76,7 @@ CLI::App* addCheckCommand(CLI::App& app) {
   c->add_flag("--json", g_args.json, "one JSON document (fields in docs/cli.md)");
   c->add_flag("--salvage", g_args.salvage,
               "read the intact part of a native trace that is damaged in the middle");
+  addThreadsOption(c);
   return c;
 }
 

@@ -3,9 +3,11 @@
 
 #include <iostream>
 
+#include "analysis/analyze.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
+#include "cli/threads.h"
 #include "report/render_compare.h"
 
 namespace memforensics::cli {
@@ -30,7 +32,7 @@ Expected<analysis::RunProfile> loadProfile(const std::string& path, std::optiona
   setActivity("analyzing " + path);
   analysis::ProfileOptions opt;
   opt.device = device;
-  analysis::RunProfile p = analysis::profileSnapshot(*snap, opt);
+  analysis::RunProfile p = analysis::profileSnapshotOn(*snap, opt, analysisThreads());
   p.path = path;
   if (device && p.devices.empty()) printWarning(path + " has no device " + std::to_string(*device));
   return p;
@@ -49,6 +51,7 @@ CLI::App* addDiffCommand(CLI::App& app) {
   c->add_flag("--json", g_args.json, "one JSON document (fields in docs/cli.md)");
   c->add_flag("--salvage", g_args.salvage,
               "read the intact part of a native trace that is damaged in the middle");
+  addThreadsOption(c);
   return c;
 }
 

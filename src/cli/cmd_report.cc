@@ -11,6 +11,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/compare.h"
 #include "analysis/headline.h"
 #include "analysis/session.h"
 #include "cli/cmd_diff.h"
@@ -114,29 +115,66 @@ int runReportCommand() {
   // plan can rank them; then one visit each, over the moments both ask for.
   analysis::SessionOptions so;
   so.series = true;
-  std::vector<std::unique_ptr<analysis::DeviceSession>> sessions;
-  std::vector<const analysis::DeviceFacts*> pass1;
-  for (int64_t d : snap->devices()) {
-    if (g_args.device && *g_args.device != d) continue;
-    sessions.push_back(std::make_unique<analysis::DeviceSession>(*snap, d, so));
-    pass1.push_back(&sessions.back()->facts());
-  }
-  const analysis::ReportPlan plan = analysis::planReport(pass1, g_args.data);
-  std::vector<analysis::DeviceFacts> facts;
-  for (auto& session : sessions) {
-    session->requestLive(session->facts().summary.peak_requested.event,
-                         analysis::kMomentPeakRequested);
-    session->requestFindingMoments(analysis::kLayoutOoms);
-    analysis::requestReportMoments(*snap, *session, plan, g_args.data);
-    session->visit();
-    facts.push_back(session->take());
-    session.reset();
+  const std::vector<int64_t> devices = analysis::selectedDevices(*snap, g_args.device);
+  const bool with_baseline = !g_args.baseline.empty();
+  // With --baseline this file is profiled as `diff` profiles it (compare.h profileSnapshot), from
+  // the same sessions: each is also asked for the live sets at the three peaks the profile reads,
+  // after every request of the report (so those keep their places under the sessions' bounds); the
+  // device's profile is made from its facts, and the live sets the report did not ask for are
+  // taken out again before the report reads them.
+  std::vector<analysis::DeviceProfile> profiles;
+  std::vector<analysis::DeviceAnalysis> profile_analyses;
+  // Sessions built and visited on aopt.threads threads, each visited on the thread that built it;
+  // the plan between the two rounds, on this thread, from every device's pass 1.
+  auto buildFacts = [&](bool profile_peaks) {
+    analysis::ReportPlan plan;
+    std::vector<std::vector<int64_t>> extra(devices.size());  // live sets only the profile asked
+    std::vector<char> complete(devices.size(), 0);  // profileFactsComplete before the drop
+    profiles.assign(profile_peaks ? devices.size() : 0, analysis::DeviceProfile{});
+    profile_analyses.assign(profile_peaks ? devices.size() : 0, analysis::DeviceAnalysis{});
+    std::vector<analysis::DeviceFacts> facts = analysis::visitSessions(
+        *snap, devices, so, aopt.threads,
+        [&](const std::vector<const analysis::DeviceFacts*>& pass1) {
+          plan = analysis::planReport(pass1, g_args.data);
+        },
+        [&](size_t i, analysis::DeviceSession& session) {
+          const analysis::DeviceFacts& f = session.facts();
+          session.requestLive(f.summary.peak_requested.event, analysis::kMomentPeakRequested);
+          session.requestFindingMoments(analysis::kLayoutOoms);
+          analysis::requestReportMoments(*snap, session, plan, g_args.data);
+          if (!profile_peaks) return;
+          std::vector<int64_t> wanted = analysis::findingLiveEvents(f);
+          for (int64_t e : analysis::reportLiveEvents(*snap, f, plan, g_args.data))
+            wanted.push_back(e);
+          for (int64_t e : {f.summary.peak_reserved.event, f.summary.peak_allocated.event}) {
+            if (std::find(wanted.begin(), wanted.end(), e) == wanted.end()) {
+              wanted.push_back(e);
+              extra[i].push_back(e);
+            }
+          }
+          analysis::requestProfilePeaks(session);
+        },
+        [&](size_t i, analysis::DeviceFacts& f) {
+          if (!profile_peaks) return;
+          complete[i] = analysis::profileFactsComplete(f);
+          if (complete[i]) profiles[i] = analysis::profileDevice(*snap, f, &profile_analyses[i]);
+          analysis::dropLiveSets(f, extra[i]);
+        });
+    return std::pair(std::move(facts), profile_peaks && std::find(complete.begin(), complete.end(),
+                                                                  0) == complete.end());
+  };
+  auto [facts, profile_from_facts] = buildFacts(with_baseline);
+  if (with_baseline && !profile_from_facts) {
+    // A peak's live set was refused (a session's bound), or a moment went over the copy budget,
+    // which the extra live sets may have caused: the report's sessions again without them, and
+    // the profile from sessions of its own, as `diff` makes it.
+    facts.clear();
+    facts = buildFacts(false).first;
   }
   std::cerr << "memforensics: computing the timeline, block-map keyframes and call tree...\n";
   analysis::ReportData data = analysis::reportDataOf(*snap, facts, g_args.data);
-  if (!g_args.baseline.empty()) {
-    // The same figures as `diff BASELINE FILE`: both runs profiled as diff does it (this file
-    // once more: its sessions above served the drawings).
+  if (with_baseline) {
+    // The same figures as `diff BASELINE FILE`: both runs profiled as diff does it.
     auto base = loadProfile(g_args.baseline, g_args.device, g_args.salvage);
     if (!base) {
       printError("--baseline: " + base.error().describe());
@@ -145,7 +183,10 @@ int runReportCommand() {
     setActivity("comparing " + g_args.file + " with " + g_args.baseline);
     analysis::ProfileOptions popt;
     popt.device = g_args.device;
-    analysis::RunProfile neu = analysis::profileSnapshot(*snap, popt);
+    analysis::RunProfile neu =
+        profile_from_facts
+            ? analysis::finishProfile(*snap, std::move(profiles), std::move(profile_analyses))
+            : analysis::profileSnapshotOn(*snap, popt, aopt.threads);
     neu.path = g_args.file;
     data.baseline_diff = analysis::diffProfiles(*base, neu);
   }

@@ -7,11 +7,13 @@
 #include <sstream>
 #include <string>
 
+#include "analysis/analyze.h"
 #include "analysis/headline.h"
 #include "analysis/timeline.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
+#include "cli/threads.h"
 #include "format/load/load.h"
 #include "replay/pass_stats.h"
 #include "report/render_timeline.h"
@@ -49,6 +51,7 @@ CLI::App* addTimelineCommand(CLI::App& app) {
       ->check(CLI::Range(size_t{1}, size_t{100000000}));
   tl->add_flag("--salvage", g_args.salvage,
                "read the intact part of a native trace that is damaged in the middle");
+  addThreadsOption(tl);
   return tl;
 }
 
@@ -63,7 +66,7 @@ int runTimelineCommand() {
   analysis::TimelineOptions opt;
   opt.device = g_args.device;
   opt.max_points = g_args.max_points;
-  auto result = analysis::computeTimeline(*snap, opt);
+  auto result = analysis::computeTimelineOn(*snap, opt, analysisThreads());
   if (replay::passStatsRequested())
     std::cerr << "memforensics: passes (" << g_args.file << "): " << replay::describePassStats()
               << "\n";

@@ -4,15 +4,21 @@
 // and a synthetic 64-device job.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "analysis/compare.h"
+#include "analysis/timeline.h"
 #include "fixtures/model_builder.h"
 #include "format/load/load.h"
 #include "replay/pass_stats.h"
 #include "report/render.h"
+#include "report/render_compare.h"
+#include "report/render_timeline.h"
 
 namespace memforensics::analysis {
 namespace {
@@ -152,6 +158,187 @@ TEST(ParallelAnalysis, HugeDevicesRunOnFewerThreads) {
   EXPECT_EQ(sessionThreads(8, 8, kMaxSessionEventsInFlight * 4), 1u);
   EXPECT_EQ(sessionThreads(1, 8, 10), 1u);
   EXPECT_EQ(sessionThreads(8, 0, 0), 1u);
+}
+
+// The snapshots the other commands' loops are checked on: a real 4-device job with an OOM and a
+// cross-device finding, and 24 synthetic devices of different shapes.
+std::vector<format::Snapshot> commandInputs() {
+  std::vector<format::Snapshot> out;
+  auto real = format::loadSnapshotFile(std::string(MEMF_SOURCE_DIR) +
+                                       "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  EXPECT_TRUE(real.ok());
+  if (real.ok()) out.push_back(std::move(*real));
+  out.push_back(manyDevices(24));
+  return out;
+}
+
+std::vector<int64_t> timelineDevices(const TimelineResult& r) {
+  std::vector<int64_t> d;
+  for (const auto& t : r.devices) d.push_back(t.device);
+  return d;
+}
+
+// timeline: computeTimelineOn on 1-4 threads is computeTimeline: every device, in order, the same
+// JSON and pass counters.
+TEST(ParallelAnalysis, TimelineIsTheSameOnAnyThreadCount) {
+  for (const format::Snapshot& snap : commandInputs()) {
+    replay::resetPassStats();
+    TimelineOptions opt;
+    opt.max_points = 50;
+    const TimelineResult serial = computeTimeline(snap, opt);
+    const std::string passes = replay::describePassStats();
+    ASSERT_EQ(timelineDevices(serial), snap.devices());
+    std::ostringstream want;
+    report::renderTimelineJson(serial, want);
+    for (size_t threads : {1, 2, 3, 4}) {
+      replay::resetPassStats();
+      const TimelineResult par = computeTimelineOn(snap, opt, threads);
+      EXPECT_EQ(replay::describePassStats(), passes) << threads << " threads";
+      EXPECT_EQ(timelineDevices(par), snap.devices()) << threads << " threads";
+      std::ostringstream got;
+      report::renderTimelineJson(par, got);
+      EXPECT_EQ(got.str(), want.str()) << threads << " threads";
+    }
+  }
+}
+
+std::vector<int64_t> profileDevices(const RunProfile& p) {
+  std::vector<int64_t> d;
+  for (const auto& x : p.devices) d.push_back(x.device);
+  return d;
+}
+
+// check, diff, report --baseline (and ranks' rows): profileSnapshotOn on 1-4 threads is
+// profileSnapshot: every device in order, the job's findings, the same diff against a third run.
+TEST(ParallelAnalysis, ProfileIsTheSameOnAnyThreadCount) {
+  const std::vector<format::Snapshot> inputs = commandInputs();
+  ASSERT_EQ(inputs.size(), 2u);
+  for (const format::Snapshot& snap : inputs) {
+    const format::Snapshot& other = &snap == &inputs[0] ? inputs[1] : inputs[0];
+    const RunProfile against = profileSnapshot(other);
+    replay::resetPassStats();
+    const RunProfile serial = profileSnapshot(snap);
+    const std::string passes = replay::describePassStats();
+    ASSERT_EQ(profileDevices(serial), snap.devices());
+    std::ostringstream want, want_self;
+    report::renderDiffJson(diffProfiles(against, serial), want);
+    report::renderDiffJson(diffProfiles(serial, serial), want_self);
+    for (size_t threads : {1, 2, 3, 4}) {
+      replay::resetPassStats();
+      const RunProfile par = profileSnapshotOn(snap, {}, threads);
+      EXPECT_EQ(replay::describePassStats(), passes) << threads << " threads";
+      EXPECT_EQ(profileDevices(par), snap.devices()) << threads << " threads";
+      ASSERT_EQ(par.job_findings.size(), serial.job_findings.size()) << threads << " threads";
+      for (size_t k = 0; k < par.job_findings.size(); ++k) {
+        EXPECT_EQ(par.job_findings[k].device, serial.job_findings[k].device);
+        EXPECT_EQ(par.job_findings[k].finding.title, serial.job_findings[k].finding.title);
+      }
+      std::ostringstream got, got_self;
+      report::renderDiffJson(diffProfiles(against, par), got);
+      report::renderDiffJson(diffProfiles(par, par), got_self);
+      EXPECT_EQ(got.str(), want.str()) << threads << " threads";
+      EXPECT_EQ(got_self.str(), want_self.str()) << threads << " threads";
+    }
+  }
+}
+
+// report's sessions: visitSessions builds them in one round, calls `between` once with every
+// device's pass 1 in order, and visits them in a second round; the facts equal a serial loop's
+// (through analyzeDevices' JSON), with the same pass counters, on 1-4 threads.
+TEST(ParallelAnalysis, VisitSessionsIsASerialLoopOnAnyThreadCount) {
+  for (const format::Snapshot& snap : commandInputs()) {
+    SessionOptions so;
+    so.series = true;
+    auto render = [&](std::vector<DeviceFacts> facts) {
+      AnalysisResult r = analysisHeader(snap);
+      AnalyzeOptions ao;
+      ao.top_frames = 5;
+      r.devices = analyzeDevices(snap, std::move(facts), ao);
+      return report::renderJsonString(r);
+    };
+    replay::resetPassStats();
+    std::vector<DeviceFacts> serial;
+    for (int64_t d : snap.devices()) {
+      DeviceSession session(snap, d, so);
+      session.requestLive(session.facts().summary.peak_requested.event, kMomentPeakRequested);
+      session.requestFindingMoments(kLayoutOoms);
+      serial.push_back(session.take());
+    }
+    const std::string passes = replay::describePassStats();
+    const std::string want = render(std::move(serial));
+    for (size_t threads : {1, 2, 3, 4}) {
+      replay::resetPassStats();
+      size_t betweens = 0;
+      std::vector<int64_t> seen, after;
+      std::vector<int64_t> devices = snap.devices();
+      std::vector<DeviceFacts> facts = visitSessions(
+          snap, devices, so, threads,
+          [&](const std::vector<const DeviceFacts*>& pass1) {
+            ++betweens;
+            for (const DeviceFacts* f : pass1) seen.push_back(f->device);
+          },
+          [&](size_t, DeviceSession& session) {
+            session.requestLive(session.facts().summary.peak_requested.event, kMomentPeakRequested);
+            session.requestFindingMoments(kLayoutOoms);
+          },
+          [&](size_t i, DeviceFacts& f) { EXPECT_EQ(f.device, devices[i]); });
+      EXPECT_EQ(betweens, 1u) << threads << " threads";
+      EXPECT_EQ(seen, devices) << threads << " threads";
+      EXPECT_EQ(replay::describePassStats(), passes) << threads << " threads";
+      ASSERT_EQ(facts.size(), devices.size());
+      for (size_t i = 0; i < facts.size(); ++i) EXPECT_EQ(facts[i].device, devices[i]);
+      EXPECT_EQ(render(std::move(facts)), want) << threads << " threads";
+    }
+  }
+}
+
+// report --baseline takes the live sets only the profile asked for out again, which relies on
+// findingLiveEvents naming exactly the live sets requestFindingMoments asks for; and dropLiveSets
+// leaves the facts a session without those requests gives.
+TEST(ParallelAnalysis, FindingLiveEventsAreThoseRequestFindingMomentsAsksFor) {
+  for (const format::Snapshot& snap : commandInputs()) {
+    for (int64_t d : snap.devices()) {
+      DeviceSession session(snap, d);
+      const std::vector<int64_t> named = findingLiveEvents(session.facts());
+      session.requestFindingMoments(kLayoutOoms);
+      const DeviceFacts f = session.take();
+      std::set<int64_t> live;
+      for (const MomentFacts& m : f.moments) {
+        if (m.has_live) live.insert(m.event);
+      }
+      std::set<int64_t> want;
+      for (int64_t e : named) {
+        if (e >= -1 && e < static_cast<int64_t>(f.events.size())) want.insert(e);
+      }
+      EXPECT_EQ(live, want) << "device " << d;
+    }
+  }
+}
+
+TEST(ParallelAnalysis, DropLiveSetsLeavesTheFactsOfASessionWithoutThem) {
+  for (const format::Snapshot& snap : commandInputs()) {
+    for (int64_t d : snap.devices()) {
+      DeviceSession plain(snap, d), extra(snap, d);
+      plain.requestFindingMoments(kLayoutOoms);
+      extra.requestFindingMoments(kLayoutOoms);
+      const std::vector<int64_t> wanted = findingLiveEvents(extra.facts());
+      std::vector<int64_t> added;
+      const int64_t n = static_cast<int64_t>(extra.facts().events.size());
+      for (int64_t e : {n / 3, n / 2, n - 2}) {
+        if (e < 0 || std::find(wanted.begin(), wanted.end(), e) != wanted.end()) continue;
+        if (extra.requestLive(e, kMomentKeyframe)) added.push_back(e);
+      }
+      DeviceFacts a = plain.take(), b = extra.take();
+      dropLiveSets(b, added);
+      ASSERT_EQ(a.moments.size(), b.moments.size()) << "device " << d;
+      for (size_t k = 0; k < a.moments.size(); ++k) {
+        EXPECT_EQ(a.moments[k].event, b.moments[k].event);
+        EXPECT_EQ(a.moments[k].has_live, b.moments[k].has_live);
+        EXPECT_EQ(a.moments[k].live.size(), b.moments[k].live.size());
+        EXPECT_EQ(a.moments[k].has_layout, b.moments[k].has_layout);
+      }
+    }
+  }
 }
 
 }  // namespace

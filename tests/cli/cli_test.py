@@ -19,6 +19,7 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 import json
 import os
 import pickle
+import re
 import resource
 import stat
 import subprocess
@@ -632,6 +633,47 @@ for args in (["analyze", sample, "--device", "18446744073709551616"], ["analyze"
              ["timeline", sample, "--max-points", "18446744073709551617"]):
     r = runb(*args)
     check(f"{args[0]} {' '.join(args[2:])}: out of range, exit 1", r.returncode == 1 and not r.stdout, f"rc={r.returncode}")
+
+# Every command that analyses devices on threads (--threads / MEMF_THREADS) prints the same bytes
+# on 1, 2, 3 and 4 threads: a dropped or reordered device, or a figure of another device, differs.
+def threads_env(n):
+    env = dict(os.environ)
+    env["MEMF_THREADS"] = str(n)
+    return env
+
+
+def same_on_threads(name, args):
+    outs = []
+    for n in (1, 2, 3, 4):
+        r = subprocess.run([BIN, *args], capture_output=True, env=threads_env(n))
+        err = r.stderr.decode(errors="replace")
+        # report's own line says how long it took
+        err = "\n".join(l for l in err.split("\n") if not l.startswith("memforensics: wrote "))
+        # the page's script nonce is random on every run
+        out = re.sub(rb'nonce(-|=")[0-9a-f]+', rb"nonce\1X", r.stdout)
+        outs.append((r.returncode, out, err))
+    check(f"{name}: the same output on 1-4 threads", all(o == outs[0] for o in outs) and outs[0][1],
+          f"rc={[o[0] for o in outs]} sizes={[len(o[1]) for o in outs]}")
+    return outs[0]
+
+
+scen_dir = os.path.join(ROOT, "snapshots", "scenarios")
+dp4 = os.path.join(scen_dir, "dp_imbalance_oom.pickle")
+frag = os.path.join(scen_dir, "fragmentation_oom.pickle")
+if os.path.exists(dp4) and os.path.exists(frag):
+    for cmd in (["timeline", dp4], ["timeline", "--json", dp4], ["timeline", "--csv", dp4],
+                ["analyze", "--json", dp4], ["diff", frag, dp4], ["diff", "--json", dp4, frag],
+                ["check", "--fail-on", "warning", "--baseline", frag, "--max-increase", "1", dp4, frag],
+                ["report", dp4, "-o", "-"], ["report", dp4, "--baseline", frag, "-o", "-"],
+                ["report", dp4, "--device", "1", "--baseline", dp4, "-o", "-"]):
+        rc, out, _ = same_on_threads(" ".join(a if a not in (dp4, frag) else os.path.basename(a)
+                                             for a in cmd), cmd)
+    # The 4-device JSON lists every device once, in order, on any thread count.
+    for n in (1, 3):
+        doc = json.loads(subprocess.run([BIN, "timeline", "--json", dp4], capture_output=True,
+                                        env=threads_env(n)).stdout)
+        check(f"timeline --json on {n} threads: devices 0-3 in order",
+              [d["device"] for d in doc["devices"]] == [0, 1, 2, 3], str(doc.get("devices", "")[:1]))
 
 print(f"cli_test: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -805,6 +805,17 @@ void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
   session.requestLive(f.summary.peak_requested.event, kMomentPeakRequested);
 }
 
+std::vector<int64_t> reportLiveEvents(const format::Snapshot& snap, const DeviceFacts& f,
+                                      const ReportPlan& plan, const ReportDataOptions& opt) {
+  std::vector<int64_t> out;
+  if (!plan.draws(f.device)) return out;  // as requestReportMoments: nothing asked
+  if (!snap.has_segment_info) {
+    for (const auto& [ev, m] : keyframeMoments(f, plan, opt)) out.push_back(ev);
+  }
+  out.push_back(f.summary.peak_requested.event);
+  return out;
+}
+
 ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFacts> facts,
                         const ReportDataOptions& opt) {
   ReportData out;

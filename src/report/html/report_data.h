@@ -220,6 +220,10 @@ std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& facts, cons
 // instead of a layout (their call trees): no block map is drawn for such a file.
 void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
                           const ReportPlan& plan, const ReportDataOptions& options);
+// The events requestReportMoments asks live sets for, given the same pass-1 facts, plan and
+// options (report --baseline asks a session for more live sets and takes those out again).
+std::vector<int64_t> reportLiveEvents(const format::Snapshot& snap, const DeviceFacts& facts,
+                                      const ReportPlan& plan, const ReportDataOptions& options);
 
 // The report data: a pure function of the visited facts of every device of the snapshot (or of
 // options.device), ascending, built with SessionOptions::series and requestReportMoments. Nothing
