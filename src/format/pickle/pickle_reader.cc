@@ -423,7 +423,7 @@ class Machine {
   // memo to 64-bit entries once.
   static constexpr uint64_t kNarrowPayload = (uint64_t{1} << 30) - 1;
   size_t memoSize() const { return memo_wide_ ? memo64_.size() : memo32_.size(); }
-  uint64_t memoAt(uint64_t idx) const {
+  __attribute__((always_inline)) uint64_t memoAt(uint64_t idx) const {
     if (memo_wide_) return idx < memo64_.size() ? memo64_[idx] : 0;
     if (idx >= memo32_.size()) return 0;
     uint32_t x = memo32_[idx];
@@ -547,6 +547,8 @@ class Machine {
   bool fastMemo(const uint8_t*& p, uint64_t enc);
   bool fastFrames(const uint8_t*& p, Value& out);
   bool skipFrames(const uint8_t*& p) const;
+  bool fastShaped();
+  void recordShape(size_t count);
 
   // -- reading operands
   template <typename T>
@@ -731,6 +733,26 @@ class Machine {
   };
   static constexpr size_t kActionCache = 16;
   ActionOf action_of_[kActionCache];
+  // The shaped path's entry shape (fastShaped): the key strings of the last trace entry the fast
+  // path read whose keys were all distinct Event fields, in file order, and the field each names.
+  // Nothing in it can go stale: every entry read by it fetches each key from the memo and compares
+  // the StrId found there with the shape's, so a rebound memo slot, another key order, an extra or
+  // a missing key is a mismatch that leaves the entry to fastEntry.
+  enum class Field : uint8_t {
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    Frames,
+    CompileContext,
+    UserMetadata
+  };
+  static constexpr size_t kShapeKeys = 12;  // keys of one shape at most (PyTorch writes 7-9)
+  uint32_t shape_keys_ = 0;                 // 0: no shape yet
+  StrId shape_key_[kShapeKeys] = {};
+  Field shape_field_[kShapeKeys] = {};
   // Last: destroyed first, so its thread has stopped before the arrays it populates are freed.
   Prefaulter prefault_;
 };
@@ -1135,10 +1157,11 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
   const uint8_t* q = p;
   uint32_t fetches = 0;
   for (;;) {
-    if (q < end_ && *q == BINGET && end_ - q >= 2) {
-      q += 2;
-    } else if (q < end_ && *q == LONG_BINGET && end_ - q >= 5) {
+    const auto left = end_ - q;
+    if (left >= 5 && *q == LONG_BINGET) {
       q += 5;
+    } else if (left >= 2 && *q == BINGET) {
+      q += 2;
     } else {
       break;
     }
@@ -1151,7 +1174,8 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
     hash = runHash(run, len);
     if (const FramesRun* c = frames_runs_.find(hash);
         c != nullptr && c->len == len && std::memcmp(begin_ + c->offset, run, len) == 0) {
-      if (!chargeFrames(c->frames).ok()) return false;
+      if (c->frames > frames_budget_) return false;  // chargeFrames refuses it
+      frames_budget_ -= c->frames;
       nodes_[n].kind = NK::Stack;
       nodes_[n].ref = c->stack;
       p = q + 1;
@@ -1310,6 +1334,252 @@ bool Machine::fastKey(const uint8_t*& p, Value& out) {
   return fastValue(p, out) && out.kind == VK::Str;
 }
 
+// ---------------------------------------------------------------------------------------------
+// 2c. The shaped path
+//
+// Most trace entries have the keys of the entry before them, in the same order, each a memo fetch
+// of the same interned string. fastShaped() reads such an entry with the keys of the last one
+// fastEntry read (shape_key_): it checks each key's memo entry against the shape and decodes each
+// value straight into its Event field, with no key/value array and no per-key dispatch. It takes
+// only the common forms (memo-fetched strings, small ints, frames lists, None) and checks per field
+// what makeEvent checks; on anything else (another key or one more, a FRAME opcode, a negative
+// time, a value of another type, a memo store after a value, a truncated operand) it undoes what it
+// did as fastEntry undoes itself and leaves the entry to fastEntry, so the events, nodes, memo,
+// stacks and errors are the ones fastEntry (and the generic machine) make.
+
+// A memo fetch at p (BINGET / LONG_BINGET): its memo entry in m, 0 for an unset slot or no fetch.
+inline __attribute__((always_inline)) bool shapedFetch(const uint8_t*& p, const uint8_t* end,
+                                                       uint64_t& m, const auto& memo_at) {
+  if (p < end && *p == LONG_BINGET && end - p >= 5) {
+    uint32_t idx;
+    std::memcpy(&idx, p + 1, 4);
+    m = memo_at(idx);
+    p += 5;
+    return true;
+  }
+  if (p < end && *p == BINGET && end - p >= 2) {
+    m = memo_at(p[1]);
+    p += 2;
+    return true;
+  }
+  return false;
+}
+
+// A BININT1 / BININT2 / BININT / LONG1 at p, as the generic machine reads it.
+inline __attribute__((always_inline)) bool shapedInt(const uint8_t*& p, const uint8_t* end,
+                                                     Value& v) {
+  if (p >= end) return false;
+  const auto left = static_cast<uint64_t>(end - p - 1);
+  switch (*p) {
+    case BININT1:
+      if (left < 1) return false;
+      v = Value::integer(p[1]);
+      p += 2;
+      return true;
+    case BININT2: {
+      if (left < 2) return false;
+      uint16_t x;
+      std::memcpy(&x, p + 1, 2);
+      v = Value::integer(x);
+      p += 3;
+      return true;
+    }
+    case BININT: {
+      if (left < 4) return false;
+      int32_t x;
+      std::memcpy(&x, p + 1, 4);
+      v = Value::integer(x);
+      p += 5;
+      return true;
+    }
+    case LONG1: {
+      if (left < 1) return false;
+      const uint64_t len = p[1];
+      if (left - 1 < len) return false;
+      const uint8_t* b = p + 2;
+      if (len >= 1 && len <= 8 && (b[len - 1] & 0x80) == 0) {
+        uint64_t u = 0;
+        std::memcpy(&u, b, len);  // little-endian, below 2^63: what longValue makes of it
+        v = Value::integer(static_cast<int64_t>(u));
+      } else {
+        v = longValue(b, len);
+      }
+      p = b + len;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+void Machine::recordShape(size_t count) {
+  const size_t keys = count / 2;
+  if (keys == 0 || keys > kShapeKeys) return;
+  StrId key[kShapeKeys];
+  Field field[kShapeKeys];
+  for (size_t k = 0; k < keys; ++k) {
+    const StrId id = fast_kv_[2 * k].id;  // fastKey made every key a string
+    for (size_t j = 0; j < k; ++j) {
+      if (key[j] == id) return;  // a duplicate key: makeEvent's last-one-wins, not shaped
+    }
+    if (id == keys_.action)
+      field[k] = Field::Action;
+    else if (id == keys_.addr)
+      field[k] = Field::Addr;
+    else if (id == keys_.device_free)
+      field[k] = Field::DeviceFree;
+    else if (id == keys_.size)
+      field[k] = Field::Size;
+    else if (id == keys_.stream)
+      field[k] = Field::Stream;
+    else if (id == keys_.time_us)
+      field[k] = Field::TimeUs;
+    else if (id == keys_.frames)
+      field[k] = Field::Frames;
+    else if (id == keys_.compile_context)
+      field[k] = Field::CompileContext;
+    else if (id == keys_.user_metadata)
+      field[k] = Field::UserMetadata;
+    else
+      return;  // pool_id or a key makeEvent ignores: left to fastEntry
+    key[k] = id;
+  }
+  std::copy(key, key + keys, shape_key_);
+  std::copy(field, field + keys, shape_field_);
+  shape_keys_ = static_cast<uint32_t>(keys);
+}
+
+bool Machine::fastShaped() {
+  if (shape_keys_ == 0) return false;
+  const uint8_t* p = p_;  // just after EMPTY_DICT
+  const uint8_t* const end = end_;
+  const size_t memo0 = memoSize();
+  const size_t nodes0 = nodes_.size();
+  const uint64_t frames0 = frames_budget_;
+  const uint32_t n = newNode(NK::Dict);
+  const auto memo_at = [this](uint64_t idx) { return memoAt(idx); };
+  Event e;
+  bool ok = fastMemo(p, uint64_t{2} << 32 | n) && p < end && *p == MARK;
+  if (ok) {
+    ++p;
+    for (uint32_t k = 0; k < shape_keys_ && ok; ++k) {
+      uint64_t m = 0;
+      if (!shapedFetch(p, end, m, memo_at) || m != (uint64_t{1} << 32 | shape_key_[k])) {
+        ok = false;
+        break;
+      }
+      Value v;
+      switch (shape_field_[k]) {
+        case Field::Action: {
+          if (!shapedFetch(p, end, m, memo_at) || (m >> 32) != 1) {
+            ok = false;
+            break;
+          }
+          const auto id = static_cast<StrId>(m);
+          ActionOf& cached = action_of_[id % kActionCache];
+          if (cached.id != id) {
+            auto a = parseAction(snap_.strings.get(id));
+            cached = ActionOf{id, a ? *a : Action::Unknown};
+          }
+          e.action = cached.action;
+          e.action_name = id;
+          break;
+        }
+        case Field::Addr:
+        case Field::DeviceFree:
+          ok = shapedInt(p, end, v) && v.kind == VK::Int && v.i >= 0;
+          e.addr = static_cast<uint64_t>(v.i);
+          break;
+        case Field::Size:
+          ok = shapedInt(p, end, v) && v.kind == VK::Int && v.i >= 0;
+          e.size = static_cast<uint64_t>(v.i);
+          break;
+        case Field::Stream:
+          ok = shapedInt(p, end, v) && v.kind == VK::Int;
+          e.stream = v.i;
+          break;
+        case Field::TimeUs:
+          ok = shapedInt(p, end, v) && v.kind == VK::Int && v.i >= 0;
+          e.time_us = v.i;
+          break;
+        case Field::Frames: {
+          if (p < end && *p == EMPTY_LIST) {
+            ++p;
+            Value list;
+            ok = fastFrames(p, list);
+            if (!ok) break;
+            const Node& node = nodes_[list.id];
+            if (node.kind == NK::Stack)
+              e.stack = node.ref;
+            else if (node.kind == NK::List && node.ref == kNoStore)
+              e.stack = kEmptyStack;
+            else
+              ok = false;
+          } else if (p < end && *p == NONE) {
+            ++p;
+            e.stack = kNoStack;
+          } else {
+            ok = shapedFetch(p, end, m, memo_at) && (m >> 32) == 2 &&
+                 nodes_[static_cast<uint32_t>(m)].kind == NK::Stack;
+            if (ok) e.stack = nodes_[static_cast<uint32_t>(m)].ref;
+          }
+          break;
+        }
+        case Field::CompileContext:
+        case Field::UserMetadata: {
+          StrId s = kEmptyStr;
+          if (p < end && *p == NONE) {
+            ++p;
+          } else {
+            ok = shapedFetch(p, end, m, memo_at) && (m >> 32) == 1;
+            s = static_cast<StrId>(m);
+          }
+          if (shape_field_[k] == Field::CompileContext)
+            e.compile_context = s;
+          else
+            e.user_metadata = s;
+          break;
+        }
+      }
+    }
+    ok = ok && p < end && *p == SETITEMS;
+  }
+  if (!ok) {
+    memoTruncate(memo0);
+    nodes_.resize(nodes0);
+    frames_budget_ = frames0;
+    return false;
+  }
+  ++p;
+  // What makeEvent records besides the event: the traits of the keys read, set only now that the
+  // entry is read (a fallback leaves them to the path that reads it).
+  for (uint32_t k = 0; k < shape_keys_; ++k) {
+    switch (shape_field_[k]) {
+      case Field::TimeUs:
+        snap_.traits.has_time_us = true;
+        break;
+      case Field::CompileContext:
+        snap_.traits.has_compile_context = true;
+        break;
+      case Field::UserMetadata:
+        snap_.traits.has_user_metadata = true;
+        break;
+      default:
+        break;
+    }
+  }
+  if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
+  nodes_[n].kind = NK::Event;
+  nodes_[n].ref = static_cast<uint32_t>(events_.size());
+  grow(events_, 1, kSlotEvents);
+  events_.push_back(e);
+  ++stats_.fast_entries;
+  ++stats_.fast_shaped;
+  stack_.push_back(Value::node(n));
+  p_ = p;
+  return true;
+}
+
 bool Machine::fastEntry() {
   const uint8_t* p = p_;  // just after EMPTY_DICT
   const size_t memo0 = memoSize();
@@ -1361,6 +1631,7 @@ bool Machine::fastEntry() {
     return false;
   }
   ++stats_.fast_entries;
+  recordShape(count);
   stack_.push_back(Value::node(n));
   p_ = p;
   return true;
@@ -1505,7 +1776,7 @@ Expected<Snapshot> Machine::run() {
           dicts_to_report_ = kPrefaultEveryDicts;
           reportFill();
         }
-        if (opt_.fast_path && fastEntry()) break;
+        if (opt_.fast_path && ((opt_.shaped_path && fastShaped()) || fastEntry())) break;
         stack_.push_back(Value::node(newNode(NK::Dict)));
         break;
       case EMPTY_LIST:

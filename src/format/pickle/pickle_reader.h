@@ -51,6 +51,7 @@ struct PickleReadStats {
   uint64_t fast_entries = 0;      // trace entries read by the trace-entry fast path
   uint64_t fast_fallbacks = 0;    // dicts that started like a trace entry, read by the generic path
   uint64_t fast_frames_runs = 0;  // frames lists the fast path found in its cache of runs
+  uint64_t fast_shaped = 0;       // of fast_entries, those the shaped path read (section 2c)
 };
 
 struct PickleReadOptions {
@@ -64,6 +65,10 @@ struct PickleReadOptions {
   // attempt did and leaves the dict to the generic machine, so the Snapshot and every error are
   // the same with it on or off (tests/format/pickle_fast_path_test.cc).
   bool fast_path = true;
+  // Within the fast path, the shaped path (pickle_reader.cc, section 2c): an entry with the keys
+  // of the entry before it is decoded field by field. Off: every entry takes fastEntry. Same
+  // Snapshot and errors either way (tests/format/pickle_fast_path_test.cc).
+  bool shaped_path = true;
   PickleReadStats* stats = nullptr;  // filled when set
 };
 
