@@ -345,10 +345,11 @@ namespace {
 // The reader of readSnapshotTrace. `threads` 0: the serial reader (each chunk checked, decoded
 // and converted in file order). Otherwise the chunks are checked, decompressed and decoded on
 // that many threads straight into the events array, sized once; the result is the same Snapshot,
-// id for id. That path takes files whose chunks all pass their checks, with their events device
-// by device (every conversion, a one-device capture), read completely or cut short; for anything
-// else (a damaged chunk, interleaved devices, the stack budget) it returns nullopt and the caller
-// reads the file with the serial reader, whose errors, warnings and salvage are the reference.
+// id for id. That path takes files whose chunks all pass their checks, read completely or cut
+// short, their events device by device (every conversion, a one-device capture) or interleaved (a
+// capture of several devices: grouped per device afterwards); for anything else (a damaged chunk,
+// the stack budget) it returns nullopt and the caller reads the file with the serial reader, whose
+// errors, warnings and salvage are the reference.
 std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
                                             const LoadOptions& options, unsigned threads) {
   auto opened = trace::TraceReader::open(bytes);
@@ -602,16 +603,18 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     // Every chunk is decoded (the reader keeps copies of what its tables refer to): the payloads
     // are needed no more.
     payloads.reset();
-    // Devices in file order never decrease (else: per-device arrays, the serial reader's way).
-    bool any = false;
-    uint32_t last = 0;
+    // Whether devices in file order never decrease (else: per-device arrays, step 7).
+    bool any = false, in_order = true;
+    uint32_t last = 0, max_device = 0;
     uint64_t total = 0;
     for (size_t i : accepted) {
       const ChunkRefs& cr = refs[i];
       if (prepared[i].event_count == 0) continue;
-      if (!cr.ordered || (any && cr.first_device < last)) return std::nullopt;
+      if (!cr.ordered || (any && cr.first_device < last)) in_order = false;
       any = true;
       last = cr.last_device;
+      for (const auto& run : prepared[i].device_events)
+        max_device = std::max(max_device, run.first);
       total += prepared[i].event_count;
     }
     // 5. The model's ids, in the order the serial reader creates them: each chunk's first
@@ -646,7 +649,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       // Where each device starts: as the serial reader's begin_of, one entry per device up to the
       // last one with events.
       for (const auto& [d, cnt] : prepared[accepted[k]].device_events) {
-        while (static_cast<uint64_t>(cur_device) < d) {
+        while (in_order && static_cast<uint64_t>(cur_device) < d) {
           begin_of.push_back(seen);
           ++cur_device;
         }
@@ -666,6 +669,25 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         if (e->action == Action::Unknown) e->action_name = str_of[e->action_name];
       }
     });
+    // 7. Devices interleaved (a capture of several devices): each device's events, in file
+    // order, into its own array, as the serial reader groups them (one per device up to the
+    // largest; concatenated below).
+    if (!in_order) {
+      interleaved = true;
+      per_device.resize(static_cast<size_t>(max_device) + 1);
+      std::vector<size_t> per(per_device.size(), 0);
+      for (size_t i : accepted)
+        for (const auto& [d, cnt] : prepared[i].device_events) per[d] += cnt;
+      for (size_t d = 0; d < per.size(); ++d) per_device[d].reserve(per[d]);
+      for (size_t i : accepted) {
+        const Event* from = snap.events.data() + slice_at[i];
+        for (const auto& [d, cnt] : prepared[i].device_events) {
+          per_device[d].insert(per_device[d].end(), from, from + cnt);
+          from += cnt;
+        }
+      }
+      std::vector<Event>().swap(snap.events);
+    }
     prepared.clear();
   }
   while (threads == 0 && stack_error.empty() && r.next()) {
@@ -887,6 +909,11 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes, const LoadO
 Expected<Snapshot> readSnapshotTraceSerial(std::span<const uint8_t> bytes,
                                            const LoadOptions& options) {
   return *readTrace(bytes, options, 0);
+}
+
+std::optional<Expected<Snapshot>> readSnapshotTraceParallelOnly(std::span<const uint8_t> bytes,
+                                                                const LoadOptions& options) {
+  return readTrace(bytes, options, traceLoadThreads(options.threads, kMaxTraceLoadThreads));
 }
 
 }  // namespace memforensics::format

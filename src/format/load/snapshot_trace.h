@@ -6,6 +6,7 @@
 // Trace -> Snapshot is what `analyze` and every other command use to read a `.bin` file.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 
@@ -39,7 +40,7 @@ Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
 // slice of the events array, sized once from the counts the chunks' own bytes hold (never from the
 // trailer's claim). The model's ids are created in the serial reader's order, so the Snapshot is
 // the same whatever the number of threads; a file that does not take that path (a damaged chunk,
-// devices interleaved, a stack budget exceeded) is read by the serial reader, whose errors,
+// a stack budget exceeded) is read by the serial reader, whose errors,
 // warnings and salvage are the reference. options.threads = 1 decodes on the calling thread only.
 Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes,
                                      const LoadOptions& options = {});
@@ -47,6 +48,10 @@ Expected<Snapshot> readSnapshotTrace(std::span<const uint8_t> bytes,
 // reference the parallel path is tested against.
 Expected<Snapshot> readSnapshotTraceSerial(std::span<const uint8_t> bytes,
                                            const LoadOptions& options = {});
+// The parallel path alone, for tests: nullopt where readSnapshotTrace hands the file to the
+// serial reader (a damaged chunk, the stack budget; running out of memory throws here).
+std::optional<Expected<Snapshot>> readSnapshotTraceParallelOnly(std::span<const uint8_t> bytes,
+                                                                const LoadOptions& options = {});
 
 // The most threads one native trace load uses, whatever LoadOptions::threads or the machine says.
 inline constexpr unsigned kMaxTraceLoadThreads = 16;
