@@ -81,9 +81,10 @@ std::vector<Phase> fromAnnotations(const format::Snapshot& snap, int64_t device,
   // The events' times made non-decreasing, -1 before the first time (monotoneTimes). When every
   // event has a time and they never decrease (the usual trace), that is the events' own times, and
   // the searches read them in place instead of a copy.
-  bool in_place = n > 0;
-  for (size_t i = 0; i < ev.size() && in_place; ++i)
-    in_place = ev[i].time_us >= 0 && (i == 0 || ev[i].time_us >= ev[i - 1].time_us);
+  bool in_place = n > 0 && ev[0].time_us >= 0;  // then none is negative if none decreases
+  for (size_t i = 1; i < ev.size() && in_place; ++i) {
+    if (ev[i].time_us < ev[i - 1].time_us) in_place = false;
+  }
   bool any_time = in_place;
   std::vector<int64_t> t;
   if (!in_place) {

@@ -248,8 +248,9 @@ uint8_t DeviceReplayer::untrusted() const {
 void DeviceReplayer::backward() {
   ++passStats()[device_].backward;
   const auto& ev = events_;
-  alloc_block_size_.assign(ev.size(), 0);
-  alloc_size_exact_.assign(ev.size(), 0);
+  // Written below for every alloc event, the only events apply() reads them for: not zeroed.
+  alloc_block_size_ = std::make_unique_for_overwrite<uint64_t[]>(ev.size());
+  alloc_size_exact_ = std::make_unique_for_overwrite<uint8_t[]>(ev.size());
   U64Map<LiveBlock> w = final_live_;
   RangeSet ranges = final_ranges_;
   // Blocks re-inserted by undoing a free are marked by alloc_event == kFromFree while the pass
@@ -270,6 +271,7 @@ void DeviceReplayer::backward() {
           alloc_size_exact_[k] = b.size_exact;
         } else {
           alloc_block_size_[k] = roundSize(e.size, divisions_);
+          alloc_size_exact_[k] = 0;
           contradiction(k);
         }
         break;

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -257,9 +258,11 @@ class DeviceReplayer {
   // Start state (from the backward pass).
   U64Map<LiveBlock> start_live_;
   Counters start_;
-  RangeSet start_ranges_;                   // reserved address ranges
-  std::vector<uint64_t> alloc_block_size_;  // per event: block size for allocs (0 for others)
-  std::vector<uint8_t> alloc_size_exact_;
+  RangeSet start_ranges_;  // reserved address ranges
+  // Per event, set for allocs only (other events' entries are never read): the block size and
+  // whether it is exact (known from the final state).
+  std::unique_ptr<uint64_t[]> alloc_block_size_;
+  std::unique_ptr<uint8_t[]> alloc_size_exact_;
 
   // Current state.
   U64Map<LiveBlock> live_;
