@@ -157,6 +157,11 @@ DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
     f.requested_at_iteration_end[ends[next_end].second] = replayer_->startCounters().requested;
     ++next_end;
   }
+  // Checkpoints of pass 1 for pass 2 (DeviceReplayer::keepCheckpoints): pass 2 starts each moment
+  // from the latest one before it instead of from the start.
+  if (options.checkpoints)
+    replayer_->keepCheckpoints(
+        std::max(kMinCheckpointSpacing, f.events.size() / replay::kMaxCheckpoints));
   f.has_series = options.series;
   if (f.has_series) {
     f.series.reserve(f.events.size() + 1);
@@ -330,6 +335,7 @@ void DeviceSession::visit() {
       f.model.layout_exact = f.model.estimate_reason.empty();
     }
   }
+  replayer_->keepCheckpoints(0);  // pass 2 is done: their memory goes
   f.passes = minus(replay::passStats()[f.device], before_);
 }
 

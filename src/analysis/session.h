@@ -171,8 +171,16 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device);
 // The same, with the frames' and stacks' facts from `cache` (a DeviceSession's).
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsCache& cache);
 
+// Pass 1 keeps the replayer's state every max(kMinCheckpointSpacing, events / kMaxCheckpoints)
+// events (replay.h keepCheckpoints), so pass 2 steps from the latest copy before each moment: a
+// copy closer than this to the last saves too little stepping to pay for itself.
+inline constexpr size_t kMinCheckpointSpacing = 1024;
+
 struct SessionOptions {
   bool series = false;  // keep the counters after every event (timeline, report, exports)
+  // Checkpoints for pass 2 (kMinCheckpointSpacing). Off only to compare with the walk from the
+  // start (tests): the facts are the same either way.
+  bool checkpoints = true;
 };
 
 class DeviceSession {

@@ -372,11 +372,45 @@ inline bool DeviceReplayer::stepOne() {
 size_t DeviceReplayer::stepMany(size_t max, Counters* after) {
   size_t n = 0;
   while (n < max && stepOne()) after[n++] = cur_;
+  if (checkpoint_every_ != 0) maybeCheckpoint();
   return n;
+}
+
+void DeviceReplayer::keepCheckpoints(size_t every) {
+  checkpoint_every_ = every;
+  if (every == 0) {
+    checkpoints_.clear();
+    checkpoints_.shrink_to_fit();
+    checkpoint_blocks_ = 0;
+  }
+}
+
+void DeviceReplayer::maybeCheckpoint() {
+  const size_t last = checkpoints_.empty() ? 0 : checkpoints_.back().next;
+  if (next_ >= events_.size() || next_ < last + checkpoint_every_ ||
+      checkpoints_.size() >= kMaxCheckpoints ||
+      checkpoint_blocks_ + live_.size() > kMaxCheckpointBlocks)
+    return;
+  checkpoints_.push_back(Checkpoint{next_, live_, ranges_, cur_, last_time_});
+  checkpoint_blocks_ += live_.size();
 }
 
 void DeviceReplayer::advanceTo(int64_t event_index) {
   if (event_index < static_cast<int64_t>(next_) - 1) reset();
+  // The latest checkpoint at or before the target that is ahead of here. Every event before it
+  // was applied (and checked) on the walk that made it: only the state is taken from it.
+  const Checkpoint* from = nullptr;
+  for (const Checkpoint& c : checkpoints_) {
+    if (c.next > next_ && static_cast<int64_t>(c.next) <= event_index + 1) from = &c;
+  }
+  if (from != nullptr) {
+    live_ = from->live;
+    ranges_ = from->ranges;
+    reserved_hit_ = AddressRange{};
+    cur_ = from->cur;
+    next_ = from->next;
+    last_time_ = from->last_time;
+  }
   while (static_cast<int64_t>(next_) <= event_index && stepOne()) {
   }
 }

@@ -217,6 +217,16 @@ class DeviceReplayer {
   // what n step() calls followed each by counters() give, without a call per event. Returns n.
   size_t stepMany(size_t max, Counters* after);
 
+  // Checkpoints of the forward state: from now on, the first walk past every `every` events (at
+  // the end of a stepMany() batch) keeps a copy of the state there, at most kMaxCheckpoints of them
+  // holding at most kMaxCheckpointBlocks live blocks together; advanceTo() then starts from the
+  // latest copy at or before its target when that is ahead of where the replayer is, instead of
+  // stepping every event in between again. The replay is deterministic, so the state reached is
+  // the same (the same blocks in the same table slots): only fewer events are stepped, and a walk
+  // that starts from a copy applies no event 0 (no new forward pass in PassStats). 0 drops them.
+  void keepCheckpoints(size_t every);
+  size_t checkpointCount() const { return checkpoints_.size(); }
+
   const Counters& counters() const { return cur_; }
   const Counters& startCounters() const { return start_; }
   const U64Map<LiveBlock>& live() const { return live_; }
@@ -244,6 +254,7 @@ class DeviceReplayer {
   void add(uint64_t& c, uint64_t v, int64_t event);
   void backward();
   void apply(size_t i, const Event& e);
+  void maybeCheckpoint();
   bool stepOne();  // step()'s body, inlined into the stepping loops
   // ranges_.contains(addr), through reserved_hit_.
   bool reservedContains(uint64_t addr);
@@ -292,7 +303,25 @@ class DeviceReplayer {
   size_t live_at_start_ = 0;
   size_t freed_before_start_ = 0;
   PassStats* stats_ = nullptr;  // this device's pass counters (replay/pass_stats.h)
+
+  // keepCheckpoints(): the forward state after event next - 1, by next.
+  struct Checkpoint {
+    size_t next = 0;
+    U64Map<LiveBlock> live;
+    RangeSet ranges;
+    Counters cur;
+    int64_t last_time = -1;
+  };
+  std::vector<Checkpoint> checkpoints_;
+  size_t checkpoint_every_ = 0;
+  size_t checkpoint_blocks_ = 0;  // live blocks in checkpoints_ (kMaxCheckpointBlocks)
 };
+
+// Bounds of DeviceReplayer::keepCheckpoints() per replayer: copies kept, and live blocks in them
+// together (a live block costs about 56 bytes in a copy: 1 Mi blocks stay near 64 MiB however
+// hostile the trace; a real device holds a few thousand).
+inline constexpr size_t kMaxCheckpoints = 8;
+inline constexpr size_t kMaxCheckpointBlocks = size_t{1} << 20;
 
 // Everything `analyze` reports for one device, computed in one backward + one forward pass.
 struct DeviceSummary {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <tuple>
 
 #include "analysis/analyze.h"
 #include "analysis/blocks.h"
@@ -351,6 +352,61 @@ TEST(Session, AllocationTableFreesAreTheFirstFreeBeforeTheAddressIsAllocatedAgai
     EXPECT_EQ(own[j].first_event, f.phases[j].first_event);
     EXPECT_EQ(own[j].last_event, f.phases[j].last_event);
   }
+}
+
+// Pass 2 starts each moment from pass 1's latest checkpoint before it
+// (SessionOptions::checkpoints): the moments' counters and live sets (every block, in table order)
+// are those of the walk from the start, on a trace long enough for several checkpoints; fewer
+// events are stepped.
+TEST(Session, MomentsFromCheckpointsEqualTheWalkFromTheStart) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  ModelBuilder m;
+  m.device(0).segmentAlloc(kB, 64 * kMiB, {.time_us = 1});
+  int64_t t = 2;
+  for (int k = 0; k < 3000; ++k) {
+    const uint64_t addr = kB + static_cast<uint64_t>((k * 7) % 53) * kMiB;
+    m.alloc(addr, kMiB / 2 + static_cast<uint64_t>(k % 9) * 4096, {.time_us = t++, .frames = a});
+    if (k % 5 != 0) m.free(addr, kMiB / 2 + static_cast<uint64_t>(k % 9) * 4096, {.time_us = t++});
+  }
+  const auto snap = m.build();
+  const auto n = static_cast<int64_t>(snap.trace(0).size());
+  auto run = [&](bool checkpoints, replay::PassStats* passes) {
+    SessionOptions o;
+    o.checkpoints = checkpoints;
+    DeviceSession s(snap, 0, o);
+    s.requestFindingMoments(kLayoutOoms);
+    for (int64_t e : {int64_t{-1}, int64_t{5}, n / 3, n / 3 + 1, n / 2, 2 * n / 3, n - 2})
+      EXPECT_TRUE(s.requestLive(e, kMomentAt));
+    s.visit();
+    *passes = s.facts().passes;
+    return s.take();
+  };
+  replay::PassStats with{}, without{};
+  const DeviceFacts f = run(true, &with);
+  const DeviceFacts g = run(false, &without);
+  EXPECT_LT(with.events_stepped, without.events_stepped);
+  ASSERT_EQ(f.moments.size(), g.moments.size());
+  for (size_t k = 0; k < f.moments.size(); ++k) {
+    const MomentFacts& x = f.moments[k];
+    const MomentFacts& y = g.moments[k];
+    SCOPED_TRACE(y.event);
+    EXPECT_EQ(x.event, y.event);
+    EXPECT_EQ(x.reasons, y.reasons);
+    EXPECT_EQ(x.at.requested, y.at.requested);
+    EXPECT_EQ(x.at.allocated, y.at.allocated);
+    EXPECT_EQ(x.at.reserved, y.at.reserved);
+    EXPECT_EQ(x.at.pending, y.at.pending);
+    ASSERT_EQ(x.has_live, y.has_live);
+    std::vector<std::tuple<uint64_t, uint64_t, uint64_t, int64_t>> xl, yl;
+    x.live.forEach([&](uint64_t ad, const replay::LiveBlock& b) {
+      xl.emplace_back(ad, b.requested, b.size, b.alloc_event);
+    });
+    y.live.forEach([&](uint64_t ad, const replay::LiveBlock& b) {
+      yl.emplace_back(ad, b.requested, b.size, b.alloc_event);
+    });
+    EXPECT_EQ(xl, yl);
+  }
+  EXPECT_EQ(f.summary.peak_requested.event, g.summary.peak_requested.event);
 }
 
 }  // namespace

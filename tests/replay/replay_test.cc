@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "fixtures/snapshot_builder.h"
 #include "replay/pass_stats.h"
 
@@ -362,6 +364,69 @@ TEST(Replay, BatchedSteppingGivesTheCountersOfOneStepPerEvent) {
     EXPECT_EQ(s.anomalies[k].count, rs.anomalies[k].count) << anomalyId(AnomalyKind(k));
     EXPECT_EQ(s.anomalies[k].first_event, rs.anomalies[k].first_event) << k;
   }
+}
+
+// keepCheckpoints(): advanceTo() from a checkpoint of the first walk reaches the state a walk from
+// the start reaches: the same counters and the same live blocks in the same table order, forward
+// and after rewinding, on a trace long enough for several checkpoints (frees, reuse, a segment
+// freed and mapped again, a time regression); fewer events are stepped.
+TEST(Replay, CheckpointsReachTheStateOfAWalkFromTheStart) {
+  TSnapshot t;
+  std::vector<TEvent> ev;
+  int64_t time = 100;
+  ev.push_back({"segment_alloc", kBase, 64 * k20M, 0, time++});
+  for (int k = 0; k < 2000; ++k) {
+    const uint64_t a = kBase + static_cast<uint64_t>((k * 7) % 61) * k20M / 4;
+    const uint64_t size = 1000 + static_cast<uint64_t>(k % 13) * 4096;
+    ev.push_back({"alloc", a, size, 0, time++, {{"train.py", 10 + uint64_t(k % 5), "f"}}, true});
+    if (k % 4 != 0) {
+      ev.push_back({"free_requested", a, size, 0, time++});
+      ev.push_back({"free_completed", a, size, 0, time++});
+    }
+    if (k == 700) ev.push_back({"segment_alloc", kBase + 80 * k20M, k20M, 0, time - 40});
+    if (k == 900) ev.push_back({"segment_free", kBase + 80 * k20M, k20M, 0, time++});
+  }
+  t.traces.push_back(ev);
+  auto snap = buildSnapshot(t);
+  auto liveOf = [](const DeviceReplayer& r) {
+    std::vector<std::tuple<uint64_t, uint64_t, uint64_t, int64_t, bool>> out;
+    r.live().forEach([&](uint64_t addr, const LiveBlock& b) {
+      out.emplace_back(addr, b.requested, b.size, b.alloc_event, b.pending);
+    });
+    return out;
+  };
+  DeviceReplayer r(snap, 0);
+  r.keepCheckpoints(500);
+  const DeviceSummary s = summarizeDeviceWith(r, [](size_t, const Counters&) {});
+  EXPECT_GE(r.checkpointCount(), 5u);
+  EXPECT_LE(r.checkpointCount(), kMaxCheckpoints);
+  r.reset();
+  const int64_t n = static_cast<int64_t>(ev.size());
+  for (int64_t target : {int64_t{10}, int64_t{600}, int64_t{601}, int64_t{2500}, int64_t{2400},
+                         n / 2, n - 2, n - 1, int64_t{3}}) {
+    SCOPED_TRACE(target);
+    resetPassStats();
+    r.advanceTo(target);
+    const uint64_t stepped = passStats()[0].events_stepped;
+    DeviceReplayer plain(snap, 0);
+    plain.advanceTo(target);
+    EXPECT_EQ(r.next(), plain.next());
+    EXPECT_EQ(r.counters().requested, plain.counters().requested);
+    EXPECT_EQ(r.counters().allocated, plain.counters().allocated);
+    EXPECT_EQ(r.counters().pending, plain.counters().pending);
+    EXPECT_EQ(r.counters().reserved, plain.counters().reserved);
+    EXPECT_EQ(liveOf(r), liveOf(plain));
+    if (target >= 600) EXPECT_LT(stepped, static_cast<uint64_t>(target) / 2);
+  }
+  // The anomalies are those of the walk from the start (each counted once).
+  DeviceReplayer plain(snap, 0);
+  const DeviceSummary p = summarizeDevice(plain);
+  for (size_t k = 0; k < kAnomalyKinds; ++k) {
+    EXPECT_EQ(s.anomalies[k].count, p.anomalies[k].count) << k;
+    EXPECT_EQ(r.anomalies()[k].count, p.anomalies[k].count) << k;
+  }
+  r.keepCheckpoints(0);
+  EXPECT_EQ(r.checkpointCount(), 0u);
 }
 
 TEST(Replay, CleanTraceRaisesNoDetector) {
