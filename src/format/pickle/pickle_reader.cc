@@ -549,6 +549,23 @@ class Machine {
   bool skipFrames(const uint8_t*& p) const;
   bool fastShaped();
   void recordShape(size_t count);
+  // A memo fetch at p (BINGET / LONG_BINGET): its memo entry in m (0 for an unset slot).
+  __attribute__((always_inline)) bool shapedFetch(const uint8_t*& p, uint64_t& m) const {
+    const auto left = end_ - p;
+    if (left >= 5 && *p == LONG_BINGET) {
+      uint32_t idx;
+      std::memcpy(&idx, p + 1, 4);
+      m = memoAt(idx);
+      p += 5;
+      return true;
+    }
+    if (left >= 2 && *p == BINGET) {
+      m = memoAt(p[1]);
+      p += 2;
+      return true;
+    }
+    return false;
+  }
 
   // -- reading operands
   template <typename T>
@@ -753,6 +770,7 @@ class Machine {
   uint32_t shape_keys_ = 0;                 // 0: no shape yet
   StrId shape_key_[kShapeKeys] = {};
   Field shape_field_[kShapeKeys] = {};
+  bool shape_time_us_ = false, shape_compile_context_ = false, shape_user_metadata_ = false;
   // Last: destroyed first, so its thread has stopped before the arrays it populates are freed.
   Prefaulter prefault_;
 };
@@ -1121,6 +1139,13 @@ bool Machine::fastFetch(uint64_t idx, Value& out) const {
 // false for a store this path does not undo (an overwrite, a gap) or past the memo budget.
 bool Machine::fastMemo(const uint8_t*& p, uint64_t enc) {
   if (p >= end_) return true;  // the next read gives up
+  // MEMOIZE into a narrow memo with room: what memoPush does, without its checks for growth.
+  if (*p == MEMOIZE && !memo_wide_ && (enc & 0xffffffffu) <= kNarrowPayload &&
+      memo32_.size() < memo32_.capacity() && memo32_.size() < memo_budget_) {
+    memo32_.push_back(narrow(enc));
+    p += 1;
+    return true;
+  }
   uint64_t idx;
   if (*p == MEMOIZE) {
     idx = memoSize();
@@ -1347,24 +1372,6 @@ bool Machine::fastKey(const uint8_t*& p, Value& out) {
 // did as fastEntry undoes itself and leaves the entry to fastEntry, so the events, nodes, memo,
 // stacks and errors are the ones fastEntry (and the generic machine) make.
 
-// A memo fetch at p (BINGET / LONG_BINGET): its memo entry in m, 0 for an unset slot or no fetch.
-inline __attribute__((always_inline)) bool shapedFetch(const uint8_t*& p, const uint8_t* end,
-                                                       uint64_t& m, const auto& memo_at) {
-  if (p < end && *p == LONG_BINGET && end - p >= 5) {
-    uint32_t idx;
-    std::memcpy(&idx, p + 1, 4);
-    m = memo_at(idx);
-    p += 5;
-    return true;
-  }
-  if (p < end && *p == BINGET && end - p >= 2) {
-    m = memo_at(p[1]);
-    p += 2;
-    return true;
-  }
-  return false;
-}
-
 // A BININT1 / BININT2 / BININT / LONG1 at p, as the generic machine reads it.
 inline __attribute__((always_inline)) bool shapedInt(const uint8_t*& p, const uint8_t* end,
                                                      Value& v) {
@@ -1397,9 +1404,10 @@ inline __attribute__((always_inline)) bool shapedInt(const uint8_t*& p, const ui
       const uint64_t len = p[1];
       if (left - 1 < len) return false;
       const uint8_t* b = p + 2;
-      if (len >= 1 && len <= 8 && (b[len - 1] & 0x80) == 0) {
-        uint64_t u = 0;
-        std::memcpy(&u, b, len);  // little-endian, below 2^63: what longValue makes of it
+      if (len >= 1 && len <= 8 && (b[len - 1] & 0x80) == 0 && end - b >= 8) {
+        uint64_t u;
+        std::memcpy(&u, b, 8);  // little-endian, below 2^63: what longValue makes of it
+        if (len < 8) u &= (uint64_t{1} << (8 * len)) - 1;
         v = Value::integer(static_cast<int64_t>(u));
       } else {
         v = longValue(b, len);
@@ -1447,6 +1455,9 @@ void Machine::recordShape(size_t count) {
   std::copy(key, key + keys, shape_key_);
   std::copy(field, field + keys, shape_field_);
   shape_keys_ = static_cast<uint32_t>(keys);
+  shape_time_us_ = std::find(field, field + keys, Field::TimeUs) != field + keys;
+  shape_compile_context_ = std::find(field, field + keys, Field::CompileContext) != field + keys;
+  shape_user_metadata_ = std::find(field, field + keys, Field::UserMetadata) != field + keys;
 }
 
 bool Machine::fastShaped() {
@@ -1457,21 +1468,20 @@ bool Machine::fastShaped() {
   const size_t nodes0 = nodes_.size();
   const uint64_t frames0 = frames_budget_;
   const uint32_t n = newNode(NK::Dict);
-  const auto memo_at = [this](uint64_t idx) { return memoAt(idx); };
   Event e;
   bool ok = fastMemo(p, uint64_t{2} << 32 | n) && p < end && *p == MARK;
   if (ok) {
     ++p;
     for (uint32_t k = 0; k < shape_keys_ && ok; ++k) {
       uint64_t m = 0;
-      if (!shapedFetch(p, end, m, memo_at) || m != (uint64_t{1} << 32 | shape_key_[k])) {
+      if (!shapedFetch(p, m) || m != (uint64_t{1} << 32 | shape_key_[k])) {
         ok = false;
         break;
       }
       Value v;
       switch (shape_field_[k]) {
         case Field::Action: {
-          if (!shapedFetch(p, end, m, memo_at) || (m >> 32) != 1) {
+          if (!shapedFetch(p, m) || (m >> 32) != 1) {
             ok = false;
             break;
           }
@@ -1519,7 +1529,7 @@ bool Machine::fastShaped() {
             ++p;
             e.stack = kNoStack;
           } else {
-            ok = shapedFetch(p, end, m, memo_at) && (m >> 32) == 2 &&
+            ok = shapedFetch(p, m) && (m >> 32) == 2 &&
                  nodes_[static_cast<uint32_t>(m)].kind == NK::Stack;
             if (ok) e.stack = nodes_[static_cast<uint32_t>(m)].ref;
           }
@@ -1531,7 +1541,7 @@ bool Machine::fastShaped() {
           if (p < end && *p == NONE) {
             ++p;
           } else {
-            ok = shapedFetch(p, end, m, memo_at) && (m >> 32) == 1;
+            ok = shapedFetch(p, m) && (m >> 32) == 1;
             s = static_cast<StrId>(m);
           }
           if (shape_field_[k] == Field::CompileContext)
@@ -1553,21 +1563,9 @@ bool Machine::fastShaped() {
   ++p;
   // What makeEvent records besides the event: the traits of the keys read, set only now that the
   // entry is read (a fallback leaves them to the path that reads it).
-  for (uint32_t k = 0; k < shape_keys_; ++k) {
-    switch (shape_field_[k]) {
-      case Field::TimeUs:
-        snap_.traits.has_time_us = true;
-        break;
-      case Field::CompileContext:
-        snap_.traits.has_compile_context = true;
-        break;
-      case Field::UserMetadata:
-        snap_.traits.has_user_metadata = true;
-        break;
-      default:
-        break;
-    }
-  }
+  if (shape_time_us_) snap_.traits.has_time_us = true;
+  if (shape_compile_context_) snap_.traits.has_compile_context = true;
+  if (shape_user_metadata_) snap_.traits.has_user_metadata = true;
   if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
