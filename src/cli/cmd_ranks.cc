@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/analyze.h"
 #include "analysis/compare.h"
 #include "cli/diagnostics.h"
 #include "cli/options.h"
@@ -62,7 +63,10 @@ FileResult rankFile(const std::string& path) {
     for (const auto& w : snap->load_warnings) out.warnings.push_back(path + ": " + w);
     analysis::ProfileOptions po;
     po.device = g_args.device;
-    analysis::RunProfile p = analysis::profileSnapshot(*snap, po);
+    // One file at a time (a single worker): its devices on the --jobs threads instead; several
+    // files at once: each on its worker's thread. The rows are the same either way.
+    analysis::RunProfile p =
+        analysis::profileSnapshotOn(*snap, po, g_load_threads == 1 ? 1 : g_args.jobs);
     p.path = path;
     if (g_args.device && p.devices.empty()) {
       out.rows.push_back(

@@ -668,6 +668,11 @@ if os.path.exists(dp4) and os.path.exists(frag):
                 ["report", dp4, "--device", "1", "--baseline", dp4, "-o", "-"]):
         rc, out, _ = same_on_threads(" ".join(a if a not in (dp4, frag) else os.path.basename(a)
                                              for a in cmd), cmd)
+    # ranks of one file: its devices on the --jobs threads; the rows are the same for any count.
+    rows = [subprocess.run([BIN, "ranks", "--json", "-j", str(j), dp4], capture_output=True).stdout
+            for j in (1, 2, 3, 4)]
+    check("ranks --json of one 4-device file: the same rows on 1-4 jobs",
+          all(r == rows[0] for r in rows) and rows[0], str([len(r) for r in rows]))
     # The 4-device JSON lists every device once, in order, on any thread count.
     for n in (1, 3):
         doc = json.loads(subprocess.run([BIN, "timeline", "--json", dp4], capture_output=True,
