@@ -18,6 +18,8 @@ class U64Map {
   U64Map() { rehash(16); }
 
   size_t size() const { return size_ + (has_special_ ? 1 : 0); }
+  // Slots of the table (a copy copies them all: the memory a copy costs).
+  size_t capacity() const { return table_.size(); }
   bool empty() const { return size() == 0; }
 
   V* find(uint64_t key) {

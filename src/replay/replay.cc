@@ -381,7 +381,7 @@ void DeviceReplayer::keepCheckpoints(size_t every) {
   if (every == 0) {
     checkpoints_.clear();
     checkpoints_.shrink_to_fit();
-    checkpoint_blocks_ = 0;
+    checkpoint_slots_ = 0;
   }
 }
 
@@ -389,10 +389,10 @@ void DeviceReplayer::maybeCheckpoint() {
   const size_t last = checkpoints_.empty() ? 0 : checkpoints_.back().next;
   if (next_ >= events_.size() || next_ < last + checkpoint_every_ ||
       checkpoints_.size() >= kMaxCheckpoints ||
-      checkpoint_blocks_ + live_.size() > kMaxCheckpointBlocks)
+      checkpoint_slots_ + live_.capacity() > kMaxCheckpointSlots)
     return;
   checkpoints_.push_back(Checkpoint{next_, live_, ranges_, cur_, last_time_});
-  checkpoint_blocks_ += live_.size();
+  checkpoint_slots_ += live_.capacity();
 }
 
 void DeviceReplayer::advanceTo(int64_t event_index) {

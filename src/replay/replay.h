@@ -219,7 +219,7 @@ class DeviceReplayer {
 
   // Checkpoints of the forward state: from now on, the first walk past every `every` events (at
   // the end of a stepMany() batch) keeps a copy of the state there, at most kMaxCheckpoints of them
-  // holding at most kMaxCheckpointBlocks live blocks together; advanceTo() then starts from the
+  // holding at most kMaxCheckpointSlots live-table slots together; advanceTo() then starts from the
   // latest copy at or before its target when that is ahead of where the replayer is, instead of
   // stepping every event in between again. The replay is deterministic, so the state reached is
   // the same (the same blocks in the same table slots): only fewer events are stepped, and a walk
@@ -314,14 +314,15 @@ class DeviceReplayer {
   };
   std::vector<Checkpoint> checkpoints_;
   size_t checkpoint_every_ = 0;
-  size_t checkpoint_blocks_ = 0;  // live blocks in checkpoints_ (kMaxCheckpointBlocks)
+  size_t checkpoint_slots_ = 0;  // live-table slots in checkpoints_ (kMaxCheckpointSlots)
 };
 
-// Bounds of DeviceReplayer::keepCheckpoints() per replayer: copies kept, and live blocks in them
-// together (a live block costs about 56 bytes in a copy: 1 Mi blocks stay near 64 MiB however
-// hostile the trace; a real device holds a few thousand).
+// Bounds of DeviceReplayer::keepCheckpoints() per replayer: copies kept, and live-table slots in
+// them together (a copy copies the whole table, U64Map::capacity(), about 48 bytes a slot: 1 Mi
+// slots stay near 48 MiB however hostile the trace, a table grown by a spike of blocks included;
+// a real device's table holds a few thousand).
 inline constexpr size_t kMaxCheckpoints = 8;
-inline constexpr size_t kMaxCheckpointBlocks = size_t{1} << 20;
+inline constexpr size_t kMaxCheckpointSlots = size_t{1} << 20;
 
 // Everything `analyze` reports for one device, computed in one backward + one forward pass.
 struct DeviceSummary {
