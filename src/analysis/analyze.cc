@@ -275,12 +275,8 @@ RunProfile finishProfile(const format::Snapshot& snap, std::vector<DeviceProfile
 }
 
 std::vector<int64_t> findingLiveEvents(const DeviceFacts& f) {
-  const replay::DeviceSummary& s = f.summary;
-  const auto n = static_cast<int64_t>(f.events.size());
-  std::vector<int64_t> out = {s.peak_requested.event, s.peak_active.event,
-                              f.iterations.empty() ? -1 : f.iterations.front().first_event - 1,
-                              n - 1};
-  for (const auto& o : s.ooms) out.push_back(o.event);
+  std::vector<int64_t> out;
+  for (const FindingMoment& m : findingMoments(f)) out.push_back(m.event);
   return out;
 }
 

@@ -179,8 +179,8 @@ void requestProfilePeaks(DeviceSession& session);
 // session's copy budget (kMaxCopiedBlocks: a live set asked for by someone else would then change
 // what the other moments hold).
 bool profileFactsComplete(const DeviceFacts& facts);
-// The events DeviceSession::requestFindingMoments asks live sets for, from the pass-1 facts (its
-// first requests; the OOMs' too, every one: those past kMaxLiveMoments are refused to anyone).
+// The events DeviceSession::requestFindingMoments asks live sets for (session.h findingMoments;
+// the OOMs' too, every one: those past kMaxLiveMoments are refused to anyone).
 std::vector<int64_t> findingLiveEvents(const DeviceFacts& facts);
 // Takes the live sets at `events` out of visited facts again: a moment that holds no layout is
 // removed, another keeps its layout without the live set.

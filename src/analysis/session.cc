@@ -208,19 +208,24 @@ bool DeviceSession::requestLayout(int64_t event, uint32_t reason) {
                  static_cast<int64_t>(facts_.events.size()));
 }
 
+std::vector<FindingMoment> findingMoments(const DeviceFacts& f) {
+  const replay::DeviceSummary& s = f.summary;
+  const auto n = static_cast<int64_t>(f.events.size());
+  std::vector<FindingMoment> out = {
+      {s.peak_requested.event, kMomentPeakRequested},
+      {s.peak_active.event, kMomentPeakActive},
+      {f.iterations.empty() ? -1 : f.iterations.front().first_event - 1,
+       kMomentBeforeFirstIteration},
+      {n - 1, kMomentEnd}};
+  for (const auto& o : s.ooms) out.push_back({o.event, kMomentOom});
+  return out;
+}
+
 void DeviceSession::requestFindingMoments(size_t layout_ooms) {
-  const replay::DeviceSummary& s = facts_.summary;
-  const int64_t n = static_cast<int64_t>(facts_.events.size());
-  // The few fixed moments first, so that a device with more OOMs than kMaxLiveMoments still has
-  // its peaks; then the OOMs in order.
-  requestLive(s.peak_requested.event, kMomentPeakRequested);
-  requestLive(s.peak_active.event, kMomentPeakActive);
-  requestLive(facts_.iterations.empty() ? -1 : facts_.iterations.front().first_event - 1,
-              kMomentBeforeFirstIteration);
-  requestLive(n - 1, kMomentEnd);
-  for (size_t k = 0; k < s.ooms.size(); ++k) {
-    requestLive(s.ooms[k].event, kMomentOom);
-    if (k < layout_ooms) requestLayout(s.ooms[k].event, kMomentOom);
+  size_t ooms = 0;
+  for (const FindingMoment& m : findingMoments(facts_)) {
+    requestLive(m.event, m.reason);
+    if (m.reason == kMomentOom && ooms++ < layout_ooms) requestLayout(m.event, kMomentOom);
   }
 }
 

@@ -157,6 +157,17 @@ inline constexpr size_t kMaxCopiedBlocks = size_t{1} << 22;
 // OOMs per device whose finding reads the block layout (the first ones), by default.
 inline constexpr size_t kLayoutOoms = 16;
 
+// The live sets findings.h's detectors read, from pass 1's facts, in the order they are asked for:
+// the requested and active peaks, the state before the first iteration, the end, then every OOM
+// (the few fixed moments first, so a device with more OOMs than kMaxLiveMoments keeps its peaks).
+// DeviceSession::requestFindingMoments asks for these; the report's baseline profile removes them
+// again (analyze.h findingLiveEvents). The one list of them.
+struct FindingMoment {
+  int64_t event = -1;
+  uint32_t reason = 0;  // MomentReason
+};
+std::vector<FindingMoment> findingMoments(const DeviceFacts& facts);
+
 // The allocation table from the events alone: every alloc in event order with its request, stack,
 // stream and the first free_requested / free_completed of its address before the address is
 // allocated again (`freed`); iteration -1 and category Unknown (eventFacts fills both). With
