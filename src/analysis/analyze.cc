@@ -211,11 +211,11 @@ std::vector<DeviceFacts> visitSessions(
     const std::function<void(size_t, DeviceFacts&)>& after) {
   std::vector<std::unique_ptr<DeviceSession>> sessions(devices.size());
   std::vector<DeviceFacts> facts(devices.size());
+  SessionOptions so = session_options;
+  so.checkpoints = false;  // every device's session lives until its visit (SessionOptions)
   forEachDeviceTwoRounds(
       devices, sessionThreadsFor(snap, devices, threads),
-      [&](size_t i) {
-        sessions[i] = std::make_unique<DeviceSession>(snap, devices[i], session_options);
-      },
+      [&](size_t i) { sessions[i] = std::make_unique<DeviceSession>(snap, devices[i], so); },
       [&] {
         std::vector<const DeviceFacts*> pass1;
         pass1.reserve(sessions.size());

@@ -189,8 +189,10 @@ inline constexpr size_t kMinCheckpointSpacing = 1024;
 
 struct SessionOptions {
   bool series = false;  // keep the counters after every event (timeline, report, exports)
-  // Checkpoints for pass 2 (kMinCheckpointSpacing). Off only to compare with the walk from the
-  // start (tests): the facts are the same either way.
+  // Checkpoints for pass 2 (kMinCheckpointSpacing); the facts are the same either way. Off where
+  // the sessions of many devices are alive at once between pass 1 and pass 2 (visitSessions, the
+  // report's buildReportData): each replayer's copies (up to kMaxCheckpointSlots) would then add
+  // up over every device instead of over the threads.
   bool checkpoints = true;
 };
 

@@ -258,8 +258,10 @@ TEST(ParallelAnalysis, VisitSessionsIsASerialLoopOnAnyThreadCount) {
     };
     replay::resetPassStats();
     std::vector<DeviceFacts> serial;
+    SessionOptions serial_so = so;
+    serial_so.checkpoints = false;  // as visitSessions' sessions (alive together) are
     for (int64_t d : snap.devices()) {
-      DeviceSession session(snap, d, so);
+      DeviceSession session(snap, d, serial_so);
       session.requestLive(session.facts().summary.peak_requested.event, kMomentPeakRequested);
       session.requestFindingMoments(kLayoutOoms);
       serial.push_back(session.take());

@@ -409,5 +409,42 @@ TEST(Session, MomentsFromCheckpointsEqualTheWalkFromTheStart) {
   EXPECT_EQ(f.summary.peak_requested.event, g.summary.peak_requested.event);
 }
 
+// visitSessions keeps every device's session from pass 1 to its visit, so its sessions keep no
+// checkpoints (SessionOptions::checkpoints): pass 2 steps what the walk from the start steps, where
+// a session with checkpoints steps fewer events. Fails if the copies are kept there (their memory
+// would add up over every device of a report).
+TEST(Session, SessionsAliveTogetherKeepNoCheckpoints) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  ModelBuilder m;
+  for (int64_t d = 0; d < 2; ++d) {
+    m.device(d).segmentAlloc(kB, 64 * kMiB, {.time_us = 1});
+    int64_t t = 2;
+    for (int k = 0; k < 3000; ++k) {
+      const uint64_t addr = kB + static_cast<uint64_t>((k * 7) % 53) * kMiB;
+      m.alloc(addr, kMiB / 2, {.time_us = t++, .frames = a});
+      if (k % 5 != 0) m.free(addr, kMiB / 2, {.time_us = t++});
+    }
+  }
+  const auto snap = m.build();
+  const auto n = static_cast<int64_t>(snap.trace(0).size());
+  auto ask = [&](DeviceSession& s) {
+    for (int64_t e : {n / 3, n / 2, n - 2}) EXPECT_TRUE(s.requestLive(e, kMomentAt));
+  };
+  auto stepped = [&](bool checkpoints) {
+    SessionOptions o;
+    o.checkpoints = checkpoints;
+    DeviceSession s(snap, 0, o);
+    ask(s);
+    s.visit();
+    return s.facts().passes.events_stepped;
+  };
+  const std::vector<DeviceFacts> together = visitSessions(
+      snap, {0, 1}, SessionOptions{}, 1, [](const std::vector<const DeviceFacts*>&) {},
+      [&](size_t, DeviceSession& s) { ask(s); }, [](size_t, DeviceFacts&) {});
+  ASSERT_EQ(together.size(), 2u);
+  EXPECT_LT(stepped(true), stepped(false));
+  EXPECT_EQ(together[0].passes.events_stepped, stepped(false));
+}
+
 }  // namespace
 }  // namespace memforensics::analysis

@@ -1083,6 +1083,7 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
   std::vector<const DeviceFacts*> pass1;
   SessionOptions so;
   so.series = true;
+  so.checkpoints = false;  // every device's session lives until its visit (SessionOptions)
   for (int64_t d : snap.devices()) {
     if (opt.device && *opt.device != d) continue;
     sessions.push_back(std::make_unique<DeviceSession>(snap, d, so));
