@@ -168,21 +168,6 @@ void forEachDeviceTwoRounds(const std::vector<int64_t>& devices, size_t threads,
   for (size_t i = 0; i < devices.size(); ++i) addPasses(replay::passStats()[devices[i]], passes[i]);
 }
 
-const replay::Peak& profilePeak(const replay::DeviceSummary& s, size_t k) {
-  switch (static_cast<PeakKind>(k)) {
-    case PeakKind::Reserved:
-      return s.peak_reserved;
-    case PeakKind::Requested:
-      return s.peak_requested;
-    case PeakKind::Allocated:
-      return s.peak_allocated;
-  }
-  return s.peak_reserved;
-}
-// compare.cc's reasons of the three peaks' moments (PeakKind order).
-constexpr uint32_t kProfilePeakReasons[kPeakKinds] = {kMomentPeakReserved, kMomentPeakRequested,
-                                                      kMomentPeakAllocated};
-
 }  // namespace
 
 std::vector<int64_t> selectedDevices(const format::Snapshot& snap, std::optional<int64_t> device) {
@@ -249,7 +234,7 @@ TimelineResult computeTimelineOn(const format::Snapshot& snap, const TimelineOpt
 void requestProfilePeaks(DeviceSession& session) {
   const auto& s = session.facts().summary;
   for (size_t k = 0; k < kPeakKinds; ++k)
-    session.requestLive(profilePeak(s, k).event, kProfilePeakReasons[k]);
+    session.requestLive(summaryPeak(s, static_cast<PeakKind>(k)).event, kPeakReasons[k]);
 }
 
 bool profileFactsComplete(const DeviceFacts& facts) {
@@ -257,7 +242,7 @@ bool profileFactsComplete(const DeviceFacts& facts) {
     if (m.over_budget) return false;
   }
   for (size_t k = 0; k < kPeakKinds; ++k) {
-    const MomentFacts* m = facts.at(profilePeak(facts.summary, k).event);
+    const MomentFacts* m = facts.at(summaryPeak(facts.summary, static_cast<PeakKind>(k)).event);
     if (m == nullptr || !m->has_live) return false;
   }
   return true;

@@ -12,11 +12,6 @@
 
 namespace memforensics::analysis {
 
-namespace {
-
-constexpr uint32_t kPeakReasons[kPeakKinds] = {kMomentPeakReserved, kMomentPeakRequested,
-                                               kMomentPeakAllocated};
-
 const replay::Peak& summaryPeak(const replay::DeviceSummary& s, PeakKind k) {
   switch (k) {
     case PeakKind::Reserved:
@@ -28,6 +23,8 @@ const replay::Peak& summaryPeak(const replay::DeviceSummary& s, PeakKind k) {
   }
   return s.peak_reserved;
 }
+
+namespace {
 
 // Exact key: file, function and line of every frame; Loose: file and function; BaseName: the
 // file's last path component and the function (another checkout of the same code).
@@ -153,10 +150,7 @@ RunProfile profileSnapshot(const format::Snapshot& snap, const ProfileOptions& o
   for (int64_t d : snap.devices()) {
     if (options.device && *options.device != d) continue;
     DeviceSession session(snap, d);
-    const auto& s = session.facts().summary;
-    for (size_t k = 0; k < kPeakKinds; ++k) {
-      session.requestLive(summaryPeak(s, static_cast<PeakKind>(k)).event, kPeakReasons[k]);
-    }
+    requestProfilePeaks(session);
     session.requestFindingMoments(kLayoutOoms);
     job.devices.emplace_back();
     out.devices.push_back(profileDevice(snap, session.take(), &job.devices.back()));

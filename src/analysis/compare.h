@@ -49,6 +49,11 @@ inline constexpr size_t kDiffSegmentsListed = 20;
 enum class PeakKind : uint8_t { Reserved, Requested, Allocated };
 inline constexpr size_t kPeakKinds = 3;
 std::string_view peakKindName(PeakKind k);  // "reserved" / "requested" / "allocated"
+// The summary's peak of kind k, and the reason a session is asked for its live set with (by
+// PeakKind): what a profile reads (analyze.h requestProfilePeaks).
+const replay::Peak& summaryPeak(const replay::DeviceSummary& s, PeakKind k);
+inline constexpr uint32_t kPeakReasons[kPeakKinds] = {kMomentPeakReserved, kMomentPeakRequested,
+                                                      kMomentPeakAllocated};
 
 struct ProfileGroup {
   std::vector<FrameText> frames;  // userFrames(stack, kCompareFrames): the key
