@@ -32,6 +32,7 @@
 #include "cli/options.h"
 #include "cli/output.h"
 #include "cli/threads.h"
+#include "common/memory.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
 #include "format/model/dump.h"
@@ -326,6 +327,8 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
+  // Before anything allocates much: freed memory is reused, not unmapped (common/memory.h).
+  mf::configureAllocator();
   mf::cli::installStdout();
   int rc = kExitError;
   // Memory running out anywhere (a hostile input the budgets did not stop, a real file larger than

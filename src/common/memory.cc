@@ -6,6 +6,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace memforensics {
 
@@ -19,6 +22,33 @@ void adviseHugePages(void* p, size_t bytes) {
   (void)p;
   (void)bytes;
 #endif
+}
+
+AllocatorSettings defaultAllocatorSettings() {
+  AllocatorSettings s;
+  s.mmap_threshold = size_t{32} << 20;
+  s.trim_threshold = size_t{128} << 20;
+  s.top_pad = size_t{64} << 20;
+  return s;
+}
+
+AllocatorSettings configureAllocator(const AllocatorSettings& settings) {
+  AllocatorSettings out = settings;
+  out.applied = false;
+#if defined(__GLIBC__)
+  auto set = [](int param, size_t value) {
+    if (value == 0) return true;
+    if (value > static_cast<size_t>(INT32_MAX)) return false;
+    return ::mallopt(param, static_cast<int>(value)) == 1;
+  };
+  // M_MMAP_THRESHOLD first: setting it also turns off glibc's dynamic adjustment of both
+  // thresholds, which would otherwise move them after the first large free.
+  bool ok = set(M_MMAP_THRESHOLD, settings.mmap_threshold);
+  ok = set(M_TRIM_THRESHOLD, settings.trim_threshold) && ok;
+  ok = set(M_TOP_PAD, settings.top_pad) && ok;
+  out.applied = ok;
+#endif
+  return out;
 }
 
 }  // namespace memforensics

@@ -1,10 +1,14 @@
 // memory_prefault_test.cc: common/prefault.h populates ahead of the writer, within its window, and
 // never changes what the buffer holds.
 #include <gtest/gtest.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -95,6 +99,51 @@ TEST(MemoryPrefault, GrowForTracksTheNewBufferAndKeepsTheElements) {
   }
   pf.stop();
   for (uint64_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], i * 3);
+}
+
+// configureAllocator: a block of a few MB is carved from the arena (glibc's default would map it
+// on its own from 128 KiB up, and unmap it on free), and what is freed stays in the arena for the
+// next block, so that the next device's analysis reuses the pages the last one touched.
+TEST(MemoryAllocator, MediumBlocksComeFromTheArenaAndFreedMemoryIsKept) {
+  AllocatorSettings want = defaultAllocatorSettings();
+  EXPECT_EQ(want.mmap_threshold, size_t{32} << 20);
+  EXPECT_EQ(want.trim_threshold, size_t{128} << 20);
+  EXPECT_EQ(want.top_pad, size_t{64} << 20);
+  AllocatorSettings got = configureAllocator();
+  EXPECT_EQ(got.mmap_threshold, want.mmap_threshold);
+  EXPECT_EQ(got.trim_threshold, want.trim_threshold);
+  EXPECT_EQ(got.top_pad, want.top_pad);
+#if defined(__GLIBC__)
+  ASSERT_TRUE(got.applied);
+  size_t mapped_before = ::mallinfo2().hblks;
+  constexpr size_t kBlock = size_t{4} << 20;
+  auto* a = static_cast<uint8_t*>(std::malloc(kBlock));
+  ASSERT_NE(a, nullptr);
+  std::memset(a, 1, kBlock);
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before);  // not a mapping of its own
+  std::free(a);
+  EXPECT_GE(::mallinfo2().fordblks, kBlock);  // kept in the arena, not given back
+  auto* b = static_cast<uint8_t*>(std::malloc(kBlock));
+  ASSERT_NE(b, nullptr);
+  std::memset(b, 2, 4096);
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before);
+  std::free(b);
+  // Blocks larger than the free memory at the arena's top and past the threshold are still
+  // mapped on their own (and so unmapped when freed).
+  auto* c = static_cast<uint8_t*>(std::malloc(size_t{256} << 20));
+  ASSERT_NE(c, nullptr);
+  std::memset(c, 1, 4096);
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before + 1);
+  std::free(c);
+  EXPECT_EQ(::mallinfo2().hblks, mapped_before);
+  // A setting the allocator refuses is reported, not hidden.
+  AllocatorSettings bad;
+  bad.mmap_threshold = size_t{1} << 40;
+  EXPECT_FALSE(configureAllocator(bad).applied);
+  configureAllocator();
+#else
+  EXPECT_FALSE(got.applied);
+#endif
 }
 
 }  // namespace
