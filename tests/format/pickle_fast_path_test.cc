@@ -913,5 +913,25 @@ TEST(PickleFastPath, ShapedPathFallsBackOnAnyOtherEntry) {
   }
 }
 
+// A large input has its pages mapped by a thread ahead of the parse (InputPrefetcher): the same
+// snapshot as the bytes without the padding, and never more than the prefetcher's window
+// (16 MiB) plus one chunk past where the parse reported being (here: 200,000 entries, about 8 MB,
+// then 40 MB of zeros after STOP, which the parse never reaches).
+TEST(PickleFastPath, InputPrefetchStaysWithinItsWindowAndChangesNothing) {
+  auto bytes = shapedTrace(200000, pyTorchEntry);
+  const size_t pickle_bytes = bytes.size();
+  auto plain = readWith(bytes, true);
+  ASSERT_TRUE(plain.ok()) << plain.error().describe();
+  bytes.resize(pickle_bytes + (size_t{40} << 20), 0);
+  for (bool fast : {true, false}) {
+    PickleReadStats st;
+    auto padded = readWith(bytes, fast, &st);
+    ASSERT_TRUE(padded.ok()) << padded.error().describe();
+    EXPECT_EQ(sameIds(*plain, *padded), "");
+    EXPECT_EQ(padded->events.size(), plain->events.size());
+    EXPECT_LE(st.input_prefetched_bytes, pickle_bytes + (size_t{16} << 20) + (size_t{1} << 20));
+  }
+}
+
 }  // namespace
 }  // namespace memforensics::format

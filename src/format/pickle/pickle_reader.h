@@ -52,6 +52,9 @@ struct PickleReadStats {
   uint64_t fast_fallbacks = 0;    // dicts that started like a trace entry, read by the generic path
   uint64_t fast_frames_runs = 0;  // frames lists the fast path found in its cache of runs
   uint64_t fast_shaped = 0;       // of fast_entries, those the shaped path read (section 2c)
+  // Input bytes whose pages a thread mapped ahead of the parse (pickle_reader.cc, InputPrefetcher;
+  // 0 for small inputs or where the kernel has no MADV_POPULATE_READ).
+  uint64_t input_prefetched_bytes = 0;
 };
 
 struct PickleReadOptions {
