@@ -1,18 +1,116 @@
 // memory.cc: see memory.h.
 #include "common/memory.h"
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 #if defined(__GLIBC__)
 #include <malloc.h>
+#include <unistd.h>
 #endif
 
 namespace memforensics {
 
+namespace {
+
+std::atomic<bool> g_heap_huge{false};
+std::mutex g_heap_mu;
+
+#if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
+// [begin, end) of the process's brk heap (the main arena), from /proc/self/maps.
+bool mainHeapRange(uintptr_t& begin, uintptr_t& end) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  char line[512];
+  bool found = false;
+  // The heap is one mapping or, once advised in part, several adjacent ones.
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    bool heap = std::strstr(line, "[heap]") != nullptr;
+    if (!heap) {
+      if (found) break;
+      continue;
+    }
+    unsigned long long b = 0, e = 0;
+    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2 || e <= b) break;
+    if (!found)
+      begin = static_cast<uintptr_t>(b);
+    else if (static_cast<uintptr_t>(b) != end)
+      break;
+    end = static_cast<uintptr_t>(e);
+    found = true;
+  }
+  std::fclose(f);
+  return found;
+}
+
+std::atomic<void*> g_sink{nullptr};  // keeps the compiler from eliding the growing malloc
+#endif
+
+}  // namespace
+
+bool heapHugePagesOn() {
+  return g_heap_huge.load(std::memory_order_relaxed);
+}
+
+size_t enableHeapHugePages() {
+#if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
+  std::lock_guard<std::mutex> lock(g_heap_mu);
+  g_heap_huge.store(true, std::memory_order_relaxed);
+  // Grow the main arena's top (a block from it, freed at once: with configureAllocator's settings
+  // the top is kept, not trimmed), then advise the whole brk heap, which is untouched address
+  // space past what is in use.
+  void* grow = std::malloc(kHeapReserveBytes);
+  g_sink.store(grow, std::memory_order_relaxed);
+  std::free(grow);
+  uintptr_t begin = 0, end = 0;
+  if (!mainHeapRange(begin, end)) return 0;
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  uintptr_t b = (begin + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t e = end & ~(kHuge - 1);
+  if (e <= b) return 0;
+  if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) != 0) return 0;
+  return e - b;
+#else
+  g_heap_huge.store(true, std::memory_order_relaxed);
+  return 0;
+#endif
+}
+
+size_t adviseThreadHeapHugePages() {
+#if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
+  if (!heapHugePagesOn()) return 0;
+  constexpr uintptr_t kHeapMax = uintptr_t{64} << 20;  // glibc's HEAP_MAX_SIZE on 64-bit
+  void* probe = std::malloc(64);
+  if (probe == nullptr) return 0;
+  g_sink.store(probe, std::memory_order_relaxed);
+  auto at = reinterpret_cast<uintptr_t>(probe);
+  std::free(probe);
+  uintptr_t begin = 0, end = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_heap_mu);
+    if (!mainHeapRange(begin, end)) return 0;
+  }
+  if (at >= begin && at < end) return 0;  // the main arena: enableHeapHugePages advised it
+  uintptr_t base = at & ~(kHeapMax - 1);
+  // The whole reservation (its part not yet writable too: mprotect keeps the advice).
+  if (::madvise(reinterpret_cast<void*>(base), kHeapMax, MADV_HUGEPAGE) != 0) return 0;
+  return kHeapMax;
+#else
+  return 0;
+#endif
+}
+
 void adviseHugePages(void* p, size_t bytes) {
+  // A large array: the input is large, so the heap gets huge pages too (and is advised again as
+  // far as it has grown since the last large array).
+  if (bytes >= (size_t{8} << 20)) enableHeapHugePages();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);

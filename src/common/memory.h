@@ -39,6 +39,29 @@ AllocatorSettings defaultAllocatorSettings();
 AllocatorSettings configureAllocator(
     const AllocatorSettings& settings = defaultAllocatorSettings());
 
+// Transparent huge pages for the allocator's arenas (what glibc's GLIBC_TUNABLES
+// glibc.malloc.hugetlb=1 does, which users do not set): a first touch of fresh heap memory then
+// costs one fault per 2 MB instead of one per 4 KB. Off until the process handles a large input:
+// the first adviseHugePages of at least 8 MiB (a loader reserving a large array) turns it on, so a
+// small file's heap stays in 4 KB pages (its RSS would grow by a few partly used huge pages).
+// Once on: the main arena's heap is grown to keep kHeapReserveBytes free at its top (address
+// space, untouched) and advised; each pool thread advises its own arena's heap when it starts
+// (adviseThreadHeapHugePages, called by common/parallel.cc). Hints: nothing changes where they
+// are unsupported or the allocator is not glibc's.
+inline constexpr size_t kHeapReserveBytes = size_t{30} << 20;
+
+// Whether the arenas' huge-page mode is on (see above).
+bool heapHugePagesOn();
+
+// Turns the mode on (once; later calls re-advise the main heap as it has grown since) and
+// returns the bytes of the main arena's heap advised, 0 where nothing could be.
+size_t enableHeapHugePages();
+
+// With the mode on, advises the heap of the calling thread's arena (a glibc arena other than the
+// main one is one 64 MiB reservation, aligned to its size); returns the bytes advised (0 when the
+// mode is off, the thread uses the main arena, or nothing could be).
+size_t adviseThreadHeapHugePages();
+
 template <typename T>
 void reserveHuge(std::vector<T>& v, size_t n) {
   v.reserve(n);

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/memory.h"
+
 namespace memforensics {
 
 size_t workerCount(size_t threads, size_t count) {
@@ -49,7 +51,10 @@ void parallelFor(size_t count, size_t threads, const std::function<void(size_t)>
   pool.reserve(workers - 1);
   for (size_t t = 1; t < workers; ++t) {
     try {
-      pool.emplace_back(work);
+      pool.emplace_back([&work] {
+        adviseThreadHeapHugePages();
+        work();
+      });
     } catch (...) {
       // No more threads (system_error, or bad_alloc for the thread's state): the ones started
       // and the caller do the rest; letting it escape would destroy joinable threads (abort).
@@ -124,7 +129,10 @@ void parallelForTwoRounds(size_t count, size_t threads, const std::function<void
   pool.reserve(workers - 1);
   for (size_t t = 1; t < workers; ++t) {
     try {
-      pool.emplace_back(helper);
+      pool.emplace_back([&helper] {
+        adviseThreadHeapHugePages();
+        helper();
+      });
     } catch (...) {
       break;  // as in parallelFor: the threads started and the caller do the rest
     }

@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/memory.h"
@@ -143,6 +147,72 @@ TEST(MemoryAllocator, MediumBlocksComeFromTheArenaAndFreedMemoryIsKept) {
   configureAllocator();
 #else
   EXPECT_FALSE(got.applied);
+#endif
+}
+
+// The VmFlags line of the mapping of /proc/self/smaps that holds `addr` ("" when none does).
+std::string vmFlagsAt(uintptr_t addr) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    unsigned long long b = 0, e = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (line.find("VmFlags:") == 0) {
+      if (inside) return line;
+      continue;
+    }
+    if (head >> std::hex >> b >> dash >> e && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = addr >= b && addr < e;
+    }
+  }
+  return "";
+}
+
+bool hugePageAdvised(uintptr_t addr) {
+  std::string flags = vmFlagsAt(addr);
+  return flags.find(" hg") != std::string::npos;
+}
+
+// A large array turns the arenas' huge-page mode on: the main arena's heap is advised (with room
+// grown at its top), and a pool thread's arena heap is advised when the thread asks.
+TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
+  configureAllocator();
+  std::vector<uint64_t> big;
+  reserveHuge(big, (size_t{16} << 20) / sizeof(uint64_t));
+  EXPECT_TRUE(heapHugePagesOn());
+#if defined(__linux__) && defined(__GLIBC__)
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.find("[never]") != std::string::npos || mode.empty()) GTEST_SKIP() << "THP off";
+  size_t advised = enableHeapHugePages();
+  EXPECT_GE(advised, kHeapReserveBytes);
+  // A block from the arena's top (not a 64-byte one: those may come from the heap's first, partly
+  // used huge page, which is left alone).
+  auto* small = static_cast<uint8_t*>(std::malloc(size_t{1} << 20));
+  ASSERT_NE(small, nullptr);
+  small[0] = 1;
+  EXPECT_TRUE(hugePageAdvised(reinterpret_cast<uintptr_t>(small)))
+      << vmFlagsAt(reinterpret_cast<uintptr_t>(small));
+  std::free(small);
+  size_t thread_advised = 0;
+  bool thread_flag = false;
+  std::thread t([&] {
+    thread_advised = adviseThreadHeapHugePages();
+    auto* q = static_cast<uint8_t*>(std::malloc(size_t{1} << 20));
+    if (q != nullptr) {
+      q[0] = 1;
+      thread_flag = hugePageAdvised(reinterpret_cast<uintptr_t>(q));
+    }
+    std::free(q);
+  });
+  t.join();
+  // A new thread gets an arena of its own (or the main one, advised above, where glibc capped
+  // the arenas): either way its blocks lie in advised memory.
+  EXPECT_TRUE(thread_advised == size_t{64} << 20 || thread_advised == 0);
+  EXPECT_TRUE(thread_flag);
 #endif
 }
 
