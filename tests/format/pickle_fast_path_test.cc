@@ -915,7 +915,7 @@ TEST(PickleFastPath, ShapedPathFallsBackOnAnyOtherEntry) {
 
 // A large input has its pages mapped by a thread ahead of the parse (InputPrefetcher): the same
 // snapshot as the bytes without the padding, and never more than the prefetcher's window
-// (16 MiB) plus one chunk past where the parse reported being (here: 200,000 entries, about 8 MB,
+// (8 MiB) plus one chunk past where the parse reported being (here: 200,000 entries, about 8 MB,
 // then 40 MB of zeros after STOP, which the parse never reaches).
 TEST(PickleFastPath, InputPrefetchStaysWithinItsWindowAndChangesNothing) {
   auto bytes = shapedTrace(200000, pyTorchEntry);
@@ -929,7 +929,40 @@ TEST(PickleFastPath, InputPrefetchStaysWithinItsWindowAndChangesNothing) {
     ASSERT_TRUE(padded.ok()) << padded.error().describe();
     EXPECT_EQ(sameIds(*plain, *padded), "");
     EXPECT_EQ(padded->events.size(), plain->events.size());
-    EXPECT_LE(st.input_prefetched_bytes, pickle_bytes + (size_t{16} << 20) + (size_t{1} << 20));
+    EXPECT_LE(st.input_prefetched_bytes, pickle_bytes + (size_t{8} << 20) + (size_t{1} << 20));
+  }
+}
+
+// The generic containers' items come from the reader's arena (ItemArena): 40,000 segments of 3
+// blocks (160,000 small dicts and lists, past the arena's first chunks and into the 8 MiB ones the
+// prefaulter populates) and one segment of 150,000 blocks (a list appended to in batches of 1,000,
+// whose vector grows in the arena and then outgrows it), in protocols 2 and 4: the snapshot the
+// builder describes.
+TEST(PickleFastPath, ManyGenericContainersReadFromTheArena) {
+  for (int protocol : {2, 4}) {
+    TSnapshot t;
+    t.protocol = protocol;
+    for (uint64_t i = 0; i < 40000; ++i) {
+      t.segments.push_back({static_cast<int64_t>(i % 3),
+                            0x100000000ULL + i * 0x10000,
+                            0,
+                            "small",
+                            {{512, 500, "active_allocated", {{"x.py", i % 7, "f"}}},
+                             {1024, 0, "inactive", {}},
+                             {0x10000 - 1536, 0, "inactive", {}}}});
+    }
+    testing::TSegment big{0, 0x900000000000ULL, 0, "large", {}};
+    for (uint64_t i = 0; i < 150000; ++i) big.blocks.push_back({512, 512, "active_allocated", {}});
+    t.segments.push_back(big);
+    t.traces.push_back({{"alloc", 0x100000000ULL, 512, 0, 5, {{"x.py", 3, "h"}}, true}});
+    const auto bytes = buildPickle(t);
+    for (bool fast : {true, false}) {
+      auto s = readWith(bytes, fast);
+      ASSERT_TRUE(s.ok()) << s.error().describe();
+      EXPECT_EQ(testing::snapshotDiff(testing::buildSnapshot(t), *s), "")
+          << "protocol " << protocol << (fast ? " fast" : " generic");
+      EXPECT_EQ(s->blocks.size(), 40000u * 3 + 150000u);
+    }
   }
 }
 
