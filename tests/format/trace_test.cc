@@ -900,6 +900,166 @@ TEST(TraceParallel, InterleavedDevicesAreReadOnThreadsAsTheSerialReaderGroupsThe
   }
 }
 
+// The chunks of `bin` (offsets of their headers), up to and with the trailer.
+std::vector<size_t> chunkOffsets(const std::vector<uint8_t>& bin) {
+  std::vector<size_t> at;
+  size_t pos = kHeaderSize;
+  while (pos + kChunkHeaderSize <= bin.size()) {
+    at.push_back(pos);
+    const uint8_t type = bin[pos];
+    pos += kChunkHeaderSize + getU32(bin.data() + pos + 4);
+    if (type == static_cast<uint8_t>(ChunkType::Trailer)) break;
+  }
+  return at;
+}
+
+// `bin` with the `remove` bytes at `at` replaced by an uncompressed chunk of `type` holding
+// `payload`, with a valid checksum.
+std::vector<uint8_t> withChunk(const std::vector<uint8_t>& bin, size_t at, size_t remove,
+                               ChunkType type, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(bin.begin(), bin.begin() + static_cast<ptrdiff_t>(at));
+  uint8_t h[kChunkHeaderSize] = {static_cast<uint8_t>(type), 0, 0, 0};
+  putU32(h + 4, static_cast<uint32_t>(payload.size()));
+  uint32_t crc = crc32c(0, h, 8);
+  crc = crc32c(crc, payload.data(), payload.size());
+  putU32(h + 8, crc);
+  out.insert(out.end(), h, h + kChunkHeaderSize);
+  out.insert(out.end(), payload.begin(), payload.end());
+  out.insert(out.end(), bin.begin() + static_cast<ptrdiff_t>(at + remove), bin.end());
+  return out;
+}
+
+void putVar(std::vector<uint8_t>& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+TEST(TraceParallel, CheckpointAndSegmentsChunksCheckedOnThreadsGiveTheSerialResult) {
+  // Checkpoint chunks are checked and the Segments chunk decoded on the loading threads against
+  // no tables; the reader accepts them only when the stacks and strings they refer to are
+  // defined when it reaches them. Forged chunks (valid checksums) that refer to stacks not
+  // defined there must give the serial reader's error, those that do not its Snapshot.
+  Snapshot s = manyDevices(5, 3000);
+  for (size_t d = 0; d < 3; ++d) {
+    Segment g;
+    g.device = static_cast<int64_t>(d);
+    g.address = (uint64_t{d} << 40) + (1u << 20);
+    g.total_size = 3 * 4096;
+    g.allocated_size = g.active_size = g.requested_size = 4096;
+    g.segment_type = s.strings.intern("large");
+    g.is_large = true;
+    g.first_block = static_cast<uint32_t>(s.blocks.size());
+    g.block_count = 3;
+    for (int k = 0; k < 3; ++k) {
+      s.blocks.push_back(
+          Block{g.address + 4096u * k, 4096, k == 0 ? 4000u : 0u, s.events[d * 3000 + 1 + k].stack,
+                k == 0 ? BlockState::ActiveAllocated : BlockState::Inactive, k == 0});
+    }
+    s.segments.push_back(g);
+  }
+  TraceWriteOptions opt;
+  opt.zstd_level = 0;
+  opt.chunk_bytes = 8192;
+  opt.checkpoint_every = 2000;
+  const auto bin = toTrace(s, opt);
+  size_t checkpoints = 0, first_checkpoint = 0, segments_at = 0, meta_end = 0;
+  for (size_t at : chunkOffsets(bin)) {
+    if (bin[at] == static_cast<uint8_t>(ChunkType::Checkpoint) && checkpoints++ == 0)
+      first_checkpoint = at;
+    if (bin[at] == static_cast<uint8_t>(ChunkType::Segments)) segments_at = at;
+    if (bin[at] == static_cast<uint8_t>(ChunkType::Meta))
+      meta_end = at + kChunkHeaderSize + getU32(bin.data() + at + 4);
+  }
+  ASSERT_GE(checkpoints, 3u);
+  ASSERT_NE(segments_at, 0u);
+  ASSERT_NE(meta_end, 0u);
+  expectSameAsSerial(bin, false, "checkpoints and segments");
+  {
+    LoadOptions lo;
+    lo.threads = 2;
+    auto got = readSnapshotTraceParallelOnly(bin, lo);
+    ASSERT_TRUE(got.has_value());  // read on the threads, not handed to the serial reader
+    ASSERT_TRUE(got->ok());
+    auto ref = readSnapshotTraceSerial(bin);
+    ASSERT_TRUE(ref.ok());
+    EXPECT_EQ(exactDiff(*ref, **got), "");
+    EXPECT_EQ((*got)->blocks.size(), 9u);
+  }
+  const uint64_t undefined = 1u << 20;  // no stack of the file has this id
+  // The first checkpoint moved to right after the Meta chunk, before any Stacks chunk (the chunk
+  // count stays), with one live block on device 0 of stack `stack`.
+  auto checkpoint = [&](uint64_t stack) {
+    std::vector<uint8_t> p;
+    putVar(p, 1);          // devices
+    putVar(p, 0);          // device 0
+    putVar(p, 0);          // events
+    putVar(p, 1);          // live blocks
+    putVar(p, 4096);       // address
+    putVar(p, 512);        // requested
+    putVar(p, stack * 2);  // zigzag stack delta
+    putVar(p, 0);          // stream
+    p.push_back(0);        // not pending
+    putVar(p, 0);          // segments
+    std::vector<uint8_t> moved(bin);
+    moved.erase(moved.begin() + static_cast<ptrdiff_t>(first_checkpoint),
+                moved.begin() + static_cast<ptrdiff_t>(first_checkpoint + kChunkHeaderSize +
+                                                       getU32(bin.data() + first_checkpoint + 4)));
+    return withChunk(moved, meta_end, 0, ChunkType::Checkpoint, p);
+  };
+  for (uint64_t stack : {uint64_t{kTraceRootStack}, uint64_t{2}, undefined}) {
+    const auto forged = checkpoint(stack);
+    const std::string what = "checkpoint with stack " + std::to_string(stack);
+    auto ref = readSnapshotTraceSerial(forged);
+    EXPECT_EQ(ref.ok(), stack == kTraceRootStack)
+        << what << ": " << (ref.ok() ? "" : ref.error().message);
+    expectSameAsSerial(forged, false, what);
+    expectSameAsSerial(forged, true, what + ", salvage");
+  }
+  // The Segments chunk replaced by one segment of one block whose stack is `stack`.
+  auto segments = [&](uint64_t stack) {
+    std::vector<uint8_t> p;
+    putVar(p, 1);                                                // segments
+    putVar(p, 1);                                                // blocks
+    putVar(p, 0);                                                // device
+    for (uint64_t v : {4096, 512, 512, 512, 512}) putVar(p, v);  // address, sizes
+    putVar(p, 0);                                                // stream
+    putVar(p, 0);                                                // pool_a
+    putVar(p, 0);                                                // pool_b
+    putVar(p, kTraceRootStack);                                  // the segment's stack
+    p.push_back(1 | 4);                                          // large, usual type
+    putVar(p, 1);                                                // its blocks
+    putVar(p, 0);                                                // address delta
+    p.push_back(0);                                              // flags: state 0
+    putVar(p, 512);                                              // size
+    putVar(p, stack);                                            // the block's stack
+    const size_t stored = getU32(bin.data() + segments_at + 4);
+    return withChunk(bin, segments_at, kChunkHeaderSize + stored, ChunkType::Segments, p);
+  };
+  for (uint64_t stack : {uint64_t{kTraceRootStack}, undefined}) {
+    const auto forged = segments(stack);
+    const std::string what = "segments with a block of stack " + std::to_string(stack);
+    auto ref = readSnapshotTraceSerial(forged);
+    ASSERT_EQ(ref.ok(), stack == kTraceRootStack) << what << ": " << ref.error().message;
+    if (ref.ok()) EXPECT_EQ(ref->blocks.size(), 1u);
+    expectSameAsSerial(forged, false, what);
+    expectSameAsSerial(forged, true, what + ", salvage");
+  }
+  // Two Segments chunks: the second is refused as before.
+  {
+    const size_t stored = getU32(bin.data() + segments_at + 4);
+    std::vector<uint8_t> copy(
+        bin.begin() + static_cast<ptrdiff_t>(segments_at + kChunkHeaderSize),
+        bin.begin() + static_cast<ptrdiff_t>(segments_at + kChunkHeaderSize + stored));
+    const auto twice = withChunk(bin, segments_at, 0, ChunkType::Segments, copy);
+    ASSERT_FALSE(readSnapshotTraceSerial(twice).ok());
+    expectSameAsSerial(twice, false, "two segments chunks");
+    expectSameAsSerial(twice, true, "two segments chunks, salvage");
+  }
+}
+
 TEST(TraceParallel, ThreadCountIsCapped) {
   EXPECT_EQ(traceLoadThreads(1, 100), 1u);
   EXPECT_EQ(traceLoadThreads(4, 2), 2u);

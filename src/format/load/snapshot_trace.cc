@@ -304,31 +304,43 @@ uint64_t tableBound(const std::vector<trace::PreparedChunk>& prepared,
 }
 
 // The kernel zeroes a fresh page on the thread that first touches it (on the project machine at
-// 1-1.5 GB/s: most of a large load). The events array is populated in pieces of this size on every
-// loading thread before it is filled (madvise MADV_POPULATE_WRITE, Linux 5.14 and later; a no-op
-// elsewhere): the same zeroed pages, installed in parallel.
+// 1-1.5 GB/s: most of a large load). The events array is populated in pieces of this size on the
+// other loading threads (madvise MADV_POPULATE_WRITE, Linux 5.14 and later; a no-op elsewhere),
+// from its end down, while one thread constructs its elements from the start (resize: it faults
+// in itself what is not populated yet): the same zeroed pages, installed in parallel, and the
+// construction's writes in parallel with the zeroing instead of after it.
 constexpr size_t kPopulateBytes = size_t{8} << 20;
 
-void populateInParallel(void* data, size_t bytes, unsigned threads) {
+void resizePopulating(std::vector<Event>& events, size_t count, unsigned threads) {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-  if (threads <= 1 || bytes < 2 * kPopulateBytes) return;  // the writer's own faults do as well
+  const size_t bytes = count * sizeof(Event);
+  if (threads <= 1 || bytes < 2 * kPopulateBytes || count > events.capacity()) {
+    events.resize(count);  // the writer's own faults do as well
+    return;
+  }
   constexpr uintptr_t kPage = 4096;
+  // The storage of the reserved capacity; resize within it does not move it.
+  char* const data = reinterpret_cast<char*>(events.data());
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kPage - 1) & ~(kPage - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kPage - 1);
-  if (end <= begin) return;
+  const size_t pieces = end > begin ? (end - begin + kPopulateBytes - 1) / kPopulateBytes : 0;
   std::atomic<bool> unsupported{false};
-  const size_t pieces = (end - begin + kPopulateBytes - 1) / kPopulateBytes;
-  parallelFor(pieces, threads, [&](size_t i) {
+  // Task 0 constructs; tasks 1..pieces populate the pieces from the last one down (madvise only
+  // installs zeroed pages where none is yet: it leaves the constructed elements as they are).
+  parallelFor(pieces + 1, threads, [&](size_t k) {
+    if (k == 0) {
+      events.resize(count);
+      return;
+    }
     if (unsupported.load(std::memory_order_relaxed)) return;
-    const uintptr_t a = begin + i * kPopulateBytes;
+    const uintptr_t a = begin + (pieces - k) * kPopulateBytes;
     const uintptr_t b = std::min<uintptr_t>(end, a + kPopulateBytes);
     if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0)
       unsupported.store(true, std::memory_order_relaxed);
   });
 #else
-  (void)data;
-  (void)bytes;
   (void)threads;
+  events.resize(count);
 #endif
 }
 
@@ -480,11 +492,26 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       payload_bytes += trace::ChunkPreparer::declaredSize(
           bytes.subspan(c.offset + trace::kChunkHeaderSize, c.stored_size));
     }
-    payloads.reset(new uint8_t[std::max<uint64_t>(payload_bytes, 1)]);
-    if (payload_bytes >= kPopulateBytes) adviseHugePages(payloads.get(), payload_bytes);
+    // A large buffer starts at a 2 MiB boundary inside its allocation and ends before the
+    // allocation's last one, so that huge pages back all of it (a transparent huge page covers
+    // only a whole aligned 2 MiB range: an unaligned start and end were ~600 page faults of 4 KiB
+    // on a 43 MB buffer).
+    constexpr uint64_t kHuge = uint64_t{2} << 20;
+    const bool huge = payload_bytes >= kPopulateBytes;
+    const uint64_t payload_alloc = huge ? (payload_bytes + kHuge - 1) / kHuge * kHuge + kHuge
+                                        : std::max<uint64_t>(payload_bytes, 1);
+    payloads.reset(new uint8_t[payload_alloc]);
+    uint8_t* payload_base = payloads.get();
+    if (huge) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(payload_base);
+      payload_base += ((at + kHuge - 1) & ~uintptr_t{kHuge - 1}) - at;
+      adviseHugePages(payload_base, payload_bytes);
+    }
     parallelFor(n, threads, [&](size_t i) {
-      trace::ChunkPreparer preparer;
-      preparer.prepare(bytes, chunks[i], prepared[i], payloads.get() + payload_at[i]);
+      // One decompression context per thread, not per chunk: each new one's buffers are fresh
+      // memory (page faults).
+      thread_local trace::ChunkPreparer preparer;
+      preparer.prepare(bytes, chunks[i], prepared[i], payload_base + payload_at[i]);
     });
     // 3. The Events chunks, each decoded once straight into its own slice of the events array
     // with the file's ids (the model's ids are known only once every chunk's first references
@@ -507,11 +534,29 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       slots += count;
     }
     reserveHuge(snap.events, static_cast<size_t>(slots));
-    populateInParallel(snap.events.data(), snap.events.capacity() * sizeof(Event), threads);
-    snap.events.resize(static_cast<size_t>(slots));
+    resizePopulating(snap.events, static_cast<size_t>(slots), threads);
     refs.resize(n);
-    parallelFor(n, threads, [&](size_t i) {
+    // The first Segments chunk (a second one is refused by the reader) is decoded ahead with the
+    // Checkpoint chunks, and the model's blocks sized for it, on the threads (step 4 takes them).
+    // That chunk goes first (it is the largest piece of work and the last in the file: taken in
+    // file order it would run alone at the end), then the others in file order.
+    size_t first_segments = n;
+    for (size_t i = 0; i < n && first_segments == n; ++i)
+      if (chunks[i].type == static_cast<uint8_t>(trace::ChunkType::Segments)) first_segments = i;
+    std::vector<size_t> order;
+    order.reserve(n);
+    if (first_segments < n) order.push_back(first_segments);
+    for (size_t i = 0; i < n; ++i)
+      if (i != first_segments) order.push_back(i);
+    parallelFor(n, threads, [&](size_t k) {
+      const size_t i = order[k];
       trace::PreparedChunk& p = prepared[i];
+      if (chunks[i].type == static_cast<uint8_t>(trace::ChunkType::Checkpoint) ||
+          i == first_segments) {
+        trace::precheckChunk(chunks[i].type, p);
+        if (i == first_segments && p.prechecked) snap.blocks.resize(p.blocks.size());
+        return;
+      }
       if (!p.verified || chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events)) return;
       // The file's ids go into the events as they are (step 6 maps them), except the action
       // name of a known action, the model's own string for it.
@@ -841,7 +886,14 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
 
   if (r.hasFinalState()) {
     snap.segments.reserve(r.segments().size());
-    snap.blocks.reserve(r.blocks().size());
+    // Sized on a loading thread when the reader took the Segments chunk decoded there (the
+    // blocks are then written in place, not appended).
+    const bool blocks_sized = snap.blocks.size() == r.blocks().size();
+    if (!blocks_sized) {
+      snap.blocks.clear();
+      snap.blocks.reserve(r.blocks().size());
+    }
+    size_t placed = 0;  // blocks of the segments so far
     for (const trace::TraceSegment& t : r.segments()) {
       Segment g;
       g.device = t.device;
@@ -858,13 +910,22 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           t.usual_type ? snap.strings.intern(t.is_large ? "large" : "small") : str(t.segment_type);
       g.is_large = t.is_large;
       g.is_expandable = t.is_expandable;
-      g.first_block = static_cast<uint32_t>(snap.blocks.size());
+      g.first_block = static_cast<uint32_t>(placed);
       g.block_count = t.block_count;
+      placed += t.block_count;
       uint64_t covered = 0;
       for (uint32_t i = 0; i < t.block_count; ++i) {
         const trace::TraceBlock& b = r.blocks()[t.first_block + i];
-        snap.blocks.push_back(Block{b.address, b.size, b.requested_size, stack(b.stack),
-                                    static_cast<BlockState>(b.state), b.has_requested_size});
+        const Block block{b.address,
+                          b.size,
+                          b.requested_size,
+                          stack(b.stack),
+                          static_cast<BlockState>(b.state),
+                          b.has_requested_size};
+        if (blocks_sized)
+          snap.blocks[t.first_block + i] = block;
+        else
+          snap.blocks.push_back(block);
         covered += b.size;
       }
       if (t.block_count > 0 && covered != t.total_size) {

@@ -324,6 +324,20 @@ bool TraceReader::next() {
     for (const auto& [d, n] : prep->device_events) device_events_read_[d] += n;
     events_read_ += prep->event_count;
     events_deferred_ = true;
+  } else if (prep != nullptr && prep->prechecked && checkpoints_checked_only_ &&
+             c.type == static_cast<uint8_t>(ChunkType::Checkpoint) &&
+             (skip_tables_ || prep->ids.stacks <= stacks_.size())) {
+    // Checked by the caller, its live blocks' stacks all defined so far: as decodeCheckpoint.
+    checkpoint_.clear();
+    ++checkpoints_read_;
+  } else if (prep != nullptr && prep->prechecked && !has_final_state_ &&
+             c.type == static_cast<uint8_t>(ChunkType::Segments) &&
+             prep->ids.stacks <= stacks_.size() && prep->ids.strings <= string_views_.size()) {
+    // Decoded by the caller, its stacks and strings all defined so far: as decodeSegments.
+    PreparedChunk& mine = prepared_[prepared_next_];
+    segments_ = std::move(mine.segments);
+    blocks_ = std::move(mine.blocks);
+    has_final_state_ = true;
   } else {
     s = decode(static_cast<ChunkType>(c.type), payload);
   }
@@ -606,14 +620,20 @@ Status TraceReader::decodeAnnotations(std::span<const uint8_t> p) {
   return Status::Ok();
 }
 
-Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
-  if (has_final_state_) return bad("a second segments chunk");
+namespace {
+
+// decodeSegments' checks with tables of `nstacks` stacks and `nstrings` strings, into segs and
+// blocks; `ids` gets 1 + the largest stack and string id referred to.
+Status parseSegments(std::span<const uint8_t> p, uint64_t nstacks, uint64_t nstrings,
+                     std::vector<TraceSegment>& segs, std::vector<TraceBlock>& blocks,
+                     IdExtent& ids) {
   Cursor c(p);
   uint64_t nseg = c.var(), nblk = c.var();
   if (!c.ok || nseg > c.left() / 12 || nblk > c.left() / 4)
     return bad("segment or block count does not fit the chunk");
-  std::vector<TraceSegment> segs;
-  std::vector<TraceBlock> blocks;
+  segs.clear();
+  blocks.clear();
+  ids = IdExtent{};
   segs.reserve(nseg);
   blocks.reserve(nblk);
   for (uint64_t i = 0; i < nseg; ++i) {
@@ -633,8 +653,10 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
     uint64_t type = (flags & 4) ? 0 : c.var();
     uint64_t count = c.var();
     if (!c.ok) return bad(which + ": " + c.failure());
-    if (stack >= stacks_.size() || type >= string_views_.size())
+    if (stack >= nstacks || type >= nstrings)
       return bad(which + " refers to an undefined stack or string");
+    ids.stacks = std::max(ids.stacks, stack + 1);
+    ids.strings = std::max(ids.strings, type + 1);
     if (count > nblk - blocks.size())
       return bad(which + " has more blocks than the chunk declares");
     g.stack = static_cast<uint32_t>(stack);
@@ -665,8 +687,9 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
       }
       uint64_t bstack = c.var();
       if (!c.ok) return bad(which + " block " + std::to_string(k) + ": " + c.failure());
-      if (bstack >= stacks_.size())
+      if (bstack >= nstacks)
         return bad(which + " block " + std::to_string(k) + " refers to an undefined stack");
+      ids.stacks = std::max(ids.stacks, bstack + 1);
       b.stack = static_cast<uint32_t>(bstack);
       cursor = b.address + b.size;
       blocks.push_back(b);
@@ -677,18 +700,17 @@ Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
     return bad("segments hold " + std::to_string(blocks.size()) + " blocks, the chunk declares " +
                std::to_string(nblk));
   if (!c.done()) return bad("bytes after the last segment");
-  segments_ = std::move(segs);
-  blocks_ = std::move(blocks);
-  has_final_state_ = true;
   return Status::Ok();
 }
 
-Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
+// decodeCheckpoint's checks with a table of `nstacks` stacks; the devices' states go into `out`
+// when given. `stacks` gets 1 + the largest stack id of a live block.
+Status parseCheckpoint(std::span<const uint8_t> p, uint64_t nstacks,
+                       std::vector<std::pair<uint32_t, DeviceTraceState>>* out, uint64_t& stacks) {
   Cursor c(p);
+  stacks = 0;
   uint64_t ndev = c.var();
   if (!c.ok || ndev > c.left() / 3 + 1) return bad("device count does not fit the chunk");
-  std::vector<std::pair<uint32_t, DeviceTraceState>> out;
-  const uint64_t nstacks = skip_tables_ ? ~uint64_t{0} : stacks_.size();
   for (uint64_t i = 0; i < ndev; ++i) {
     uint64_t dev = c.var(), events = c.var(), nlive = c.var();
     if (!c.ok || dev >= kMaxDevice || nlive > c.left() / 5)
@@ -710,9 +732,10 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
                    " is malformed");
       }
       l.stack = static_cast<uint32_t>(stack);
+      stacks = std::max(stacks, static_cast<uint64_t>(stack) + 1);
       l.stream = static_cast<int64_t>(stream);
       l.pending = pending != 0;
-      if (!checkpoints_checked_only_) live.insert(addr, l);
+      if (out != nullptr) live.insert(addr, l);
     }
     uint64_t nseg = c.var();
     if (!c.ok || nseg > c.left() / 2)
@@ -725,17 +748,59 @@ Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
       if (!c.ok)
         return bad("segment " + std::to_string(k) + " of device " + std::to_string(dev) +
                    " is cut short");
-      if (!checkpoints_checked_only_) segs[addr] = size;
+      if (out != nullptr) segs[addr] = size;
     }
-    if (checkpoints_checked_only_) continue;
+    if (out == nullptr) continue;
     DeviceTraceState st;
     st.restore(events, std::move(live), std::move(segs));
-    out.emplace_back(static_cast<uint32_t>(dev), std::move(st));
+    out->emplace_back(static_cast<uint32_t>(dev), std::move(st));
   }
   if (!c.done()) return bad("bytes after the last device entry");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status TraceReader::decodeSegments(std::span<const uint8_t> p) {
+  if (has_final_state_) return bad("a second segments chunk");
+  std::vector<TraceSegment> segs;
+  std::vector<TraceBlock> blocks;
+  IdExtent ids;
+  Status s = parseSegments(p, stacks_.size(), string_views_.size(), segs, blocks, ids);
+  if (!s.ok()) return s;
+  segments_ = std::move(segs);
+  blocks_ = std::move(blocks);
+  has_final_state_ = true;
+  return Status::Ok();
+}
+
+Status TraceReader::decodeCheckpoint(std::span<const uint8_t> p) {
+  std::vector<std::pair<uint32_t, DeviceTraceState>> out;
+  uint64_t stacks = 0;
+  Status s = parseCheckpoint(p, skip_tables_ ? ~uint64_t{0} : stacks_.size(),
+                             checkpoints_checked_only_ ? nullptr : &out, stacks);
+  if (!s.ok()) return s;
   checkpoint_ = std::move(out);
   ++checkpoints_read_;
   return Status::Ok();
+}
+
+void precheckChunk(uint8_t type, PreparedChunk& p) {
+  p.prechecked = false;
+  if (!p.verified) return;
+  constexpr uint64_t kAny = ~uint64_t{0};
+  if (type == static_cast<uint8_t>(ChunkType::Checkpoint)) {
+    uint64_t stacks = 0;
+    p.prechecked = parseCheckpoint(p.payload, kAny, nullptr, stacks).ok();
+    p.ids = IdExtent{};
+    p.ids.stacks = stacks;
+  } else if (type == static_cast<uint8_t>(ChunkType::Segments)) {
+    p.prechecked = parseSegments(p.payload, kAny, kAny, p.segments, p.blocks, p.ids).ok();
+    if (!p.prechecked) {
+      std::vector<TraceSegment>().swap(p.segments);
+      std::vector<TraceBlock>().swap(p.blocks);
+    }
+  }
 }
 
 Status TraceReader::decodeTrailer(std::span<const uint8_t> p) {

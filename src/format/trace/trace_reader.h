@@ -78,7 +78,21 @@ struct PreparedChunk {
   uint64_t event_count = 0;
   IdExtent ids;
   std::vector<std::pair<uint32_t, uint64_t>> device_events;  // events per device (any order)
+  // Checkpoint and Segments chunks checked by the caller against no tables (precheckChunk):
+  // true when well-formed, with the stack and string ids they refer to summed up in `ids`; a
+  // Segments chunk's content is then in segments and blocks (the reader takes it from there).
+  bool prechecked = false;
+  std::vector<TraceSegment> segments;
+  std::vector<TraceBlock> blocks;
 };
+
+// Checks a verified Checkpoint or Segments chunk (`type`) of `p` ahead of the reader, as next()
+// would check it but against no tables (ids of any size pass; the reader compares p.ids with the
+// tables it has read when it reaches the chunk, and decodes the chunk itself where they do not
+// fit or the check failed, so that its messages stay the reference). Sets p.prechecked; keeps a
+// Segments chunk's segments and blocks (bounded by its payload, as next() bounds them). Any other
+// type: nothing is done. Safe to run for different chunks on different threads.
+void precheckChunk(uint8_t type, PreparedChunk& p);
 
 // Checks and decompresses chunks apart from a reader, one per thread.
 class ChunkPreparer {
@@ -151,7 +165,10 @@ class TraceReader {
   // decoded bytes is still counted here, in file order). An Events chunk whose records the caller
   // decoded is accepted without decoding when its ids fit the tables read so far: events() is
   // then empty and eventsDeferred() true; otherwise it is decoded here (and refused as before).
-  void setPrepared(std::span<const PreparedChunk> prepared) {
+  // A prechecked Checkpoint chunk (with setCheckpointsCheckedOnly) or Segments chunk whose ids fit
+  // the tables is accepted the same way without decoding (a Segments chunk's content is moved out
+  // of its PreparedChunk).
+  void setPrepared(std::span<PreparedChunk> prepared) {
     prepared_ = prepared;
     prepared_next_ = 0;
   }
@@ -197,7 +214,7 @@ class TraceReader {
   std::unique_ptr<ZstdContext> zstd_;
   uint64_t zstd_decoded_ = 0;  // bytes decoded from zstd chunks so far (against decodedBudget)
 
-  std::span<const PreparedChunk> prepared_;
+  std::span<PreparedChunk> prepared_;
   size_t prepared_next_ = 0;
   bool events_deferred_ = false;
   bool checkpoints_checked_only_ = false;
