@@ -47,14 +47,15 @@ uint64_t addSat(uint64_t a, uint64_t b) {
 // peak (when the facts hold it). One userFrameIds call per distinct stack; the heaviest
 // kLineSizesPerDevice lines are kept.
 std::vector<LineSizes> lineSizes(const format::Snapshot& snap, const DeviceFacts& facts,
-                                 const MomentFacts* peak, size_t frames_per_line) {
+                                 const MomentFacts* peak, size_t frames_per_line,
+                                 const FrozenStackFacts* frozen) {
   struct Acc {
     uint64_t allocs = 0, total = 0, max = 0, live = 0;
     format::StackId stack = format::kNoStack;  // the first stack seen for the line
   };
-  U64Map<int64_t> line_of_stack;      // stack id -> frame id of its innermost user line, -1 = none
-  StackFactsCache frame_kinds(snap);  // each frame classified once per device
-  U64Map<Acc> by_line;                // frame id -> sizes
+  U64Map<int64_t> line_of_stack;  // stack id -> frame id of its innermost user line, -1 = none
+  StackFactsCache frame_kinds(snap, frozen);  // each frame classified once per device
+  U64Map<Acc> by_line;                        // frame id -> sizes
   auto lineOf = [&](format::StackId st) -> int64_t {
     if (const int64_t* l = line_of_stack.find(st)) return *l;
     auto ids = userFrameIds(frame_kinds, st, 1);
@@ -301,14 +302,24 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   // on the thread that runs the task.
   const size_t threads = sessionThreadsFor(snap, devices, opt.threads);
   std::vector<DeviceAnalysis> slots(devices.size());
+  // Several devices: their frames and stacks are classified once, for all of them (devices of one
+  // process share most of their stacks), instead of once per device and twice in each.
+  FrozenStackFacts frozen;
+  AnalyzeOptions device_opt = opt;
+  SessionOptions session_opt;
+  if (devices.size() > 1) {
+    frozen = freezeStackFacts(snap);
+    device_opt.stack_facts = &frozen;
+    session_opt.stack_facts = &frozen;
+  }
   forEachDevice(devices, threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
     // over the moments the top groups, the call graph and the detectors read.
-    DeviceSession session(snap, devices[i]);
+    DeviceSession session(snap, devices[i], session_opt);
     const int64_t peak = session.facts().summary.peak_requested.event;
     session.requestLive(peak, kMomentPeakRequested);
     if (opt.findings) session.requestFindingMoments(kLayoutOoms);
-    slots[i] = analyzeDevice(snap, session.take(), opt);
+    slots[i] = analyzeDevice(snap, session.take(), device_opt);
   });
   res.devices = std::move(slots);
   finishAnalysis(snap, res, opt);
@@ -391,8 +402,8 @@ DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
     std::stable_sort(da.anomalies.begin(), da.anomalies.end(),
                      [](const auto& a, const auto& b) { return a.severity > b.severity; });
   }
-  da.line_sizes =
-      lineSizes(snap, facts, facts.at(da.summary.peak_requested.event), opt.frames_per_group);
+  da.line_sizes = lineSizes(snap, facts, facts.at(da.summary.peak_requested.event),
+                            opt.frames_per_group, opt.stack_facts);
   da.model = facts.model;
   da.passes = facts.passes;
   return da;

@@ -101,6 +101,9 @@ struct AnalyzeOptions {
   // Devices analysed at once (common/parallel.h: 0 = the machine's cores, at most kMaxThreads);
   // the result is the same for every value.
   size_t threads = 0;
+  // The snapshot's frozen frame and stack facts (freezeStackFacts) for analyzeDevice to read;
+  // null: it classifies the frames it reads itself. analyzeSnapshot of several devices sets it.
+  const FrozenStackFacts* stack_facts = nullptr;
 };
 
 // analyzeSnapshot holds one DeviceSession per thread (the allocation table, the replayer's

@@ -280,6 +280,7 @@ StackFacts stackFacts(const format::Snapshot& s, format::StackId id) {
 }
 
 const FrameFacts& StackFactsCache::frame(format::FrameId id) {
+  if (frozen_ != nullptr && id < frozen_->frames.size()) return frozen_->frames[id];
   if (id >= frames_.size()) {
     const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.frameCount());
     frames_.resize(n);
@@ -294,6 +295,7 @@ const FrameFacts& StackFactsCache::frame(format::FrameId id) {
 }
 
 const StackFacts& StackFactsCache::of(format::StackId id) {
+  if (frozen_ != nullptr && id < frozen_->stacks.size()) return frozen_->stacks[id];
   if (id >= facts_.size()) {
     const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.stackCount());
     facts_.resize(n);
@@ -309,6 +311,20 @@ const StackFacts& StackFactsCache::of(format::StackId id) {
     known_[id] = 1;
   }
   return facts_[id];
+}
+
+FrozenStackFacts freezeStackFacts(const format::Snapshot& s) {
+  StackFactsCache c(s);
+  const size_t frames = s.stacks.frameCount();
+  const size_t stacks = s.stacks.stackCount();
+  for (size_t i = 0; i < frames; ++i) (void)c.frame(static_cast<format::FrameId>(i));
+  for (size_t i = 0; i < stacks; ++i) (void)c.of(static_cast<format::StackId>(i));
+  FrozenStackFacts out;
+  out.frames = std::move(c.frames_);
+  out.stacks = std::move(c.facts_);
+  out.frames.resize(frames);
+  out.stacks.resize(stacks);
+  return out;
 }
 
 }  // namespace memforensics::analysis

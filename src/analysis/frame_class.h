@@ -99,15 +99,29 @@ FrameFacts frameFacts(std::string_view filename, std::string_view name);
 // thousands of stacks, stacks across millions of events). Filled on first use, so it is not
 // thread-safe: one per device's analysis (a DeviceSession, a call's locals), never shared between
 // threads. It caches only what frameFacts() / stackFacts() say: the rule stays there.
+// Every frame's and every stack's facts of one snapshot (what a StackFactsCache fills on use),
+// computed once by freezeStackFacts and then only read: the caches of all devices, on any number
+// of threads, read it instead of classifying the same frames again per device.
+struct FrozenStackFacts {
+  std::vector<FrameFacts> frames;  // by FrameId
+  std::vector<StackFacts> stacks;  // by StackId
+};
+FrozenStackFacts freezeStackFacts(const format::Snapshot& s);
+
 class StackFactsCache {
  public:
-  explicit StackFactsCache(const format::Snapshot& s) : s_(s) {}
+  // With `frozen` (freezeStackFacts of the same snapshot, outliving the cache), ids it holds are
+  // read from it; the others are computed and kept here as without it.
+  explicit StackFactsCache(const format::Snapshot& s, const FrozenStackFacts* frozen = nullptr)
+      : s_(s), frozen_(frozen) {}
   const StackFacts& of(format::StackId id);
   const FrameFacts& frame(format::FrameId id);
   const format::Snapshot& snapshot() const { return s_; }
 
  private:
+  friend FrozenStackFacts freezeStackFacts(const format::Snapshot& s);
   const format::Snapshot& s_;
+  const FrozenStackFacts* frozen_ = nullptr;
   std::vector<StackFacts> facts_;
   std::vector<uint8_t> known_;
   std::vector<FrameFacts> frames_;

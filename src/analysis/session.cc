@@ -139,7 +139,7 @@ struct DeviceSession::Pending {
 
 DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
                              const SessionOptions& options)
-    : snap_(snap), stack_facts_(snap), pending_(std::make_unique<Pending>()) {
+    : snap_(snap), stack_facts_(snap, options.stack_facts), pending_(std::make_unique<Pending>()) {
   before_ = replay::passStats()[device];
   facts_ = eventFacts(snap, device, stack_facts_);
   DeviceFacts& f = facts_;

@@ -194,6 +194,9 @@ struct SessionOptions {
   // report's buildReportData): each replayer's copies (up to kMaxCheckpointSlots) would then add
   // up over every device instead of over the threads.
   bool checkpoints = true;
+  // The snapshot's frozen frame and stack facts (freezeStackFacts), shared by the sessions of all
+  // devices; null: the session classifies what it reads itself. The facts are the same either way.
+  const FrozenStackFacts* stack_facts = nullptr;
 };
 
 class DeviceSession {

@@ -106,6 +106,67 @@ TEST(ParallelAnalysis, SixtyFourDeviceJobIsTheSameOnAnyThreadCount) {
   expectSameOnEveryThreadCount(snap, 64);
 }
 
+// freezeStackFacts: every frame's and stack's facts are what a cache of its own computes, and a
+// session and analyzeDevice reading them give the facts and the analysis they give without them
+// (analyzeSnapshot of several devices shares one frozen table among all of them).
+TEST(ParallelAnalysis, FrozenStackFactsAreWhatEachCacheComputes) {
+  auto real = format::loadSnapshotFile(std::string(MEMF_SOURCE_DIR) +
+                                       "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  ASSERT_TRUE(real.ok());
+  for (const format::Snapshot* snap : {&*real}) {
+    const FrozenStackFacts frozen = freezeStackFacts(*snap);
+    ASSERT_EQ(frozen.frames.size(), snap->stacks.frameCount());
+    ASSERT_EQ(frozen.stacks.size(), snap->stacks.stackCount());
+    ASSERT_GT(frozen.stacks.size(), 2u);
+    StackFactsCache own(*snap), shared(*snap, &frozen);
+    for (size_t i = 0; i < frozen.frames.size(); ++i) {
+      const auto id = static_cast<format::FrameId>(i);
+      const FrameFacts &a = own.frame(id), &b = shared.frame(id);
+      EXPECT_EQ(&b, &frozen.frames[i]);
+      EXPECT_EQ(a.kind, b.kind);
+      EXPECT_EQ(a.python, b.python);
+      EXPECT_EQ(a.module_init, b.module_init);
+      EXPECT_EQ(a.replicate, b.replicate);
+      EXPECT_EQ(a.forward, b.forward);
+    }
+    for (size_t i = 0; i < frozen.stacks.size(); ++i) {
+      const auto id = static_cast<format::StackId>(i);
+      const StackFacts &a = own.of(id), &b = shared.of(id);
+      EXPECT_EQ(&b, &frozen.stacks[i]);
+      EXPECT_EQ(a.backward, b.backward) << i;
+      EXPECT_EQ(a.optimizer, b.optimizer) << i;
+      EXPECT_EQ(a.module_init, b.module_init) << i;
+      EXPECT_EQ(a.forward, b.forward) << i;
+      EXPECT_EQ(a.replicate, b.replicate) << i;
+      EXPECT_EQ(a.python, b.python) << i;
+      EXPECT_EQ(a.innermost_user, b.innermost_user) << i;
+      EXPECT_EQ(a.op, b.op) << i;
+    }
+    // Whole analyses: each device's with its own classification against the shared table's.
+    for (int64_t d : snap->devices()) {
+      SessionOptions with;
+      with.stack_facts = &frozen;
+      DeviceSession s1(*snap, d), s2(*snap, d, with);
+      ASSERT_EQ(s1.facts().allocs.size(), s2.facts().allocs.size());
+      for (size_t k = 0; k < s1.facts().allocs.size(); ++k) {
+        EXPECT_EQ(s1.facts().allocs[k].category, s2.facts().allocs[k].category);
+        EXPECT_EQ(s1.facts().allocs[k].iteration, s2.facts().allocs[k].iteration);
+      }
+      ASSERT_EQ(s1.facts().phases.size(), s2.facts().phases.size());
+      for (DeviceSession* s : {&s1, &s2}) {
+        s->requestLive(s->facts().summary.peak_requested.event, kMomentPeakRequested);
+        s->requestFindingMoments(kLayoutOoms);
+      }
+      AnalyzeOptions plain, fast;
+      fast.stack_facts = &frozen;
+      AnalysisResult r1 = analysisHeader(*snap), r2 = analysisHeader(*snap);
+      r1.devices.push_back(analyzeDevice(*snap, s1.take(), plain));
+      r2.devices.push_back(analyzeDevice(*snap, s2.take(), fast));
+      EXPECT_EQ(report::renderJsonString(r1), report::renderJsonString(r2)) << "device " << d;
+    }
+  }
+}
+
 TEST(ParallelAnalysis, OneDeviceOfManyIsTheSameOnAnyThreadCount) {
   const format::Snapshot snap = manyDevices(16);
   AnalyzeOptions one;
