@@ -966,5 +966,58 @@ TEST(PickleFastPath, ManyGenericContainersReadFromTheArena) {
   }
 }
 
+// Frames runs found by their first 8 bytes (FramesGuess): runs that share those bytes but differ
+// after them (one a prefix of another, or the same length with another last frame) must each get
+// their own stack, with the guesses on and off: the same snapshot, with the same ids, as the
+// generic machine.
+TEST(PickleFastPath, FramesRunsSharingTheirFirstBytesGetTheirOwnStacks) {
+  static const std::vector<std::vector<int>> kRuns = {
+      {0, 1, 0, 1}, {0, 1, 0, 1, 0}, {0, 1, 0, 1, 1}, {0, 1, 0, 1, 0, 0}, {1, 1, 1, 1}};
+  static const int kOrder[] = {0, 1, 0, 2, 1, 2, 0, 0, 3, 1, 3, 4, 0, 4, 2, 2};
+  constexpr size_t kEntries = std::size(kOrder);
+  auto bytes = shapedTrace(kEntries, [](PickleWriter& w, size_t i, const Slots& s) {
+    w.get(s.key[kAction]);
+    w.get(s.alloc);
+    w.get(s.key[kAddr]);
+    w.uinteger(0x7f0000000000ULL + 512 * i);
+    w.get(s.key[kSize]);
+    w.integer(512);
+    w.get(s.key[kStream]);
+    w.integer(0);
+    w.get(s.key[kTime]);
+    w.uinteger(1763324227581137ULL + i);
+    w.get(s.key[kContext]);
+    w.get(s.ctx);
+    w.get(s.key[kFrames]);
+    w.beginList(true);
+    for (int f : kRuns[kOrder[i - 1]]) w.get(s.frame[f]);
+    w.endList();
+  });
+  PickleReadStats st;
+  expectSame(bytes, "runs sharing their first bytes", &st);
+  EXPECT_GT(st.fast_frames_guessed, 0u);
+  PickleReadOptions off;
+  off.frames_guess = false;
+  PickleReadStats st_off;
+  off.stats = &st_off;
+  auto unguessed = readSnapshotPickle(bytes, off);
+  auto guessed = readWith(bytes, true);
+  ASSERT_TRUE(guessed.ok()) << guessed.error().describe();
+  ASSERT_TRUE(unguessed.ok()) << unguessed.error().describe();
+  EXPECT_EQ(sameIds(*guessed, *unguessed), "");
+  EXPECT_EQ(st_off.fast_frames_guessed, 0u);
+  EXPECT_EQ(st_off.fast_frames_runs, st.fast_frames_runs);
+  ASSERT_EQ(guessed->events.size(), kEntries + 1);
+  for (size_t i = 1; i <= kEntries; ++i) {
+    const auto& run = kRuns[kOrder[i - 1]];
+    auto stack = guessed->stacks.stack(guessed->events[i].stack);
+    ASSERT_EQ(stack.size(), run.size()) << "entry " << i;
+    for (size_t k = 0; k < run.size(); ++k) {
+      EXPECT_EQ(guessed->stacks.frame(stack[k]).line, static_cast<uint64_t>(run[k]))
+          << "entry " << i << " frame " << k;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memforensics::format

@@ -688,6 +688,7 @@ class Machine {
     // clear walks the whole capacity, and a file of rebinds after many runs would pay that walk
     // on every 2-byte BINPUT; a fresh table costs what the runs cached since the last one did.
     if (idx < memoSize() && !frames_runs_.empty()) frames_runs_ = U64Map<FramesRun>();
+    if (idx < memoSize()) ++runs_gen_;  // and every guess (frames_guess_) with it
     if (idx >= memoSize()) {
       if (idx > memoSize() + opt_.max_memo_gap) {
         return err("memo index " + std::to_string(idx) + " far beyond the " +
@@ -979,6 +980,27 @@ class Machine {
   };
   static constexpr size_t kMaxFramesRuns = size_t{1} << 16;  // cached runs at most
   U64Map<FramesRun> frames_runs_;
+  // In front of frames_runs_: the last run met whose first 8 bytes were these, by those bytes
+  // (direct-mapped, kFramesGuesses slots, allocated at the first run). A run with the same bytes
+  // for the guess's length, followed by APPENDS, is the same plain run of fetches, so it is what
+  // frames_runs_ holds for it: found without the scan and the hash of the whole run, and compared
+  // with its latest occurrence (close behind, in the cache) instead of its first. A guess holds
+  // while runs_gen_ is the one it was made under; every memo rebind (memoPut) ends them all.
+  struct FramesGuess {
+    uint64_t head = 0;  // the run's first 8 bytes
+    uint64_t gen = 0;   // runs_gen_ when made; 0: empty
+    uint64_t offset = 0;
+    uint32_t len = 0;
+    uint32_t frames = 0;
+    StackId stack = 0;
+  };
+  static constexpr size_t kFramesGuessBits = 12;
+  std::vector<FramesGuess> frames_guess_;
+  uint64_t runs_gen_ = 1;
+  FramesGuess& guessFor(uint64_t head) {
+    if (frames_guess_.empty()) frames_guess_.resize(size_t{1} << kFramesGuessBits);
+    return frames_guess_[(head * 0x9E3779B97F4A7C15ULL) >> (64 - kFramesGuessBits)];
+  }
   // makeEvent's parsed action strings, by StrId (direct-mapped; a StrId's string never changes).
   struct ActionOf {
     StrId id = ~StrId{0};
@@ -1416,6 +1438,25 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
   ++p;
   // A run of plain fetches up to APPENDS, seen before: the same frame nodes, the same stack.
   const uint8_t* run = p;
+  uint64_t head = 0;
+  FramesGuess* guess = nullptr;
+  if (opt_.frames_guess && end_ - run >= 8) {
+    std::memcpy(&head, run, 8);
+    guess = &guessFor(head);
+    const FramesGuess& g = *guess;
+    if (g.gen == runs_gen_ && g.head == head && static_cast<uint64_t>(end_ - run) > g.len &&
+        run[g.len] == APPENDS && std::memcmp(begin_ + g.offset, run, g.len) == 0) {
+      if (g.frames > frames_budget_) return false;  // chargeFrames refuses it
+      frames_budget_ -= g.frames;
+      nodes_[n].kind = NK::Stack;
+      nodes_[n].ref = g.stack;
+      guess->offset = static_cast<uint64_t>(run - begin_);
+      p = run + g.len + 1;
+      ++stats_.fast_frames_runs;
+      ++stats_.fast_frames_guessed;
+      return true;
+    }
+  }
   const uint8_t* q = p;
   uint32_t fetches = 0;
   for (;;) {
@@ -1440,6 +1481,10 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
       frames_budget_ -= c->frames;
       nodes_[n].kind = NK::Stack;
       nodes_[n].ref = c->stack;
+      if (guess != nullptr) {
+        *guess = FramesGuess{head,   runs_gen_, static_cast<uint64_t>(run - begin_),
+                             c->len, c->frames, c->stack};
+      }
       p = q + 1;
       ++stats_.fast_frames_runs;
       return true;
@@ -1475,6 +1520,11 @@ bool Machine::fastFrames(const uint8_t*& p, Value& out) {
   StackId id = snap_.stacks.internStack(scratch_);
   nodes_[n].kind = NK::Stack;
   nodes_[n].ref = id;
+  if (plain && p == q + 1 && guess != nullptr && q - run <= INT32_MAX) {
+    *guess = FramesGuess{
+        head,    runs_gen_, static_cast<uint64_t>(run - begin_), static_cast<uint32_t>(q - run),
+        fetches, id};
+  }
   if (plain && p == q + 1 && frames_runs_.size() < kMaxFramesRuns && q - run <= INT32_MAX) {
     frames_runs_.insert(hash, FramesRun{static_cast<uint64_t>(run - begin_),
                                         static_cast<uint32_t>(q - run), fetches, id});

@@ -51,7 +51,8 @@ struct PickleReadStats {
   uint64_t fast_entries = 0;      // trace entries read by the trace-entry fast path
   uint64_t fast_fallbacks = 0;    // dicts that started like a trace entry, read by the generic path
   uint64_t fast_frames_runs = 0;  // frames lists the fast path found in its cache of runs
-  uint64_t fast_shaped = 0;       // of fast_entries, those the shaped path read (section 2c)
+  uint64_t fast_frames_guessed = 0;  // of fast_frames_runs, those found by their first bytes
+  uint64_t fast_shaped = 0;          // of fast_entries, those the shaped path read (section 2c)
   // Input bytes whose pages a thread mapped ahead of the parse (pickle_reader.cc, InputPrefetcher;
   // 0 for small inputs or where the kernel has no MADV_POPULATE_READ).
   uint64_t input_prefetched_bytes = 0;
@@ -72,6 +73,9 @@ struct PickleReadOptions {
   // of the entry before it is decoded field by field. Off: every entry takes fastEntry. Same
   // Snapshot and errors either way (tests/format/pickle_fast_path_test.cc).
   bool shaped_path = true;
+  // Within the fast path, frames runs found by their first 8 bytes before the cache of whole runs
+  // is asked (pickle_reader.cc, FramesGuess). Same Snapshot and errors either way.
+  bool frames_guess = true;
   PickleReadStats* stats = nullptr;  // filled when set
 };
 
