@@ -124,7 +124,7 @@ void adviseHugePages(void* p, size_t bytes) {
 
 AllocatorSettings defaultAllocatorSettings() {
   AllocatorSettings s;
-  s.mmap_threshold = size_t{32} << 20;
+  s.mmap_threshold = size_t{8} << 20;
   s.trim_threshold = size_t{128} << 20;
   s.top_pad = size_t{64} << 20;
   return s;

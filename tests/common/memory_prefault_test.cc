@@ -110,7 +110,7 @@ TEST(MemoryPrefault, GrowForTracksTheNewBufferAndKeepsTheElements) {
 // next block, so that the next device's analysis reuses the pages the last one touched.
 TEST(MemoryAllocator, MediumBlocksComeFromTheArenaAndFreedMemoryIsKept) {
   AllocatorSettings want = defaultAllocatorSettings();
-  EXPECT_EQ(want.mmap_threshold, size_t{32} << 20);
+  EXPECT_EQ(want.mmap_threshold, size_t{8} << 20);
   EXPECT_EQ(want.trim_threshold, size_t{128} << 20);
   EXPECT_EQ(want.top_pad, size_t{64} << 20);
   AllocatorSettings got = configureAllocator();
