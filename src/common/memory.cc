@@ -63,12 +63,18 @@ size_t enableHeapHugePages() {
 #if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
   std::lock_guard<std::mutex> lock(g_heap_mu);
   g_heap_huge.store(true, std::memory_order_relaxed);
-  // Grow the main arena's top (a block from it, freed at once: with configureAllocator's settings
+  // Grow the main arena's top (blocks from it, freed at once: with configureAllocator's settings
   // the top is kept, not trimmed), then advise the whole brk heap, which is untouched address
-  // space past what is in use.
-  void* grow = std::malloc(kHeapReserveBytes);
-  g_sink.store(grow, std::memory_order_relaxed);
-  std::free(grow);
+  // space past what is in use. The blocks are 1 MiB each: one block of kHeapReserveBytes is over
+  // the mmap threshold (8 MiB) and would be mapped on its own, leaving the heap as it was.
+  constexpr size_t kGrowBlock = size_t{1} << 20;
+  constexpr size_t kGrowBlocks = kHeapReserveBytes / kGrowBlock;
+  void* grow[kGrowBlocks] = {};
+  for (size_t i = 0; i < kGrowBlocks; ++i) {
+    grow[i] = std::malloc(kGrowBlock);
+    g_sink.store(grow[i], std::memory_order_relaxed);
+  }
+  for (size_t i = kGrowBlocks; i > 0; --i) std::free(grow[i - 1]);
   uintptr_t begin = 0, end = 0;
   if (!mainHeapRange(begin, end)) return 0;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;

@@ -189,13 +189,15 @@ TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
   if (mode.find("[never]") != std::string::npos || mode.empty()) GTEST_SKIP() << "THP off";
   size_t advised = enableHeapHugePages();
   EXPECT_GE(advised, kHeapReserveBytes);
-  // A block from the arena's top (not a 64-byte one: those may come from the heap's first, partly
-  // used huge page, which is left alone).
-  auto* small = static_cast<uint8_t*>(std::malloc(size_t{1} << 20));
+  // A block from the arena's top, under the mmap threshold: its first bytes may lie in the heap's
+  // first, partly used huge page, which is left alone (the top can start there once the blocks
+  // that grew it are freed), so its last byte, 4 MiB on and past that page, is the one checked.
+  constexpr size_t kTopBlock = size_t{4} << 20;
+  auto* small = static_cast<uint8_t*>(std::malloc(kTopBlock));
   ASSERT_NE(small, nullptr);
-  small[0] = 1;
-  EXPECT_TRUE(hugePageAdvised(reinterpret_cast<uintptr_t>(small)))
-      << vmFlagsAt(reinterpret_cast<uintptr_t>(small));
+  small[kTopBlock - 1] = 1;
+  auto last = reinterpret_cast<uintptr_t>(small) + kTopBlock - 1;
+  EXPECT_TRUE(hugePageAdvised(last)) << vmFlagsAt(last);
   std::free(small);
   size_t thread_advised = 0;
   bool thread_flag = false;
