@@ -16,7 +16,16 @@
 # its defaults (zstd level 3, a checkpoint every 262,144 events, as convert writes them) into
 # the same folder, and `analyze --json` of that .bin timed the same way, with the default threads
 # and with MEMF_THREADS=1.
-# Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT).
+# Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT), and
+# MEMF_BENCH_WARM_MB: before timing, write and free that many MB of memory (0, the default: none).
+#
+# The memory's state is measured and printed before the table: how fast a fresh process writes
+# 256 MB of memory it has never touched, in 4 KB pages and with the huge-page hint. On a VM whose
+# host backs the guest's memory lazily (the project machine), memory the guest has not touched
+# since it booted is several times slower to fault in than memory it has (0.2-0.6 GB/s against
+# 3-10 GB/s in huge pages), which slows every command in proportion to the fresh memory it
+# takes (Python's pickle.load takes about 2.4 GB, memforensics about 0.3-0.45 GB): a machine that
+# has been up for a while, as users' are, has none left. MEMF_BENCH_WARM_MB=16000 touches it.
 # Prints a markdown table; with OUT_MD also writes it there.  Python is invoked through
 # sys.executable resolved once, so a pyenv shim's start-up is not timed.
 set -euo pipefail
@@ -57,6 +66,47 @@ if [ ! -s "$NATIVE" ] || [ "$NATIVE" -ot "$LARGE" ] || [ "$NATIVE" -ot "$BIN" ];
     echo "converting $LARGE to $NATIVE ..." >&2
     "$BIN" convert "$LARGE" -o "$NATIVE" >/dev/null
 fi
+
+# First-touch speed of fresh memory (see above), after the optional warm-up.
+MEMSTATE=$("$PY" - "${MEMF_BENCH_WARM_MB:-0}" <<'PYEOF'
+import mmap, subprocess, sys, time
+warm_mb = int(sys.argv[1])
+if warm_mb > 0:
+    sys.stderr.write("warming %d MB of memory ...\n" % warm_mb)
+    t0 = time.perf_counter()
+    left = warm_mb
+    while left > 0:                       # 1 GB at a time, freed before the next
+        n = min(left, 1024)
+        b = b"\x01" * (n << 20)
+        del b
+        left -= n
+    sys.stderr.write("warmed in %.1f s\n" % (time.perf_counter() - t0))
+# One fresh process per figure; MADV_HUGEPAGE is 14 on Linux.
+PROBE = r'''
+import mmap, sys, time
+n = 256 << 20
+m = mmap.mmap(-1, n)
+if sys.argv[1] == "huge":
+    try:
+        m.madvise(14)
+    except (AttributeError, OSError):
+        pass
+view = memoryview(m)
+t0 = time.perf_counter()
+for off in range(0, n, 4096):
+    view[off] = 1
+print("%.2f" % (n / (time.perf_counter() - t0) / 1e9))
+'''
+rates = []
+for kind in ("4k", "huge"):
+    runs = [float(subprocess.check_output([sys.executable, "-c", PROBE, kind], text=True))
+            for _ in range(3)]
+    rates.append("%s pages %.2f-%.2f GB/s" % ("4 KB" if kind == "4k" else "huge", min(runs), max(runs)))
+print("first write of fresh memory (256 MB, 3 processes each): " + ", ".join(rates) +
+      ("; after writing %d MB" % warm_mb if warm_mb > 0 else "; no warm-up"))
+PYEOF
+)
+echo "$MEMSTATE" >&2
 
 TABLE=$("$PY" - "$PY" "$BIN" "$TIME_BIN" "$NATIVE" "$LARGEST" "$LARGE" <<'PYEOF'
 import os, subprocess, sys, tempfile
@@ -148,6 +198,7 @@ print("\n".join(rows))
 PYEOF
 )
 
+TABLE=$(printf '%s\n\n%s\n' "$MEMSTATE" "$TABLE")
 echo "$TABLE"
 if [ -n "$OUT_MD" ]; then
     printf '%s\n' "$TABLE" > "$OUT_MD"

@@ -21,6 +21,9 @@ namespace memforensics {
 namespace {
 
 std::atomic<bool> g_heap_huge{false};
+// Whether configureAllocator's settings were taken: the arenas are glibc's (not a sanitizer's or
+// a preloaded allocator's, which ignore mallopt or keep their memory elsewhere).
+std::atomic<bool> g_glibc_arenas{false};
 std::mutex g_heap_mu;
 
 #if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
@@ -50,6 +53,25 @@ bool mainHeapRange(uintptr_t& begin, uintptr_t& end) {
   return found;
 }
 
+// [begin, end) of the mapping of /proc/self/maps that holds `addr`.
+bool mappingOf(uintptr_t addr, uintptr_t& begin, uintptr_t& end) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  char line[512];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long b = 0, e = 0;
+    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2) continue;
+    if (addr >= b && addr < e) {
+      begin = static_cast<uintptr_t>(b);
+      end = static_cast<uintptr_t>(e);
+      found = true;
+    }
+  }
+  std::fclose(f);
+  return found;
+}
+
 std::atomic<void*> g_sink{nullptr};  // keeps the compiler from eliding the growing malloc
 #endif
 
@@ -61,6 +83,9 @@ bool heapHugePagesOn() {
 
 size_t enableHeapHugePages() {
 #if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
+  // Only for glibc's own arenas as configureAllocator set them up: another allocator's memory
+  // (ASan's, a preloaded jemalloc's) is not where these hints would land.
+  if (!g_glibc_arenas.load(std::memory_order_relaxed)) return 0;
   std::lock_guard<std::mutex> lock(g_heap_mu);
   g_heap_huge.store(true, std::memory_order_relaxed);
   // Grow the main arena's top (blocks from it, freed at once: with configureAllocator's settings
@@ -74,9 +99,13 @@ size_t enableHeapHugePages() {
     grow[i] = std::malloc(kGrowBlock);
     g_sink.store(grow[i], std::memory_order_relaxed);
   }
+  const auto probe = reinterpret_cast<uintptr_t>(grow[kGrowBlocks - 1]);
   for (size_t i = kGrowBlocks; i > 0; --i) std::free(grow[i - 1]);
   uintptr_t begin = 0, end = 0;
   if (!mainHeapRange(begin, end)) return 0;
+  // The blocks came from somewhere else (a thread's arena, or a main arena that could not grow
+  // its brk heap and maps instead): that heap is not the one advised here.
+  if (probe < begin || probe >= end) return 0;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   uintptr_t b = (begin + kHuge - 1) & ~(kHuge - 1);
   uintptr_t e = end & ~(kHuge - 1);
@@ -84,7 +113,6 @@ size_t enableHeapHugePages() {
   if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) != 0) return 0;
   return e - b;
 #else
-  g_heap_huge.store(true, std::memory_order_relaxed);
   return 0;
 #endif
 }
@@ -105,6 +133,11 @@ size_t adviseThreadHeapHugePages() {
   }
   if (at >= begin && at < end) return 0;  // the main arena: enableHeapHugePages advised it
   uintptr_t base = at & ~(kHeapMax - 1);
+  // A glibc thread heap's writable part is one mapping from the aligned base, within the
+  // reservation; anything else (a mapping the allocator fell back to) is left alone.
+  uintptr_t map_begin = 0, map_end = 0;
+  if (!mappingOf(at, map_begin, map_end) || map_begin != base || map_end - map_begin > kHeapMax)
+    return 0;
   // The whole reservation (its part not yet writable too: mprotect keeps the advice).
   if (::madvise(reinterpret_cast<void*>(base), kHeapMax, MADV_HUGEPAGE) != 0) return 0;
   return kHeapMax;
@@ -151,6 +184,7 @@ AllocatorSettings configureAllocator(const AllocatorSettings& settings) {
   ok = set(M_TRIM_THRESHOLD, settings.trim_threshold) && ok;
   ok = set(M_TOP_PAD, settings.top_pad) && ok;
   out.applied = ok;
+  g_glibc_arenas.store(ok, std::memory_order_relaxed);
 #endif
   return out;
 }

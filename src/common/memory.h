@@ -49,14 +49,17 @@ AllocatorSettings configureAllocator(
 // Once on: the main arena's heap is grown to keep kHeapReserveBytes free at its top (address
 // space, untouched) and advised; each pool thread advises its own arena's heap when it starts
 // (adviseThreadHeapHugePages, called by common/parallel.cc). Hints: nothing changes where they
-// are unsupported or the allocator is not glibc's.
+// are unsupported; nothing is advised unless configureAllocator's settings were applied (glibc's
+// own arenas: not under a sanitizer's or a preloaded allocator), and a thread's heap only when it
+// is the aligned mapping glibc makes for one.
 inline constexpr size_t kHeapReserveBytes = size_t{30} << 20;
 
 // Whether the arenas' huge-page mode is on (see above).
 bool heapHugePagesOn();
 
 // Turns the mode on (once; later calls re-advise the main heap as it has grown since) and
-// returns the bytes of the main arena's heap advised, 0 where nothing could be.
+// returns the bytes of the main arena's heap advised, 0 where nothing could be (the mode stays
+// off where configureAllocator was not applied).
 size_t enableHeapHugePages();
 
 // With the mode on, advises the heap of the calling thread's arena (a glibc arena other than the
