@@ -46,13 +46,12 @@ AllocatorSettings configureAllocator(
 // costs one fault per 2 MB instead of one per 4 KB. Off until the process handles a large input:
 // the first adviseHugePages of at least 8 MiB (a loader reserving a large array) turns it on, so a
 // small file's heap stays in 4 KB pages (its RSS would grow by a few partly used huge pages).
-// Once on: the main arena's heap is grown to keep kHeapReserveBytes free at its top (address
-// space, untouched) and advised; each pool thread advises its own arena's heap when it starts
+// Once on: the main arena's heap is advised as far as it has grown, and again at each large
+// array; each pool thread advises its own arena's heap when it starts
 // (adviseThreadHeapHugePages, called by common/parallel.cc). Hints: nothing changes where they
 // are unsupported; nothing is advised unless configureAllocator's settings were applied (glibc's
 // own arenas: not under a sanitizer's or a preloaded allocator), and a thread's heap only when it
 // is the aligned mapping glibc makes for one.
-inline constexpr size_t kHeapReserveBytes = size_t{30} << 20;
 
 // Whether the arenas' huge-page mode is on (see above).
 bool heapHugePagesOn();
