@@ -5,7 +5,7 @@
 #
 # Files: the largest snapshot in ../shared/snapshots-real (relative to the repository root), and
 # a >= 300 MB snapshot built from it with bench/make_large.py into bench/out/ (reused while it is
-# newer than its inputs).  For each file it times, best of 3 wall-clock runs,
+# newer than its inputs).  For each file it times, best of 5 wall-clock runs (3 for Python),
 #   BUILD_DIR/src/cli/memforensics analyze --json FILE >/dev/null
 #   python3 -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE
 # and records both peak RSS (/usr/bin/time -f %M when installed, Debian package `time`;
@@ -16,18 +16,14 @@
 # its defaults (zstd level 3, a checkpoint every 262,144 events, as convert writes them) into
 # the same folder, and `analyze --json` of that .bin timed the same way, with the default threads
 # and with MEMF_THREADS=1.
-# Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT), and
-# MEMF_BENCH_WARM_MB: before timing, write and free that many MB of memory (0, the default: none).
+# Environment: see bench/large_file.sh (MEMF_BENCH_SOURCE, MEMF_BENCH_N, MEMF_BENCH_OUT).
 #
-# The memory's state is measured and printed before the table: how fast a fresh process writes
-# 256 MB of memory it has never touched, in 4 KB pages and with the huge-page hint. On a VM whose
-# host backs the guest's memory lazily (the project machine), memory the guest has not touched
-# since it booted is several times slower to fault in than memory it has (0.2-0.6 GB/s against
-# 3-10 GB/s in huge pages), which slows every command in proportion to the fresh memory it
-# takes (Python's pickle.load takes about 2.4 GB, memforensics about 0.3-0.45 GB): a machine that
-# has been up for a while, as users' are, has none left. MEMF_BENCH_WARM_MB=16000 touches it.
-# Prints a markdown table; with OUT_MD also writes it there.  Python is invoked through
-# sys.executable resolved once, so a pyenv shim's start-up is not timed.
+# Before the table it prints how fast a fresh process writes 256 MB of memory it never touched,
+# in 4 KB pages and with the huge-page hint: every command here pays that for the fresh memory it
+# takes (Python's pickle.load about 2.4 GB, memforensics 0.3-0.45 GB). On the project machine (a
+# VM that hands freed memory back to its host within seconds) it is 1-1.5 GB/s whatever ran
+# before, where a bare-metal machine zeroes pages at 10 GB/s or more; write the figure with the
+# table, since a machine whose figure differs gives other times.
 set -euo pipefail
 
 usage() { echo "usage: $0 BUILD_DIR [OUT_MD]" >&2; exit 2; }
@@ -67,20 +63,9 @@ if [ ! -s "$NATIVE" ] || [ "$NATIVE" -ot "$LARGE" ] || [ "$NATIVE" -ot "$BIN" ];
     "$BIN" convert "$LARGE" -o "$NATIVE" >/dev/null
 fi
 
-# First-touch speed of fresh memory (see above), after the optional warm-up.
-MEMSTATE=$("$PY" - "${MEMF_BENCH_WARM_MB:-0}" <<'PYEOF'
+# First-write speed of fresh memory (see above).
+MEMSTATE=$("$PY" - <<'PYEOF'
 import mmap, subprocess, sys, time
-warm_mb = int(sys.argv[1])
-if warm_mb > 0:
-    sys.stderr.write("warming %d MB of memory ...\n" % warm_mb)
-    t0 = time.perf_counter()
-    left = warm_mb
-    while left > 0:                       # 1 GB at a time, freed before the next
-        n = min(left, 1024)
-        b = b"\x01" * (n << 20)
-        del b
-        left -= n
-    sys.stderr.write("warmed in %.1f s\n" % (time.perf_counter() - t0))
 # One fresh process per figure; MADV_HUGEPAGE is 14 on Linux.
 PROBE = r'''
 import mmap, sys, time
@@ -102,8 +87,7 @@ for kind in ("4k", "huge"):
     runs = [float(subprocess.check_output([sys.executable, "-c", PROBE, kind], text=True))
             for _ in range(3)]
     rates.append("%s pages %.2f-%.2f GB/s" % ("4 KB" if kind == "4k" else "huge", min(runs), max(runs)))
-print("first write of fresh memory (256 MB, 3 processes each): " + ", ".join(rates) +
-      ("; after writing %d MB" % warm_mb if warm_mb > 0 else "; no warm-up"))
+print("first write of fresh memory (256 MB, 3 processes each): " + ", ".join(rates))
 PYEOF
 )
 echo "$MEMSTATE" >&2
@@ -113,7 +97,8 @@ import os, subprocess, sys, tempfile
 
 py, binary, time_bin, native = sys.argv[1:5]
 files = sys.argv[5:]
-RUNS = 3
+RUNS = 5          # memforensics: its times vary by 20-30 % between runs on the shared machine
+PY_RUNS = 3       # pickle.load: 10-25 s a run
 
 # Runs one command in a fresh process: prints "<wall seconds> <peak RSS KiB> <exit code> <CPU
 # seconds, user + sys, of the command and its children>".
@@ -143,10 +128,10 @@ ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 print("%.6f %d %d %.6f" % (wall, rss, rc, ru.ru_utime + ru.ru_stime))
 '''
 
-def measure(cmd, env=None):
-    """Best wall time of RUNS runs, the CPU time (user + sys) of that run, the peak RSS of all."""
+def measure(cmd, env=None, runs=RUNS):
+    """Best wall time of `runs` runs, the CPU time (user + sys) of that run, the peak RSS of all."""
     best, cpu, peak, rc = None, 0.0, 0, 0
-    for _ in range(RUNS):
+    for _ in range(runs):
         r = subprocess.run([py, "-c", MEASURE, time_bin, os.devnull] + cmd,
                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            env=dict(os.environ, **(env or {})))
@@ -172,7 +157,8 @@ for path in files:
     sys.stderr.write("timing %s (%.1f MB) ...\n" % (os.path.basename(path), size / 1e6))
     mf_s, mf_rss, mf_rc, mf_cpu = measure([binary, "analyze", "--json", path])
     py_s, py_rss, py_rc, _ = measure([py, "-c",
-                                      "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))", path])
+                                      "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))", path],
+                                     runs=PY_RUNS)
     if mf_rc != 0:
         sys.stderr.write("warning: memforensics exited with %d on %s\n" % (mf_rc, path))
     speed = "%.1f" % (py_s / mf_s) if mf_s > 0 and mf_rc == 0 and py_rc == 0 else "n/a"
