@@ -442,25 +442,33 @@ uint64_t finalReserved(const format::Snapshot& snap, int64_t device) {
 
 // Reserved bytes before each event of the recorded trace, from its segment events and the final
 // state (the start reserved = final - net change, clamped at 0).
+// Sizes are capped at 2^62 and every sum saturates at [-2^62, 2^62]: a hostile trace of many
+// huge segments overflowed int64 here (fuzz_pipeline: fuzz/corpus/fuzz_pipeline/whatif-overflow).
 std::vector<uint64_t> recordedReserved(const format::Snapshot& snap, size_t d, uint64_t* peak) {
+  auto sat = [](int64_t a, int64_t b) {
+    constexpr int64_t cap = int64_t{1} << 62;
+    int64_t r = 0;
+    if (__builtin_add_overflow(a, b, &r)) r = b > 0 ? cap : -cap;
+    return std::clamp<int64_t>(r, -cap, cap);
+  };
   auto ev = snap.trace(d);
   int64_t net = 0;
   for (const Event& e : ev) {
     const auto sz = static_cast<int64_t>(std::min<uint64_t>(e.size, uint64_t{1} << 62));
-    if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap) net += sz;
-    if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap) net -= sz;
+    if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap) net = sat(net, sz);
+    if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap) net = sat(net, -sz);
   }
   const auto fin = static_cast<int64_t>(
       std::min<uint64_t>(finalReserved(snap, static_cast<int64_t>(d)), uint64_t{1} << 62));
-  int64_t cur = std::max<int64_t>(0, fin - net);
+  int64_t cur = std::max<int64_t>(0, sat(fin, -net));
   std::vector<uint64_t> before(ev.size());
   int64_t pk = cur;
   for (size_t i = 0; i < ev.size(); ++i) {
     before[i] = static_cast<uint64_t>(cur);
     const Event& e = ev[i];
     const auto sz = static_cast<int64_t>(std::min<uint64_t>(e.size, uint64_t{1} << 62));
-    if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap) cur += sz;
-    if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap) cur -= sz;
+    if (e.action == Action::SegmentAlloc || e.action == Action::SegmentMap) cur = sat(cur, sz);
+    if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap) cur = sat(cur, -sz);
     if (cur < 0) cur = 0;
     pk = std::max(pk, cur);
   }
