@@ -196,8 +196,8 @@ bool hugePageAdvised(uintptr_t addr) {
   return flags.find(" hg") != std::string::npos;
 }
 
-// A large array turns the arenas' huge-page mode on: the main arena's heap is advised (with room
-// grown at its top), and a pool thread's arena heap is advised when the thread asks.
+// A large array turns the arenas' huge-page mode on: the main arena's heap is advised (as far as
+// it has grown), and a pool thread's arena heap is advised when the thread asks.
 // Where the allocator is not glibc's (configureAllocator not applied), the mode stays off and
 // nothing is advised.
 TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
