@@ -60,6 +60,7 @@ using format::Action;
 using format::Block;
 using format::BlockState;
 using format::Event;
+using format::EventNotes;
 using format::Segment;
 using format::Snapshot;
 using format::StackId;
@@ -361,8 +362,10 @@ class Builder {
                                                 : sim.segs[g_.upTo(sim.segs.size() - 1)].stream;
     e.stack = stack();
     e.pool = s_.traits.has_pool_id ? pool() : 0;
-    if (s_.traits.has_compile_context) e.compile_context = someString();
-    if (s_.traits.has_user_metadata) e.user_metadata = someString();
+    EventNotes notes;
+    if (s_.traits.has_compile_context) notes.compile_context = someString();
+    if (s_.traits.has_user_metadata) notes.user_metadata = someString();
+    e.notes = s_.event_notes.intern(notes);
     if (s_.traits.has_time_us) {
       switch (g_.upTo(15)) {
         case 0:
@@ -573,8 +576,11 @@ class Builder {
 
   void other(DeviceSim& sim) {
     Event e = base(g_.chance(2) ? Action::Annotate : Action::Unknown, sim);
-    if (e.action == Action::Unknown)
-      e.action_name = s_.strings.intern(g_.chance(2) ? "" : g_.text());
+    if (e.action == Action::Unknown) {
+      EventNotes notes = s_.notesOf(e);
+      notes.action_name = s_.strings.intern(g_.chance(2) ? "" : g_.text());
+      e.notes = s_.event_notes.intern(notes);
+    }
     e.addr = g_.addr();
     e.size = g_.size();
     push(e);
@@ -772,7 +778,8 @@ void checkSame(const Snapshot& a, const Snapshot& b, bool native) {
       if ((native || a.traits.has_pool_id) && x.pool != 0 && a.pools[x.pool] != b.pools[y.pool])
         eventsDiffer();
       if ((native || a.traits.has_compile_context) &&
-          !sameText(a.strings.get(x.compile_context), b.strings.get(y.compile_context))) {
+          !sameText(a.strings.get(a.notesOf(x).compile_context),
+                    b.strings.get(b.notesOf(y).compile_context))) {
         eventsDiffer();
       }
     }

@@ -68,8 +68,7 @@ std::string sameIds(const Snapshot& a, const Snapshot& b) {
     const Event& x = a.events[i];
     const Event& y = b.events[i];
     if (x.addr != y.addr || x.size != y.size || x.stream != y.stream || x.time_us != y.time_us ||
-        x.stack != y.stack || x.compile_context != y.compile_context ||
-        x.user_metadata != y.user_metadata || x.action_name != y.action_name || x.pool != y.pool ||
+        x.stack != y.stack || !(a.notesOf(x) == b.notesOf(y)) || x.pool != y.pool ||
         x.action != y.action || x.category != y.category) {
       return "event " + std::to_string(i) + " differs";
     }
@@ -721,7 +720,7 @@ TEST(PickleFastPath, EntriesWithThePreviousKeysTakeTheShapedPath) {
   EXPECT_EQ(snap->events[6].addr, 0x7f0000000000ULL + 512 * 6);
   EXPECT_EQ(snap->events[6].stream, 6);
   EXPECT_EQ(snap->events[6].time_us, static_cast<int64_t>(1763324227581137ULL + 6));
-  EXPECT_EQ(snap->strings.get(snap->events[6].compile_context), "ctx");
+  EXPECT_EQ(snap->strings.get(snap->notesOf(snap->events[6]).compile_context), "ctx");
   EXPECT_EQ(snap->stacks.stack(snap->events[6].stack).size(), 2u);
 }
 

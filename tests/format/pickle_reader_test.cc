@@ -64,9 +64,10 @@ TEST(PickleReader, ReadsEventFieldsWithEveryIntegerEncoding) {
   EXPECT_EQ(e.size, 70000u);
   EXPECT_EQ(e.stream, -1);
   EXPECT_EQ(e.time_us, 1783874495854988LL);
-  EXPECT_EQ(s->strings.get(e.compile_context), "N/A");
-  EXPECT_EQ(s->strings.get(e.user_metadata), "step=3");
-  EXPECT_EQ(e.stack, kNoStack);  // key absent
+  EXPECT_EQ(s->strings.get(s->notesOf(e).compile_context), "N/A");
+  EXPECT_EQ(s->strings.get(s->notesOf(e).user_metadata), "step=3");
+  EXPECT_EQ(s->notesOf(e).action_name, kEmptyStr);  // a known action keeps no name
+  EXPECT_EQ(e.stack, kNoStack);                     // key absent
   EXPECT_TRUE(s->traits.has_time_us);
   EXPECT_TRUE(s->traits.has_user_metadata);
 }

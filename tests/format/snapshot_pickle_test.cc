@@ -194,13 +194,14 @@ class Differ {
         const Event& y = ty[i];
         std::string p = "device_traces[" + std::to_string(d) + "][" + std::to_string(i) + "]";
         eq(p + ".action", actionName(x.action), actionName(y.action));
-        strEq(p + ".action_name", x.action_name, y.action_name);
+        const EventNotes &nx = a_.notesOf(x), &ny = b_.notesOf(y);
+        strEq(p + ".action_name", nx.action_name, ny.action_name);
         eq(p + ".addr", x.addr, y.addr);
         eq(p + ".size", x.size, y.size);
         eq(p + ".stream", x.stream, y.stream);
         eq(p + ".time_us", x.time_us, y.time_us);
-        strEq(p + ".compile_context", x.compile_context, y.compile_context);
-        strEq(p + ".user_metadata", x.user_metadata, y.user_metadata);
+        strEq(p + ".compile_context", nx.compile_context, ny.compile_context);
+        strEq(p + ".user_metadata", nx.user_metadata, ny.user_metadata);
         eq(p + ".has_pool", x.pool != 0, y.pool != 0);
         eq(p + ".pool.first", a_.pools[x.pool].first, b_.pools[y.pool].first);
         eq(p + ".pool.second", a_.pools[x.pool].second, b_.pools[y.pool].second);
@@ -331,7 +332,7 @@ TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
   auto tr = back.trace(0);
   ASSERT_EQ(tr.size(), 6u);
   EXPECT_EQ(tr[0].action, Action::Unknown);
-  EXPECT_EQ(back.strings.get(tr[0].action_name), "mystery_action");
+  EXPECT_EQ(back.strings.get(back.notesOf(tr[0]).action_name), "mystery_action");
   ASSERT_EQ(back.stacks.stack(tr[1].stack).size(), 2u);
   EXPECT_EQ(back.stacks.frame(back.stacks.stack(tr[1].stack)[0]).line, kUnknownLine);
   EXPECT_EQ(back.strings.get(back.stacks.frame(back.stacks.stack(tr[1].stack)[0]).name), long_name);
@@ -480,7 +481,6 @@ TEST(SnapshotPickle, LegacyHistoryBlocksOfA20File) {
   s.trace_begin = {0, 1};
   Event e;
   e.action = Action::Snapshot;
-  e.action_name = s.strings.intern("snapshot");
   s.events.push_back(e);
 
   std::vector<uint8_t> bytes = snapshotToPickle(s);
@@ -557,23 +557,20 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
     e.action = i % 3 == 0   ? Action::Alloc
                : i % 3 == 1 ? Action::FreeRequested
                             : Action::FreeCompleted;
-    e.action_name = s.strings.intern(actionName(e.action));
     e.addr = seg.address + (i / 3) * 4096ull;
     e.size = 4000;
     e.stream = seg.stream;
     e.time_us = 1783874495854988ll + i;
     e.stack = i % 7 == 0 ? kNoStack : i % 7 == 1 ? kEmptyStack : deep_stack;
-    e.compile_context = i % 2 ? cc : na;
-    e.user_metadata = i % 5 ? kEmptyStr : meta;
+    e.notes = s.event_notes.intern(EventNotes{i % 2 ? cc : na, i % 5 ? kEmptyStr : meta});
     e.pool = static_cast<uint32_t>(i % 3);  // 0 = no pool_id key, 1 = (0, 0), 2 = (1, 7)
     s.events.push_back(e);
   }
   Event annotate;
   annotate.action = Action::Annotate;
-  annotate.action_name = s.strings.intern("annotate");
   annotate.addr = seg.address;
   annotate.time_us = 1783874495999999ll;
-  annotate.user_metadata = meta;
+  annotate.notes = s.event_notes.intern(EventNotes{.user_metadata = meta});
   s.events.push_back(annotate);
   t.has_annotate_action = true;
   s.trace_begin.push_back(s.events.size());

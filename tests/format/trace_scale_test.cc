@@ -82,7 +82,6 @@ struct Gen {
     if (traces.size() <= device) traces.resize(device + 1);
     Event e;
     e.action = a;
-    e.action_name = s.strings.intern(actionName(a));
     e.addr = addr;
     e.size = size;
     e.stream = stream;
@@ -161,8 +160,10 @@ class Same {
         const Event& x = ta[i];
         const Event& y = tb[i];
         if (x.action != y.action || x.addr != y.addr || x.size != y.size || x.stream != y.stream ||
-            x.time_us != y.time_us || !str(x.compile_context, y.compile_context) ||
-            !str(x.user_metadata, y.user_metadata) || !str(x.action_name, y.action_name) ||
+            x.time_us != y.time_us ||
+            !str(a_.notesOf(x).compile_context, b_.notesOf(y).compile_context) ||
+            !str(a_.notesOf(x).user_metadata, b_.notesOf(y).user_metadata) ||
+            !str(a_.notesOf(x).action_name, b_.notesOf(y).action_name) ||
             a_.pools.at(x.pool) != b_.pools.at(y.pool) || !stack(x.stack, y.stack)) {
           return "device " + std::to_string(d) + " event " + std::to_string(i) + " differs";
         }

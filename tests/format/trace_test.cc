@@ -607,8 +607,7 @@ std::string exactDiff(const Snapshot& a, const Snapshot& b) {
   for (size_t i = 0; i < a.events.size(); ++i) {
     const Event &x = a.events[i], &y = b.events[i];
     if (x.addr != y.addr || x.size != y.size || x.stream != y.stream || x.time_us != y.time_us ||
-        x.stack != y.stack || x.compile_context != y.compile_context ||
-        x.user_metadata != y.user_metadata || x.action_name != y.action_name || x.pool != y.pool ||
+        x.stack != y.stack || !(a.notesOf(x) == b.notesOf(y)) || x.pool != y.pool ||
         x.action != y.action || x.category != y.category)
       return "event " + std::to_string(i);
   }
@@ -694,15 +693,15 @@ Snapshot manyDevices(size_t devices, size_t per_device) {
       Event e;
       const int kind = static_cast<int>(rng() % 10);
       e.action = kind == 9 ? Action::Unknown : (kind % 2 ? Action::FreeCompleted : Action::Alloc);
-      e.action_name =
-          s.strings.intern(e.action == Action::Unknown ? "custom_" + std::to_string(i % 3)
-                                                       : std::string(actionName(e.action)));
       e.addr = (d << 40) + (i % 64) * 4096;
       e.size = 512 * (1 + i % 17);
       e.stream = static_cast<int64_t>(i % 3);
       e.time_us = static_cast<int64_t>(1000 + d * per_device + i);
       e.stack = i % 11 == 0 ? kNoStack : s.stacks.internStack(frames);
-      e.compile_context = s.strings.intern(i % 13 == 0 ? "ctx" + std::to_string(d % 4) : "N/A");
+      e.notes = s.event_notes.intern(EventNotes{
+          s.strings.intern(i % 13 == 0 ? "ctx" + std::to_string(d % 4) : "N/A"), kEmptyStr,
+          e.action == Action::Unknown ? s.strings.intern("custom_" + std::to_string(i % 3))
+                                      : kEmptyStr});
       e.pool = i % 17 == 0 ? 1 : 0;
       s.events.push_back(e);
     }

@@ -129,10 +129,11 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
       t.time_us = e.time_us;
       t.device = static_cast<uint32_t>(d);
       t.stack = stack(e.stack);
-      t.compile_context = str(e.compile_context);
-      t.user_metadata = str(e.user_metadata);
+      const EventNotes& notes = s.notesOf(e);
+      t.compile_context = str(notes.compile_context);
+      t.user_metadata = str(notes.user_metadata);
       t.action = static_cast<uint8_t>(e.action);
-      t.action_name = e.action == Action::Unknown ? str(e.action_name) : 0;
+      t.action_name = e.action == Action::Unknown ? str(notes.action_name) : 0;
       t.pool = e.pool < pool_map.size() ? pool_map[e.pool] : 0;
       st = w.event(t);
       if (!st.ok()) return st;
@@ -282,6 +283,7 @@ class IdBits {
 // (kRefStack << 32 | id, kRefString << 32 | id), and whether its devices never decrease.
 struct ChunkRefs {
   std::vector<uint64_t> refs;
+  EventNotesTable notes;  // the chunk's notes in the file's string ids (Event::notes until step 6)
   uint32_t first_device = 0, last_device = 0;
   bool ordered = true;
 };
@@ -415,11 +417,6 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     }
     return stack_map[id] = snap.stacks.internStack(frames_tmp);
   };
-  StrId action_names[kActionCount];
-  for (int a = 0; a < kActionCount; ++a) {
-    action_names[a] = snap.strings.intern(
-        a == static_cast<int>(Action::Unknown) ? "" : actionName(static_cast<Action>(a)));
-  }
 
   // Events arrive in file order. Files written device by device (every conversion, and a capture
   // of one device) go straight into the model's flat array; a file that interleaves devices
@@ -437,10 +434,9 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     e.stream = t.stream;
     e.time_us = t.time_us;
     e.stack = stack(t.stack);
-    e.compile_context = str(t.compile_context);
-    e.user_metadata = str(t.user_metadata);
     e.action = static_cast<Action>(t.action);
-    e.action_name = t.action == 10 ? str(t.action_name) : action_names[t.action];
+    e.notes = snap.event_notes.intern(EventNotes{str(t.compile_context), str(t.user_metadata),
+                                                 t.action == 10 ? str(t.action_name) : kEmptyStr});
     e.pool = t.pool;
     return e;
   };
@@ -558,15 +554,14 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         return;
       }
       if (!p.verified || chunks[i].type != static_cast<uint8_t>(trace::ChunkType::Events)) return;
-      // The file's ids go into the events as they are (step 6 maps them), except the action
-      // name of a known action, the model's own string for it.
+      // The file's ids go into the events as they are (step 6 maps them); the notes into the
+      // chunk's own table, in the file's string ids.
       struct Scan {
         ChunkRefs& out;
         trace::PreparedChunk& p;
         IdBits stacks, strings;
         Event* slice;
         uint64_t slice_count;
-        const StrId* action_names;
         bool fits = true;
         bool any = false;
         uint32_t stack = 0, compile = 0, user = 0, action_name = 0;
@@ -607,10 +602,9 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           e.stream = t.stream;
           e.time_us = t.time_us;
           e.stack = t.stack;
-          e.compile_context = t.compile_context;
-          e.user_metadata = t.user_metadata;
           e.action = static_cast<Action>(t.action);
-          e.action_name = t.action == 10 ? t.action_name : action_names[t.action];
+          e.notes = out.notes.intern(
+              EventNotes{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0});
           e.pool = t.pool;
         }
       } scan{refs[i],
@@ -618,8 +612,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
              IdBits(stack_bound),
              IdBits(string_bound),
              snap.events.data() + slice_at[i],
-             slice_count[i],
-             action_names};
+             slice_count[i]};
       constexpr uint64_t kAll = ~uint64_t{0};
       Status st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
       p.events_decoded = st.ok() && scan.fits;
@@ -703,15 +696,26 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     }
     if (seen != total) return std::nullopt;
     snap.events.resize(static_cast<size_t>(total));
+    // Each chunk's notes rows become the model's, interned in file order as the serial reader
+    // interns them (the file's string 0 is always "", the model's kEmptyStr).
+    std::vector<std::vector<uint32_t>> notes_of(accepted.size());
+    for (size_t k = 0; k < accepted.size(); ++k) {
+      const EventNotesTable& local = refs[accepted[k]].notes;
+      notes_of[k].resize(local.size());
+      for (uint32_t j = 0; j < local.size(); ++j) {
+        const EventNotes& n = local[j];
+        notes_of[k][j] = snap.event_notes.intern(
+            EventNotes{str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
+      }
+    }
     parallelFor(accepted.size(), threads, [&](size_t k) {
       const size_t i = accepted[k];
       Event* e = snap.events.data() + slice_at[i];
       Event* const end = e + prepared[i].event_count;
+      const std::vector<uint32_t>& notes = notes_of[k];
       for (; e != end; ++e) {
         e->stack = stack_of[e->stack];
-        e->compile_context = str_of[e->compile_context];
-        e->user_metadata = str_of[e->user_metadata];
-        if (e->action == Action::Unknown) e->action_name = str_of[e->action_name];
+        e->notes = notes[e->notes];
       }
     });
     // 7. Devices interleaved (a capture of several devices): each device's events, in file

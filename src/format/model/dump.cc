@@ -69,7 +69,7 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       out << d << ":" << i << " ";
       if (e.time_us >= 0) out << "t=" << e.time_us << " ";
       if (e.action == Action::Unknown)
-        out << escapeText(s.strings.get(e.action_name));
+        out << escapeText(s.strings.get(s.notesOf(e).action_name));
       else
         out << actionName(e.action);
       if (e.action == Action::Oom)
@@ -77,10 +77,11 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       else
         out << " addr=" << hex(e.addr) << " size=" << e.size;
       out << " stream=" << e.stream << " stack=" << use(e.stack);
-      if (e.compile_context != kEmptyStr)
-        out << " compile_context=" << quoted(s.strings.get(e.compile_context));
-      if (e.user_metadata != kEmptyStr)
-        out << " user_metadata=" << quoted(s.strings.get(e.user_metadata));
+      const EventNotes& notes = s.notesOf(e);
+      if (notes.compile_context != kEmptyStr)
+        out << " compile_context=" << quoted(s.strings.get(notes.compile_context));
+      if (notes.user_metadata != kEmptyStr)
+        out << " user_metadata=" << quoted(s.strings.get(notes.user_metadata));
       if (e.pool != 0) out << " pool=" << s.pools[e.pool].first << "," << s.pools[e.pool].second;
       out << "\n";
     }

@@ -125,6 +125,23 @@ StackId StackTable::internStack(std::span<const FrameId> frames) {
   return id;
 }
 
+EventNotesTable::EventNotesTable() : rows_(1), next_(1, 0) {}
+
+uint32_t EventNotesTable::internNew(const EventNotes& n) {
+  const uint64_t h =
+      mix((uint64_t{n.compile_context} << 32 | n.user_metadata) ^ mix(n.action_name + 0x9e37));
+  uint32_t* head = head_.find(h);
+  for (uint32_t c = head ? *head : 0; c != 0; c = next_[c]) {
+    if (rows_[c] == n) return last_ = c;
+  }
+  if (n == EventNotes{}) return last_ = 0;
+  const auto id = static_cast<uint32_t>(rows_.size());
+  rows_.push_back(n);
+  next_.push_back(head ? *head : 0);
+  head_.insert(h, id);
+  return last_ = id;
+}
+
 std::string_view actionName(Action a) {
   switch (a) {
     case Action::Alloc:

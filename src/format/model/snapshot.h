@@ -111,22 +111,47 @@ inline constexpr int kActionCount = 11;
 std::string_view actionName(Action a);
 std::optional<Action> parseAction(std::string_view s);
 
+// The strings a trace entry seldom carries, interned together as one row of
+// Snapshot::event_notes so that Event stays small: most entries have none of them, and the rest
+// share a few rows (2.8+ files write compile_context "N/A" on every entry).
+struct EventNotes {
+  StrId compile_context = kEmptyStr;
+  StrId user_metadata = kEmptyStr;
+  StrId action_name = kEmptyStr;  // the action string as written, kept only for Unknown actions
+  bool operator==(const EventNotes&) const = default;
+};
+
+// Append-only interning table of EventNotes; row 0 is the empty one (no notes).
+class EventNotesTable {
+ public:
+  EventNotesTable();
+  // Inline for the common case, a repeat of the last row (once per trace entry while reading).
+  uint32_t intern(const EventNotes& n) { return rows_[last_] == n ? last_ : internNew(n); }
+  const EventNotes& operator[](uint32_t id) const { return rows_[id]; }
+  size_t size() const { return rows_.size(); }
+
+ private:
+  uint32_t internNew(const EventNotes& n);
+  std::vector<EventNotes> rows_;
+  U64Map<uint32_t> head_;       // hash of a row -> newest row with that hash
+  std::vector<uint32_t> next_;  // older row with the same hash (0 = none)
+  uint32_t last_ = 0;           // the row interned last: consecutive entries mostly repeat it
+};
+
 struct Event {
   uint64_t addr = 0;         // block/segment address; for Oom: device_free bytes (as in the file)
   uint64_t size = 0;         // requested bytes (alloc/free_*), segment bytes, rounded OOM request
   int64_t stream = 0;        // cudaStream_t as int
   int64_t time_us = -1;      // wall clock microseconds since epoch; -1 when the file has none
   StackId stack = kNoStack;  // frames of the event; kNoStack when the key was absent
-  StrId compile_context = kEmptyStr;
-  StrId user_metadata = kEmptyStr;
-  StrId action_name = kEmptyStr;  // the action string as written (kept for Unknown actions)
-  uint32_t pool = 0;  // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
+  uint32_t pool = 0;         // index into Snapshot::pools; 0 = no pool_id in the file (pre-2.12)
+  uint32_t notes = 0;        // index into Snapshot::event_notes; 0 = none
   Action action = Action::Unknown;
   // A category the input itself assigned (torch.profiler's export_memory_timeline: 1 + PyTorch's
   // _CATEGORY_TO_INDEX, names in format/profiler/profiler_reader.h); 0 = none (every other input).
   uint8_t category = 0;
 };
-static_assert(sizeof(Event) == 56, "Event is stored once per trace entry: keep it compact");
+static_assert(sizeof(Event) == 48, "Event is stored once per trace entry: keep it compact");
 
 enum class BlockState : uint8_t { ActiveAllocated, ActivePendingFree, Inactive, Unknown };
 std::string_view blockStateName(BlockState s);
@@ -250,6 +275,7 @@ struct Snapshot {
   std::vector<size_t> trace_begin;  // trace d = events[trace_begin[d], trace_begin[d + 1])
   // pool_id tuples of trace entries; index 0 is a placeholder for "none".
   std::vector<std::pair<uint64_t, uint64_t>> pools{{0, 0}};
+  EventNotesTable event_notes;  // Event::notes
   std::vector<Annotation> annotations;
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
@@ -271,6 +297,7 @@ struct Snapshot {
   std::span<const Block> blocksOf(const Segment& s) const {
     return {blocks.data() + s.first_block, s.block_count};
   }
+  const EventNotes& notesOf(const Event& e) const { return event_notes[e.notes]; }
   size_t traceCount() const { return trace_begin.empty() ? 0 : trace_begin.size() - 1; }
   std::span<const Event> trace(size_t d) const {
     if (d >= traceCount()) return {};

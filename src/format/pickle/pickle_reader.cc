@@ -1257,6 +1257,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
     return err(std::string("trace entry `") + key + "` is " + aKind(v, nodes_) +
                ", expected a non-negative int");
   };
+  EventNotes notes;
   bool have_action = false;
   for (size_t k = 0; k + 1 < count; k += 2) {
     const Value& key = kv[k];
@@ -1271,7 +1272,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
         cached = ActionOf{v.id, a ? *a : Action::Unknown};
       }
       e.action = cached.action;
-      e.action_name = v.id;
+      notes.action_name = e.action == Action::Unknown ? v.id : kEmptyStr;
       have_action = true;
       if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
     } else if (id == keys_.addr) {
@@ -1302,10 +1303,10 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
       if (!st) return st.error();
       e.stack = *st;
     } else if (id == keys_.compile_context) {
-      if (v.kind == VK::Str) e.compile_context = v.id;
+      if (v.kind == VK::Str) notes.compile_context = v.id;
       snap_.traits.has_compile_context = true;
     } else if (id == keys_.user_metadata) {
-      if (v.kind == VK::Str) e.user_metadata = v.id;
+      if (v.kind == VK::Str) notes.user_metadata = v.id;
       snap_.traits.has_user_metadata = true;
     } else if (id == keys_.pool_id) {
       snap_.traits.has_pool_id = true;
@@ -1325,6 +1326,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
     }
   }
   if (!have_action) return err("trace entry without an action");
+  e.notes = snap_.event_notes.intern(notes);
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
   grow(events_, 1, kSlotEvents);
@@ -1756,6 +1758,7 @@ bool Machine::fastShaped() {
   const uint64_t frames0 = frames_budget_;
   const uint32_t n = newNode(NK::Dict);
   Event e;
+  EventNotes notes;
   bool ok = fastMemo(p, uint64_t{2} << 32 | n) && p < end && *p == MARK;
   if (ok) {
     ++p;
@@ -1779,7 +1782,7 @@ bool Machine::fastShaped() {
             cached = ActionOf{id, a ? *a : Action::Unknown};
           }
           e.action = cached.action;
-          e.action_name = id;
+          notes.action_name = e.action == Action::Unknown ? id : kEmptyStr;
           break;
         }
         case Field::Addr:
@@ -1832,9 +1835,9 @@ bool Machine::fastShaped() {
             s = static_cast<StrId>(m);
           }
           if (shape_field_[k] == Field::CompileContext)
-            e.compile_context = s;
+            notes.compile_context = s;
           else
-            e.user_metadata = s;
+            notes.user_metadata = s;
           break;
         }
       }
@@ -1854,6 +1857,7 @@ bool Machine::fastShaped() {
   if (shape_compile_context_) snap_.traits.has_compile_context = true;
   if (shape_user_metadata_) snap_.traits.has_user_metadata = true;
   if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
+  e.notes = snap_.event_notes.intern(notes);
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
   grow(events_, 1, kSlotEvents);

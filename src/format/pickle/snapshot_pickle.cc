@@ -232,8 +232,8 @@ class Pickler {
   }
 
   void action(const Event& e) {
-    if (e.action_name != kEmptyStr) {
-      str(e.action_name);  // as written in the source, so unknown actions survive
+    if (const StrId name = s_.notesOf(e).action_name; name != kEmptyStr) {
+      str(name);  // as written in the source, so unknown actions survive
     } else {
       memoStr(action_memo_[static_cast<size_t>(e.action)], actionName(e.action));
     }
@@ -398,11 +398,11 @@ class Pickler {
     }
     if (t_.has_compile_context) {
       key(kCompileContext);
-      str(e.compile_context);
+      str(s_.notesOf(e).compile_context);
     }
     if (t_.has_user_metadata) {
       key(kUserMetadata);
-      str(e.user_metadata);
+      str(s_.notesOf(e).user_metadata);
     }
     if (t_.has_pool_id && e.pool != 0) {  // pool 0: this entry had no pool_id
       key(kPoolId);

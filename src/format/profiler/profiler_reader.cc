@@ -332,9 +332,8 @@ struct BuildResult {
 // it the pre-history frees do not explain becomes one block "allocated before the profile".
 // Reserved follows the ops' total_reserved when `have_reserved`, else the allocated (512-rounded)
 // high-water mark.
-BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_alloc,
-                        bool have_reserved, bool key_is_address, const std::string& dev,
-                        StackId before_stack) {
+BuildResult buildDevice(std::vector<Op>& ops, int64_t baseline_alloc, bool have_reserved,
+                        bool key_is_address, const std::string& dev, StackId before_stack) {
   BuildResult out;
   const size_t n = ops.size();
   // Pass 1: match. block_of[i] = the block an op allocates or frees.
@@ -429,17 +428,12 @@ BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_a
       alloc_rounded = std::min(kMaxSynthBytes, alloc_rounded + round512(block_size[b]));
   }
   uint64_t by_cat[kProfilerCategoryCount + 1] = {};
-  const StrId seg_alloc_name = snap.strings.intern(actionName(Action::SegmentAlloc));
-  const StrId seg_free_name = snap.strings.intern(actionName(Action::SegmentFree));
-  const StrId alloc_name = snap.strings.intern(actionName(Action::Alloc));
-  const StrId free_name = snap.strings.intern(actionName(Action::FreeCompleted));
   auto reserve_to = [&](uint64_t target, int64_t t, StackId st) {
     target = std::min(target, kMaxSynthBytes);
     if (target == reserved) return;
     Event e;
     const bool grow = target > reserved;
     e.action = grow ? Action::SegmentAlloc : Action::SegmentFree;
-    e.action_name = grow ? seg_alloc_name : seg_free_name;
     e.addr = kSlotBase + std::min(reserved, target);
     e.size = grow ? target - reserved : reserved - target;
     e.time_us = t;
@@ -457,7 +451,6 @@ BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_a
   if (filler > 0) {
     Event e;
     e.action = Action::Alloc;
-    e.action_name = alloc_name;
     e.addr = filler_addr;
     e.size = static_cast<uint64_t>(filler);
     e.time_us = t0;
@@ -482,7 +475,6 @@ BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_a
     if (!o.free) {
       if (!packed[b]) addr[b] = slot_addr(take());
       e.action = Action::Alloc;
-      e.action_name = alloc_name;
       if (__builtin_add_overflow(requested, o.size, &requested)) overflow = true;
       alloc_rounded = std::min(kMaxSynthBytes, alloc_rounded + round512(o.size));
       if (!have_reserved && alloc_rounded > reserved) reserve_to(alloc_rounded, o.time_us, o.stack);
@@ -491,7 +483,6 @@ BuildResult buildDevice(Snapshot& snap, std::vector<Op>& ops, int64_t baseline_a
         out.final_blocks.push_back(FinalBlock{addr[b], round512(o.size), o.size, o.stack});
     } else {
       e.action = Action::FreeCompleted;
-      e.action_name = free_name;
       uint64_t freed = block_size[b];  // the alloc's request: replay subtracts that
       requested -= std::min(requested, freed);
       alloc_rounded -= std::min(alloc_rounded, round512(freed));
@@ -1201,7 +1192,7 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
       else if (baseline < 0)
         baseline = 0;
     }
-    BuildResult r = buildDevice(snap, ops, baseline, with_tr, addressed, dev, before);
+    BuildResult r = buildDevice(ops, baseline, with_tr, addressed, dev, before);
     per_device[static_cast<size_t>(d)] = std::move(r.events);
     addFinalState(snap, d, r);
     if (!addressed) {
@@ -1487,7 +1478,7 @@ Expected<Snapshot> readTimeline(std::span<const uint8_t> bytes, const ProfilerRe
                      [](const Op& a, const Op& b) { return a.time_us < b.time_us; });
   }
   std::vector<std::vector<Event>> per_device(1);
-  BuildResult r = buildDevice(snap, ops, -1, false, false, "device 0", kNoStack);
+  BuildResult r = buildDevice(ops, -1, false, false, "device 0", kNoStack);
   per_device[0] = std::move(r.events);
   addFinalState(snap, 0, r);
   finishTraces(snap, per_device);

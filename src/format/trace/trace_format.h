@@ -50,7 +50,7 @@ inline constexpr uint32_t kTableChunkBytes = 4u << 20;
 // The zstd chunks of a file decode to at most decodedBudget(file size) bytes in total: 16 MiB, or
 // 16 times the file's size when that is more. Real snapshots decode to 2-17 times their stored
 // size per chunk and to at most 11 times the file's size overall. A "zip bomb" (a few bytes that
-// expand into megabytes of 4-byte records, each becoming a 56-byte event) is refused before it is
+// expand into megabytes of 4-byte records, each becoming a 48-byte event) is refused before it is
 // decoded: a file of F bytes yields at most about 16 * F / 4 events from zstd chunks. A writer
 // whose data compress better than that (a repetitive alloc/free loop) stores some chunks
 // uncompressed, which keeps its file within the budget it will be read with. Chunks stored
