@@ -27,49 +27,39 @@ std::atomic<bool> g_glibc_arenas{false};
 std::mutex g_heap_mu;
 
 #if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
-// [begin, end) of the process's brk heap (the main arena), from /proc/self/maps.
-bool mainHeapRange(uintptr_t& begin, uintptr_t& end) {
+struct Range {
+  uintptr_t begin = 0, end = 0;
+  bool found = false;
+};
+
+// One walk of /proc/self/maps: the process's brk heap (the main arena: one mapping or, once
+// advised in part, several adjacent ones) and the mapping that holds `addr` (0: none asked for).
+bool readMaps(uintptr_t addr, Range& heap, Range& holder) {
   FILE* f = std::fopen("/proc/self/maps", "re");
   if (f == nullptr) return false;
   char line[512];
-  bool found = false;
-  // The heap is one mapping or, once advised in part, several adjacent ones.
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    bool heap = std::strstr(line, "[heap]") != nullptr;
-    if (!heap) {
-      if (found) break;
+  bool heap_done = false;
+  while ((!heap_done || (addr != 0 && !holder.found)) &&
+         std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long b = 0, e = 0;
+    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2 || e <= b) continue;
+    if (addr != 0 && !holder.found && addr >= b && addr < e)
+      holder = {static_cast<uintptr_t>(b), static_cast<uintptr_t>(e), true};
+    if (heap_done) continue;
+    if (std::strstr(line, "[heap]") == nullptr) {
+      heap_done = heap.found;
       continue;
     }
-    unsigned long long b = 0, e = 0;
-    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2 || e <= b) break;
-    if (!found)
-      begin = static_cast<uintptr_t>(b);
-    else if (static_cast<uintptr_t>(b) != end)
-      break;
-    end = static_cast<uintptr_t>(e);
-    found = true;
-  }
-  std::fclose(f);
-  return found;
-}
-
-// [begin, end) of the mapping of /proc/self/maps that holds `addr`.
-bool mappingOf(uintptr_t addr, uintptr_t& begin, uintptr_t& end) {
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (f == nullptr) return false;
-  char line[512];
-  bool found = false;
-  while (!found && std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long b = 0, e = 0;
-    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2) continue;
-    if (addr >= b && addr < e) {
-      begin = static_cast<uintptr_t>(b);
-      end = static_cast<uintptr_t>(e);
-      found = true;
+    if (heap.found && static_cast<uintptr_t>(b) != heap.end) {
+      heap_done = true;
+      continue;
     }
+    if (!heap.found) heap.begin = static_cast<uintptr_t>(b);
+    heap.end = static_cast<uintptr_t>(e);
+    heap.found = true;
   }
   std::fclose(f);
-  return found;
+  return true;
 }
 
 std::atomic<void*> g_sink{nullptr};  // keeps the compiler from eliding the probing malloc
@@ -92,11 +82,11 @@ size_t enableHeapHugePages() {
   // steps of at least that). It is not grown ahead: blocks that grew it by 30 MiB before advising
   // (malloc'd and freed at once) raised the 498 MB pickle's peak RSS from 430-450 MB to 515-532
   // MB and its page faults from about 13,000 to 24,000, with no gain in time.
-  uintptr_t begin = 0, end = 0;
-  if (!mainHeapRange(begin, end)) return 0;
+  Range heap, unused;
+  if (!readMaps(0, heap, unused) || !heap.found) return 0;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  uintptr_t b = (begin + kHuge - 1) & ~(kHuge - 1);
-  uintptr_t e = end & ~(kHuge - 1);
+  uintptr_t b = (heap.begin + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t e = heap.end & ~(kHuge - 1);
   if (e <= b) return 0;
   if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) != 0) return 0;
   return e - b;
@@ -114,18 +104,17 @@ size_t adviseThreadHeapHugePages() {
   g_sink.store(probe, std::memory_order_relaxed);
   auto at = reinterpret_cast<uintptr_t>(probe);
   std::free(probe);
-  uintptr_t begin = 0, end = 0;
+  Range heap, holder;
   {
     std::lock_guard<std::mutex> lock(g_heap_mu);
-    if (!mainHeapRange(begin, end)) return 0;
+    if (!readMaps(at, heap, holder) || !heap.found) return 0;
   }
-  if (at >= begin && at < end) return 0;  // the main arena: enableHeapHugePages advised it
+  if (at >= heap.begin && at < heap.end)
+    return 0;  // the main arena: enableHeapHugePages advised it
   uintptr_t base = at & ~(kHeapMax - 1);
   // A glibc thread heap's writable part is one mapping from the aligned base, within the
   // reservation; anything else (a mapping the allocator fell back to) is left alone.
-  uintptr_t map_begin = 0, map_end = 0;
-  if (!mappingOf(at, map_begin, map_end) || map_begin != base || map_end - map_begin > kHeapMax)
-    return 0;
+  if (!holder.found || holder.begin != base || holder.end - holder.begin > kHeapMax) return 0;
   // The whole reservation (its part not yet writable too: mprotect keeps the advice).
   if (::madvise(reinterpret_cast<void*>(base), kHeapMax, MADV_HUGEPAGE) != 0) return 0;
   return kHeapMax;

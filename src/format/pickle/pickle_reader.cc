@@ -1942,6 +1942,10 @@ Expected<Snapshot> Machine::run() {
     }
     op_offset_ = p_ - begin_;
     if (opt_.progress && static_cast<uint64_t>(op_offset_) >= next_progress) {
+      // The prefetcher learns the position first: the callback may release the pages behind it
+      // (load.cc), which a prefetcher that last heard of the parse 1024 dicts ago (reportFill)
+      // could otherwise map again.
+      input_prefetch_.advance(p_);
       opt_.progress(static_cast<uint64_t>(op_offset_), snap_.input_bytes);
       next_progress = static_cast<uint64_t>(op_offset_) + opt_.progress_interval;
     }
