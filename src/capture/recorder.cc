@@ -268,9 +268,12 @@ void Recorder::writerLoop() {
     char buf[64];
     while (::read(wake_[0], buf, sizeof buf) > 0) {
     }
+    // The flush requests are read before the rings are drained: a request that arrives between
+    // the two would otherwise be marked done by a flush that lacks the records its thread pushed
+    // just before asking (seen under ASan in CI: the SIGINT test read a file short of events).
+    const uint64_t req = flush_req_.load(std::memory_order_acquire);
     drainRings();
     const uint8_t finish = finish_req_.load(std::memory_order_acquire);
-    const uint64_t req = flush_req_.load(std::memory_order_acquire);
     const int64_t now = clockNs(CLOCK_MONOTONIC);
     if (finish != 0) {
       finishFile(static_cast<FinishMode>(finish - 1));
