@@ -184,7 +184,7 @@ size_t sessionThreadsFor(const format::Snapshot& snap, const std::vector<int64_t
   uint64_t largest = 1;
   for (int64_t d : devices) {
     if (d >= 0 && static_cast<uint64_t>(d) < snap.traceCount())
-      largest = std::max<uint64_t>(largest, snap.trace(static_cast<size_t>(d)).size());
+      largest = std::max<uint64_t>(largest, snap.traceSize(static_cast<size_t>(d)));
   }
   return sessionThreads(threads, devices.size(), largest);
 }
@@ -314,7 +314,10 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   }
   forEachDevice(devices, threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
-    // over the moments the top groups, the call graph and the detectors read.
+    // over the moments the top groups, the call graph and the detectors read. A deferred
+    // snapshot's device is decoded for the task's life, into the thread's reused buffer.
+    const format::DeviceTraceScope scope(
+        snap, devices[i] >= 0 ? static_cast<size_t>(devices[i]) : snap.traceCount());
     DeviceSession session(snap, devices[i], session_opt);
     const int64_t peak = session.facts().summary.peak_requested.event;
     session.requestLive(peak, kMomentPeakRequested);

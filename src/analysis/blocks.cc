@@ -157,7 +157,7 @@ Expected<int64_t> blocksDevice(const format::Snapshot& snap, std::optional<int64
     return *device;
   }
   for (int64_t x : devs) {
-    if (!snap.trace(static_cast<size_t>(x)).empty()) return x;
+    if (snap.traceSize(static_cast<size_t>(x)) > 0) return x;
   }
   if (!devs.empty()) return devs.front();
   return Error{"the snapshot has no device"};

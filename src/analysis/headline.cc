@@ -99,16 +99,15 @@ std::string focusNote(int64_t device, const std::string& reason) {
 std::optional<int64_t> oomFocusDevice(const format::Snapshot& snap) {
   std::optional<int64_t> best;
   int64_t best_time = std::numeric_limits<int64_t>::max();
-  for (int64_t d : snap.devices()) {
-    if (d < 0) continue;
-    for (const format::Event& e : snap.trace(static_cast<size_t>(d))) {
-      if (e.action != format::Action::Oom) continue;
-      int64_t t = e.time_us < 0 ? std::numeric_limits<int64_t>::max() - 1 : e.time_us;
-      if (!best || t < best_time) {
-        best = d;
-        best_time = t;
-      }
-      break;
+  // Each device's first OOM (the index lists them by device, then event).
+  const auto ooms = snap.ooms();
+  for (size_t k = 0; k < ooms->size(); ++k) {
+    const format::OomRef& o = (*ooms)[k];
+    if (k > 0 && (*ooms)[k - 1].device == o.device) continue;
+    int64_t t = o.time_us < 0 ? std::numeric_limits<int64_t>::max() - 1 : o.time_us;
+    if (!best || t < best_time) {
+      best = o.device;
+      best_time = t;
     }
   }
   return best;

@@ -214,6 +214,7 @@ size_t synthesizeFinalState(Snapshot& snap) {
   size_t orphans = 0;
   for (size_t d = 0; d < snap.traceCount(); ++d) {
     trace::DeviceTraceState st;
+    const DeviceTraceScope scope(snap, d);  // deferred events: one device at a time
     for (const Event& e : snap.trace(d)) {
       trace::TraceEvent t;
       t.action = static_cast<uint8_t>(e.action);
@@ -286,8 +287,79 @@ struct ChunkRefs {
   EventNotesTable notes;  // the chunk's notes in the file's string ids (Event::notes until step 6)
   uint32_t first_device = 0, last_device = 0;
   bool ordered = true;
+  // Deferred events (LoadOptions::defer_events): where each run of PreparedChunk::device_events
+  // starts, and the chunk's OOM events (run, index in the run, time).
+  std::vector<trace::detail::RecordState> run_from;
+  struct Oom {
+    size_t run;
+    uint64_t index;
+    int64_t time_us;
+  };
+  std::vector<Oom> ooms;
 };
 constexpr uint64_t kRefStack = 0, kRefString = 1;
+
+// The events of a native trace read for `analyze` (LoadOptions::defer_events), left in the
+// chunks' decoded payloads: each device's runs of records are decoded again, from the state
+// before each run's first record, when a DeviceTraceScope asks for that device. The model's ids
+// are the loader's (the same tables it maps a decoded array with).
+class TraceDeferredEvents final : public DeferredEvents {
+ public:
+  struct Run {
+    std::span<const uint8_t> payload;
+    trace::detail::EventRun run;
+    uint32_t chunk;  // index into notes / notes_of
+  };
+  std::unique_ptr<uint8_t[]> payloads;       // the zstd chunks' payloads, as the loader made them
+  std::vector<std::vector<uint8_t>> copies;  // Events payloads that were in the file's mapping
+  std::vector<size_t> run_begin;             // device d: runs[run_begin[d], run_begin[d + 1])
+  std::vector<Run> runs;
+  std::vector<StackId> stack_of;                // the file's stack id -> the model's
+  std::vector<EventNotesTable> notes;           // per accepted chunk, in the file's string ids
+  std::vector<std::vector<uint32_t>> notes_of;  // per accepted chunk: its row -> the model's
+  std::vector<OomRef> oom_refs;
+
+  void decode(size_t d, std::span<Event> out) const override {
+    if (d + 1 >= run_begin.size()) return;
+    struct Sink {
+      const TraceDeferredEvents& self;
+      const EventNotesTable& local;
+      const std::vector<uint32_t>& notes_of;
+      Event* out;
+      EventNotes last{};
+      uint32_t last_id = 0;
+      void begin(uint64_t) {}
+      void event(uint64_t i, const trace::TraceEvent& t) {
+        Event& e = out[i];
+        e.addr = t.addr;
+        e.size = t.size;
+        e.stream = t.stream;
+        e.time_us = t.time_us;
+        e.stack = t.stack < self.stack_of.size() ? self.stack_of[t.stack] : kNoStack;
+        e.action = static_cast<Action>(t.action);
+        const EventNotes n{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0};
+        if (!(n == last)) {
+          const uint32_t row = local.find(n);
+          last = n;
+          last_id = row < notes_of.size() ? notes_of[row] : 0;
+        }
+        e.notes = last_id;
+        e.pool = t.pool;
+      }
+    };
+    size_t at = 0;
+    for (size_t k = run_begin[d]; k < run_begin[d + 1]; ++k) {
+      const Run& r = runs[k];
+      if (r.run.count > out.size() - at) break;  // never: the runs sum to the trace's size
+      Sink sink{*this, notes[r.chunk], notes_of[r.chunk], out.data() + at};
+      sink.last_id = notes_of[r.chunk].empty() ? 0 : notes_of[r.chunk][0];
+      constexpr uint64_t kAll = ~uint64_t{0};
+      (void)trace::detail::decodeEventRecords(r.payload, kAll, kAll, kAll, sink, nullptr, &r.run);
+      at += r.run.count;
+    }
+  }
+  const std::vector<OomRef>& ooms() const override { return oom_refs; }
+};
 
 // The largest id count a table can reach: what the headers of its chunks declare, each capped by
 // the chunk's bytes (an entry takes at least one byte), so a forged header costs nothing.
@@ -355,6 +427,78 @@ unsigned traceLoadThreads(int threads, size_t chunks) {
 }
 
 namespace {
+
+// The deferred form of readTrace's steps 6 and 7: each accepted Events chunk's runs of one device
+// become that device's runs (in file order, so interleaved devices need no regrouping), its notes
+// table and rows stay for decoding, and trace_begin and the OOM index come from the counts.
+// `payloads` holds the zstd chunks' payloads; an uncompressed chunk's payload is in the file's
+// mapping, which does not outlive the load, and is copied.
+std::unique_ptr<TraceDeferredEvents> deferTraceEvents(
+    Snapshot& snap, const std::vector<trace::ChunkRef>& chunks,
+    const std::vector<trace::PreparedChunk>& prepared, std::vector<ChunkRefs>& refs,
+    const std::vector<size_t>& accepted, std::unique_ptr<uint8_t[]> payloads,
+    std::vector<StackId> stack_of, const std::vector<StrId>& str_of, uint32_t max_device,
+    uint64_t total, size_t counted_traces) {
+  auto out = std::make_unique<TraceDeferredEvents>();
+  out->payloads = std::move(payloads);
+  out->stack_of = std::move(stack_of);
+  const size_t traces = std::max<size_t>(total > 0 ? size_t{max_device} + 1 : 0, counted_traces);
+  std::vector<uint64_t> count(traces, 0);
+  std::vector<size_t> runs_of(traces + 1, 0);
+  for (size_t i : accepted) {
+    for (const auto& [d, cnt] : prepared[i].device_events) {
+      count[d] += cnt;
+      ++runs_of[d + 1];
+    }
+  }
+  snap.trace_begin.clear();
+  if (traces > 0) {
+    snap.trace_begin.assign(1, 0);
+    for (size_t d = 0; d < traces; ++d)
+      snap.trace_begin.push_back(snap.trace_begin.back() + count[d]);
+  }
+  for (size_t d = 0; d < traces; ++d) runs_of[d + 1] += runs_of[d];
+  out->run_begin = runs_of;
+  out->runs.resize(runs_of.back());
+  std::vector<uint64_t> seen(traces, 0);  // events of each device placed so far
+  out->notes.reserve(accepted.size());
+  out->notes_of.reserve(accepted.size());
+  for (size_t k = 0; k < accepted.size(); ++k) {
+    const size_t i = accepted[k];
+    const trace::PreparedChunk& p = prepared[i];
+    ChunkRefs& cr = refs[i];
+    std::span<const uint8_t> payload = p.payload;
+    if (chunks[i].codec != static_cast<uint8_t>(trace::Codec::Zstd) && !p.device_events.empty()) {
+      out->copies.emplace_back(payload.begin(), payload.end());
+      payload = out->copies.back();
+    }
+    // The chunk's notes rows become the model's in file order, as the decoded path interns them.
+    std::vector<uint32_t> rows(cr.notes.size());
+    for (uint32_t j = 0; j < cr.notes.size(); ++j) {
+      const EventNotes& n = cr.notes[j];
+      rows[j] = snap.event_notes.intern(
+          EventNotes{str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
+    }
+    out->notes_of.push_back(std::move(rows));
+    out->notes.push_back(std::move(cr.notes));
+    std::vector<uint64_t> run_base(p.device_events.size());
+    for (size_t j = 0; j < p.device_events.size(); ++j) {
+      const auto& [d, cnt] = p.device_events[j];
+      run_base[j] = seen[d];
+      out->runs[runs_of[d]++] = {payload, {cr.run_from[j], cnt}, static_cast<uint32_t>(k)};
+      seen[d] += cnt;
+    }
+    for (const ChunkRefs::Oom& m : cr.ooms) {
+      const uint32_t d = p.device_events[m.run].first;
+      out->oom_refs.push_back(
+          {static_cast<int64_t>(d), static_cast<int64_t>(run_base[m.run] + m.index), m.time_us});
+    }
+  }
+  // By device, then event, as OomIndexCache lists them (each device's in order already).
+  std::stable_sort(out->oom_refs.begin(), out->oom_refs.end(),
+                   [](const OomRef& a, const OomRef& b) { return a.device < b.device; });
+  return out;
+}
 
 // The reader of readSnapshotTrace. `threads` 0: the serial reader (each chunk checked, decoded
 // and converted in file order). Otherwise the chunks are checked, decompressed and decoded on
@@ -441,6 +585,9 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     return e;
   };
   uint64_t next_progress = 0;
+  // Events left encoded (LoadOptions::defer_events): the parallel path only.
+  const bool defer = options.defer_events && threads > 0;
+  std::unique_ptr<TraceDeferredEvents> deferred;
   // Parallel path: prepared chunks (outliving the reader's walk) and the events decoded into place.
   std::vector<trace::ChunkRef> chunks;
   std::vector<trace::PreparedChunk> prepared;
@@ -529,8 +676,10 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       slice_count[i] = count;
       slots += count;
     }
-    reserveHuge(snap.events, static_cast<size_t>(slots));
-    resizePopulating(snap.events, static_cast<size_t>(slots), threads);
+    if (!defer) {
+      reserveHuge(snap.events, static_cast<size_t>(slots));
+      resizePopulating(snap.events, static_cast<size_t>(slots), threads);
+    }
     refs.resize(n);
     // The first Segments chunk (a second one is refused by the reader) is decoded ahead with the
     // Checkpoint chunks, and the model's blocks sized for it, on the threads (step 4 takes them).
@@ -560,14 +709,14 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         ChunkRefs& out;
         trace::PreparedChunk& p;
         IdBits stacks, strings;
-        Event* slice;
+        Event* slice;  // null: events deferred (only the references and runs are kept)
         uint64_t slice_count;
         bool fits = true;
         bool any = false;
         uint32_t stack = 0, compile = 0, user = 0, action_name = 0;
         void begin(uint64_t count) {
           p.event_count = count;
-          if (count != slice_count) {
+          if (slice != nullptr && count != slice_count) {
             fits = false;
             slice_count = 0;
           }
@@ -579,12 +728,13 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
             out.refs.push_back(kind << 32 | id);
           }
         }
-        void event(uint64_t i, const trace::TraceEvent& t) {
+        [[gnu::always_inline]] void event(uint64_t i, const trace::TraceEvent& t) {
           if (!any || t.device != out.last_device) {
             if (any && t.device < out.last_device) out.ordered = false;
             if (!any) out.first_device = t.device;
             out.last_device = t.device;
             p.device_events.emplace_back(t.device, 0);
+            if (slice == nullptr) out.run_from.push_back(from);
           }
           ++p.device_events.back().second;
           // In toEvent's order: stack, compile context, user metadata, action name.
@@ -595,6 +745,15 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           if (t.action == 10 && (!any || t.action_name != action_name))
             ref(strings, kRefString, action_name = t.action_name);
           any = true;
+          const uint32_t notes = out.notes.intern(
+              EventNotes{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0});
+          if (slice == nullptr) {
+            if (t.action == static_cast<uint8_t>(Action::Oom)) {
+              out.ooms.push_back(
+                  {p.device_events.size() - 1, p.device_events.back().second - 1, t.time_us});
+            }
+            return;
+          }
           if (i >= slice_count) return;
           Event& e = slice[i];
           e.addr = t.addr;
@@ -603,19 +762,33 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           e.time_us = t.time_us;
           e.stack = t.stack;
           e.action = static_cast<Action>(t.action);
-          e.notes = out.notes.intern(
-              EventNotes{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0});
+          e.notes = notes;
           e.pool = t.pool;
         }
-      } scan{refs[i],
-             p,
-             IdBits(stack_bound),
-             IdBits(string_bound),
-             snap.events.data() + slice_at[i],
-             slice_count[i]};
+        trace::detail::RecordState from;  // deferred: the state before the current record
+      };
+      // Deferred: the state before each record is kept, for the run a device change starts.
+      struct DeferScan : Scan {
+        void before(uint64_t, const trace::detail::RecordState& st) { from = st; }
+      };
       constexpr uint64_t kAll = ~uint64_t{0};
-      Status st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
-      p.events_decoded = st.ok() && scan.fits;
+      Status st;
+      bool fits = false;
+      if (defer) {
+        DeferScan scan{{refs[i], p, IdBits(stack_bound), IdBits(string_bound), nullptr, 0}};
+        st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
+        fits = scan.fits;
+      } else {
+        Scan scan{refs[i],
+                  p,
+                  IdBits(stack_bound),
+                  IdBits(string_bound),
+                  snap.events.data() + slice_at[i],
+                  slice_count[i]};
+        st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
+        fits = scan.fits;
+      }
+      p.events_decoded = st.ok() && fits;
     });
     r.setPrepared(prepared);
     r.setCheckpointsCheckedOnly(true);  // this reader has no use for them
@@ -639,8 +812,8 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   if (threads > 0) {
     if (r.end().damaged) return std::nullopt;  // the serial reader's error or salvage
     // Every chunk is decoded (the reader keeps copies of what its tables refer to): the payloads
-    // are needed no more.
-    payloads.reset();
+    // are needed no more, unless the events are deferred.
+    if (!defer) payloads.reset();
     // Whether devices in file order never decrease (else: per-device arrays, step 7).
     bool any = false, in_order = true;
     uint32_t last = 0, max_device = 0;
@@ -695,48 +868,56 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       }
     }
     if (seen != total) return std::nullopt;
-    snap.events.resize(static_cast<size_t>(total));
-    // Each chunk's notes rows become the model's, interned in file order as the serial reader
-    // interns them (the file's string 0 is always "", the model's kEmptyStr).
-    std::vector<std::vector<uint32_t>> notes_of(accepted.size());
-    for (size_t k = 0; k < accepted.size(); ++k) {
-      const EventNotesTable& local = refs[accepted[k]].notes;
-      notes_of[k].resize(local.size());
-      for (uint32_t j = 0; j < local.size(); ++j) {
-        const EventNotes& n = local[j];
-        notes_of[k][j] = snap.event_notes.intern(
-            EventNotes{str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
-      }
-    }
-    parallelFor(accepted.size(), threads, [&](size_t k) {
-      const size_t i = accepted[k];
-      Event* e = snap.events.data() + slice_at[i];
-      Event* const end = e + prepared[i].event_count;
-      const std::vector<uint32_t>& notes = notes_of[k];
-      for (; e != end; ++e) {
-        e->stack = stack_of[e->stack];
-        e->notes = notes[e->notes];
-      }
-    });
-    // 7. Devices interleaved (a capture of several devices): each device's events, in file
-    // order, into its own array, as the serial reader groups them (one per device up to the
-    // largest; concatenated below).
-    if (!in_order) {
-      interleaved = true;
-      per_device.resize(static_cast<size_t>(max_device) + 1);
-      std::vector<size_t> per(per_device.size(), 0);
-      for (size_t i : accepted)
-        for (const auto& [d, cnt] : prepared[i].device_events) per[d] += cnt;
-      for (size_t d = 0; d < per.size(); ++d) per_device[d].reserve(per[d]);
-      for (size_t i : accepted) {
-        const Event* from = snap.events.data() + slice_at[i];
-        for (const auto& [d, cnt] : prepared[i].device_events) {
-          per_device[d].insert(per_device[d].end(), from, from + cnt);
-          from += cnt;
+    if (defer) {
+      deferred = deferTraceEvents(snap, chunks, prepared, refs, accepted, std::move(payloads),
+                                  std::move(stack_of), str_of, max_device, total,
+                                  r.trailer().present && r.trailer().has_device_traces
+                                      ? static_cast<size_t>(r.trailer().device_traces)
+                                      : 0);
+    } else {
+      snap.events.resize(static_cast<size_t>(total));
+      // Each chunk's notes rows become the model's, interned in file order as the serial reader
+      // interns them (the file's string 0 is always "", the model's kEmptyStr).
+      std::vector<std::vector<uint32_t>> notes_of(accepted.size());
+      for (size_t k = 0; k < accepted.size(); ++k) {
+        const EventNotesTable& local = refs[accepted[k]].notes;
+        notes_of[k].resize(local.size());
+        for (uint32_t j = 0; j < local.size(); ++j) {
+          const EventNotes& n = local[j];
+          notes_of[k][j] = snap.event_notes.intern(EventNotes{
+              str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
         }
       }
-      std::vector<Event>().swap(snap.events);
-    }
+      parallelFor(accepted.size(), threads, [&](size_t k) {
+        const size_t i = accepted[k];
+        Event* e = snap.events.data() + slice_at[i];
+        Event* const end = e + prepared[i].event_count;
+        const std::vector<uint32_t>& notes = notes_of[k];
+        for (; e != end; ++e) {
+          e->stack = stack_of[e->stack];
+          e->notes = notes[e->notes];
+        }
+      });
+      // 7. Devices interleaved (a capture of several devices): each device's events, in file
+      // order, into its own array, as the serial reader groups them (one per device up to the
+      // largest; concatenated below).
+      if (!in_order) {
+        interleaved = true;
+        per_device.resize(static_cast<size_t>(max_device) + 1);
+        std::vector<size_t> per(per_device.size(), 0);
+        for (size_t i : accepted)
+          for (const auto& [d, cnt] : prepared[i].device_events) per[d] += cnt;
+        for (size_t d = 0; d < per.size(); ++d) per_device[d].reserve(per[d]);
+        for (size_t i : accepted) {
+          const Event* from = snap.events.data() + slice_at[i];
+          for (const auto& [d, cnt] : prepared[i].device_events) {
+            per_device[d].insert(per_device[d].end(), from, from + cnt);
+            from += cnt;
+          }
+        }
+        std::vector<Event>().swap(snap.events);
+      }
+    }  // !defer
     prepared.clear();
   }
   while (threads == 0 && stack_error.empty() && r.next()) {
@@ -847,7 +1028,9 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   // the reader has checked that it covers every event's device.
   const bool counted = r.trailer().present && r.trailer().has_device_traces;
   const size_t counted_traces = counted ? static_cast<size_t>(r.trailer().device_traces) : 0;
-  if (!interleaved) {
+  if (deferred) {
+    snap.deferred = std::move(deferred);  // trace_begin: deferTraceEvents
+  } else if (!interleaved) {
     snap.trace_begin = std::move(begin_of);  // one entry per device trace the events imply
     size_t traces =
         !snap.events.empty() || snap.trace_begin.size() > 1 ? snap.trace_begin.size() : 0;

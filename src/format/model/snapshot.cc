@@ -142,6 +142,18 @@ uint32_t EventNotesTable::internNew(const EventNotes& n) {
   return last_ = id;
 }
 
+uint32_t EventNotesTable::find(const EventNotes& n) const {
+  if (rows_[last_] == n) return last_;
+  if (n == EventNotes{}) return 0;
+  const uint64_t h =
+      mix((uint64_t{n.compile_context} << 32 | n.user_metadata) ^ mix(n.action_name + 0x9e37));
+  const uint32_t* head = head_.find(h);
+  for (uint32_t c = head ? *head : 0; c != 0; c = next_[c]) {
+    if (rows_[c] == n) return c;
+  }
+  return kNone;
+}
+
 std::string_view actionName(Action a) {
   switch (a) {
     case Action::Alloc:
@@ -226,6 +238,8 @@ std::string FormatTraits::era() const {
 }
 
 std::shared_ptr<const std::vector<OomRef>> OomIndexCache::get(const Snapshot& snap) const {
+  // A deferred snapshot's loader found them: no decoding of every trace for them.
+  if (snap.deferred) return {snap.deferred, &snap.deferred->ooms()};
   std::lock_guard<std::mutex> lock(mu_);
   if (refs_ && built_from_ == snap.events.data() && built_size_ == snap.events.size()) return refs_;
   auto refs = std::make_shared<std::vector<OomRef>>();
@@ -246,9 +260,59 @@ std::vector<int64_t> Snapshot::devices() const {
   std::set<int64_t> ds;
   for (const auto& s : segments) ds.insert(s.device);
   for (size_t d = 0; d < traceCount(); ++d) {
-    if (!trace(d).empty()) ds.insert(static_cast<int64_t>(d));
+    if (traceSize(d) > 0) ds.insert(static_cast<int64_t>(d));
   }
   return {ds.begin(), ds.end()};
+}
+
+namespace {
+
+// The device trace a DeviceTraceScope decoded on this thread.
+struct ThreadTrace {
+  const Snapshot* snap = nullptr;
+  size_t device = 0;
+  std::vector<Event> events;
+};
+thread_local ThreadTrace t_trace;
+
+}  // namespace
+
+const std::vector<Event>& MaterializedEvents::get(const Snapshot& snap) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) {
+    events_.resize(snap.eventCount());
+    for (size_t d = 0; d < snap.traceCount(); ++d) {
+      snap.deferred->decode(
+          d, std::span<Event>(events_.data() + snap.trace_begin[d], snap.traceSize(d)));
+    }
+    done_ = true;
+  }
+  return events_;
+}
+
+bool MaterializedEvents::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+std::span<const Event> Snapshot::deferredTrace(size_t d) const {
+  if (t_trace.snap == this && t_trace.device == d) return t_trace.events;
+  const std::vector<Event>& all = materialized_.get(*this);
+  return {all.data() + trace_begin[d], traceSize(d)};
+}
+
+DeviceTraceScope::DeviceTraceScope(const Snapshot& snap, size_t d) {
+  if (!snap.deferred || d >= snap.traceCount() || t_trace.snap != nullptr) return;
+  // Within the capacity a previous scope left: no fresh pages for the next device.
+  t_trace.events.resize(snap.traceSize(d));
+  snap.deferred->decode(d, t_trace.events);
+  t_trace.snap = &snap;
+  t_trace.device = d;
+  active_ = true;
+}
+
+DeviceTraceScope::~DeviceTraceScope() {
+  if (active_) t_trace.snap = nullptr;
 }
 
 }  // namespace memforensics::format

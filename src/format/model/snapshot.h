@@ -127,6 +127,9 @@ class EventNotesTable {
   EventNotesTable();
   // Inline for the common case, a repeat of the last row (once per trace entry while reading).
   uint32_t intern(const EventNotes& n) { return rows_[last_] == n ? last_ : internNew(n); }
+  // The row equal to n, or kNone when the table has none.
+  static constexpr uint32_t kNone = ~uint32_t{0};
+  uint32_t find(const EventNotes& n) const;
   const EventNotes& operator[](uint32_t id) const { return rows_[id]; }
   size_t size() const { return rows_.size(); }
 
@@ -260,6 +263,36 @@ class OomIndexCache {
   mutable size_t built_size_ = 0;
 };
 
+// The events of a snapshot whose loader left them encoded (LoadOptions::defer_events; the native
+// trace reader does, for `analyze`): a device's trace is decoded when a DeviceTraceScope asks for
+// it, into that thread's buffer, so that the whole file's events are never in memory at once.
+// Immutable once made; copies of the snapshot share it.
+class DeferredEvents {
+ public:
+  virtual ~DeferredEvents() = default;
+  // Writes device trace d into `out` (out.size() == Snapshot::traceSize(d)), exactly as the
+  // loader would have stored it. The loader checked every record when it read the file.
+  virtual void decode(size_t d, std::span<Event> out) const = 0;
+  // Every OOM event, as Snapshot::ooms() lists them (found while loading).
+  virtual const std::vector<OomRef>& ooms() const = 0;
+};
+
+// The events of a deferred snapshot decoded all at once, for a reader that asks for a trace
+// outside a DeviceTraceScope (thread-safe; a copy starts empty).
+class MaterializedEvents {
+ public:
+  MaterializedEvents() = default;
+  MaterializedEvents(const MaterializedEvents&) {}
+  MaterializedEvents& operator=(const MaterializedEvents&) { return *this; }
+  const std::vector<Event>& get(const struct Snapshot& snap) const;
+  bool done() const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<Event> events_;
+  mutable bool done_ = false;
+};
+
 struct Snapshot {
   SourceFormat source = SourceFormat::Pickle;
   int pickle_protocol = 0;
@@ -270,9 +303,11 @@ struct Snapshot {
   std::vector<Segment> segments;  // as in the file: device by device, address order
   std::vector<Block> blocks;
   // All trace events, device by device; trace(d) = events of device d, oldest first. A device
-  // with segments but no trace has an empty trace.
+  // with segments but no trace has an empty trace. Empty when `deferred` is set: read the
+  // events through trace(d) (in a DeviceTraceScope) then.
   std::vector<Event> events;
   std::vector<size_t> trace_begin;  // trace d = events[trace_begin[d], trace_begin[d + 1])
+  std::shared_ptr<const DeferredEvents> deferred;
   // pool_id tuples of trace entries; index 0 is a placeholder for "none".
   std::vector<std::pair<uint64_t, uint64_t>> pools{{0, 0}};
   EventNotesTable event_notes;  // Event::notes
@@ -299,10 +334,19 @@ struct Snapshot {
   }
   const EventNotes& notesOf(const Event& e) const { return event_notes[e.notes]; }
   size_t traceCount() const { return trace_begin.empty() ? 0 : trace_begin.size() - 1; }
+  // Events in device trace d, without decoding them.
+  size_t traceSize(size_t d) const {
+    return d < traceCount() ? trace_begin[d + 1] - trace_begin[d] : 0;
+  }
+  size_t eventCount() const { return trace_begin.empty() ? 0 : trace_begin.back(); }
   std::span<const Event> trace(size_t d) const {
     if (d >= traceCount()) return {};
+    if (deferred) return deferredTrace(d);
     return {events.data() + trace_begin[d], trace_begin[d + 1] - trace_begin[d]};
   }
+  // False while the events are deferred and no reader outside a DeviceTraceScope has asked for
+  // them (then they are all in memory).
+  bool allEventsDecoded() const { return !deferred || materialized_.done(); }
   // Devices that appear anywhere (segments or traces), ascending.
   std::vector<int64_t> devices() const;
   // Every OOM event of every device trace, by device then event: one scan of the events for the
@@ -311,7 +355,23 @@ struct Snapshot {
   std::shared_ptr<const std::vector<OomRef>> ooms() const { return oom_index_.get(*this); }
 
  private:
+  std::span<const Event> deferredTrace(size_t d) const;
   OomIndexCache oom_index_;
+  MaterializedEvents materialized_;
+};
+
+// While it lives, trace(d) of a deferred snapshot on this thread is device d's events, decoded
+// into the thread's buffer (reused by its next scope) when the scope was made. Nothing for a
+// snapshot whose events are in memory. Scopes do not nest.
+class DeviceTraceScope {
+ public:
+  DeviceTraceScope(const Snapshot& snap, size_t d);
+  ~DeviceTraceScope();
+  DeviceTraceScope(const DeviceTraceScope&) = delete;
+  DeviceTraceScope& operator=(const DeviceTraceScope&) = delete;
+
+ private:
+  bool active_ = false;
 };
 
 }  // namespace memforensics::format

@@ -114,30 +114,78 @@ inline bool eventRecordCount(std::span<const uint8_t> payload, uint64_t& count) 
   return c.ok && count <= c.left() / 4;
 }
 
-// Decodes the records of an Events payload: sink.begin(count) once the count is checked against
-// the bytes present (before anything is allocated), then sink.event(i, e) per record in order.
-// Ids are checked against the table sizes given (~0: not checked), and the ids read are summed up
-// in `ids` when given. Returns the first problem.
-template <typename Sink>
-Status decodeEventRecords(std::span<const uint8_t> payload, uint64_t nstrings, uint64_t nstacks,
-                          uint64_t npools, Sink& sink, IdExtent* ids = nullptr) {
-  Cursor c(payload);
-  uint64_t count = c.var();
-  if (!c.ok) return bad("event count: " + c.failure());
-  if (count > c.left() / 4) {
-    return bad("event count " + std::to_string(count) + " does not fit the chunk's " +
-               std::to_string(c.left()) + " bytes of records");
-  }
-  sink.begin(count);
+// What a record's fields are relative to: the previous record's values (all zero at the start
+// of a chunk), and where the record starts in the payload. A run of records can be decoded again
+// from the middle of a chunk from the state before its first record (EventRun).
+struct RecordState {
+  size_t offset = 0;  // payload byte where the next record starts
   uint32_t device = 0, stack = 0;
   uint64_t stream = 0, addr = 0, t = 0;
   uint32_t compile = 0, user = 0, pool = 0, action_name = 0;
+};
+
+// `count` records of a payload from `from`: records a sink saw once (decodeEventRecords calls
+// sink.before(i, state) ahead of the first record and of each record that names its device, where
+// a run of one device can start, when the sink has that member).
+struct EventRun {
+  RecordState from;
+  uint64_t count = 0;
+};
+
+template <typename Sink>
+concept WantsRecordState = requires(Sink& s, const RecordState& st) {
+  s.before(uint64_t{0}, st);
+};
+
+// Decodes the records of an Events payload: sink.begin(count) once the count is checked against
+// the bytes present (before anything is allocated), then sink.event(i, e) per record in order.
+// Ids are checked against the table sizes given (~0: not checked), and the ids read are summed up
+// in `ids` when given. Returns the first problem. With `run`, only that run's records are decoded
+// (i counts from 0 at its first record) and nothing after them is checked.
+template <typename Sink>
+Status decodeEventRecords(std::span<const uint8_t> payload, uint64_t nstrings, uint64_t nstacks,
+                          uint64_t npools, Sink& sink, IdExtent* ids = nullptr,
+                          const EventRun* run = nullptr) {
+  Cursor c(payload);
+  uint64_t count = 0;
+  RecordState s;
+  if (run != nullptr) {
+    if (run->from.offset > payload.size() || run->count > (payload.size() - run->from.offset) / 4)
+      return bad("a run of " + std::to_string(run->count) + " events past the chunk's end");
+    s = run->from;
+    c.p += s.offset;
+    count = run->count;
+  } else {
+    count = c.var();
+    if (!c.ok) return bad("event count: " + c.failure());
+    if (count > c.left() / 4) {
+      return bad("event count " + std::to_string(count) + " does not fit the chunk's " +
+                 std::to_string(c.left()) + " bytes of records");
+    }
+  }
+  sink.begin(count);
+  uint32_t& device = s.device;
+  uint32_t& stack = s.stack;
+  uint64_t& stream = s.stream;
+  uint64_t& addr = s.addr;
+  uint64_t& t = s.t;
+  uint32_t& compile = s.compile;
+  uint32_t& user = s.user;
+  uint32_t& pool = s.pool;
+  uint32_t& action_name = s.action_name;
   TraceEvent e;
   IdExtent seen;
   auto see = [](uint64_t& extent, uint64_t v) {
     if (v >= extent) extent = v + 1;
   };
   for (uint64_t i = 0; i < count; ++i) {
+    if constexpr (WantsRecordState<Sink>) {
+      // Only where a run of one device can start: the first record, or one that names a device.
+      if (i == 0 || (c.p < c.end && (*c.p & kHeadDevice))) {
+        s.offset = static_cast<size_t>(c.p - c.begin);
+        sink.before(i, s);
+      }
+    }
     uint8_t h = c.byte();
     uint8_t action = h & kHeadActionMask;
     if (action > 10)
@@ -212,7 +260,7 @@ Status decodeEventRecords(std::span<const uint8_t> payload, uint64_t nstrings, u
     e.action = action;
     sink.event(i, e);
   }
-  if (!c.done())
+  if (run == nullptr && !c.done())
     return bad(std::to_string(c.left()) + " bytes after the last of " + std::to_string(count) +
                " events");
   if (ids != nullptr) *ids = seen;

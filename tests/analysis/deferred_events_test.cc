@@ -1,0 +1,286 @@
+// deferred_events_test.cc: a native trace loaded for `analyze` keeps its events encoded
+// (LoadOptions::defer_events, Snapshot::deferred) and decodes one device at a time in a
+// DeviceTraceScope. Each device must decode to exactly what the whole-file load stores, the OOM
+// index must be the same, analyzeSnapshot must give the same result without ever holding every
+// event, and a reader outside a scope must still get the right events.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "analysis/analyze.h"
+#include "fixtures/model_builder.h"
+#include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_writer.h"
+#include "report/render.h"
+
+namespace memforensics::analysis {
+namespace {
+
+using format::Event;
+using format::Snapshot;
+using memforensics::testing::Frames;
+using memforensics::testing::ModelBuilder;
+
+constexpr uint64_t kBase = 0x7f0000000000ULL;
+constexpr uint64_t kMiB = 1048576;
+
+std::vector<uint8_t> toTrace(const Snapshot& s, uint32_t chunk_bytes, int zstd_level) {
+  format::trace::VectorSink sink;
+  format::TraceWriteOptions wo;
+  wo.chunk_bytes = chunk_bytes;
+  wo.zstd_level = zstd_level;
+  EXPECT_TRUE(format::writeSnapshotTrace(s, sink, wo).ok());
+  return sink.data;
+}
+
+Snapshot load(std::span<const uint8_t> bin, bool defer, int threads) {
+  format::LoadOptions lo;
+  lo.defer_events = defer;
+  lo.threads = threads;
+  auto s = format::loadSnapshotBytes(bin, lo);
+  EXPECT_TRUE(s.ok()) << s.error().describe();
+  return s.ok() ? std::move(*s) : Snapshot{};
+}
+
+// Each device of `def`, decoded in its scope, against `ref`'s stored events: every field and id.
+void expectSameEvents(const Snapshot& ref, const Snapshot& def, const std::string& what) {
+  ASSERT_EQ(def.trace_begin, ref.trace_begin) << what;
+  ASSERT_EQ(def.eventCount(), ref.events.size()) << what;
+  EXPECT_EQ(def.strings.size(), ref.strings.size()) << what;
+  EXPECT_EQ(def.stacks.stackCount(), ref.stacks.stackCount()) << what;
+  EXPECT_EQ(def.event_notes.size(), ref.event_notes.size()) << what;
+  for (size_t d = 0; d < ref.traceCount(); ++d) {
+    const format::DeviceTraceScope scope(def, d);
+    const auto a = ref.trace(d), b = def.trace(d);
+    ASSERT_EQ(a.size(), b.size()) << what << ", device " << d;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const Event &x = a[i], &y = b[i];
+      ASSERT_TRUE(x.addr == y.addr && x.size == y.size && x.stream == y.stream &&
+                  x.time_us == y.time_us && x.stack == y.stack && x.notes == y.notes &&
+                  x.pool == y.pool && x.action == y.action && x.category == y.category)
+          << what << ", device " << d << ", event " << i;
+    }
+  }
+  const auto ro = ref.ooms(), doo = def.ooms();
+  ASSERT_EQ(ro->size(), doo->size()) << what;
+  for (size_t k = 0; k < ro->size(); ++k) {
+    EXPECT_EQ((*ro)[k].device, (*doo)[k].device) << what << ", OOM " << k;
+    EXPECT_EQ((*ro)[k].event, (*doo)[k].event) << what << ", OOM " << k;
+    EXPECT_EQ((*ro)[k].time_us, (*doo)[k].time_us) << what << ", OOM " << k;
+  }
+  // Decoding a device at a time never put the whole file's events in memory.
+  EXPECT_FALSE(def.allEventsDecoded()) << what;
+}
+
+std::string analyzeJson(const Snapshot& s, size_t threads, std::string* text = nullptr) {
+  AnalyzeOptions opt;
+  opt.threads = threads;
+  AnalysisResult r = analyzeSnapshot(s, opt);
+  if (text != nullptr) {
+    std::ostringstream t;
+    report::renderText(r, t);
+    *text = t.str();
+  }
+  return report::renderJsonString(r);
+}
+
+// Converted, loaded both ways and compared: per device, then through the whole analysis; last, a
+// reader outside any scope gets every event (decoded all at once) and the same figures.
+void checkFile(const Snapshot& source, const std::string& name) {
+  for (const auto& [chunk_bytes, level] : {std::pair<uint32_t, int>{4096, 0}, {4096, 3},
+                                           {1u << 20, 3}}) {
+    const std::string what = name + ", chunks of " + std::to_string(chunk_bytes) + " bytes, zstd " +
+                             std::to_string(level);
+    const auto bin = toTrace(source, chunk_bytes, level);
+    const Snapshot ref = load(bin, false, 2);
+    ASSERT_FALSE(ref.deferred) << what;
+    for (int threads : {1, 2}) {
+      const Snapshot def = load(bin, true, threads);
+      ASSERT_TRUE(def.deferred) << what;
+      EXPECT_TRUE(def.events.empty()) << what;
+      expectSameEvents(ref, def, what + ", " + std::to_string(threads) + " load threads");
+      std::string ref_text, def_text;
+      const std::string ref_json = analyzeJson(ref, 1, &ref_text);
+      for (size_t at : {size_t{1}, size_t{2}}) {
+        EXPECT_EQ(analyzeJson(def, at, &def_text), ref_json) << what << ", " << at << " threads";
+        EXPECT_EQ(def_text, ref_text) << what << ", " << at << " threads";
+      }
+      EXPECT_FALSE(def.allEventsDecoded()) << what << ": analyze read a trace outside its scope";
+      // Outside a scope: every trace decoded once, the same events.
+      for (size_t d = 0; d < ref.traceCount(); ++d) {
+        const auto a = ref.trace(d), b = def.trace(d);
+        ASSERT_EQ(a.size(), b.size()) << what;
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_TRUE(a[i].addr == b[i].addr && a[i].time_us == b[i].time_us &&
+                      a[i].stack == b[i].stack && a[i].notes == b[i].notes)
+              << what << ", device " << d << ", event " << i;
+      }
+      EXPECT_TRUE(def.allEventsDecoded()) << what;
+    }
+  }
+}
+
+// 24 devices of different shapes, every third one OOMs; device 5 has no events (an empty trace
+// between others).
+Snapshot manyDevices() {
+  ModelBuilder b;
+  for (int64_t d = 0; d < 24; ++d) {
+    const uint64_t seg = 64 * kMiB;
+    b.device(d).segment(kBase).freeBlock(seg);
+    if (d == 5) continue;
+    const Frames line = {{"/home/u/model.py", 10 + static_cast<uint64_t>(d % 7), "forward"},
+                         {"/home/u/train.py", 100, "main"}};
+    int64_t t = 1 + d * 1000;
+    b.segmentAlloc(kBase, seg, {.time_us = t++});
+    const uint64_t a = (1 + static_cast<uint64_t>(d % 5)) * kMiB + static_cast<uint64_t>(d) * 512;
+    for (int it = 0; it < 40; ++it) {
+      b.alloc(kBase, a, {.time_us = t++, .frames = line});
+      b.free(kBase, a, {.time_us = t++});
+    }
+    if (d % 3 == 1) b.oom(128 * kMiB, 0, {.time_us = t++});
+    if (d % 2 == 0) b.alloc(kBase + 16 * kMiB, 3 * kMiB, {.time_us = t++, .frames = line});
+  }
+  return b.build();
+}
+
+TEST(DeferredEvents, ManyDevicesWithOomsDecodeAndAnalyzeAsTheWholeFile) {
+  checkFile(manyDevices(), "24 devices");
+}
+
+TEST(DeferredEvents, FourDeviceScenarioDecodesAndAnalyzesAsTheWholeFile) {
+  auto snap = format::loadSnapshotFile(std::string(MEMF_SOURCE_DIR) +
+                                       "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  ASSERT_TRUE(snap.ok());
+  checkFile(*snap, "dp_imbalance_oom");
+}
+
+TEST(DeferredEvents, RealSnapshotsDecodeAndAnalyzeAsTheWholeFile) {
+  const std::filesystem::path dir(MEMF_REAL_SNAPSHOTS);
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " is not there";
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".pickle") continue;
+    auto snap = format::loadSnapshotFile(entry.path().string());
+    if (!snap.ok() || snap->events.empty()) continue;
+    checkFile(*snap, entry.path().filename().string());
+    ++n;
+  }
+  EXPECT_GT(n, 3u);
+}
+
+// A capture of several devices, interleaved in runs of 1 to 200 events within chunks and across
+// them, with OOMs, unknown actions, context strings, a device without events, and no final state
+// (the writer did not finish): the runs of each device are found in file order, and the end state
+// is rebuilt from the events one device at a time.
+TEST(DeferredEvents, InterleavedCaptureWithoutFinalStateDecodesPerDevice) {
+  using namespace format::trace;
+  for (int level : {0, 3}) {
+    VectorSink sink;
+    WriterOptions wo;
+    wo.zstd_level = level;
+    wo.chunk_bytes = 2048;
+    wo.checkpoint_every = 700;
+    TraceWriter w(sink, wo);
+    TraceMeta meta;
+    meta.source_format = "capture";
+    ASSERT_TRUE(w.begin(meta).ok());
+    std::mt19937_64 rng(5);
+    const uint32_t frame = w.frame(w.string("m.py"), w.string("f"), 3);
+    const uint32_t stack = w.stack(kTraceRootStack, frame);
+    uint32_t device = 0;
+    size_t run = 0;
+    std::vector<uint64_t> next(5, 0);
+    for (size_t i = 0; i < 9000; ++i) {
+      if (run == 0) {
+        device = static_cast<uint32_t>(rng() % 4);
+        if (device == 2) device = 4;
+        run = 1 + rng() % 200;
+      }
+      --run;
+      TraceEvent e;
+      e.device = device;
+      e.stream = static_cast<int64_t>(i % 2);
+      e.time_us = static_cast<int64_t>(100 + i);
+      e.stack = i % 5 ? stack : kTraceNoStack;
+      const uint64_t k = next[device]++;
+      if (k % 50 == 49) {
+        e.action = static_cast<uint8_t>(format::Action::Oom);
+        e.addr = 1 << 20;
+        e.size = 1 << 30;
+      } else if (k % 50 == 48) {
+        e.action = 10;
+        e.action_name = w.string("custom_" + std::to_string(i % 3));
+      } else {
+        e.action = static_cast<uint8_t>(k % 2 ? format::Action::FreeCompleted
+                                              : format::Action::Alloc);
+        e.addr = (uint64_t{device} << 40) + (k / 2 % 8) * 4096;
+        e.size = 512;
+      }
+      e.compile_context = i % 11 == 0 ? w.string("ctx" + std::to_string(i % 4)) : 0;
+      EXPECT_TRUE(w.event(e).ok());
+    }
+    ASSERT_TRUE(w.close().ok());
+    const std::string what = "interleaved, zstd " + std::to_string(level);
+    const Snapshot ref = load(sink.data, false, 2);
+    ASSERT_EQ(ref.traceCount(), 5u) << what;
+    ASSERT_GT(ref.ooms()->size(), 100u) << what;
+    for (int threads : {1, 2, 3}) {
+      const Snapshot def = load(sink.data, true, threads);
+      ASSERT_TRUE(def.deferred) << what;
+      expectSameEvents(ref, def, what + ", " + std::to_string(threads) + " threads");
+      // The end state rebuilt from the events, as the whole-file load rebuilds it.
+      ASSERT_EQ(def.segments.size(), ref.segments.size()) << what;
+      ASSERT_EQ(def.blocks.size(), ref.blocks.size()) << what;
+      for (size_t b = 0; b < ref.blocks.size(); ++b) {
+        EXPECT_EQ(def.blocks[b].address, ref.blocks[b].address) << what;
+        EXPECT_EQ(def.blocks[b].size, ref.blocks[b].size) << what;
+      }
+      EXPECT_EQ(def.load_warnings, ref.load_warnings) << what;
+      EXPECT_EQ(analyzeJson(def, 2), analyzeJson(ref, 1)) << what;
+    }
+    // Cut short anywhere: the complete chunks, deferred as the whole load reads them.
+    for (size_t k = 1; k < 10; ++k) {
+      const size_t cut = kHeaderSize + (sink.data.size() - kHeaderSize) * k / 10;
+      const std::span<const uint8_t> part(sink.data.data(), cut);
+      const std::string at = what + ", cut at " + std::to_string(cut);
+      const Snapshot whole = load(part, false, 2);
+      const Snapshot def = load(part, true, 2);
+      ASSERT_TRUE(def.deferred) << at;
+      expectSameEvents(whole, def, at);
+      EXPECT_EQ(def.load_warnings, whole.load_warnings) << at;
+      EXPECT_EQ(analyzeJson(def, 2), analyzeJson(whole, 1)) << at;
+    }
+  }
+}
+
+// Only a native trace read on threads defers; other inputs, and the serial reader, ignore it.
+TEST(DeferredEvents, OtherInputsAndTheSerialReaderKeepTheirEvents) {
+  const Snapshot source = manyDevices();
+  const auto bin = toTrace(source, 4096, 3);
+  format::LoadOptions lo;
+  lo.defer_events = true;
+  auto serial = format::readSnapshotTraceSerial(bin, lo);
+  ASSERT_TRUE(serial.ok());
+  EXPECT_FALSE(serial->deferred);
+  EXPECT_EQ(serial->events.size(), serial->eventCount());
+  auto pickle = format::loadSnapshotFile(
+      std::string(MEMF_SOURCE_DIR) + "/snapshots/scenarios/dp_imbalance_oom.pickle", lo);
+  ASSERT_TRUE(pickle.ok());
+  EXPECT_FALSE(pickle->deferred);
+  EXPECT_GT(pickle->events.size(), 0u);
+  // A file damaged in the middle goes to the serial reader (its salvage is the reference).
+  std::vector<uint8_t> damaged = bin;
+  damaged[damaged.size() / 2] ^= 0x55;
+  lo.salvage = true;
+  auto salvaged = format::loadSnapshotBytes(damaged, lo);
+  ASSERT_TRUE(salvaged.ok()) << salvaged.error().describe();
+  EXPECT_FALSE(salvaged->deferred);
+}
+
+}  // namespace
+}  // namespace memforensics::analysis
