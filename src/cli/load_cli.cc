@@ -8,12 +8,14 @@
 
 namespace memforensics::cli {
 
-Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage) {
+Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage,
+                                            bool defer_events) {
   setActivity("reading " + path);
   ProgressBar bar("reading " + path);
   format::LoadOptions opt;
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
   opt.salvage = salvage;
+  opt.defer_events = defer_events;
   // The --threads / MEMF_THREADS setting also decodes a native trace's chunks
   // (LoadOptions::threads, 0 = the cores; the same Snapshot for every value).
   opt.threads = static_cast<int>(analysisThreads());

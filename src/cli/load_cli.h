@@ -9,6 +9,9 @@
 
 namespace memforensics::cli {
 
-Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage);
+// defer_events: for a command that reads the events one device at a time in a DeviceTraceScope
+// (LoadOptions::defer_events).
+Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage,
+                                            bool defer_events = false);
 
 }  // namespace memforensics::cli

@@ -53,8 +53,8 @@ using mf::cli::printWarning;
 
 bool g_salvage = false;  // --salvage: read the intact prefix of a damaged native trace
 
-mf::Expected<mf::format::Snapshot> load(const std::string& path) {
-  return mf::cli::loadWithProgress(path, g_salvage);
+mf::Expected<mf::format::Snapshot> load(const std::string& path, bool defer_events = false) {
+  return mf::cli::loadWithProgress(path, g_salvage, defer_events);
 }
 
 int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json,
@@ -62,7 +62,8 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
   int rc = kExitOk;
   bool first = true;
   for (const auto& path : files) {
-    auto snap = load(path);
+    // analyzeSnapshot reads the events one device at a time: a native trace's stay encoded.
+    auto snap = load(path, true);
     if (!snap) {
       printError(snap.error().describe());
       rc = kExitError;
