@@ -1,15 +1,18 @@
 // fuzz_trace.cc: the native trace reader on arbitrary bytes.
 //
-// Three ways in: the chunk reader on its own (every accessor of every chunk), the state-at-event
-// lookup through checkpoints, and the whole load (strict and --salvage) followed by `analyze` and
-// `dump`, as the command line does. The input is prefixed with a valid file header when it does
-// not start with one, so the fuzzer spends its time on chunks rather than on the magic.
+// Four ways in: the chunk reader on its own (every accessor of every chunk), the state-at-event
+// lookup through checkpoints, the whole load (strict and --salvage) followed by `analyze` and
+// `dump`, as the command line does, and the load that `analyze` makes (events left encoded, one
+// device decoded at a time), which must give the whole load's analysis byte for byte. The input is
+// prefixed with a valid file header when it does not start with one, so the fuzzer spends its time
+// on chunks rather than on the magic.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <ostream>
 #include <span>
 #include <streambuf>
+#include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -60,6 +63,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto result = analysis::analyzeSnapshot(*snap);
     report::renderJson(result, out);
     format::dumpSnapshot(*snap, out, format::DumpOptions{.stacks = true});
+  }
+  // `analyze` leaves a native trace's events encoded and decodes one device at a time
+  // (LoadOptions::defer_events): the file must load, and analyze, exactly as the whole-file load.
+  {
+    format::LoadOptions opt;
+    opt.threads = 2;
+    auto whole = format::loadSnapshotBytes(in, opt);
+    opt.defer_events = true;
+    auto deferred = format::loadSnapshotBytes(in, opt);
+    if (whole.ok() != deferred.ok()) __builtin_trap();
+    if (whole.ok()) {
+      const std::string a = report::renderJsonString(analysis::analyzeSnapshot(*whole));
+      const std::string b = report::renderJsonString(analysis::analyzeSnapshot(*deferred));
+      if (a != b) __builtin_trap();
+    }
   }
   return 0;
 }
