@@ -92,8 +92,8 @@ std::string analyzeJson(const Snapshot& s, size_t threads, std::string* text = n
 // Converted, loaded both ways and compared: per device, then through the whole analysis; last, a
 // reader outside any scope gets every event (decoded all at once) and the same figures.
 void checkFile(const Snapshot& source, const std::string& name) {
-  for (const auto& [chunk_bytes, level] : {std::pair<uint32_t, int>{4096, 0}, {4096, 3},
-                                           {1u << 20, 3}}) {
+  for (const auto& [chunk_bytes, level] :
+       {std::pair<uint32_t, int>{4096, 0}, {4096, 3}, {1u << 20, 3}}) {
     const std::string what = name + ", chunks of " + std::to_string(chunk_bytes) + " bytes, zstd " +
                              std::to_string(level);
     const auto bin = toTrace(source, chunk_bytes, level);
@@ -216,8 +216,8 @@ TEST(DeferredEvents, InterleavedCaptureWithoutFinalStateDecodesPerDevice) {
         e.action = 10;
         e.action_name = w.string("custom_" + std::to_string(i % 3));
       } else {
-        e.action = static_cast<uint8_t>(k % 2 ? format::Action::FreeCompleted
-                                              : format::Action::Alloc);
+        e.action =
+            static_cast<uint8_t>(k % 2 ? format::Action::FreeCompleted : format::Action::Alloc);
         e.addr = (uint64_t{device} << 40) + (k / 2 % 8) * 4096;
         e.size = 512;
       }
