@@ -208,6 +208,30 @@ Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
 
 namespace {
 
+// A decoded record as the model's event, with its stack and notes already in the model's ids (the
+// serial reader, the threaded one and the deferred decode each map them their own way).
+inline Event eventOf(const trace::TraceEvent& t, StackId stack, uint32_t notes) {
+  Event e;
+  e.addr = t.addr;
+  e.size = t.size;
+  e.stream = t.stream;
+  e.time_us = t.time_us;
+  e.stack = stack;
+  e.action = static_cast<Action>(t.action);
+  e.notes = notes;
+  e.pool = t.pool;
+  return e;
+}
+
+// A record's notes in the file's string ids (the decoder leaves action_name 0 unless the action
+// is one it does not know, which alone keeps its name).
+inline EventNotes fileNotesOf(const trace::TraceEvent& t) {
+  return EventNotes{t.compile_context, t.user_metadata, t.action_name};
+}
+
+// Every record of an Events payload: no table size to check them against here.
+constexpr uint64_t kAllIds = ~uint64_t{0};
+
 // Rebuilds a final segment state from the events alone, for a trace whose writer never wrote one
 // (killed capture). Block sizes are requests rounded up to 512 bytes: an estimate, and said so.
 size_t synthesizeFinalState(Snapshot& snap) {
@@ -330,21 +354,14 @@ class TraceDeferredEvents final : public DeferredEvents {
       uint32_t last_id = 0;
       void begin(uint64_t) {}
       void event(uint64_t i, const trace::TraceEvent& t) {
-        Event& e = out[i];
-        e.addr = t.addr;
-        e.size = t.size;
-        e.stream = t.stream;
-        e.time_us = t.time_us;
-        e.stack = t.stack < self.stack_of.size() ? self.stack_of[t.stack] : kNoStack;
-        e.action = static_cast<Action>(t.action);
-        const EventNotes n{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0};
+        const EventNotes n = fileNotesOf(t);
         if (!(n == last)) {
           const uint32_t row = local.find(n);
           last = n;
           last_id = row < notes_of.size() ? notes_of[row] : 0;
         }
-        e.notes = last_id;
-        e.pool = t.pool;
+        out[i] =
+            eventOf(t, t.stack < self.stack_of.size() ? self.stack_of[t.stack] : kNoStack, last_id);
       }
     };
     size_t at = 0;
@@ -353,8 +370,8 @@ class TraceDeferredEvents final : public DeferredEvents {
       if (r.run.count > out.size() - at) break;  // never: the runs sum to the trace's size
       Sink sink{*this, notes[r.chunk], notes_of[r.chunk], out.data() + at};
       sink.last_id = notes_of[r.chunk].empty() ? 0 : notes_of[r.chunk][0];
-      constexpr uint64_t kAll = ~uint64_t{0};
-      (void)trace::detail::decodeEventRecords(r.payload, kAll, kAll, kAll, sink, nullptr, &r.run);
+      (void)trace::detail::decodeEventRecords(r.payload, kAllIds, kAllIds, kAllIds, sink, nullptr,
+                                              &r.run);
       at += r.run.count;
     }
   }
@@ -428,6 +445,20 @@ unsigned traceLoadThreads(int threads, size_t chunks) {
 
 namespace {
 
+// A chunk's notes rows (ChunkRefs::notes, in the file's string ids) as the model's rows, interned
+// in file order as the serial reader interns them (the file's string 0 is always "", the model's
+// kEmptyStr).
+std::vector<uint32_t> internChunkNotes(Snapshot& snap, const EventNotesTable& local,
+                                       const std::vector<StrId>& str_of) {
+  std::vector<uint32_t> rows(local.size());
+  for (uint32_t j = 0; j < local.size(); ++j) {
+    const EventNotes& n = local[j];
+    rows[j] = snap.event_notes.intern(
+        EventNotes{str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
+  }
+  return rows;
+}
+
 // The deferred form of readTrace's steps 6 and 7: each accepted Events chunk's runs of one device
 // become that device's runs (in file order, so interleaved devices need no regrouping), its notes
 // table and rows stay for decoding, and trace_begin and the OOM index come from the counts.
@@ -472,14 +503,7 @@ std::unique_ptr<TraceDeferredEvents> deferTraceEvents(
       out->copies.emplace_back(payload.begin(), payload.end());
       payload = out->copies.back();
     }
-    // The chunk's notes rows become the model's in file order, as the decoded path interns them.
-    std::vector<uint32_t> rows(cr.notes.size());
-    for (uint32_t j = 0; j < cr.notes.size(); ++j) {
-      const EventNotes& n = cr.notes[j];
-      rows[j] = snap.event_notes.intern(
-          EventNotes{str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
-    }
-    out->notes_of.push_back(std::move(rows));
+    out->notes_of.push_back(internChunkNotes(snap, cr.notes, str_of));
     out->notes.push_back(std::move(cr.notes));
     std::vector<uint64_t> run_base(p.device_events.size());
     for (size_t j = 0; j < p.device_events.size(); ++j) {
@@ -572,17 +596,13 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   // No reservation from the trailer's event count: it is not checked until the end, and a forged
   // count must not allocate. The array grows as events are actually decoded.
   auto toEvent = [&](const trace::TraceEvent& t) {
-    Event e;
-    e.addr = t.addr;
-    e.size = t.size;
-    e.stream = t.stream;
-    e.time_us = t.time_us;
-    e.stack = stack(t.stack);
-    e.action = static_cast<Action>(t.action);
-    e.notes = snap.event_notes.intern(EventNotes{str(t.compile_context), str(t.user_metadata),
-                                                 t.action == 10 ? str(t.action_name) : kEmptyStr});
-    e.pool = t.pool;
-    return e;
+    // The stack first: its frames' strings are interned before the notes' (the order the model's
+    // string ids follow).
+    const StackId st = stack(t.stack);
+    return eventOf(
+        t, st,
+        snap.event_notes.intern(EventNotes{str(t.compile_context), str(t.user_metadata),
+                                           t.action == 10 ? str(t.action_name) : kEmptyStr}));
   };
   uint64_t next_progress = 0;
   // Events left encoded (LoadOptions::defer_events): the parallel path only.
@@ -745,8 +765,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           if (t.action == 10 && (!any || t.action_name != action_name))
             ref(strings, kRefString, action_name = t.action_name);
           any = true;
-          const uint32_t notes = out.notes.intern(
-              EventNotes{t.compile_context, t.user_metadata, t.action == 10 ? t.action_name : 0});
+          const uint32_t notes = out.notes.intern(fileNotesOf(t));
           if (slice == nullptr) {
             if (t.action == static_cast<uint8_t>(Action::Oom)) {
               out.ooms.push_back(
@@ -755,15 +774,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
             return;
           }
           if (i >= slice_count) return;
-          Event& e = slice[i];
-          e.addr = t.addr;
-          e.size = t.size;
-          e.stream = t.stream;
-          e.time_us = t.time_us;
-          e.stack = t.stack;
-          e.action = static_cast<Action>(t.action);
-          e.notes = notes;
-          e.pool = t.pool;
+          slice[i] = eventOf(t, t.stack, notes);
         }
         trace::detail::RecordState from;  // deferred: the state before the current record
       };
@@ -771,12 +782,11 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       struct DeferScan : Scan {
         void before(uint64_t, const trace::detail::RecordState& st) { from = st; }
       };
-      constexpr uint64_t kAll = ~uint64_t{0};
       Status st;
       bool fits = false;
       if (defer) {
         DeferScan scan{{refs[i], p, IdBits(stack_bound), IdBits(string_bound), nullptr, 0}};
-        st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
+        st = trace::detail::decodeEventRecords(p.payload, kAllIds, kAllIds, kAllIds, scan, &p.ids);
         fits = scan.fits;
       } else {
         Scan scan{refs[i],
@@ -785,7 +795,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
                   IdBits(string_bound),
                   snap.events.data() + slice_at[i],
                   slice_count[i]};
-        st = trace::detail::decodeEventRecords(p.payload, kAll, kAll, kAll, scan, &p.ids);
+        st = trace::detail::decodeEventRecords(p.payload, kAllIds, kAllIds, kAllIds, scan, &p.ids);
         fits = scan.fits;
       }
       p.events_decoded = st.ok() && fits;
@@ -876,18 +886,10 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
                                       : 0);
     } else {
       snap.events.resize(static_cast<size_t>(total));
-      // Each chunk's notes rows become the model's, interned in file order as the serial reader
-      // interns them (the file's string 0 is always "", the model's kEmptyStr).
+      // Each chunk's notes rows become the model's, in file order.
       std::vector<std::vector<uint32_t>> notes_of(accepted.size());
-      for (size_t k = 0; k < accepted.size(); ++k) {
-        const EventNotesTable& local = refs[accepted[k]].notes;
-        notes_of[k].resize(local.size());
-        for (uint32_t j = 0; j < local.size(); ++j) {
-          const EventNotes& n = local[j];
-          notes_of[k][j] = snap.event_notes.intern(EventNotes{
-              str_of[n.compile_context], str_of[n.user_metadata], str_of[n.action_name]});
-        }
-      }
+      for (size_t k = 0; k < accepted.size(); ++k)
+        notes_of[k] = internChunkNotes(snap, refs[accepted[k]].notes, str_of);
       parallelFor(accepted.size(), threads, [&](size_t k) {
         const size_t i = accepted[k];
         Event* e = snap.events.data() + slice_at[i];
