@@ -6,12 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "analysis/analyze.h"
+#include "fixtures/interleaved_capture.h"
 #include "fixtures/model_builder.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
@@ -173,64 +173,21 @@ TEST(DeferredEvents, RealSnapshotsDecodeAndAnalyzeAsTheWholeFile) {
   EXPECT_GT(n, 3u);
 }
 
-// A capture of several devices, interleaved in runs of 1 to 200 events within chunks and across
-// them, with OOMs, unknown actions, context strings, a device without events, and no final state
-// (the writer did not finish): the runs of each device are found in file order, and the end state
-// is rebuilt from the events one device at a time.
+// A capture of several devices, interleaved within chunks and across them, with OOMs, unknown
+// actions, context strings, a device without events, and no final state
+// (fixtures/interleaved_capture.h): the runs of each device are found in file order, and the end
+// state is rebuilt from the events one device at a time.
 TEST(DeferredEvents, InterleavedCaptureWithoutFinalStateDecodesPerDevice) {
-  using namespace format::trace;
+  using format::trace::kHeaderSize;
   for (int level : {0, 3}) {
-    VectorSink sink;
-    WriterOptions wo;
-    wo.zstd_level = level;
-    wo.chunk_bytes = 2048;
-    wo.checkpoint_every = 700;
-    TraceWriter w(sink, wo);
-    TraceMeta meta;
-    meta.source_format = "capture";
-    ASSERT_TRUE(w.begin(meta).ok());
-    std::mt19937_64 rng(5);
-    const uint32_t frame = w.frame(w.string("m.py"), w.string("f"), 3);
-    const uint32_t stack = w.stack(kTraceRootStack, frame);
-    uint32_t device = 0;
-    size_t run = 0;
-    std::vector<uint64_t> next(5, 0);
-    for (size_t i = 0; i < 9000; ++i) {
-      if (run == 0) {
-        device = static_cast<uint32_t>(rng() % 4);
-        if (device == 2) device = 4;
-        run = 1 + rng() % 200;
-      }
-      --run;
-      TraceEvent e;
-      e.device = device;
-      e.stream = static_cast<int64_t>(i % 2);
-      e.time_us = static_cast<int64_t>(100 + i);
-      e.stack = i % 5 ? stack : kTraceNoStack;
-      const uint64_t k = next[device]++;
-      if (k % 50 == 49) {
-        e.action = static_cast<uint8_t>(format::Action::Oom);
-        e.addr = 1 << 20;
-        e.size = 1 << 30;
-      } else if (k % 50 == 48) {
-        e.action = 10;
-        e.action_name = w.string("custom_" + std::to_string(i % 3));
-      } else {
-        e.action =
-            static_cast<uint8_t>(k % 2 ? format::Action::FreeCompleted : format::Action::Alloc);
-        e.addr = (uint64_t{device} << 40) + (k / 2 % 8) * 4096;
-        e.size = 512;
-      }
-      e.compile_context = i % 11 == 0 ? w.string("ctx" + std::to_string(i % 4)) : 0;
-      EXPECT_TRUE(w.event(e).ok());
-    }
-    ASSERT_TRUE(w.close().ok());
+    const std::vector<uint8_t> data = memforensics::testing::interleavedCapture(
+        {.zstd_level = level, .chunk_bytes = 2048, .checkpoint_every = 700, .oom_every = 50});
     const std::string what = "interleaved, zstd " + std::to_string(level);
-    const Snapshot ref = load(sink.data, false, 2);
+    const Snapshot ref = load(data, false, 2);
     ASSERT_EQ(ref.traceCount(), 5u) << what;
     ASSERT_GT(ref.ooms()->size(), 100u) << what;
     for (int threads : {1, 2, 3}) {
-      const Snapshot def = load(sink.data, true, threads);
+      const Snapshot def = load(data, true, threads);
       ASSERT_TRUE(def.deferred) << what;
       expectSameEvents(ref, def, what + ", " + std::to_string(threads) + " threads");
       // The end state rebuilt from the events, as the whole-file load rebuilds it.
@@ -245,8 +202,8 @@ TEST(DeferredEvents, InterleavedCaptureWithoutFinalStateDecodesPerDevice) {
     }
     // Cut short anywhere: the complete chunks, deferred as the whole load reads them.
     for (size_t k = 1; k < 10; ++k) {
-      const size_t cut = kHeaderSize + (sink.data.size() - kHeaderSize) * k / 10;
-      const std::span<const uint8_t> part(sink.data.data(), cut);
+      const size_t cut = kHeaderSize + (data.size() - kHeaderSize) * k / 10;
+      const std::span<const uint8_t> part(data.data(), cut);
       const std::string at = what + ", cut at " + std::to_string(cut);
       const Snapshot whole = load(part, false, 2);
       const Snapshot def = load(part, true, 2);

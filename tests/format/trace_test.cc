@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "analysis/analyze.h"
+#include "fixtures/interleaved_capture.h"
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "fixtures/snapshot_compare.h"
@@ -820,61 +821,9 @@ TEST(TraceParallel, DamagedEventsChunkWithAValidChecksumIsTheSerialError) {
   expectSameAsSerial(out, true, "extra byte in an Events chunk, salvage");
 }
 
-// A capture of several devices: devices interleaved in runs of 1 to 300 events, within chunks and
-// across them, going back and forth, one device (3) without events; new stacks and strings appear
-// as the file goes on, so that ids are created across chunks.
-std::vector<uint8_t> interleavedCapture(int zstd_level) {
-  VectorSink sink;
-  WriterOptions wo;
-  wo.zstd_level = zstd_level;
-  wo.chunk_bytes = 4096;
-  wo.checkpoint_every = 900;
-  TraceWriter w(sink, wo);
-  TraceMeta meta;
-  meta.source_format = "capture";
-  EXPECT_TRUE(w.begin(meta).ok());
-  std::mt19937_64 rng(11);
-  std::vector<uint32_t> stacks{kTraceNoStack, kTraceRootStack};
-  const uint32_t pool = w.pool(7, 1);
-  uint32_t device = 0;
-  size_t run = 0;
-  for (size_t i = 0; i < 12000; ++i) {
-    if (run == 0) {
-      device = static_cast<uint32_t>(rng() % 4);
-      if (device == 3) device = 4;
-      run = 1 + rng() % 300;
-    }
-    --run;
-    if (i % 97 == 0) {
-      const uint32_t f = w.frame(w.string("f" + std::to_string(i % 7) + ".py"),
-                                 w.string("fn" + std::to_string(i)), i);
-      const uint32_t parent = stacks.size() > 2 && rng() % 2
-                                  ? stacks[2 + rng() % (stacks.size() - 2)]
-                                  : kTraceRootStack;
-      stacks.push_back(w.stack(parent, f));
-    }
-    TraceEvent e;
-    const int kind = static_cast<int>(rng() % 10);
-    e.action = kind == 9 ? 10 : (kind % 2 ? 2 : 0);
-    if (e.action == 10) e.action_name = w.string("custom_" + std::to_string(i % 3));
-    e.device = device;
-    e.addr = (uint64_t{device} << 40) + (i % 64) * 4096;
-    e.size = 512 * (1 + i % 17);
-    e.stream = static_cast<int64_t>(i % 3);
-    e.time_us = static_cast<int64_t>(1000 + i);
-    e.stack = stacks[rng() % stacks.size()];
-    e.compile_context = i % 13 == 0 ? w.string("ctx" + std::to_string(i % 4)) : 0;
-    e.user_metadata = i % 29 == 0 ? w.string("meta" + std::to_string(i % 5)) : 0;
-    e.pool = i % 17 == 0 ? pool : 0;
-    EXPECT_TRUE(w.event(e).ok());
-  }
-  EXPECT_TRUE(w.close().ok());
-  return sink.data;
-}
-
 TEST(TraceParallel, InterleavedDevicesAreReadOnThreadsAsTheSerialReaderGroupsThem) {
   for (int level : {0, 3}) {
-    const auto bin = interleavedCapture(level);
+    const auto bin = testing::interleavedCapture({.zstd_level = level});
     const std::string what = "interleaved, level " + std::to_string(level);
     auto ref = readSnapshotTraceSerial(bin);
     ASSERT_TRUE(ref.ok()) << ref.error().message;
