@@ -24,90 +24,12 @@ void addFree(FreeSpace& f, uint64_t size) {
   ++f.free_blocks;
 }
 
-// Whole pages of `page` bytes covering `bytes`, without overflow.
-uint64_t pagesFor(uint64_t bytes, uint64_t page) {
-  return bytes / page + (bytes % page != 0 ? 1 : 0);
-}
-
-uint64_t mulSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
-
 uint64_t addSat(uint64_t a, uint64_t b) {
   uint64_t r;
   return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
 }
 
 }  // namespace
-
-OomNeed oomNeed(uint64_t request_bytes, bool large, bool expandable,
-                const std::vector<const replay::ModelSegment*>& group) {
-  OomNeed n;
-  n.expandable = expandable;
-  if (!expandable) {
-    n.segment_bytes = replay::allocationSize(request_bytes);
-    n.needed_bytes = n.segment_bytes;
-    return n;
-  }
-  const uint64_t page = large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
-  n.page_bytes = page;
-  std::vector<const replay::ModelSegment*> segs;
-  for (const replay::ModelSegment* s : group)
-    if (s != nullptr && s->is_expandable) segs.push_back(s);
-  std::sort(segs.begin(), segs.end(),
-            [](const auto* a, const auto* b) { return a->address < b->address; });
-  // The unmapped range after segs[i]: up to the next mapped range, or (after the last one) the
-  // rest of the reservation, which never runs out (it spans 1.125 x the device's memory).
-  auto gapAfter = [&](size_t i) -> uint64_t {
-    uint64_t end;
-    if (__builtin_add_overflow(segs[i]->address, segs[i]->size, &end)) return 0;
-    if (i + 1 == segs.size()) return ~uint64_t{0} - end;
-    return segs[i + 1]->address > end ? segs[i + 1]->address - end : 0;
-  };
-  // find_expandable_block(): unmapped ranges in address order; each starts a chain at the free
-  // mapped block right before it, then free blocks and unmapped ranges until the request fits.
-  for (size_t i = 0; i < segs.size(); ++i) {
-    uint64_t gap = gapAfter(i);
-    if (gap == 0) continue;
-    const auto& blocks = segs[i]->blocks;
-    uint64_t have = !blocks.empty() && blocks.back().isFree() ? blocks.back().size : 0;
-    uint64_t free_used = have, pages = 0;
-    size_t j = i;
-    while (have < request_bytes) {
-      const uint64_t take = std::min(request_bytes - have, gap);
-      pages = addSat(pages, pagesFor(take, page));
-      have += take;
-      if (have >= request_bytes || j + 1 >= segs.size()) break;
-      bool all_free = true;  // the chain runs on through the next range's free blocks
-      for (const auto& b : segs[j + 1]->blocks) {
-        if (!b.isFree()) {
-          all_free = false;
-          break;
-        }
-        have = addSat(have, b.size);
-        free_used = addSat(free_used, b.size);
-        if (have >= request_bytes) break;
-      }
-      if (have >= request_bytes || !all_free) break;
-      gap = gapAfter(++j);
-      if (gap == 0) break;
-    }
-    if (have >= request_bytes) {
-      n.usable_free = free_used;
-      n.pages = pages;
-      n.needed_bytes = mulSat(pages, page);
-      return n;
-    }
-    // The chains from the gaps up to segs[j] are suffixes of this one and fail the same way:
-    // each range is walked once (linear in the layout, whatever its shape).
-    i = std::max(i, j);
-  }
-  // No range of this pool and stream holds it: a new reservation, every page mapped.
-  n.pages = pagesFor(request_bytes, page);
-  n.needed_bytes = mulSat(n.pages, page);
-  return n;
-}
 
 OomFlush oomFlushBefore(std::span<const format::Event> events, int64_t oom_event) {
   OomFlush f;
@@ -294,18 +216,15 @@ BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::strin
     // What the device would have had to give instead (oomNeed): the segment cudaMalloc would get,
     // or the pages the expandable segment of this pool and stream would map.
     std::vector<const replay::ModelSegment*> group;
-    bool expandable =
-        pool == replay::PoolId{0, 0} && replay::modelSettingsOf(snap).expandable_segments;
+    bool expandable = pool == replay::PoolId{0, 0} && replay::allocConfOf(snap).expandable_segments;
     for (const auto& sb : r.segments) {
       const auto& s = sb.segment;
       if (s.is_large != large || s.pool != pool || s.stream != e.stream) continue;
       group.push_back(&s);
       expandable |= s.is_expandable;
     }
-    v.need = oomNeed(v.request_bytes, large, expandable, group);
-    v.short_by = !v.fragmentation && v.need.needed_bytes > v.device_free
-                     ? v.need.needed_bytes - v.device_free
-                     : 0;
+    v.need = replay::requestNeed(v.request_bytes, large, expandable, group);
+    v.short_by = replay::shortBy(v.need, v.device_free, v.fragmentation);
     r.oom = v;
   }
   return r;

@@ -54,28 +54,6 @@ struct FreeSpace {
   uint64_t free_blocks = 0;
 };
 
-// What the device would have had to give for a failed request, by the allocator's rules
-// (CCA alloc_block): without expandable segments a new segment of get_allocation_size() bytes
-// (replay::allocationSize: 2 MiB for the small pool, 20 MiB below 10 MiB, else rounded up to
-// 2 MiB); with expandable segments (default pools only: CCA keeps private pools off them) the pages
-// try_allocate_expandable_block() would map: find_expandable_block() takes the lowest-address
-// unmapped range of the pool and stream that, with the free mapped block right before it (and free
-// blocks and unmapped ranges after it), holds the request, and maps what is missing in whole pages
-// (alloc::kLargeExpandablePage / kSmallExpandablePage).
-struct OomNeed {
-  bool expandable = false;
-  uint64_t segment_bytes = 0;  // non-expandable: the segment cudaMalloc would have been asked for
-  uint64_t page_bytes = 0;     // expandable: the page size of the request's pool
-  uint64_t usable_free = 0;    // expandable: free mapped bytes the mapping would extend
-  uint64_t pages = 0;          // expandable: pages that mapping would need
-  uint64_t needed_bytes = 0;   // segment_bytes, or pages x page_bytes (saturating)
-};
-// `group`: the layout's segments of the request's pool kind, pool and stream (address order not
-// required); empty when no layout is known (then an expandable request maps all of its pages).
-// The layout shows mapped ranges only, so an unmapped range before the first one is not seen.
-OomNeed oomNeed(uint64_t request_bytes, bool large, bool expandable,
-                const std::vector<const replay::ModelSegment*>& group);
-
 // The cache flush of the allocator's retry right before an OOM (CCA malloc: release_cached_blocks
 // then one more attempt): the consecutive segment_free / segment_unmap events immediately
 // preceding the `oom` event on its device. A failed map or cudaMalloc leaves no event, so the
@@ -106,8 +84,8 @@ struct OomVerdict {
   bool fits_total = false;    // request <= pool_free
   bool fits_block = false;    // request <= pool_largest
   bool fragmentation =
-      false;     // fits_total && !fits_block: enough free bytes, no block to hold them
-  OomNeed need;  // what the device would have had to give (oomNeed)
+      false;             // fits_total && !fits_block: enough free bytes, no block to hold them
+  replay::OomNeed need;  // what the device would have had to give (replay::requestNeed)
   // What would have had to be free on the device for the request to succeed: need.needed_bytes
   // minus device_free when positive; 0 under fragmentation (the cache held the bytes).
   uint64_t short_by = 0;

@@ -2,7 +2,7 @@
 //
 // One finding per `oom` event whose title states the conclusion in one sentence, each number once:
 // the request, how much was missing (OomNumbers::short_by_bytes, from the block layout and the
-// allocator's rules: blocks.h oomNeed), what the device and the cache had, and whether it was
+// allocator's rules: replay::requestNeed), what the device and the cache had, and whether it was
 // fragmentation (the bytes were in the request's pool and stream, in no block large enough) or
 // live tensors filling the card. The evidence leads with the largest holders (the lines to
 // change), then the failed request as the last straw, then the cache flush of the allocator's
@@ -88,7 +88,7 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
   }
   const auto d = static_cast<size_t>(device);
   DeviceWhatIf facts = recordedFacts(snap, d);
-  const WhatIfSettings base = whatIfSettingsOf(snap);
+  const replay::AllocConf base = replay::allocConfOf(snap);
   if (!facts.complete_history) {
     r.untested = whatIfEstimateReason(facts, base);  // "history incomplete: N blocks were alive..."
     return r;
@@ -97,13 +97,13 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
   r.baseline = simulateRequests(snap, d, base, cap);
   facts.baseline = r.baseline;
   std::vector<std::pair<std::string, std::string>> sets;
-  if (!base.model.expandable_segments) sets.push_back({"expandable_segments", "True"});
+  if (!base.expandable_segments) sets.push_back({"expandable_segments", "True"});
   for (uint64_t v : whatIfSplitSizesMb(snap, d, base))
     sets.push_back({"max_split_size_mb", std::to_string(v)});
   for (const auto& [key, value] : sets) {
     if (r.trials.size() + 1 >= budget) break;  // the baseline counts
-    WhatIfSettings s = base;
-    if (!applyWhatIfSetting(s, key, value).empty()) continue;
+    replay::AllocConf s = base;
+    if (!replay::applyAllocSetting(s, key, value).empty()) continue;
     FixTrial t;
     t.label = key + ":" + value;
     t.sim = simulateRequests(snap, d, s, cap);
@@ -144,7 +144,7 @@ std::string joinLabels(const std::vector<std::string>& ls) {
 
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const ModelFacts& model = c.facts.model;
-  const bool settings_expandable = replay::modelSettingsOf(c.s).expandable_segments;
+  const bool settings_expandable = replay::allocConfOf(c.s).expandable_segments;
   const size_t n_ooms = c.summary.ooms.size();
   std::optional<FixReplays> replays;  // run at the first fragmentation OOM, once per device
   for (size_t k = 0; k < n_ooms; ++k) {
@@ -187,7 +187,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
                                                              : "the allocator model did not run";
       }
     }
-    OomNeed need;
+    replay::OomNeed need;
     const uint64_t cached_free = subSat(at.reserved, at.active());  // no pending-free blocks
     if (layout) {
       num.fragmentation = layout->fragmentation;
@@ -196,8 +196,8 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     } else {
       num.fragmentation = oom.request_bytes <= cached_free;
       const bool large = oom.request_bytes > replay::kModelSmallSize;
-      need = oomNeed(oom.request_bytes, large, settings_expandable, {});
-      num.short_by_bytes = num.fragmentation ? 0 : subSat(need.needed_bytes, oom.device_free);
+      need = replay::requestNeed(oom.request_bytes, large, settings_expandable, {});
+      num.short_by_bytes = replay::shortBy(need, oom.device_free, num.fragmentation);
     }
 
     Finding f;

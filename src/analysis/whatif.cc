@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -20,6 +19,7 @@ namespace {
 
 using format::Action;
 using format::Event;
+using replay::AllocConf;
 using replay::PoolId;
 
 // Base of the simulated address space and the virtual size of an expandable reservation (CCA
@@ -32,135 +32,46 @@ uint64_t addSat(uint64_t a, uint64_t b) {
   return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
 }
 
-struct Blk {
-  uint64_t size = 0;
-  bool allocated = false;
-  bool mapped = true;
-  uint64_t gc_base = 0;  // its pool's get_free_block calls when it became free (CCA gc_count_base)
-};
-struct Seg {
-  uint64_t address = 0, size = 0;  // size: mapped bytes for a reservation's accounting see below
-  int64_t stream = 0;
-  PoolId pool{0, 0};
-  bool large = true, expandable = false;
-  uint64_t serial = 0;  // creation order (oldest first for garbage collection)
-  std::map<uint64_t, Blk> blocks;
-};
-struct Key {
-  PoolId pool;
-  bool large;
-  int64_t stream;
-  uint64_t size;
-  uint64_t addr;
-  auto operator<=>(const Key&) const = default;
-};
-
+// The request-driven simulation: the caching-allocator core (replay/caching_allocator.h) with the
+// card's capacity, the simulated address space and CCA malloc()'s order of attempts.
 struct Sim {
-  const WhatIfSettings& st;
+  const AllocConf& st;
   uint64_t capacity;
-  std::map<uint64_t, Seg> segs;
-  std::set<Key> free;  // mapped free blocks
+  replay::CachingAllocator core;
   uint64_t next_addr = kSimBase;
   uint64_t serial = 0;
   uint64_t reserved = 0, allocated = 0;
   uint64_t segment_allocs = 0, segment_frees = 0;
-  // get_free_block calls per pool (CCA BlockPool::get_free_blocks_call_count), counted only while
-  // garbage collection is on, as CCA does.
-  std::map<std::pair<PoolId, bool>, uint64_t> gfb_calls;
 
-  Sim(const WhatIfSettings& s, uint64_t cap) : st(s), capacity(cap) {}
+  Sim(const AllocConf& s, uint64_t cap) : st(s), capacity(cap), core(s) {}
 
-  Seg* segAt(uint64_t a) {
-    auto it = segs.upper_bound(a);
-    if (it == segs.begin()) return nullptr;
-    --it;
-    return a < it->second.address + it->second.size ? &it->second : nullptr;
-  }
-  Key keyOf(const Seg& s, uint64_t a, const Blk& b) const {
-    return {s.pool, s.large, s.stream, b.size, a};
-  }
-  // CCA insert_into_blocks(): a block becoming free starts its garbage-collection age at 0.
-  void index(const Seg& s, uint64_t a, Blk& b) {
-    if (b.allocated || !b.mapped) return;
-    auto c = gfb_calls.find({s.pool, s.large});
-    b.gc_base = c == gfb_calls.end() ? 0 : c->second;
-    free.insert(keyOf(s, a, b));
-  }
-  void unindex(const Seg& s, uint64_t a, const Blk& b) {
-    if (!b.allocated && b.mapped) free.erase(keyOf(s, a, b));
-  }
-  // CCA try_merge_blocks(): free neighbours with the same mapped state merge.
-  std::map<uint64_t, Blk>::iterator merge(Seg& s, std::map<uint64_t, Blk>::iterator it) {
-    unindex(s, it->first, it->second);
-    auto nx = std::next(it);
-    if (nx != s.blocks.end() && !nx->second.allocated && nx->second.mapped == it->second.mapped) {
-      unindex(s, nx->first, nx->second);
-      it->second.size += nx->second.size;
-      s.blocks.erase(nx);
-    }
-    if (it != s.blocks.begin()) {
-      auto pv = std::prev(it);
-      if (!pv->second.allocated && pv->second.mapped == it->second.mapped) {
-        unindex(s, pv->first, pv->second);
-        pv->second.size += it->second.size;
-        s.blocks.erase(it);
-        it = pv;
-      }
-    }
-    index(s, it->first, it->second);
-    return it;
-  }
-
-  // CCA shouldSplit().
-  bool shouldSplit(const Seg& s, uint64_t block, uint64_t size) const {
-    uint64_t rem = block - size;
-    if (!s.large || st.model.expandable_segments) return rem >= alloc::kMinBlockSize;
-    return size < st.model.max_split_size && rem > alloc::kSmallSize;
-  }
-
-  // CCA get_free_block(): best fit in the pool and stream, with the oversize rules.
-  std::optional<uint64_t> bestFit(PoolId pool, bool large, int64_t stream, uint64_t size) {
-    auto it = free.lower_bound(Key{pool, large, stream, size, 0});
-    if (it == free.end() || it->pool != pool || it->large != large || it->stream != stream)
-      return std::nullopt;
-    const uint64_t msz = st.model.max_split_size;
-    if (size < msz && it->size >= msz) return std::nullopt;
-    if (size >= msz && it->size >= addSat(size, st.model.max_non_split_rounding))
-      return std::nullopt;
-    return it->addr;
-  }
-
-  // CCA alloc_found_block(): the front of the block, the remainder stays free.
-  uint64_t take(uint64_t addr, uint64_t size) {
-    Seg* s = segAt(addr);
+  // The block allocated at `addr`, or nullptr.
+  replay::ModelBlock* liveAt(uint64_t addr, replay::CachedSegment** seg) {
+    replay::CachedSegment* s = core.segAt(addr);
+    if (s == nullptr) return nullptr;
     auto it = s->blocks.find(addr);
-    unindex(*s, it->first, it->second);
-    if (it->second.size > size && shouldSplit(*s, it->second.size, size)) {
-      Blk rest{it->second.size - size, false, true};
-      it->second.size = size;
-      auto [r, ok] = s->blocks.emplace(addr + size, rest);
-      index(*s, r->first, r->second);
-    }
-    it->second.allocated = true;
-    allocated += it->second.size;
-    return addr;
+    if (it == s->blocks.end() || it->second.isFree()) return nullptr;
+    *seg = s;
+    return &it->second;
   }
-
   uint64_t sizeOf(uint64_t addr) {
-    Seg* s = segAt(addr);
-    if (s == nullptr) return 0;
-    auto it = s->blocks.find(addr);
-    return it == s->blocks.end() || !it->second.allocated ? 0 : it->second.size;
+    replay::CachedSegment* s = nullptr;
+    const replay::ModelBlock* b = liveAt(addr, &s);
+    return b == nullptr ? 0 : b->size;
   }
-
   void freeBlock(uint64_t addr) {
-    Seg* s = segAt(addr);
-    if (s == nullptr) return;
-    auto it = s->blocks.find(addr);
-    if (it == s->blocks.end() || !it->second.allocated) return;
-    allocated -= it->second.size;
-    it->second.allocated = false;
-    merge(*s, it);
+    replay::CachedSegment* s = nullptr;
+    replay::ModelBlock* b = liveAt(addr, &s);
+    if (b == nullptr) return;
+    allocated -= b->size;
+    core.freeBlock(*s, b);
+  }
+  uint64_t take(uint64_t addr, uint64_t size) {
+    replay::CachedSegment* s = core.segAt(addr);
+    replay::ModelBlock* b =
+        core.allocFoundBlock(*s, replay::CachingAllocator::blockAt(*s, addr), size);
+    allocated += b->size;
+    return addr;
   }
 
   // The simulated address space (from kSimBase up) has room for `bytes` more (a hostile file
@@ -171,250 +82,181 @@ struct Sim {
   bool fits(uint64_t bytes) const {
     return capacity == kWhatIfUnlimited || addSat(reserved, bytes) <= capacity;
   }
+  // Where the recording's driver put the segments of the request being served: its segment_alloc
+  // and segment_map events since the previous request (set by simulateRequests, consumed here). A
+  // new segment or reservation goes there when that range is free in the simulation, so a baseline
+  // replay can be checked address by address (SimResult::address_agreement); otherwise (another
+  // setting made another segment, a hostile address) it goes to the simulated address space.
+  std::vector<const Event*> hints;
 
-  // cudaMalloc of a segment (CCA alloc_block); nullopt when the card is full.
-  std::optional<uint64_t> newSegment(PoolId pool, bool large, int64_t stream, uint64_t size) {
-    const uint64_t bytes = replay::allocationSize(size);
-    if (!fits(bytes) || !roomFor(bytes)) return std::nullopt;
-    Seg s;
-    s.address = next_addr;
-    s.size = bytes;
-    s.stream = stream;
-    s.pool = pool;
-    s.large = large;
-    s.serial = serial++;
-    s.blocks.emplace(s.address, Blk{bytes, false, true});
-    next_addr = addSat(next_addr, addSat(bytes, alloc::kLargeBuffer));
-    auto [it, ok] = segs.emplace(s.address, std::move(s));
-    index(it->second, it->first, it->second.blocks.begin()->second);
-    reserved += bytes;
-    ++segment_allocs;
-    return it->first;
+  // [addr, addr + bytes) is free: no segment overlaps it, except the unmapped tail of an
+  // expandable reservation, which is cut there (the recording shows that it ended before; CCA
+  // reserves 1.125 x the card, the simulation kSimReservation).
+  bool claim(uint64_t addr, uint64_t bytes) {
+    if (!replay::validRange(addr, bytes)) return false;
+    auto nx = core.segs.upper_bound(addr);
+    if (nx != core.segs.end() && nx->first - addr < bytes) return false;
+    replay::CachedSegment* s = core.segAt(addr);
+    if (s == nullptr) return true;
+    if (!s->expandable) return false;
+    auto last = std::prev(s->blocks.end());
+    replay::ModelBlock& u = last->second;
+    if (u.mapped || !u.isFree() || u.address > addr) return false;
+    core.unindex(*s, u);
+    if (u.address == addr) {
+      s->blocks.erase(last);
+    } else {
+      u.size = addr - u.address;
+      core.index(*s, u);
+    }
+    s->size = addr - s->address;
+    if (s->blocks.empty()) core.segs.erase(s->address);
+    return true;
   }
-
-  // CCA try_allocate_expandable_block(): grows the pool's reservation by whole pages.
-  std::optional<uint64_t> expand(PoolId pool, bool large, int64_t stream, uint64_t size) {
-    const uint64_t page = large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
-    Seg* res = nullptr;
-    for (auto& [a, s] : segs) {
-      if (s.expandable && s.pool == pool && s.large == large && s.stream == stream) res = &s;
-    }
-    if (res == nullptr) {
-      if (!roomFor(kSimReservation)) return std::nullopt;
-      Seg s;
-      s.address = next_addr;
-      s.size = kSimReservation;
-      s.stream = stream;
-      s.pool = pool;
-      s.large = large;
-      s.expandable = true;
-      s.serial = serial++;
-      s.blocks.emplace(s.address, Blk{kSimReservation, false, false});
-      next_addr = addSat(next_addr, addSat(kSimReservation, alloc::kLargeBuffer));
-      res = &segs.emplace(s.address, std::move(s)).first->second;
-    }
-    // CCA find_expandable_block(): the first unmapped range whose free predecessor plus the free
-    // space from there holds `size`.
-    for (auto it = res->blocks.begin(); it != res->blocks.end(); ++it) {
-      if (it->second.mapped || it->second.allocated) continue;
-      auto start = it;
-      if (it != res->blocks.begin()) {
-        auto pv = std::prev(it);
-        if (!pv->second.allocated) start = pv;
-      }
-      uint64_t bytes = 0, to_map = 0;
-      for (auto b = start; b != res->blocks.end() && !b->second.allocated && bytes < size; ++b) {
-        const uint64_t want = size - bytes;
-        if (b->second.mapped) {
-          bytes += std::min(want, b->second.size);
-        } else {
-          uint64_t m = std::min(b->second.size, (want + page - 1) / page * page);
-          to_map += m;
-          bytes += std::min(want, m);
-        }
-      }
-      if (bytes < size) continue;
-      if (!fits(to_map)) return std::nullopt;
-      // Map the pages (CCA map_block) and merge.
-      uint64_t got = 0;
-      auto b = start;
-      const uint64_t first = start->first;
-      while (got < size && b != res->blocks.end()) {
-        const uint64_t want = size - got;
-        if (b->second.mapped) {
-          got += std::min(want, b->second.size);
-          ++b;
-          continue;
-        }
-        uint64_t m = std::min(b->second.size, (want + page - 1) / page * page);
-        if (m < b->second.size) {
-          res->blocks.emplace(b->first + m, Blk{b->second.size - m, false, false});
-          b->second.size = m;
-        }
-        b->second.mapped = true;
-        reserved += m;
-        ++segment_allocs;
-        got += std::min(want, m);
-        b = std::next(merge(*res, b));
-      }
-      return first;  // merge() kept the grown free block at `first`
+  // The first hint of `action` at which `bytes` (0: the hint's own size) can be claimed and whose
+  // size satisfies `ok`; consumed.
+  template <class Ok>
+  std::optional<uint64_t> takeHint(Action action, uint64_t bytes, Ok ok) {
+    for (const Event*& h : hints) {
+      if (h == nullptr || h->action != action || !ok(h->size)) continue;
+      if (!claim(h->addr, bytes != 0 ? bytes : h->size)) continue;
+      const uint64_t at = h->addr;
+      h = nullptr;
+      return at;
     }
     return std::nullopt;
   }
+  // A synthetic address for `bytes`: the next free range of the simulated address space.
+  std::optional<uint64_t> synthetic(uint64_t bytes) {
+    for (;;) {
+      if (!roomFor(bytes)) return std::nullopt;
+      const uint64_t at = next_addr;
+      auto nx = core.segs.upper_bound(at);
+      const replay::CachedSegment* in = core.segAt(at);
+      const replay::CachedSegment* block = in != nullptr ? in
+                                           : nx != core.segs.end() && nx->first - at < bytes
+                                               ? &nx->second
+                                               : nullptr;
+      if (block == nullptr) {
+        next_addr = addSat(at, addSat(bytes, alloc::kLargeBuffer));
+        return at;
+      }
+      next_addr = addSat(block->address, addSat(block->size, alloc::kLargeBuffer));
+    }
+  }
+  replay::CachedSegment& place(replay::CachedSegment s, uint64_t at, bool mapped) {
+    s.address = at;
+    s.serial = serial++;
+    replay::ModelBlock b;
+    b.address = s.address;
+    b.size = s.size;
+    b.mapped = mapped;
+    s.blocks.emplace(b.address, b);
+    return core.addSegment(std::move(s));
+  }
 
-  std::optional<uint64_t> allocBlock(PoolId pool, bool large, int64_t stream, uint64_t size) {
-    if (st.model.expandable_segments) return expand(pool, large, stream, size);
-    return newSegment(pool, large, stream, size);
+  // cudaMalloc of a segment (CCA alloc_block); nullopt when the card is full.
+  std::optional<uint64_t> newSegment(const replay::AllocRequest& r) {
+    const uint64_t bytes = replay::allocationSize(r.size);
+    if (!fits(bytes)) return std::nullopt;
+    std::optional<uint64_t> at =
+        takeHint(Action::SegmentAlloc, bytes, [&](uint64_t size) { return size == bytes; });
+    if (!at) at = synthetic(bytes);
+    if (!at) return std::nullopt;
+    replay::CachedSegment s;
+    s.size = bytes;
+    s.stream = r.stream;
+    s.pool = r.pool;
+    s.is_large = r.large;
+    place(std::move(s), *at, true);
+    reserved += bytes;
+    ++segment_allocs;
+    return at;
   }
 
-  // CCA release_block / unmap_block on one free block.
-  void releaseFreeSegment(std::map<uint64_t, Seg>::iterator it) {
-    for (auto& [a, b] : it->second.blocks) unindex(it->second, a, b);
-    reserved -= it->second.size;
-    ++segment_frees;
-    segs.erase(it);
-  }
-  void unmapFree(Seg& s) {
-    const uint64_t page = s.large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
-    std::vector<uint64_t> addrs;
-    for (auto& [a, b] : s.blocks) {
-      if (!b.allocated && b.mapped) addrs.push_back(a);
-    }
-    for (uint64_t a : addrs) {
-      auto it = s.blocks.find(a);
-      const uint64_t end = a + it->second.size;
-      const uint64_t lo = (a - s.address + page - 1) / page * page + s.address;
-      const uint64_t hi = (end - s.address) / page * page + s.address;
-      if (hi <= lo) continue;
-      unindex(s, a, it->second);
-      if (lo > a) {
-        it->second.size = lo - a;
-        index(s, a, it->second);
-        it = s.blocks.emplace(lo, Blk{end - lo, false, true}).first;
+  // CCA try_allocate_expandable_block(): find_expandable_block() (a new reservation when no
+  // unmapped range of the pool and stream has room), then map_block() page by page range.
+  std::optional<uint64_t> expand(const replay::AllocRequest& r) {
+    std::optional<uint64_t> c = core.findExpandableBlock(r);
+    if (!c) {
+      // A new reservation: where the recording mapped the first page of one, else synthetic.
+      const uint64_t page = r.large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
+      std::optional<uint64_t> at = takeHint(Action::SegmentMap, page, [&](uint64_t size) {
+        return size % page == 0 && (r.large || size == page);
+      });
+      uint64_t size = kSimReservation;
+      if (at) {
+        size = std::min(size, ~uint64_t{0} - *at);
+        if (auto nx = core.segs.upper_bound(*at); nx != core.segs.end())
+          size = std::min(size, nx->first - *at);
+        size -= size % page;
+      } else {
+        at = synthetic(kSimReservation);
       }
-      if (hi < end) {
-        s.blocks.emplace(hi, Blk{end - hi, false, true});
-        index(s, hi, s.blocks.find(hi)->second);
-      }
-      it->second.size = hi - lo;
-      it->second.mapped = false;
-      reserved -= hi - lo;
-      ++segment_frees;
-      merge(s, it);
+      if (!at || size == 0) return std::nullopt;
+      replay::CachedSegment s;
+      s.size = size;
+      s.stream = r.stream;
+      s.pool = r.pool;
+      s.is_large = r.large;
+      s.expandable = true;
+      c = place(std::move(s), *at, false).address;
     }
-  }
-  // CCA release_cached_blocks() (also what torch.cuda.empty_cache() does): every free segment is
-  // given back, and with expandable segments every fully free page is unmapped.
-  void releaseCached() {
-    for (auto it = segs.begin(); it != segs.end();) {
-      auto nx = std::next(it);
-      Seg& s = it->second;
-      if (s.expandable) {
-        unmapFree(s);
-      } else if (s.blocks.size() == 1 && !s.blocks.begin()->second.allocated) {
-        releaseFreeSegment(it);
-      }
-      it = nx;
-    }
-  }
-  // CCA release_available_cached_blocks(): with a max_split_size, free oversize cached segments of
-  // the pool (the smallest one that is large enough, else largest first until enough).
-  bool releaseOversize(PoolId pool, bool large, int64_t stream, uint64_t size) {
-    const uint64_t msz = st.model.max_split_size;
-    if (msz == ~uint64_t{0}) return false;
-    std::vector<std::pair<uint64_t, uint64_t>> cand;  // (size, address)
-    for (auto& [a, s] : segs) {
-      if (s.expandable || s.pool != pool || s.large != large || s.stream != stream) continue;
-      if (s.blocks.size() == 1 && !s.blocks.begin()->second.allocated && s.size >= msz)
-        cand.emplace_back(s.size, a);
-    }
-    if (cand.empty()) return false;
-    std::sort(cand.begin(), cand.end());
-    const uint64_t need = std::max(size, msz);
-    auto it = std::lower_bound(cand.begin(), cand.end(), std::make_pair(need, uint64_t{0}));
-    if (it != cand.end()) {
-      releaseFreeSegment(segs.find(it->second));
+    const bool ok = core.growExpandable(*c, r.size, [&](uint64_t bytes) {
+      if (!fits(bytes)) return false;
+      reserved += bytes;
+      ++segment_allocs;
       return true;
-    }
-    uint64_t freed = 0;
-    for (auto r = cand.rbegin(); r != cand.rend() && freed < size; ++r) {
-      freed += r->first;
-      releaseFreeSegment(segs.find(r->second));
-    }
-    return freed >= size;
+    });
+    if (!ok) return std::nullopt;
+    return c;
   }
+
+  std::optional<uint64_t> allocBlock(const replay::AllocRequest& r) {
+    if (st.expandable_segments) return expand(r);
+    return newSegment(r);
+  }
+
+  void account(const replay::Released& rel) {
+    reserved -= rel.bytes;
+    segment_frees += rel.calls;
+  }
+  void releaseCached() { account(core.releaseCached()); }
   bool gcOn() const { return st.gc_threshold > 0.0 && capacity != kWhatIfUnlimited; }
-  // CCA garbage_collect_cached_blocks(): when reserved is above threshold x capacity (CCA:
-  // allowed_memory_maximum, the per-process memory fraction of the card), the wholly free,
-  // non-expandable segments of the default large pool whose age (get_free_block calls on the pool
-  // since the block became free) is at least the average age go back, in the pool's order
-  // (stream, size, address); passes repeat with the new average until target = reserved -
-  // threshold x capacity bytes are reclaimed or a pass frees nothing. A pass does not stop at the
-  // target (CCA: "we don't want this GC to be triggered frequently").
+  // CCA garbage_collect_cached_blocks(): only when reserved is above threshold x capacity (CCA:
+  // allowed_memory_maximum, the per-process memory fraction of the card); it reclaims at least
+  // reserved - threshold x capacity bytes if it can.
   void garbageCollect() {
     if (!gcOn()) return;
     const auto limit = static_cast<uint64_t>(st.gc_threshold * static_cast<double>(capacity));
     if (reserved <= limit) return;
-    const uint64_t target = reserved - limit;
-    const PoolId def{0, 0};
-    const uint64_t now = gfb_calls[{def, true}];
-    auto freeable = [&](const Key& k, uint64_t* age) {
-      if (k.pool != def || !k.large) return false;
-      Seg* s = segAt(k.addr);
-      if (s == nullptr || s->expandable || s->blocks.size() != 1) return false;
-      *age = now - s->blocks.begin()->second.gc_base;
-      return true;
-    };
-    double total_age = 0;
-    uint64_t count = 0;
-    for (const Key& k : free) {
-      uint64_t age = 0;
-      if (freeable(k, &age)) total_age += static_cast<double>(age), ++count;
-    }
-    uint64_t reclaimed = 0;
-    bool freed = true;
-    while (reclaimed < target && freed && count > 0) {
-      const double age_threshold = total_age / static_cast<double>(count);
-      freed = false;
-      std::vector<std::pair<uint64_t, uint64_t>> go;  // (address, age), in the pool's order
-      for (const Key& k : free) {
-        uint64_t age = 0;
-        if (freeable(k, &age) && static_cast<double>(age) >= age_threshold)
-          go.emplace_back(k.addr, age);
-      }
-      for (auto [a, age] : go) {
-        freed = true;
-        reclaimed += segs.find(a)->second.size;
-        total_age -= static_cast<double>(age);
-        --count;
-        releaseFreeSegment(segs.find(a));
-      }
-    }
+    account(core.garbageCollect(reserved - limit));
   }
 
   // CCA malloc(): nullopt = out of memory.
   std::optional<uint64_t> malloc(PoolId pool, uint64_t size, int64_t stream) {
     if (size > kWhatIfMaxRequest) return std::nullopt;
     if (size == 0) size = alloc::kMinBlockSize;  // round_size(0) in a hostile file
-    const bool large = size > alloc::kSmallSize;
-    if (gcOn()) ++gfb_calls[{pool, large}];  // CCA get_free_block()
-    if (auto a = bestFit(pool, large, stream, size)) return take(*a, size);
+    const replay::AllocRequest r{pool, size > alloc::kSmallSize, stream, size};
+    if (gcOn()) core.countGetFreeBlock(r);  // CCA get_free_block()
+    if (const auto* k = core.getFreeBlock(r)) return take(k->addr, size);
     garbageCollect();  // CCA: before alloc_block, with no second search
-    std::optional<uint64_t> a = allocBlock(pool, large, stream, size);
-    if (!a && releaseOversize(pool, large, stream, size)) a = allocBlock(pool, large, stream, size);
+    std::optional<uint64_t> a = allocBlock(r);
+    if (!a) {
+      replay::Released rel;
+      const bool released = core.releaseOversize(r, &rel);
+      account(rel);
+      if (released) a = allocBlock(r);
+    }
     if (!a) {
       releaseCached();
-      a = allocBlock(pool, large, stream, size);
+      a = allocBlock(r);
     }
     if (!a) return std::nullopt;
     return take(*a, size);
   }
 
-  uint64_t largestFree() const {
-    uint64_t m = 0;
-    for (const Key& k : free) m = std::max(m, k.size);
-    return m;
-  }
+  uint64_t largestFree() const { return core.largestFree(); }
 };
 
 PoolId poolOf(const format::Snapshot& snap, const Event& e) {
@@ -485,77 +327,6 @@ bool freesAtRequest(std::span<const Event> ev) {
   return true;
 }
 
-bool parseBool(const std::string& v, bool* out) {
-  if (v == "True" || v == "true" || v == "1") return *out = true, true;
-  if (v == "False" || v == "false" || v == "0") return *out = false, true;
-  return false;
-}
-bool parseUint(const std::string& v, uint64_t* out) {
-  if (v.empty() || v.size() > 12) return false;
-  uint64_t r = 0;
-  for (char c : v) {
-    if (c < '0' || c > '9') return false;
-    r = r * 10 + static_cast<uint64_t>(c - '0');
-  }
-  *out = r;
-  return true;
-}
-
-bool divisionOk(uint64_t n) {
-  return n <= kWhatIfMaxDivisions && (n & (n - 1)) == 0;
-}
-
-// CCA parseRoundUpPower2Divisions, list form "[256:1,512:2,>:4]" (spaces ignored, as its lexer
-// does): each MB:N entry, MB a power of two, sets the interval of sizes in [MB, 2 x MB) MiB
-// (interval index log2(MB), clamped to the 16 intervals from 1 MiB); the first entry also fills
-// every interval below it; ">:N" fills every interval after the last entry's. N is a power of two
-// or 0 (off). Intervals no entry reaches stay 0. (PyTorch releases before the fix of ">" filled
-// from the last entry's own interval, overwriting it; this follows the current source.)
-std::string parseDivisionList(const std::string& raw, uint32_t out[16]) {
-  std::string v;
-  for (char c : raw) {
-    if (c != ' ') v += c;
-  }
-  const std::string bad = "roundup_power2_divisions list '" + raw + "': ";
-  if (v.size() < 2 || v.back() != ']') return bad + "expected [MB:N,...] ending in ]";
-  const std::string body = v.substr(1, v.size() - 2);
-  if (body.empty()) return bad + "no entries";
-  uint32_t d[16] = {};
-  bool first = true;
-  size_t last_index = 0;
-  size_t pos = 0;
-  while (pos <= body.size()) {
-    size_t comma = body.find(',', pos);
-    if (comma == std::string::npos) comma = body.size();
-    const std::string entry = body.substr(pos, comma - pos);
-    const size_t colon = entry.find(':');
-    if (colon == std::string::npos) return bad + "entry '" + entry + "' is not MB:N";
-    const std::string lhs = entry.substr(0, colon), rhs = entry.substr(colon + 1);
-    uint64_t n = 0;
-    if (!parseUint(rhs, &n) || !divisionOk(n))
-      return bad + "divisions '" + rhs + "' must be a power of two up to " +
-             std::to_string(kWhatIfMaxDivisions) + " or 0";
-    if (lhs == ">") {
-      // CCA fills from last_index + 1, last_index starting at 0: a lone ">:N" leaves < 2 MiB.
-      for (size_t k = last_index + 1; k < 16; ++k) d[k] = static_cast<uint32_t>(n);
-    } else {
-      uint64_t mb = 0;
-      if (!parseUint(lhs, &mb) || mb == 0 || (mb & (mb - 1)) != 0)
-        return bad + "interval '" + lhs + "' must be a power of two (MB) or >";
-      const size_t index = std::min<size_t>(63 - static_cast<size_t>(__builtin_clzll(mb)), 15);
-      if (first) {
-        for (size_t k = 0; k < index; ++k) d[k] = static_cast<uint32_t>(n);
-        first = false;
-      }
-      d[index] = static_cast<uint32_t>(n);
-      last_index = index;
-    }
-    pos = comma + 1;
-  }
-  std::copy(std::begin(d), std::end(d), out);
-  return "";
-}
-
 }  // namespace
 
 std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
@@ -585,110 +356,6 @@ std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
   return v;
 }
 
-WhatIfSettings whatIfSettingsOf(const format::Snapshot& snap) {
-  WhatIfSettings s;
-  s.model = replay::modelSettingsOf(snap);
-  s.gc_threshold = snap.settings.garbage_collection_threshold;
-  return s;
-}
-
-std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key,
-                               const std::string& value) {
-  if (key == "expandable_segments") {
-    if (!parseBool(value, &s.model.expandable_segments))
-      return "expandable_segments takes True or False, not '" + value + "'";
-    return "";
-  }
-  if (key == "max_split_size_mb") {
-    if (value == "unlimited" || value == "none") {
-      s.model.max_split_size = ~uint64_t{0};
-      return "";
-    }
-    uint64_t mb = 0;
-    // CCA parseArgs: max_split_size_mb must be > kLargeBuffer / 1 MiB (20).
-    if (!parseUint(value, &mb) || mb <= alloc::kLargeBuffer / 1048576 || mb > (uint64_t{1} << 30))
-      return "max_split_size_mb takes a number of MiB above 20 (or 'unlimited'), not '" + value +
-             "'";
-    s.model.max_split_size = mb << 20;
-    return "";
-  }
-  if (key == "max_non_split_rounding_mb") {
-    uint64_t mb = 0;
-    if (!parseUint(value, &mb) || mb > (uint64_t{1} << 30))
-      return "max_non_split_rounding_mb takes a number of MiB, not '" + value + "'";
-    s.model.max_non_split_rounding = mb << 20;
-    return "";
-  }
-  if (key == "roundup_power2_divisions") {
-    if (!value.empty() && value.front() == '[') return parseDivisionList(value, s.model.divisions);
-    uint64_t n = 0;
-    // One value for every size interval.
-    if (!parseUint(value, &n) || !divisionOk(n))
-      return "roundup_power2_divisions takes a power of two up to " +
-             std::to_string(kWhatIfMaxDivisions) + " (0 = off) or a [MB:N,...,>:N] list, not '" +
-             value + "'";
-    for (uint32_t& d : s.model.divisions) d = static_cast<uint32_t>(n);
-    return "";
-  }
-  if (key == "garbage_collection_threshold") {
-    char* end = nullptr;
-    double v = std::strtod(value.c_str(), &end);
-    if (value.empty() || end != value.c_str() + value.size() || !(v > 0.0 && v < 1.0))
-      return "garbage_collection_threshold takes a number strictly between 0 and 1, not '" + value +
-             "'";
-    s.gc_threshold = v;
-    return "";
-  }
-  if (key.rfind("pinned_", 0) == 0)
-    return key + " is a pinned (host) memory setting: it does not change device memory";
-  if (key == "backend" || key == "release_lock_on_cudamalloc")
-    return key + " does not change where or how much device memory is cached";
-  return "unknown allocator setting '" + key +
-         "' (what-if knows expandable_segments, max_split_size_mb, max_non_split_rounding_mb, "
-         "roundup_power2_divisions, garbage_collection_threshold)";
-}
-
-std::string describeDivisions(const uint32_t divisions[16]) {
-  const bool same =
-      std::all_of(divisions, divisions + 16, [&](uint32_t d) { return d == divisions[0]; });
-  if (same) return std::to_string(divisions[0]);
-  // Runs of equal intervals: "[<256MiB:1,256-511MiB:2,>=512MiB:4]".
-  std::string out = "[";
-  for (size_t a = 0; a < 16;) {
-    size_t b = a;
-    while (b + 1 < 16 && divisions[b + 1] == divisions[a]) ++b;
-    if (out.size() > 1) out += ",";
-    const uint64_t lo = uint64_t{1} << a, hi = (uint64_t{2} << b) - 1;  // MiB
-    if (a == 0 && b == 15) {
-      out += "all";
-    } else if (a == 0) {
-      out.append("<").append(std::to_string(hi + 1)).append("MiB");
-    } else if (b == 15) {
-      out.append(">=").append(std::to_string(lo)).append("MiB");
-    } else {
-      out.append(std::to_string(lo)).append("-").append(std::to_string(hi)).append("MiB");
-    }
-    out.append(":").append(std::to_string(divisions[a]));
-    a = b + 1;
-  }
-  return out + "]";
-}
-
-std::string describeSettings(const WhatIfSettings& s) {
-  std::string out = "expandable_segments=";
-  out += s.model.expandable_segments ? "True" : "False";
-  out += " max_split_size_mb=";
-  out += s.model.max_split_size == ~uint64_t{0} ? std::string("unlimited")
-                                                : std::to_string(s.model.max_split_size >> 20);
-  out += " roundup_power2_divisions=";
-  out += describeDivisions(s.model.divisions);
-  out += " garbage_collection_threshold=";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", s.gc_threshold);
-  out += buf;
-  return out;
-}
-
 uint64_t impliedCapacity(const format::Snapshot& snap, size_t d) {
   auto ev = snap.trace(d);
   auto before = recordedReserved(snap, d, nullptr);
@@ -702,7 +369,7 @@ uint64_t impliedCapacity(const format::Snapshot& snap, size_t d) {
   return cap;
 }
 
-SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfSettings& st,
+SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& st,
                            uint64_t capacity) {
   SimResult r;
   r.capacity = capacity;
@@ -715,7 +382,7 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
   // Blocks alive when the trace began, allocated first in address order (their order and the
   // cache around them are not in the file).
   for (const StartBlock& b : startBlocks(snap, d)) {
-    const uint64_t rounded = replay::roundSize(b.requested, st.model.divisions);
+    const uint64_t rounded = replay::roundSize(b.requested, st.divisions);
     if (auto a = sim.malloc(b.pool, rounded, b.stream)) {
       live[b.address] = *a;
     } else {
@@ -750,10 +417,17 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
     switch (e.action) {
+      case Action::SegmentAlloc:
+      case Action::SegmentMap:
+        sim.hints.push_back(&e);  // for the next request (Sim::hints)
+        break;
       case Action::Alloc: {
-        const uint64_t rounded = replay::roundSize(e.size, st.model.divisions);
+        const uint64_t rounded = replay::roundSize(e.size, st.divisions);
         auto a = sim.malloc(poolOf(snap, e), rounded, e.stream);
+        sim.hints.clear();
+        ++r.address_total;
         if (a) {
+          r.address_predicted += *a == e.addr;
           live[e.addr] = *a;
         } else {
           ++r.oom_count;
@@ -784,6 +458,7 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
       case Action::Oom: {
         // The recorded OOM's request (e.size is already rounded, CCA params.size()).
         auto a = sim.malloc(poolOf(snap, e), e.size, e.stream);
+        sim.hints.clear();
         SimOom o{static_cast<int64_t>(i),
                  e.size,
                  e.size,
@@ -847,10 +522,10 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfS
 
 WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error) {
   WhatIfResult res;
-  res.base_settings = whatIfSettingsOf(snap);
+  res.base_settings = replay::allocConfOf(snap);
   res.what_settings = res.base_settings;
   for (const auto& [k, v] : opt.sets) {
-    std::string why = applyWhatIfSetting(res.what_settings, k, v);
+    std::string why = replay::applyAllocSetting(res.what_settings, k, v);
     if (!why.empty()) {
       if (error != nullptr) *error = why;
       return res;
@@ -891,11 +566,12 @@ DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {
   }
   w.start_blocks = startBlocks(snap, d).size();
   w.complete_history = w.start_blocks == 0;
+  w.recorded_expandable = replay::allocConfOf(snap).expandable_segments;
   return w;
 }
 
 std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const WhatIfSettings& base) {
+                                         const replay::AllocConf& base) {
   constexpr uint64_t kMiB = 1048576;
   uint64_t oom_max = 0, alloc_max = 0;
   for (const Event& e : snap.trace(d)) {
@@ -908,12 +584,12 @@ std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
   if (mb < 32) return out;
   const uint64_t v1 = uint64_t{1} << (63 - __builtin_clzll(mb));
   for (uint64_t v : {v1, v1 / 4}) {
-    if (v > 20 && (v << 20) != base.model.max_split_size) out.push_back(v);
+    if (v > 20 && (v << 20) != base.max_split_size) out.push_back(v);
   }
   return out;
 }
 
-std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s) {
+std::string whatIfEstimateReason(const DeviceWhatIf& d, const replay::AllocConf& s) {
   if (!d.complete_history)
     return "history incomplete: " + std::to_string(d.start_blocks) +
            " blocks were alive when the trace began (their order and the cache around them are "
@@ -921,9 +597,13 @@ std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s)
   if (d.baseline.peak_reserved != d.recorded_peak_reserved)
     return "the baseline's peak reserved (" + formatBytes(d.baseline.peak_reserved) +
            ") is not the recorded one (" + formatBytes(d.recorded_peak_reserved) + ")";
-  if (s.model.expandable_segments)
-    return "expandable segments are simulated request by request (which reservation grows, how "
-           "many pages a release unmaps): within a few % of the recorded peaks (docs/whatif.md)";
+  if (d.baseline.address_predicted != d.baseline.address_total)
+    return "the baseline served " + std::to_string(d.baseline.address_predicted) + " of " +
+           std::to_string(d.baseline.address_total) + " allocs at the address the file recorded";
+  if (s.expandable_segments && !d.recorded_expandable)
+    return "this file was recorded without expandable segments, so its baseline does not check "
+           "the simulation's page mapping (on recordings with them it reproduces every address: "
+           "docs/whatif.md)";
   if (s.gc_threshold > 0.0)
     return "garbage collection takes the card as the process's memory fraction (CCA collects only "
            "under torch.cuda.set_per_process_memory_fraction)";

@@ -4,10 +4,10 @@
 // recorded OOMs as the requests that failed) through a simulation of PyTorch's CUDA caching
 // allocator under other settings and/or another card capacity, with the allocator's reaction to a
 // failed cudaMalloc (garbage collection when a threshold is set, release of oversize cached blocks,
-// release of every cached segment / unmap of fully free pages, retry, then OOM). The simulation
-// reuses the policy pieces of replay/allocator_model.h (ModelSettings, allocationSize) and
-// replay/replay.h (roundSize) and the constants of common/allocator_constants.h; it cannot be the
-// event-driven DeviceAllocatorModel itself, which takes every address from the trace.
+// release of every cached segment / unmap of fully free pages, retry, then OOM). The blocks and
+// every rule are the caching-allocator core of replay/caching_allocator.h, the one the
+// event-driven DeviceAllocatorModel checks against every recorded address; settings are
+// replay::AllocConf (replay/alloc_conf.h, the one parser of PYTORCH_CUDA_ALLOC_CONF).
 //
 // What it cannot change: what the program asked for (sizes, order, lifetimes). After an OOM the
 // recording shows the program's reaction to the exception; a what-if that avoids the OOM still
@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "format/model/snapshot.h"
-#include "replay/allocator_model.h"
+#include "replay/alloc_conf.h"
+#include "replay/caching_allocator.h"
 
 namespace memforensics::analysis {
 
@@ -33,23 +34,6 @@ inline constexpr uint64_t kWhatIfMaxRequest = uint64_t{1} << 48;
 inline constexpr size_t kWhatIfOomFrames = 3;
 // OOMs listed per run (the count is always complete).
 inline constexpr size_t kWhatIfMaxOoms = 64;
-// The largest roundup_power2_divisions value accepted (CCA takes any power of two; above 64 the
-// steps are below 16 KiB even at 1 MiB and nothing measurable changes).
-inline constexpr uint64_t kWhatIfMaxDivisions = 64;
-
-struct WhatIfSettings {
-  replay::ModelSettings model;
-  double gc_threshold = 0.0;  // garbage_collection_threshold; 0 = off
-};
-WhatIfSettings whatIfSettingsOf(const format::Snapshot& snap);
-// Applies one KEY=VALUE (PYTORCH_CUDA_ALLOC_CONF spelling); "" when accepted, else why not.
-std::string applyWhatIfSetting(WhatIfSettings& s, const std::string& key, const std::string& value);
-// "expandable_segments=false max_split_size_mb=unlimited ..." for the output.
-std::string describeSettings(const WhatIfSettings& s);
-// roundup_power2_divisions for the output: "4", or runs of intervals
-// "[<256MiB:1,256-511MiB:2,>=512MiB:4]".
-std::string describeDivisions(const uint32_t divisions[16]);
-
 struct SimOom {
   int64_t event = -1;      // index in the device's trace
   uint64_t requested = 0;  // bytes the program asked for
@@ -77,6 +61,12 @@ struct SimResult {
   uint64_t start_blocks_refused = 0;        // start blocks that did not fit the capacity
   uint64_t segment_allocs = 0;  // cudaMallocs (segment_alloc) and page maps (segment_map)
   uint64_t segment_frees = 0;   // cudaFrees (segment_free) and page unmaps (segment_unmap)
+  // Recorded allocs, and those the simulation served at the address the file recorded (a new
+  // segment is placed where the recording's driver put it when that range is free). On a complete
+  // history under the file's own settings every one should be: the proof that the simulation is
+  // the allocator the address-checking model verified.
+  uint64_t address_total = 0;
+  uint64_t address_predicted = 0;
 };
 
 // A block alive when the trace began: freed in the trace before any alloc of its address, or
@@ -93,9 +83,10 @@ struct DeviceWhatIf {
   int64_t device = 0;
   uint64_t recorded_peak_reserved = 0;  // from the file's segment events (and start state)
   uint64_t recorded_ooms = 0;
-  bool complete_history = true;  // no block alive before the trace began
-  uint64_t unknown_frees = 0;    // frees of blocks allocated before the trace
-  uint64_t start_blocks = 0;     // blocks alive at the start (seeded into the simulation)
+  bool complete_history = true;      // no block alive before the trace began
+  bool recorded_expandable = false;  // the file's own settings have expandable segments
+  uint64_t unknown_frees = 0;        // frees of blocks allocated before the trace
+  uint64_t start_blocks = 0;         // blocks alive at the start (seeded into the simulation)
   uint64_t recorded_segment_allocs = 0, recorded_segment_frees = 0;  // incl. maps / unmaps
   SimResult baseline, whatif;
 };
@@ -107,13 +98,13 @@ struct WhatIfOptions {
 };
 
 struct WhatIfResult {
-  WhatIfSettings base_settings, what_settings;
+  replay::AllocConf base_settings, what_settings;
   bool capacity_given = false;
   std::vector<DeviceWhatIf> devices;
 };
 
 // Simulates device trace `d` of `snap`. `capacity`: kWhatIfUnlimited for none.
-SimResult simulateRequests(const format::Snapshot& snap, size_t d, const WhatIfSettings& s,
+SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
                            uint64_t capacity);
 // The capacity the file implies for device trace `d`: reserved + device_free at its tightest OOM
 // (at least the reserved bytes the recording reached before it: the card held them; device_free
@@ -132,11 +123,12 @@ DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d);
 // the largest alloc request), the largest power of two of MiB not above R and a quarter of it,
 // those above 20 MiB (CCA's minimum) and unlike `base`'s own; empty below 32 MiB.
 std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const WhatIfSettings& base);
+                                         const replay::AllocConf& base);
 
 // "" when a simulation under `s` of the device `d` describes may be called exact (a complete
-// history whose baseline reproduced the recorded peak reserved, under settings the simulation
-// follows as CCA does), else why its figures are an estimate, in words. `d.baseline` must be set.
-std::string whatIfEstimateReason(const DeviceWhatIf& d, const WhatIfSettings& s);
+// history whose baseline reproduced the recorded peak reserved and served every alloc at its
+// recorded address, under settings whose paths that baseline exercised or the simulation follows
+// as CCA does), else why its figures are an estimate, in words. `d.baseline` must be set.
+std::string whatIfEstimateReason(const DeviceWhatIf& d, const replay::AllocConf& s);
 
 }  // namespace memforensics::analysis

@@ -133,9 +133,9 @@ int runWhatIfCommand() {
   }
   // Settings are checked before the file is read: a refused key costs nothing.
   {
-    analysis::WhatIfSettings probe;
+    replay::AllocConf probe;
     for (const auto& [k, v] : opt.sets) {
-      std::string why = analysis::applyWhatIfSetting(probe, k, v);
+      std::string why = replay::applyAllocSetting(probe, k, v);
       if (!why.empty()) {
         printError("--set " + k + "=" + v + ": " + why);
         return kExitError;
@@ -168,8 +168,8 @@ int runWhatIfCommand() {
   if (g_args.json) {
     nlohmann::json j;
     j["file"] = g_args.file;
-    j["baseline_settings"] = analysis::describeSettings(r.base_settings);
-    j["whatif_settings"] = analysis::describeSettings(r.what_settings);
+    j["baseline_settings"] = replay::describeAllocConf(r.base_settings);
+    j["whatif_settings"] = replay::describeAllocConf(r.what_settings);
     j["limits"] = kCannotChange;
     nlohmann::json devs = nlohmann::json::array();
     for (const auto& d : r.devices) {
@@ -183,6 +183,9 @@ int runWhatIfCommand() {
       x["recorded_segment_allocs"] = d.recorded_segment_allocs;
       x["recorded_segment_frees"] = d.recorded_segment_frees;
       x["baseline"] = simJson(d.baseline, analysis::whatIfEstimateReason(d, r.base_settings));
+      // The baseline's allocs at the address the file recorded (the allocator core's proof).
+      x["baseline"]["address_agreement"] = {{"predicted", d.baseline.address_predicted},
+                                            {"total", d.baseline.address_total}};
       x["whatif"] = simJson(d.whatif, analysis::whatIfEstimateReason(d, r.what_settings));
       devs.push_back(std::move(x));
     }
@@ -192,8 +195,8 @@ int runWhatIfCommand() {
   }
   std::ostream& os = std::cout;
   os << "whatif " << escapeText(g_args.file) << "\n";
-  os << "baseline settings: " << analysis::describeSettings(r.base_settings) << "\n";
-  os << "what-if settings:  " << analysis::describeSettings(r.what_settings) << "\n";
+  os << "baseline settings: " << replay::describeAllocConf(r.base_settings) << "\n";
+  os << "what-if settings:  " << replay::describeAllocConf(r.what_settings) << "\n";
   for (const auto& d : r.devices) {
     os << "device " << d.device << ": recorded peak reserved "
        << formatBytes(d.recorded_peak_reserved) << ", recorded OOMs " << d.recorded_ooms << "\n";
@@ -203,6 +206,8 @@ int runWhatIfCommand() {
             "address order (their order and the cache around them are not in the file): an "
             "estimate\n";
     printSim("baseline", d.baseline, analysis::whatIfEstimateReason(d, r.base_settings), os);
+    os << "    " << d.baseline.address_predicted << " of " << d.baseline.address_total
+       << " allocs at the address the file recorded\n";
     printSim("what-if ", d.whatif, analysis::whatIfEstimateReason(d, r.what_settings), os);
   }
   os << "note: " << kCannotChange << "\n";

@@ -32,76 +32,14 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-// Parses "key:value" out of a PYTORCH_CUDA_ALLOC_CONF string; -1 when absent.
-int64_t confValue(const std::string& conf, std::string_view key) {
-  size_t pos = conf.find(key);
-  if (pos == std::string::npos) return -1;
-  pos += key.size();
-  while (pos < conf.size() && (conf[pos] == ':' || conf[pos] == ' ')) ++pos;
-  int64_t v = 0;
-  bool any = false;
-  while (pos < conf.size() && conf[pos] >= '0' && conf[pos] <= '9') {
-    v = v * 10 + (conf[pos++] - '0');
-    any = true;
-  }
-  return any ? v : -1;
-}
-
 }  // namespace
-
-uint64_t allocationSize(uint64_t size) {
-  // CCA get_allocation_size(): 2 MiB for the small pool, 20 MiB below kMinLargeAlloc, else
-  // rounded up to kRoundLarge.
-  if (size <= kModelSmallSize) return kModelSmallBuffer;
-  if (size < kModelMinLargeAlloc) return kModelLargeBuffer;
-  return kModelRoundLarge * ((size + kModelRoundLarge - 1) / kModelRoundLarge);
-}
-
-ModelSettings modelSettingsOf(const format::Snapshot& snap) {
-  ModelSettings s;
-  const auto& a = snap.settings;
-  if (a.max_split_size > 0) s.max_split_size = static_cast<uint64_t>(a.max_split_size);
-  s.expandable_segments = a.expandable_segments;
-  if (a.has_roundup)
-    std::copy(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions),
-              s.divisions);
-  // Not recorded in allocator_settings in any version; only the config string can tell.
-  int64_t nsr = confValue(a.conf, "max_non_split_rounding_mb");
-  if (nsr > 0) s.max_non_split_rounding = static_cast<uint64_t>(nsr) << 20;
-  if (!a.present || a.conf.find("expandable_segments") != std::string::npos) {
-    if (a.conf.find("expandable_segments:True") != std::string::npos ||
-        a.conf.find("expandable_segments:true") != std::string::npos) {
-      s.expandable_segments = true;
-    }
-  }
-  return s;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Internal state.
 
 struct DeviceAllocatorModel::Impl {
-  // A segment, or a whole expandable reservation (mapped and unmapped blocks).
-  struct Seg {
-    uint64_t address = 0, size = 0;
-    int64_t stream = 0;
-    PoolId pool{0, 0};
-    bool is_large = true, expandable = false;
-    std::map<uint64_t, ModelBlock> blocks;
-  };
-  // CCA BlockComparatorSize: pools are separate sets; within one, (stream, size, address).
-  struct Key {
-    PoolId pool;
-    bool large;
-    int64_t stream;
-    uint64_t size;
-    uint64_t addr;
-    auto operator<=>(const Key&) const = default;
-  };
-
-  std::map<uint64_t, Seg> segs;
-  std::set<Key> free;      // mapped free blocks
-  std::set<Key> unmapped;  // unmapped ranges of expandable reservations (size field = 0)
+  using Seg = CachedSegment;
+  CachingAllocator core;                // the blocks and CCA's rules
   std::optional<uint64_t> pending_new;  // where the next alloc goes after a segment_alloc/map
   // Upper bound of a reservation's bytes per pool kind (0 small, 1 large), learnt when a new
   // reservation of the kind begins inside an older one's unmapped tail.
@@ -111,109 +49,23 @@ struct DeviceAllocatorModel::Impl {
   // Fixed after construction.
   const format::Snapshot* snap = nullptr;
   std::span<const format::Event> events;
-  ModelSettings settings;
   std::map<uint64_t, Seg> start;    // seeded start state
   std::vector<int64_t> next_alloc;  // per event: the next alloc's index (-1: none, or an oom first)
   bool complete_on_request = false;  // skip_actions dropped free_completed: free_requested frees
   std::map<uint64_t, std::pair<PoolId, bool>> final_kind;  // final segments: (pool, is_large)
 
-  Key keyOf(const Seg& s, const ModelBlock& b, bool for_unmapped = false) const {
-    return {s.pool, s.is_large, s.stream, for_unmapped ? 0 : b.size, b.address};
-  }
-  void index(const Seg& s, const ModelBlock& b) {
-    if (!b.isFree()) return;
-    if (b.mapped)
-      free.insert(keyOf(s, b));
-    else
-      unmapped.insert(keyOf(s, b, true));
-  }
-  void unindex(const Seg& s, const ModelBlock& b) {
-    if (!b.isFree()) return;
-    if (b.mapped)
-      free.erase(keyOf(s, b));
-    else
-      unmapped.erase(keyOf(s, b, true));
-  }
-  void rebuildIndex() {
-    free.clear();
-    unmapped.clear();
-    for (auto& [a, s] : segs) {
-      for (auto& [ba, b] : s.blocks) index(s, b);
-    }
-  }
-
-  Seg* segAt(uint64_t addr) {
-    auto it = segs.upper_bound(addr);
-    if (it == segs.begin()) return nullptr;
-    --it;
-    return addr < it->second.address + it->second.size ? &it->second : nullptr;
-  }
-  const Seg* segAt(uint64_t addr) const { return const_cast<Impl*>(this)->segAt(addr); }
-  static ModelBlock* blockAt(Seg& s, uint64_t addr) {
-    auto it = s.blocks.upper_bound(addr);
-    if (it == s.blocks.begin()) return nullptr;
-    --it;
-    return addr < it->second.address + it->second.size ? &it->second : nullptr;
-  }
-  static ModelBlock* prevOf(Seg& s, const ModelBlock& b) {
-    auto it = s.blocks.find(b.address);
-    if (it == s.blocks.begin()) return nullptr;
-    return &std::prev(it)->second;
-  }
-  static ModelBlock* nextOf(Seg& s, const ModelBlock& b) {
-    auto it = s.blocks.find(b.address);
-    if (it == s.blocks.end() || ++it == s.blocks.end()) return nullptr;
-    return &it->second;
-  }
-
-  // Splits the block containing `at` so that a block starts at `at`; returns it. Both halves keep
-  // the original's state (only used on free or unmapped blocks).
-  ModelBlock* splitAt(Seg& s, uint64_t at) {
-    ModelBlock* b = blockAt(s, at);
-    if (b == nullptr || b->address == at) return b;
-    unindex(s, *b);
-    ModelBlock tail = *b;
-    tail.address = at;
-    tail.size = b->address + b->size - at;
-    b->size = at - b->address;
-    index(s, *b);
-    auto [it, ok] = s.blocks.emplace(at, tail);
-    index(s, it->second);
-    return &it->second;
-  }
-
-  // CCA try_merge_blocks(): free neighbours with the same mapped state merge; returns the result.
-  ModelBlock* mergeNeighbours(Seg& s, ModelBlock* b) {
-    unindex(s, *b);
-    if (ModelBlock* n = nextOf(s, *b); n && n->isFree() && n->mapped == b->mapped) {
-      unindex(s, *n);
-      b->size += n->size;
-      s.blocks.erase(n->address);
-    }
-    if (ModelBlock* p = prevOf(s, *b); p && p->isFree() && p->mapped == b->mapped) {
-      unindex(s, *p);
-      p->size += b->size;
-      s.blocks.erase(b->address);
-      b = p;
-    }
-    index(s, *b);
-    return b;
-  }
+  explicit Impl(const AllocConf& conf) : core(conf) {}
+  Seg* segAt(uint64_t addr) { return core.segAt(addr); }
+  const Seg* segAt(uint64_t addr) const { return core.segAt(addr); }
 };
 
 namespace {
 
 using Impl = DeviceAllocatorModel::Impl;
 using Seg = Impl::Seg;
-using Key = Impl::Key;
+using Key = CachingAllocator::Key;
+using Request = AllocRequest;
 using format::Event;
-
-struct Request {
-  PoolId pool{0, 0};
-  bool large = true;
-  int64_t stream = 0;
-  uint64_t size = 0;  // rounded
-};
 
 void addMismatch(ModelCheck* c, size_t i, Action a, uint64_t recorded, uint64_t predicted,
                  std::string why) {
@@ -221,20 +73,11 @@ void addMismatch(ModelCheck* c, size_t i, Action a, uint64_t recorded, uint64_t 
   c->first_mismatches.push_back({static_cast<int64_t>(i), a, recorded, predicted, std::move(why)});
 }
 
-// CCA shouldSplit(): the small pool, and every pool once expandable segments are on, split down to
-// kMinBlockSize; the large pool keeps a remainder of up to kSmallSize and never splits a block for
-// a request >= max_split_size.
-bool shouldSplit(const Impl& m, const Seg& s, uint64_t block_size, uint64_t size) {
-  uint64_t remaining = block_size - size;
-  if (!s.is_large || m.settings.expandable_segments) return remaining >= kModelMinBlockSize;
-  return size < m.settings.max_split_size && remaining > kModelSmallSize;
-}
-
 // Pool routing (CUDA graph capture, MemPool) is not in pre-2.12 traces: use the event's pool_id
 // when it has one, else the pool of the segment that holds the recorded address, else the default.
 Request requestOf(const Impl& m, const Event& e, bool segment_known = true) {
   Request r;
-  r.size = roundSize(e.size, m.settings.divisions);
+  r.size = roundSize(e.size, m.core.conf().divisions);
   r.large = r.size > kModelSmallSize;  // CCA get_pool(): size <= kSmallSize -> small_blocks
   r.stream = e.stream;
   if (e.pool != 0 && e.pool < m.snap->pools.size()) {
@@ -250,91 +93,9 @@ PoolId eventPoolOf(const Impl& m, const Event& e) {
   return {0, 0};
 }
 
-bool samePool(const Key& k, const Request& r) {
-  return k.pool == r.pool && k.large == r.large && k.stream == r.stream;
-}
-
-uint64_t expandableSize(const Impl& m, const Key& k) {
-  const Seg* s = m.segAt(k.addr);
-  if (s == nullptr || !s->expandable) return k.size;
-  auto it = s->blocks.find(k.addr);
-  if (it == s->blocks.end()) return k.size;
-  auto nx = std::next(it);
-  return k.size + (nx != s->blocks.end() && !nx->second.mapped ? nx->second.size : 0);
-}
-
-// CCA get_free_block(): lower_bound on (stream, size, address) in the request's pool, i.e. the
-// smallest block that fits, lowest address among equals, never another stream. With expandable
-// segments a block followed by unmapped space counts as the size it could grow to. Oversize rules:
-// a request < max_split_size never takes a block >= max_split_size, and a request >= it never
-// takes a block >= request + max_non_split_rounding_size.
-const Key* bestFit(const Impl& m, const Request& r) {
-  auto it = m.free.lower_bound(Key{r.pool, r.large, r.stream, r.size, 0});
-  if (it == m.free.end() || !samePool(*it, r)) return nullptr;
-  auto isExp = [&](const Key& k) {
-    const Seg* s = m.segAt(k.addr);
-    return s != nullptr && s->expandable;
-  };
-  if (isExp(*it) && m.settings.expandable_segments) {
-    auto next = std::next(it);
-    while (isExp(*it) && next != m.free.end() && samePool(*next, r) &&
-           expandableSize(m, *next) < expandableSize(m, *it)) {
-      it = next++;
-    }
-  } else if (isExp(*it)) {
-    // Expandable segments turned off after some were made (e.g. for IPC): only blocks of
-    // ordinary segments are handed out.
-    do {
-      ++it;
-    } while (it != m.free.end() && isExp(*it) && samePool(*it, r));
-    if (it == m.free.end() || !samePool(*it, r)) return nullptr;
-  }
-  const uint64_t msz = m.settings.max_split_size;
-  if (r.size < msz && it->size >= msz) return nullptr;
-  if (r.size >= msz && it->size >= r.size + m.settings.max_non_split_rounding) return nullptr;
-  return &*it;
-}
-
-// Largest free block of the request's pool and stream (for the mismatch reasons).
-uint64_t largestFree(const Impl& m, const Request& r) {
-  auto it = m.free.lower_bound(Key{r.pool, r.large, r.stream, ~uint64_t{0}, 0});
-  if (it == m.free.begin()) return 0;
-  --it;
-  return samePool(*it, r) ? it->size : 0;
-}
-
 std::string poolName(const Request& r) {
   return alloc::poolName(r.large, r.pool.first, r.pool.second) + " pool, stream " +
          std::to_string(r.stream);
-}
-
-// CCA find_expandable_block(): the first unmapped range of this pool and stream (address order)
-// whose free predecessor plus itself and what follows hold `size` bytes; returns the address where
-// the grown block will start, nullopt when a new reservation is needed.
-std::optional<uint64_t> findExpandable(Impl& m, const Request& r) {
-  for (auto it = m.unmapped.lower_bound(Key{r.pool, r.large, r.stream, 0, 0});
-       it != m.unmapped.end() && samePool(*it, r); ++it) {
-    Seg* s = m.segAt(it->addr);
-    if (s == nullptr) continue;
-    ModelBlock* c = Impl::blockAt(*s, it->addr);
-    if (ModelBlock* p = Impl::prevOf(*s, *c); p != nullptr && p->isFree()) c = p;
-    uint64_t bytes = 0;
-    for (ModelBlock* b = c; b != nullptr && b->isFree() && bytes < r.size;
-         b = Impl::nextOf(*s, *b)) {
-      bytes += b->size;
-    }
-    if (bytes >= r.size) return c->address;
-  }
-  return std::nullopt;
-}
-
-void freeBlock(Impl& m, Seg& s, ModelBlock* b) {
-  b->state = BlockState::Inactive;
-  b->requested = 0;
-  b->stack = format::kNoStack;
-  b->alloc_event = -1;
-  // CCA free_block(): merge with prev and next (try_merge_blocks), then back into the pool.
-  m.mergeNeighbours(s, b);
 }
 
 void applyAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -345,13 +106,13 @@ void applyAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     // CCA malloc(): a block from alloc_block() (new segment / mapped pages) is used directly.
     predicted = *m.pending_new;
     why = "the preceding segment event prepared " + hex(predicted);
-  } else if (const Key* k = bestFit(m, r)) {
+  } else if (const Key* k = m.core.getFreeBlock(r)) {
     predicted = k->addr;
     why = "best fit in the " + poolName(r) + " is " + hex(k->addr) + " (" +
           std::to_string(k->size) + " bytes)";
   } else {
     why = "no free block of the " + poolName(r) + " holds " + std::to_string(r.size) +
-          " bytes (largest " + std::to_string(largestFree(m, r)) +
+          " bytes (largest " + std::to_string(m.core.largestFree(r)) +
           "), so a new segment was expected, but the trace reuses " + hex(e.addr);
   }
   if (c != nullptr) {
@@ -367,21 +128,11 @@ void applyAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
 
   Seg* s = m.segAt(e.addr);
   if (s == nullptr) return;  // outside every segment: nothing to lay out
-  ModelBlock* b = Impl::blockAt(*s, e.addr);
+  ModelBlock* b = CachingAllocator::blockAt(*s, e.addr);
   if (b == nullptr || !b->isFree() || !b->mapped) return;  // the model lost sync; keep going
-  b = m.splitAt(*s, e.addr);  // only when the model drifted: the address is inside a free block
-  m.unindex(*s, *b);
-  const uint64_t size = std::min(r.size, b->size);
-  // CCA alloc_found_block(): the allocation is the front of the block, the remainder stays free.
-  if (b->size > size && shouldSplit(m, *s, b->size, size)) {
-    ModelBlock rest = *b;
-    rest.address += size;
-    rest.size -= size;
-    b->size = size;
-    auto [it, ok] = s->blocks.emplace(rest.address, rest);
-    m.index(*s, it->second);
-  }
-  b->state = BlockState::ActiveAllocated;
+  b = m.core.splitAt(*s,
+                     e.addr);  // only when the model drifted: the address is inside a free block
+  b = m.core.allocFoundBlock(*s, b, r.size);
   b->requested = e.size;
   b->stack = e.stack;
   b->alloc_event = static_cast<int64_t>(i);
@@ -430,8 +181,8 @@ bool rejectInvalidRange(size_t i, const Event& e, ModelCheck* c) {
 // True when [addr, addr + size) overlaps a segment of the model.
 bool overlapsModel(const Impl& m, uint64_t addr, uint64_t size) {
   if (m.segAt(addr) != nullptr) return true;
-  auto nx = m.segs.upper_bound(addr);
-  return nx != m.segs.end() && nx->first - addr < size;
+  auto nx = m.core.segs.upper_bound(addr);
+  return nx != m.core.segs.end() && nx->first - addr < size;
 }
 
 // The group of an expandable reservation: CCA keeps one ExpandableSegment per BlockPool (private
@@ -446,15 +197,15 @@ bool cutReservationTail(Impl& m, Seg& s, uint64_t at) {
   auto last = std::prev(s.blocks.end());
   ModelBlock& u = last->second;
   if (u.mapped || !u.isFree() || at < u.address) return false;
-  m.unindex(s, u);
+  m.core.unindex(s, u);
   if (at == u.address) {
     s.blocks.erase(last);
   } else {
     u.size = at - u.address;
-    m.index(s, u);
+    m.core.index(s, u);
   }
   s.size = at - s.address;
-  if (s.blocks.empty()) m.segs.erase(s.address);
+  if (s.blocks.empty()) m.core.segs.erase(s.address);
   return true;
 }
 
@@ -466,7 +217,7 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     std::string why;
     if (!r) {
       why = "no alloc follows the segment_alloc";
-    } else if (const Key* k = bestFit(m, *r)) {
+    } else if (const Key* k = m.core.getFreeBlock(*r)) {
       why = "the free block " + hex(k->addr) + " (" + std::to_string(k->size) + " bytes) of the " +
             poolName(*r) + " fits the next alloc (" + std::to_string(r->size) + " bytes)";
     } else if (allocationSize(r->size) != e.size) {
@@ -502,19 +253,19 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   b.address = e.addr;
   b.size = e.size;
   s.blocks.emplace(b.address, b);
-  auto [it, ok] = m.segs.emplace(s.address, std::move(s));
-  m.index(it->second, it->second.blocks.begin()->second);
+  auto [it, ok] = m.core.segs.emplace(s.address, std::move(s));
+  m.core.index(it->second, it->second.blocks.begin()->second);
   m.pending_new = e.addr;
   m.group_open = true;
 }
 
 void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (rejectInvalidRange(i, e, c)) return;
-  auto it = m.segs.find(e.addr);
+  auto it = m.core.segs.find(e.addr);
   if (c != nullptr) {
     ++c->segment_events;
     std::string why;
-    if (it == m.segs.end() || it->second.expandable) {
+    if (it == m.core.segs.end() || it->second.expandable) {
       why = "the model has no segment at " + hex(e.addr);
     } else if (it->second.size != e.size) {
       why = "the model's segment has " + std::to_string(it->second.size) + " bytes";
@@ -529,9 +280,9 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       addMismatch(c, i, Action::SegmentFree, e.addr, 0, why);
     }
   }
-  if (it == m.segs.end() || it->second.expandable) return;
-  for (auto& [a, b] : it->second.blocks) m.unindex(it->second, b);
-  m.segs.erase(it);
+  if (it == m.core.segs.end() || it->second.expandable) return;
+  for (auto& [a, b] : it->second.blocks) m.core.unindex(it->second, b);
+  m.core.segs.erase(it);
 }
 
 void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -548,14 +299,14 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     // try_allocate_expandable_block() -> find_expandable_block()'s candidate.
     if (!r) {
       why = "no alloc or oom follows the segment_map";
-    } else if (const Key* k = bestFit(m, *r)) {
+    } else if (const Key* k = m.core.getFreeBlock(*r)) {
       why = "the free block " + hex(k->addr) + " of the " + poolName(*r) + " fits the next alloc";
     } else if (r->large != large || r->stream != e.stream) {
       why = "the map is not of the next request's pool and stream (" + poolName(*r) + ")";
-    } else if (auto cand = findExpandable(m, *r)) {
+    } else if (auto cand = m.core.findExpandableBlock(*r)) {
       m.pending_new = *cand;
       Seg* s = m.segAt(*cand);
-      ModelBlock* b = Impl::blockAt(*s, *cand);
+      ModelBlock* b = CachingAllocator::blockAt(*s, *cand);
       expect = b->mapped ? b->address + b->size : b->address;
       if (expect != e.addr)
         why = "find_expandable_block picks " + hex(*cand) + ", mapping at " + hex(expect);
@@ -568,8 +319,8 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   } else {
     // A further map of the same malloc continues right after the grown free block.
     Seg* s = m.segAt(e.addr);
-    ModelBlock* b = s ? Impl::blockAt(*s, e.addr) : nullptr;
-    ModelBlock* p = b ? Impl::prevOf(*s, *b) : nullptr;
+    ModelBlock* b = s ? CachingAllocator::blockAt(*s, e.addr) : nullptr;
+    ModelBlock* p = b ? CachingAllocator::prevOf(*s, *b) : nullptr;
     if (!(b && !b->mapped && p && p->isFree() && m.pending_new && p->address == *m.pending_new)) {
       why = "the map does not continue the block grown for this malloc";
     }
@@ -610,7 +361,7 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     Seg ns;
     ns.address = e.addr;
     ns.size = std::min(reservationAt(e.addr), m.reservation_bound[large ? 1 : 0]);
-    if (auto nx = m.segs.upper_bound(e.addr); nx != m.segs.end())
+    if (auto nx = m.core.segs.upper_bound(e.addr); nx != m.core.segs.end())
       ns.size = std::min(ns.size, nx->first - e.addr);
     ns.stream = e.stream;
     ns.expandable = true;
@@ -621,25 +372,15 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     b.size = ns.size;
     b.mapped = false;
     ns.blocks.emplace(b.address, b);
-    auto [it, ok] = m.segs.emplace(ns.address, std::move(ns));
+    auto [it, ok] = m.core.segs.emplace(ns.address, std::move(ns));
     s = &it->second;
-    m.index(*s, s->blocks.begin()->second);
+    m.core.index(*s, s->blocks.begin()->second);
   }
   if (!s->expandable) return;
-  ModelBlock* b = Impl::blockAt(*s, e.addr);
+  ModelBlock* b = CachingAllocator::blockAt(*s, e.addr);
   if (b == nullptr || b->mapped || !b->isFree()) return;  // drifted
-  b = m.splitAt(*s, e.addr);
-  if (b->size > e.size) m.splitAt(*s, e.addr + e.size);
-  m.unindex(*s, *b);
-  b->mapped = true;
-  m.index(*s, *b);
-  // CCA map_block(): try_merge_blocks with prev and next.
-  m.mergeNeighbours(*s, b);
-}
-
-// CCA ExpandableSegment page size of a reservation.
-uint64_t pageOf(const Seg& s) {
-  return s.is_large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
+  // CCA map_block(): the range becomes mapped and merges with its free neighbours.
+  m.core.setMapped(*s, e.addr, std::min(e.size, b->address + b->size - e.addr), true);
 }
 
 void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -649,7 +390,7 @@ void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   m.group_open = false;
   if (rejectInvalidRange(i, e, c)) return;
   Seg* s = m.segAt(e.addr);
-  ModelBlock* b = s && s->expandable ? Impl::blockAt(*s, e.addr) : nullptr;
+  ModelBlock* b = s && s->expandable ? CachingAllocator::blockAt(*s, e.addr) : nullptr;
   const bool inside =
       b && b->isFree() && b->mapped && e.addr + e.size <= b->address + b->size;  // no wrap: valid
   std::string why;
@@ -658,14 +399,8 @@ void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   } else {
     // CCA unmap_block() -> ExpandableSegment::unmap(): every completely free page of the block,
     // pages counted from the reservation's base.
-    const uint64_t page = pageOf(*s);
-    // Offsets inside the reservation: the block lies inside it, whose end does not wrap, so no
-    // sum here passes 2^64 (first * page < last * page <= hi when there is a page to unmap).
-    const uint64_t lo = b->address - s->address, hi = lo + b->size;
-    const uint64_t first = lo / page + (lo % page != 0), last = hi / page;
-    const bool any = last > first;
-    const uint64_t want_addr = any ? s->address + first * page : 0;
-    const uint64_t want_size = any ? (last - first) * page : 0;
+    const auto [want_addr, want_size] = CachingAllocator::unmappablePages(*s, *b);
+    const bool any = want_size > 0;
     if (!any) {
       why = "the free block " + hex(b->address) + " (" + std::to_string(b->size) +
             " bytes) holds no completely free page: unmap_block unmaps nothing";
@@ -683,18 +418,10 @@ void applySegmentUnmap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     }
   }
   if (!inside) return;
-  b = m.splitAt(*s, e.addr);
-  if (b->size > e.size) m.splitAt(*s, e.addr + e.size);
-  m.unindex(*s, *b);
-  b->mapped = false;
-  m.index(*s, *b);
-  b = m.mergeNeighbours(*s, b);
+  b = m.core.setMapped(*s, e.addr, e.size, false);
   // CCA release_blocks(): a reservation left as one unmapped block is released (no trace entry);
   // the next map of its pool and stream reserves a new one.
-  if (s->blocks.size() == 1) {
-    m.unindex(*s, *b);
-    m.segs.erase(s->address);
-  }
+  if (b != nullptr && s->blocks.size() == 1) m.core.eraseSegment(s->address);
 }
 
 void applyEvent(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -709,14 +436,14 @@ void applyEvent(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       // CCA free(): without stream uses free_block() follows at once; a trace that skipped
       // free_completed (skip_actions) only has this event.
       if (m.complete_on_request)
-        freeBlock(m, *s, b);
+        m.core.freeBlock(*s, b);
       else
         b->state = BlockState::ActivePendingFree;
       break;
     }
     case Action::FreeCompleted: {
       Seg* s = nullptr;
-      if (ModelBlock* b = liveBlockAt(m, e.addr, &s)) freeBlock(m, *s, b);
+      if (ModelBlock* b = liveBlockAt(m, e.addr, &s)) m.core.freeBlock(*s, b);
       break;
     }
     case Action::SegmentAlloc:
@@ -846,14 +573,13 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
                                            const DeviceReplayer* seed)
     : snap_(snap),
       device_(device),
-      settings_(modelSettingsOf(snap)),
-      impl_(std::make_unique<Impl>()) {
+      settings_(allocConfOf(snap)),
+      impl_(std::make_unique<Impl>(settings_)) {
   if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
   ++passStats()[device].model_seeds;
   Impl& m = *impl_;
   m.snap = &snap;
   m.events = events_;
-  m.settings = settings_;
 
   // Final segments, then segment events undone backward (format doc 6.2).
   std::map<uint64_t, Seg> fixed;  // non-expandable, blocks filled later
@@ -1054,29 +780,28 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
   });
   std::sort(live.begin(), live.end(),
             [](const auto& x, const auto& y) { return x.first < y.first; });
-  m.segs = std::move(m.start);
+  m.core.segs = std::move(m.start);
   for (const auto& [addr, lb] : live) {
     Seg* s = m.segAt(addr);
     if (s == nullptr) continue;
-    ModelBlock* f = Impl::blockAt(*s, addr);
+    ModelBlock* f = CachingAllocator::blockAt(*s, addr);
     if (f == nullptr || !f->isFree() || !f->mapped) continue;  // overlaps: sizes were estimated
-    f = m.splitAt(*s, addr);
+    f = m.core.splitAt(*s, addr);
     uint64_t size = std::min(std::max<uint64_t>(lb.size, 1), f->size);
-    if (f->size > size) m.splitAt(*s, addr + size);
+    if (f->size > size) m.core.splitAt(*s, addr + size);
     f->state = lb.pending ? BlockState::ActivePendingFree : BlockState::ActiveAllocated;
     f->requested = lb.requested;
     f->stack = lb.stack;
     f->alloc_event = -1;
   }
-  m.start = m.segs;
+  m.start = m.core.segs;
   reset();
 }
 
 DeviceAllocatorModel::~DeviceAllocatorModel() = default;
 
 void DeviceAllocatorModel::reset() {
-  impl_->segs = impl_->start;
-  impl_->rebuildIndex();
+  impl_->core.assign(impl_->start);
   impl_->pending_new.reset();
   impl_->group_open = false;
   impl_->reservation_bound[0] = impl_->reservation_bound[1] = ~uint64_t{0};  // same every pass
@@ -1110,7 +835,7 @@ const ModelCheck& DeviceAllocatorModel::runCheck() {
 
 std::vector<ModelSegment> DeviceAllocatorModel::layout() const {
   std::vector<ModelSegment> out;
-  for (const auto& [a, s] : impl_->segs) {
+  for (const auto& [a, s] : impl_->core.segs) {
     ModelSegment cur;
     bool open = false;
     auto flush = [&] {

@@ -2,10 +2,8 @@
 //
 // DeviceReplayer knows which blocks are alive; it does not know where the free space is. This model
 // keeps every segment with all of its blocks (allocated, pending-free, free) as the allocator does
-// (format doc section 8, c10/cuda/CUDACachingAllocator.cpp): round_size, small (<= 1 MiB, 2 MiB
-// segments) and large pools, free lists keyed by (pool, stream, size, address), best fit, the split
-// rules, coalescing at free_completed, max_split_size, expandable segments (segment_map/unmap) and
-// segment release (segment_free).
+// (format doc section 8, c10/cuda/CUDACachingAllocator.cpp). The blocks and the allocator's rules
+// are the one core of replay/caching_allocator.h; this class drives it with the recorded events.
 //
 // It is seeded from the reconstructed START state: the segments that exist when the trace begins
 // (the file's final segments with segment events undone backward) and the blocks alive then
@@ -27,11 +25,10 @@
 #include <vector>
 
 #include "common/allocator_constants.h"
+#include "replay/caching_allocator.h"
 #include "replay/replay.h"
 
 namespace memforensics::replay {
-
-using PoolId = std::pair<uint64_t, uint64_t>;  // (0, 0) = the default pools
 
 // Allocator constants: the one table, common/allocator_constants.h (names kept for callers).
 inline constexpr uint64_t kModelMinBlockSize = alloc::kMinBlockSize;
@@ -40,31 +37,6 @@ inline constexpr uint64_t kModelSmallBuffer = alloc::kSmallBuffer;
 inline constexpr uint64_t kModelLargeBuffer = alloc::kLargeBuffer;
 inline constexpr uint64_t kModelMinLargeAlloc = alloc::kMinLargeAlloc;
 inline constexpr uint64_t kModelRoundLarge = alloc::kRoundLarge;
-
-// get_allocation_size(): bytes of the segment a cudaMalloc for a rounded request would create.
-uint64_t allocationSize(uint64_t rounded);
-
-struct ModelBlock {
-  uint64_t address = 0;
-  uint64_t size = 0;
-  uint64_t requested = 0;  // requested bytes of the current (or, for free blocks, 0) allocation
-  format::StackId stack = format::kNoStack;
-  int64_t alloc_event = -1;  // -1: alive before the trace started, or free
-  format::BlockState state =
-      format::BlockState::Inactive;  // ActiveAllocated/ActivePendingFree/Inactive
-  bool mapped = true;  // expandable segments: false for reserved but unmapped address space
-  bool isFree() const { return state == format::BlockState::Inactive; }
-};
-
-struct ModelSegment {
-  uint64_t address = 0;
-  uint64_t size = 0;
-  int64_t stream = 0;
-  PoolId pool{0, 0};
-  bool is_large = true;
-  bool is_expandable = false;
-  std::vector<ModelBlock> blocks;  // address order, covering the segment without gaps
-};
 
 struct Mismatch {
   int64_t event = -1;
@@ -82,15 +54,6 @@ struct ModelCheck {
   bool complete() const { return alloc_matches == allocs && segment_matches == segment_events; }
 };
 
-struct ModelSettings {
-  uint64_t max_split_size = ~uint64_t{0};               // SIZE_MAX = unlimited
-  uint64_t max_non_split_rounding = kModelLargeBuffer;  // max_non_split_rounding_mb
-  bool expandable_segments = false;
-  uint32_t divisions[16] = {};
-};
-// From allocator_settings (and its PYTORCH_CUDA_ALLOC_CONF string for keys it does not record).
-ModelSettings modelSettingsOf(const format::Snapshot& snap);
-
 // Models one device. Construct (seeds the start state), then step() forward like DeviceReplayer.
 class DeviceAllocatorModel {
  public:
@@ -104,7 +67,7 @@ class DeviceAllocatorModel {
 
   int64_t device() const { return device_; }
   size_t eventCount() const { return events_.size(); }
-  const ModelSettings& settings() const { return settings_; }
+  const AllocConf& settings() const { return settings_; }
 
   // Rewinds to the start state (predictions are counted during the first pass over an event only).
   void reset();
@@ -138,7 +101,7 @@ class DeviceAllocatorModel {
   const format::Snapshot& snap_;
   int64_t device_;
   std::span<const format::Event> events_;
-  ModelSettings settings_;
+  AllocConf settings_;
   std::unique_ptr<Impl> impl_;
   size_t next_ = 0;
   size_t checked_ = 0;  // events [0, checked_) have been checked once

@@ -252,27 +252,27 @@ TEST(OomVerdict, ExpandablePagesFollowFindExpandableBlock) {
   // [0, 40) mapped: 35 live, 5 free | hole [40, 100) | [100, 120) live | tail
   auto a = seg(kBase, 2 * P, {{35 * kMiB, false}, {5 * kMiB, true}});
   auto b = seg(kBase + 5 * P, P, {{P, false}});
-  OomNeed n = oomNeed(45 * kMiB, true, true, {&b, &a});
+  replay::OomNeed n = replay::requestNeed(45 * kMiB, true, true, {&b, &a});
   EXPECT_EQ(n.pages, 2u);  // ceil((45 - 5) / 20), in the hole
   EXPECT_EQ(n.usable_free, 5 * kMiB);
   EXPECT_EQ(n.needed_bytes, 2 * P);
   // 70 MiB: the hole (60 MiB) + 5 free is not enough and [100, 120) is live: the tail after it.
-  n = oomNeed(70 * kMiB, true, true, {&a, &b});
+  n = replay::requestNeed(70 * kMiB, true, true, {&a, &b});
   EXPECT_EQ(n.pages, 4u);
   EXPECT_EQ(n.usable_free, 0u);
   // [100, 120) fully free: the chain runs hole -> free range -> tail: 5 + 60 + 20 = 85, 15 more.
   auto c = seg(kBase + 5 * P, P, {{P, true}});
-  n = oomNeed(100 * kMiB, true, true, {&a, &c});
+  n = replay::requestNeed(100 * kMiB, true, true, {&a, &c});
   EXPECT_EQ(n.pages, 3u + 1u);  // the whole hole (3 pages) and one page of the tail
   EXPECT_EQ(n.usable_free, 25 * kMiB);
   // No mapped range: every page, small pool pages of 2 MiB.
-  n = oomNeed(5 * kMiB, false, true, {});
+  n = replay::requestNeed(5 * kMiB, false, true, {});
   EXPECT_EQ(n.page_bytes, 2 * kMiB);
   EXPECT_EQ(n.pages, 3u);
   // Not expandable: get_allocation_size.
-  n = oomNeed(3 * kMiB, true, false, {});
+  n = replay::requestNeed(3 * kMiB, true, false, {});
   EXPECT_EQ(n.needed_bytes, 20 * kMiB);
-  n = oomNeed(600 * 1024, false, false, {});
+  n = replay::requestNeed(600 * 1024, false, false, {});
   EXPECT_EQ(n.needed_bytes, 2 * kMiB);
 }
 
@@ -297,7 +297,7 @@ TEST(OomVerdict, ExpandableChainsOverManyRangesAreWalkedOnce) {
   std::vector<const replay::ModelSegment*> group;
   for (const auto& s : segs) group.push_back(&s);
   const uint64_t request = 2 * P * kRanges + P;  // more than all the free ranges and holes
-  OomNeed n = oomNeed(request, true, true, group);
+  replay::OomNeed n = replay::requestNeed(request, true, true, group);
   EXPECT_EQ(n.usable_free, 0u);  // the last range ends live: the tail alone
   EXPECT_EQ(n.pages, request / P);
 }
@@ -519,8 +519,8 @@ TEST(OomVerdictFix, AFragmentationOomMaxSplitSizeAvoidsIsNamed) {
   ASSERT_TRUE(f.oom.has_value());
   ASSERT_TRUE(f.oom->fragmentation) << f.title;
   // The replay itself, as the report's panel runs it.
-  WhatIfSettings split = whatIfSettingsOf(snap);
-  ASSERT_EQ(applyWhatIfSetting(split, "max_split_size_mb", "32"), "");
+  replay::AllocConf split = replay::allocConfOf(snap);
+  ASSERT_EQ(replay::applyAllocSetting(split, "max_split_size_mb", "32"), "");
   const SimResult sim = simulateRequests(snap, 0, split, impliedCapacity(snap, 0));
   ASSERT_EQ(sim.recorded_avoided, 1u);
   EXPECT_TRUE(has(f.fix, "max_split_size_mb:32 (peak reserved " +

@@ -20,9 +20,9 @@ using testing::ModelBuilder;
 constexpr uint64_t kMiB = 1048576;
 constexpr uint64_t kBase = uint64_t{0x7f0000000000};
 
-WhatIfSettings with(const std::string& key, const std::string& value,
-                    WhatIfSettings s = WhatIfSettings{}) {
-  std::string why = applyWhatIfSetting(s, key, value);
+replay::AllocConf with(const std::string& key, const std::string& value,
+                       replay::AllocConf s = replay::AllocConf{}) {
+  std::string why = replay::applyAllocSetting(s, key, value);
   EXPECT_EQ(why, "") << key << "=" << value;
   return s;
 }
@@ -68,33 +68,62 @@ INSTANTIATE_TEST_SUITE_P(
         RealCase{kSrc + "/snapshots/scenarios/fragmentation_oom.pickle", 452984832u, 1}),
     [](const auto& info) { return "File" + std::to_string(info.index); });
 
-// Every complete history among the real files, the sample and the scenarios: the baseline's peak
-// reserved and OOM count are the recorded ones.
-TEST(WhatIfBaselineAll, EveryCompleteHistoryReproducesItsPeakReserved) {
+// Every complete history among the real files, the sample and the scenarios, with or without
+// expandable segments: the baseline's peak reserved, OOM count and segment calls are the recorded
+// ones, and it serves every alloc at the address the file recorded (the what-if and the
+// address-checking model are one allocator, replay/caching_allocator.h).
+TEST(WhatIfBaselineAll, EveryCompleteHistoryReproducesItsPeakReservedAndEveryAddress) {
   auto paths = testing::realSnapshotPathsAndSample();
   for (const auto& e : std::filesystem::directory_iterator(kSrc + "/snapshots/scenarios")) {
     if (e.path().extension() == ".pickle") paths.push_back(e.path());
   }
-  size_t complete = 0;
+  size_t complete = 0, expandable = 0;
+  uint64_t allocs = 0;
   for (const auto& p : paths) {
     auto snap = format::loadSnapshotFile(p.string());
     if (!snap.ok()) continue;
     std::string error;
     WhatIfResult r = runWhatIf(*snap, {}, &error);
-    // Recorded with expandable segments: the request-driven expandable path is an estimate
-    // (docs/whatif.md: dp_imbalance_oom's cuda:1-3 within one 20 MiB page), not asserted here.
-    if (r.base_settings.model.expandable_segments) continue;
     for (const DeviceWhatIf& d : r.devices) {
       if (!d.complete_history) continue;
       ++complete;
-      EXPECT_EQ(d.baseline.peak_reserved, d.recorded_peak_reserved) << p;
+      expandable += r.base_settings.expandable_segments;
+      allocs += d.baseline.address_total;
+      EXPECT_EQ(d.baseline.peak_reserved, d.recorded_peak_reserved) << p << " cuda:" << d.device;
       EXPECT_EQ(d.baseline.oom_count, d.recorded_ooms) << p;
       // The same cudaMallocs / maps and cudaFrees / unmaps, in number.
-      EXPECT_EQ(d.baseline.segment_allocs, d.recorded_segment_allocs) << p;
-      EXPECT_EQ(d.baseline.segment_frees, d.recorded_segment_frees) << p;
+      EXPECT_EQ(d.baseline.segment_allocs, d.recorded_segment_allocs) << p << " cuda:" << d.device;
+      EXPECT_EQ(d.baseline.segment_frees, d.recorded_segment_frees) << p << " cuda:" << d.device;
+      EXPECT_GT(d.baseline.address_total, 0u) << p;
+      EXPECT_EQ(d.baseline.address_predicted, d.baseline.address_total)
+          << p << " cuda:" << d.device;
     }
   }
-  EXPECT_GE(complete, 12u);  // the sample and the 11 scenarios at least
+  EXPECT_GE(complete, 15u);   // the sample and the scenarios at least
+  EXPECT_GE(expandable, 4u);  // dp_imbalance_oom's four devices
+  EXPECT_GE(allocs, 10000u);
+}
+
+// A new segment goes where the recording's driver put it only when the allocator would make one
+// and that range is free. A recording that contradicts the allocator (a new segment although a
+// cached block fits; a segment over one still in use) is served elsewhere, and each such alloc is
+// counted as a miss, never placed over live memory.
+TEST(WhatIf, AddressAgreementCountsAllocsAwayFromTheRecordedAddress) {
+  const uint64_t seg = 30 * kMiB;
+  ModelBuilder b;
+  b.segmentAlloc(kBase, seg).alloc(kBase, seg);  // served at kBase: agrees
+  b.free(kBase, seg);
+  // The cached 30 MiB block fits, yet the recording made a new segment: the allocator reuses it.
+  b.segmentAlloc(kBase + 2 * seg, seg).alloc(kBase + 2 * seg, seg);
+  // A segment recorded over the block just allocated (live in the simulation): placed elsewhere.
+  b.segmentAlloc(kBase, 40 * kMiB).alloc(kBase, 40 * kMiB);
+  auto snap = b.build();
+  SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
+  EXPECT_EQ(r.address_total, 3u);
+  EXPECT_EQ(r.address_predicted, 1u);
+  EXPECT_EQ(r.peak_allocated, 70 * kMiB);
+  EXPECT_EQ(r.peak_reserved, 70 * kMiB);  // 30 MiB reused, one 40 MiB segment
+  EXPECT_EQ(r.segment_allocs, 2u);
 }
 
 // --- fabricated request streams with a known answer -----------------------------------------
@@ -108,7 +137,7 @@ TEST(WhatIf, ExpandableSegmentsRemoveRoundingWaste) {
   const uint64_t req = 10 * kMiB + kMiB / 2;
   for (uint64_t i = 0; i < 20; ++i) b.alloc(kBase + i * 12 * kMiB, req);
   auto snap = b.build();
-  SimResult base = simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited);
+  SimResult base = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
   EXPECT_EQ(base.peak_reserved, 240 * kMiB);
   EXPECT_EQ(base.peak_allocated, 20 * req);  // the 1.5 MiB remainders are split off, free
   SimResult exp = simulateRequests(snap, 0, with("expandable_segments", "True"), kWhatIfUnlimited);
@@ -134,7 +163,7 @@ format::Snapshot fragmentation() {
 TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
   auto snap = fragmentation();
   const uint64_t cap = 150 * kMiB;
-  SimResult base = simulateRequests(snap, 0, WhatIfSettings{}, cap);
+  SimResult base = simulateRequests(snap, 0, replay::AllocConf{}, cap);
   ASSERT_EQ(base.oom_count, 1u);
   ASSERT_EQ(base.ooms.size(), 1u);
   EXPECT_FALSE(base.ooms[0].recorded);
@@ -154,7 +183,7 @@ TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
   EXPECT_EQ(exp.peak_reserved, 140 * kMiB);
 
   // On an unlimited card nothing fails: 200 MiB reserved.
-  EXPECT_EQ(simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited).peak_reserved,
+  EXPECT_EQ(simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited).peak_reserved,
             200 * kMiB);
 }
 
@@ -218,14 +247,14 @@ TEST(WhatIf, HostileSizesAreOutOfMemoryNotAWrappedSum) {
 }
 
 TEST(WhatIf, SettingsThatDoNotChangeDeviceMemoryAreRefused) {
-  WhatIfSettings s;
-  EXPECT_NE(applyWhatIfSetting(s, "pinned_use_cuda_host_register", "True").find("pinned"),
+  replay::AllocConf s;
+  EXPECT_NE(replay::applyAllocSetting(s, "pinned_use_cuda_host_register", "True").find("pinned"),
             std::string::npos);
-  EXPECT_NE(applyWhatIfSetting(s, "no_such_key", "1").find("unknown"), std::string::npos);
-  EXPECT_NE(applyWhatIfSetting(s, "max_split_size_mb", "10"), "");  // CCA wants > 20
-  EXPECT_NE(applyWhatIfSetting(s, "garbage_collection_threshold", "1.5"), "");
-  EXPECT_NE(applyWhatIfSetting(s, "roundup_power2_divisions", "3"), "");
-  EXPECT_NE(applyWhatIfSetting(s, "expandable_segments", "maybe"), "");
+  EXPECT_NE(replay::applyAllocSetting(s, "no_such_key", "1").find("unknown"), std::string::npos);
+  EXPECT_NE(replay::applyAllocSetting(s, "max_split_size_mb", "10"), "");  // CCA wants > 20
+  EXPECT_NE(replay::applyAllocSetting(s, "garbage_collection_threshold", "1.5"), "");
+  EXPECT_NE(replay::applyAllocSetting(s, "roundup_power2_divisions", "3"), "");
+  EXPECT_NE(replay::applyAllocSetting(s, "expandable_segments", "maybe"), "");
   auto snap = fragmentation();
   WhatIfOptions opt;
   opt.sets = {{"pinned_num_register_threads", "8"}};
@@ -254,7 +283,7 @@ TEST(WhatIf, GarbageCollectionFreesTheBlocksOlderThanTheAverageAge) {
   EXPECT_EQ(gc.peak_reserved, 64 * kMiB);
   EXPECT_EQ(gc.segment_frees, 1u);
   EXPECT_EQ(gc.segment_allocs, 3u);  // Y, X, the 40 MiB one; the last request reuses Y
-  SimResult off = simulateRequests(snap, 0, WhatIfSettings{}, cap);
+  SimResult off = simulateRequests(snap, 0, replay::AllocConf{}, cap);
   EXPECT_EQ(off.peak_reserved, 90 * kMiB);
   EXPECT_EQ(off.segment_frees, 0u);
   SimResult unlimited =
@@ -276,7 +305,7 @@ TEST(WhatIf, PeakAllocatedDropsAtTheFreeRequestTheBlockAtItsCompletion) {
                   .alloc(kBase + 100 * kMiB, 10 * kMiB)
                   .freeCompleted(kBase, 10 * kMiB)
                   .build();
-  SimResult r = simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited);
+  SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
   EXPECT_EQ(r.peak_reserved, 20 * kMiB);
   EXPECT_EQ(r.peak_allocated, 10 * kMiB);
   EXPECT_EQ(r.allocated_at_peak_reserved, 20 * kMiB);  // both in use: nothing cached free
@@ -286,23 +315,23 @@ TEST(WhatIf, PeakAllocatedDropsAtTheFreeRequestTheBlockAtItsCompletion) {
 // [MB, 2 MB) MiB, the first entry also every interval below, ">:N" every interval after the last
 // entry's.
 TEST(WhatIf, RoundupPower2DivisionsListForm) {
-  WhatIfSettings s = with("roundup_power2_divisions", "[256:1, 512:2, >:4]");
-  for (size_t k = 0; k <= 8; ++k) EXPECT_EQ(s.model.divisions[k], 1u) << k;
-  EXPECT_EQ(s.model.divisions[9], 2u);
-  for (size_t k = 10; k < 16; ++k) EXPECT_EQ(s.model.divisions[k], 4u) << k;
-  EXPECT_EQ(describeDivisions(s.model.divisions), "[<512MiB:1,512-1023MiB:2,>=1024MiB:4]");
-  WhatIfSettings lone = with("roundup_power2_divisions", "[>:4]");
-  EXPECT_EQ(lone.model.divisions[0], 0u);  // CCA fills from last_index + 1 = 1
-  EXPECT_EQ(lone.model.divisions[1], 4u);
-  EXPECT_EQ(describeDivisions(with("roundup_power2_divisions", "8").model.divisions), "8");
+  replay::AllocConf s = with("roundup_power2_divisions", "[256:1, 512:2, >:4]");
+  for (size_t k = 0; k <= 8; ++k) EXPECT_EQ(s.divisions[k], 1u) << k;
+  EXPECT_EQ(s.divisions[9], 2u);
+  for (size_t k = 10; k < 16; ++k) EXPECT_EQ(s.divisions[k], 4u) << k;
+  EXPECT_EQ(replay::describeDivisions(s.divisions), "[<512MiB:1,512-1023MiB:2,>=1024MiB:4]");
+  replay::AllocConf lone = with("roundup_power2_divisions", "[>:4]");
+  EXPECT_EQ(lone.divisions[0], 0u);  // CCA fills from last_index + 1 = 1
+  EXPECT_EQ(lone.divisions[1], 4u);
+  EXPECT_EQ(replay::describeDivisions(with("roundup_power2_divisions", "8").divisions), "8");
   for (const char* bad : {"[3:1]", "[256:3]", "[256:1", "[]", "[256]", "[256:1,,>:2]", "[x:2]"}) {
-    WhatIfSettings t;
-    EXPECT_NE(applyWhatIfSetting(t, "roundup_power2_divisions", bad), "") << bad;
+    replay::AllocConf t;
+    EXPECT_NE(replay::applyAllocSetting(t, "roundup_power2_divisions", bad), "") << bad;
   }
   // A 300 MiB request falls in [256, 512) MiB: 4 divisions round it to 320 MiB; a 100 MiB one
   // ([64, 128), 0 divisions) keeps its size.
   auto snap = ModelBuilder().alloc(kBase, 300 * kMiB).alloc(kBase + kMiB * 400, 100 * kMiB).build();
-  EXPECT_EQ(simulateRequests(snap, 0, WhatIfSettings{}, kWhatIfUnlimited).peak_allocated,
+  EXPECT_EQ(simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited).peak_allocated,
             400 * kMiB);
   EXPECT_EQ(
       simulateRequests(snap, 0, with("roundup_power2_divisions", "[128:0,256:4]"), kWhatIfUnlimited)
@@ -397,7 +426,7 @@ TEST(WhatIfPanel, FocusDeviceAndAbsentPanels) {
   // Small requests only: no max_split_size_mb row, and a note says why.
   report::WhatIfPanel small = report::buildWhatIfPanel(two, 0, "x");
   ASSERT_TRUE(small.present);
-  EXPECT_TRUE(report::whatIfSplitSizesMb(two, 0, WhatIfSettings{}).empty());
+  EXPECT_TRUE(report::whatIfSplitSizesMb(two, 0, replay::AllocConf{}).empty());
   EXPECT_NE(small.notes[0].find("max_split_size_mb not tried"), std::string::npos);
 }
 

@@ -129,7 +129,7 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                  : p.facts.recorded_ooms > 0 ? "the first device with a recorded OOM"
                                              : "the first device with a trace (no OOM recorded)";
   p.implied_capacity = analysis::impliedCapacity(snap, d);
-  const analysis::WhatIfSettings base = analysis::whatIfSettingsOf(snap);
+  const replay::AllocConf base = replay::allocConfOf(snap);
   const uint64_t cap = p.implied_capacity;
 
   std::vector<Spec> specs;
@@ -141,7 +141,7 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                    {},
                    cap,
                    true});
-  const bool exp = base.model.expandable_segments;
+  const bool exp = base.expandable_segments;
   specs.push_back({std::string("expandable_segments:") + (exp ? "False" : "True"),
                    exp ? "the file has expandable segments: without them"
                        : "segments grow in pages instead of one cudaMalloc per segment",
@@ -209,9 +209,9 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
     row.why = sp.why;
     row.cli = sp.cli;
     row.baseline = sp.baseline;
-    analysis::WhatIfSettings s = base;
-    for (const auto& [k, v] : sp.sets) analysis::applyWhatIfSetting(s, k, v);  // known-good values
-    row.settings = analysis::describeSettings(s);
+    replay::AllocConf s = base;
+    for (const auto& [k, v] : sp.sets) replay::applyAllocSetting(s, k, v);  // known-good values
+    row.settings = replay::describeAllocConf(s);
     row.sim = sp.baseline && sp.capacity == cap
                   ? base_sim
                   : analysis::simulateRequests(snap, d, s, sp.capacity);
