@@ -174,34 +174,53 @@ struct Sim {
     return at;
   }
 
+  // find_expandable_block()'s new reservation (an ExpandableSegment): where the recording mapped
+  // the first page of one, else in the simulated address space.
+  std::optional<uint64_t> newReservation(const replay::AllocRequest& r) {
+    const uint64_t page = r.large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
+    std::optional<uint64_t> at = takeHint(Action::SegmentMap, page, [&](uint64_t size) {
+      return size % page == 0 && (r.large || size == page);
+    });
+    uint64_t size = kSimReservation;
+    if (at) {
+      size = std::min(size, ~uint64_t{0} - *at);
+      if (auto nx = core.segs.upper_bound(*at); nx != core.segs.end())
+        size = std::min(size, nx->first - *at);
+      size -= size % page;
+    } else {
+      at = synthetic(kSimReservation);
+    }
+    if (!at || size == 0) return std::nullopt;
+    replay::CachedSegment s;
+    s.size = size;
+    s.stream = r.stream;
+    s.pool = r.pool;
+    s.is_large = r.large;
+    s.expandable = true;
+    return place(std::move(s), *at, false).address;
+  }
+
   // CCA try_allocate_expandable_block(): find_expandable_block() (a new reservation when no
-  // unmapped range of the pool and stream has room), then map_block() page by page range.
+  // unmapped range of the pool and stream has room), then map_block() page range by page range.
   std::optional<uint64_t> expand(const replay::AllocRequest& r) {
     std::optional<uint64_t> c = core.findExpandableBlock(r);
-    if (!c) {
-      // A new reservation: where the recording mapped the first page of one, else synthetic.
-      const uint64_t page = r.large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
-      std::optional<uint64_t> at = takeHint(Action::SegmentMap, page, [&](uint64_t size) {
-        return size % page == 0 && (r.large || size == page);
-      });
-      uint64_t size = kSimReservation;
-      if (at) {
-        size = std::min(size, ~uint64_t{0} - *at);
-        if (auto nx = core.segs.upper_bound(*at); nx != core.segs.end())
-          size = std::min(size, nx->first - *at);
-        size -= size % page;
-      } else {
-        at = synthetic(kSimReservation);
+    // A reservation made by a malloc that then failed (find_expandable_block reserves before
+    // map_block fails) had no recorded address: its first map, after the OOM, shows it.
+    if (c && *c >= kSimBase && !hints.empty()) {
+      const replay::CachedSegment* u = core.segAt(*c);
+      if (u != nullptr && u->address == *c && u->expandable && u->blocks.size() == 1 &&
+          !u->blocks.begin()->second.mapped) {
+        const replay::CachedSegment moved = *u;
+        core.eraseSegment(moved.address);
+        c = newReservation(r);
+        if (!c || *c >= kSimBase) {  // no recorded place for it: it stays where it was
+          if (c) core.eraseSegment(*c);
+          c = core.addSegment(moved).address;
+        }
       }
-      if (!at || size == 0) return std::nullopt;
-      replay::CachedSegment s;
-      s.size = size;
-      s.stream = r.stream;
-      s.pool = r.pool;
-      s.is_large = r.large;
-      s.expandable = true;
-      c = place(std::move(s), *at, false).address;
     }
+    if (!c) c = newReservation(r);
+    if (!c) return std::nullopt;
     const bool ok = core.growExpandable(*c, r.size, [&](uint64_t bytes) {
       if (!fits(bytes)) return false;
       reserved += bytes;
@@ -597,6 +616,12 @@ std::string whatIfEstimateReason(const DeviceWhatIf& d, const replay::AllocConf&
   if (d.baseline.peak_reserved != d.recorded_peak_reserved)
     return "the baseline's peak reserved (" + formatBytes(d.baseline.peak_reserved) +
            ") is not the recorded one (" + formatBytes(d.recorded_peak_reserved) + ")";
+  if (d.baseline.segment_allocs != d.recorded_segment_allocs ||
+      d.baseline.segment_frees != d.recorded_segment_frees)
+    return "the baseline made " + std::to_string(d.baseline.segment_allocs) +
+           " cudaMalloc/map and " + std::to_string(d.baseline.segment_frees) +
+           " cudaFree/unmap calls where the file has " + std::to_string(d.recorded_segment_allocs) +
+           " and " + std::to_string(d.recorded_segment_frees);
   if (d.baseline.address_predicted != d.baseline.address_total)
     return "the baseline served " + std::to_string(d.baseline.address_predicted) + " of " +
            std::to_string(d.baseline.address_total) + " allocs at the address the file recorded";
