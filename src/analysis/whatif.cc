@@ -39,7 +39,6 @@ struct Sim {
   uint64_t capacity;
   replay::CachingAllocator core;
   uint64_t next_addr = kSimBase;
-  uint64_t serial = 0;
   uint64_t reserved = 0, allocated = 0;
   uint64_t segment_allocs = 0, segment_frees = 0;
 
@@ -97,21 +96,7 @@ struct Sim {
     auto nx = core.segs.upper_bound(addr);
     if (nx != core.segs.end() && nx->first - addr < bytes) return false;
     replay::CachedSegment* s = core.segAt(addr);
-    if (s == nullptr) return true;
-    if (!s->expandable) return false;
-    auto last = std::prev(s->blocks.end());
-    replay::ModelBlock& u = last->second;
-    if (u.mapped || !u.isFree() || u.address > addr) return false;
-    core.unindex(*s, u);
-    if (u.address == addr) {
-      s->blocks.erase(last);
-    } else {
-      u.size = addr - u.address;
-      core.index(*s, u);
-    }
-    s->size = addr - s->address;
-    if (s->blocks.empty()) core.segs.erase(s->address);
-    return true;
+    return s == nullptr || core.cutReservationTail(*s, addr);
   }
   // The first hint of `action` at which `bytes` (0: the hint's own size) can be claimed and whose
   // size satisfies `ok`; consumed.
@@ -146,7 +131,6 @@ struct Sim {
   }
   replay::CachedSegment& place(replay::CachedSegment s, uint64_t at, bool mapped) {
     s.address = at;
-    s.serial = serial++;
     replay::ModelBlock b;
     b.address = s.address;
     b.size = s.size;
@@ -174,30 +158,36 @@ struct Sim {
     return at;
   }
 
-  // find_expandable_block()'s new reservation (an ExpandableSegment): where the recording mapped
-  // the first page of one, else in the simulated address space.
-  std::optional<uint64_t> newReservation(const replay::AllocRequest& r) {
+  // find_expandable_block()'s new reservation (an ExpandableSegment) where the recording mapped
+  // the first page of one, sized up to the next segment; nullopt when no hint can be claimed.
+  std::optional<uint64_t> hintedReservation(const replay::AllocRequest& r) {
     const uint64_t page = r.large ? alloc::kLargeExpandablePage : alloc::kSmallExpandablePage;
-    std::optional<uint64_t> at = takeHint(Action::SegmentMap, page, [&](uint64_t size) {
+    const std::optional<uint64_t> at = takeHint(Action::SegmentMap, page, [&](uint64_t size) {
       return size % page == 0 && (r.large || size == page);
     });
-    uint64_t size = kSimReservation;
-    if (at) {
-      size = std::min(size, ~uint64_t{0} - *at);
-      if (auto nx = core.segs.upper_bound(*at); nx != core.segs.end())
-        size = std::min(size, nx->first - *at);
-      size -= size % page;
-    } else {
-      at = synthetic(kSimReservation);
-    }
-    if (!at || size == 0) return std::nullopt;
+    if (!at) return std::nullopt;
+    uint64_t size = std::min(kSimReservation, ~uint64_t{0} - *at);
+    if (auto nx = core.segs.upper_bound(*at); nx != core.segs.end())
+      size = std::min(size, nx->first - *at);
+    size -= size % page;
+    if (size == 0) return std::nullopt;
+    return reservation(r, *at, size);
+  }
+  // The same, else in the simulated address space.
+  std::optional<uint64_t> newReservation(const replay::AllocRequest& r) {
+    if (auto at = hintedReservation(r)) return at;
+    const std::optional<uint64_t> at = synthetic(kSimReservation);
+    if (!at) return std::nullopt;
+    return reservation(r, *at, kSimReservation);
+  }
+  uint64_t reservation(const replay::AllocRequest& r, uint64_t at, uint64_t size) {
     replay::CachedSegment s;
     s.size = size;
     s.stream = r.stream;
     s.pool = r.pool;
     s.is_large = r.large;
     s.expandable = true;
-    return place(std::move(s), *at, false).address;
+    return place(std::move(s), at, false).address;
   }
 
   // CCA try_allocate_expandable_block(): find_expandable_block() (a new reservation when no
@@ -212,11 +202,8 @@ struct Sim {
           !u->blocks.begin()->second.mapped) {
         const replay::CachedSegment moved = *u;
         core.eraseSegment(moved.address);
-        c = newReservation(r);
-        if (!c || *c >= kSimBase) {  // no recorded place for it: it stays where it was
-          if (c) core.eraseSegment(*c);
-          c = core.addSegment(moved).address;
-        }
+        c = hintedReservation(r);
+        if (!c) c = core.addSegment(moved).address;  // no recorded place: it stays where it was
       }
     }
     if (!c) c = newReservation(r);

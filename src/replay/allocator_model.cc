@@ -191,24 +191,6 @@ bool sameGroup(const Seg& s, PoolId pool, bool large, int64_t stream) {
   return s.pool == pool && s.is_large == large && s.stream == stream;
 }
 
-// A reservation whose last block is the unmapped rest of its address space: cut it at `at` (a new
-// reservation of another group starts there). Returns false when `at` is not in that block.
-bool cutReservationTail(Impl& m, Seg& s, uint64_t at) {
-  auto last = std::prev(s.blocks.end());
-  ModelBlock& u = last->second;
-  if (u.mapped || !u.isFree() || at < u.address) return false;
-  m.core.unindex(s, u);
-  if (at == u.address) {
-    s.blocks.erase(last);
-  } else {
-    u.size = at - u.address;
-    m.core.index(s, u);
-  }
-  s.size = at - s.address;
-  if (s.blocks.empty()) m.core.segs.erase(s.address);
-  return true;
-}
-
 void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   if (rejectInvalidRange(i, e, c)) return;
   auto r = nextRequest(m, i);
@@ -234,7 +216,8 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   }
   // The end of a reservation is not in the file: a cudaMalloc'd segment inside its unmapped tail
   // shows where its address space ends.
-  if (Seg* r = m.segAt(e.addr); r != nullptr && r->expandable) cutReservationTail(m, *r, e.addr);
+  if (Seg* r = m.segAt(e.addr); r != nullptr && r->expandable)
+    m.core.cutReservationTail(*r, e.addr);
   if (overlapsModel(m, e.addr, e.size)) return;  // overlaps the model: it drifted
   Seg s;
   s.address = e.addr;
@@ -253,8 +236,7 @@ void applySegmentAlloc(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   b.address = e.addr;
   b.size = e.size;
   s.blocks.emplace(b.address, b);
-  auto [it, ok] = m.core.segs.emplace(s.address, std::move(s));
-  m.core.index(it->second, it->second.blocks.begin()->second);
+  m.core.addSegment(std::move(s));
   m.pending_new = e.addr;
   m.group_open = true;
 }
@@ -281,8 +263,7 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
     }
   }
   if (it == m.core.segs.end() || it->second.expandable) return;
-  for (auto& [a, b] : it->second.blocks) m.core.unindex(it->second, b);
-  m.core.segs.erase(it);
+  m.core.eraseSegment(e.addr);
 }
 
 void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
@@ -347,7 +328,7 @@ void applySegmentMap(Impl& m, size_t i, const Event& e, ModelCheck* c) {
   }
   if (s != nullptr && s->expandable && (!sameGroup(*s, pool, large, e.stream) || inside_tail)) {
     const uint64_t base = s->address;
-    if (cutReservationTail(m, *s, e.addr)) {
+    if (m.core.cutReservationTail(*s, e.addr)) {
       if (sameGroup(*s, pool, large, e.stream) || inside_tail) {
         // Every reservation of a pool kind has the same size: no bigger than this one was.
         uint64_t& bound = m.reservation_bound[large ? 1 : 0];

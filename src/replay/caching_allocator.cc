@@ -64,6 +64,23 @@ void CachingAllocator::eraseSegment(uint64_t address) {
   segs.erase(it);
 }
 
+bool CachingAllocator::cutReservationTail(CachedSegment& s, uint64_t at) {
+  if (!s.expandable || s.blocks.empty()) return false;
+  auto last = std::prev(s.blocks.end());
+  ModelBlock& u = last->second;
+  if (u.mapped || !u.isFree() || at < u.address) return false;
+  unindex(s, u);
+  if (at == u.address) {
+    s.blocks.erase(last);
+  } else {
+    u.size = at - u.address;
+    index(s, u);
+  }
+  s.size = at - s.address;
+  if (s.blocks.empty()) segs.erase(s.address);
+  return true;
+}
+
 CachedSegment* CachingAllocator::segAt(uint64_t addr) {
   auto it = segs.upper_bound(addr);
   if (it == segs.begin()) return nullptr;

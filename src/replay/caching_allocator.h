@@ -113,6 +113,13 @@ class CachingAllocator {
   static ModelBlock* prevOf(CachedSegment& s, const ModelBlock& b);
   static ModelBlock* nextOf(CachedSegment& s, const ModelBlock& b);
 
+  // An expandable reservation whose last block is the free, unmapped rest of its address space
+  // ends at `at` (>= that block's start): the range from `at` on is given up, the reservation
+  // erased when nothing is left. False (nothing changed) when `at` is not in such a block.
+  // Where a reservation ends (CCA: 1.125 x the card) is not in a file; another segment that
+  // begins inside the tail shows it.
+  bool cutReservationTail(CachedSegment& s, uint64_t at);
+
   // Free-list bookkeeping for a block whose state, size or mapping is about to change.
   void index(const CachedSegment& s, ModelBlock& b);
   void unindex(const CachedSegment& s, const ModelBlock& b);
