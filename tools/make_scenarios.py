@@ -52,8 +52,10 @@ KINDS = ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmenta
          "cache_bloat", "temporary_spike", "pending_free_retention"]
 # kinds added by issue 13 (built by the detector helpers of that session); the clean scenarios list
 # them in must_not_fire too (activation_checkpointing only where activations hold < 50 % of the
-# peak: see the README's table of activation shares)
-NEW_KINDS = ["activation_checkpointing", "device_imbalance", "incomplete_history"]
+# peak: see the README's table of activation shares); allocator_setting (issue 28) fires only where
+# a replay shows expandable segments lower the peak reserved, which no scenario here is built for
+NEW_KINDS = ["activation_checkpointing", "device_imbalance", "incomplete_history",
+             "allocator_setting"]
 ALL_KINDS = KINDS + NEW_KINDS
 
 # model: vocab V, width D, tokens per batch T (8 x 128), MLP hidden 4D, 2 blocks
@@ -189,6 +191,7 @@ class Gen:
         self.step_max = {}        # step -> max live requested bytes during it
         self.step_end = {}        # step -> live requested bytes at its end
         self.marks = {}           # free-form numbers for the expected findings
+        self.model_text = True    # the header describes the training loop's model
 
     # ---- text ------------------------------------------------------------------------------
     def stmt(self, line):
@@ -641,6 +644,16 @@ stack pf_x       = @pf_top
 stack pf_y       = @pf_top
 stack pf_teacher = @pf_top
 """,
+    "swap": """\
+stack sw_init    = {U}/simulate.py:31:init_state ; @top
+stack sw_step    = {P}/functional.py:402:einsum ; {U}/simulate.py:36:advance ; {U}/simulate.py:44:run ; @top
+stack sw_tmp     = {U}/simulate.py:35:advance ; {U}/simulate.py:44:run ; @top
+""",
+    "grow": """\
+stack gr_init    = {U}/train.py:40:main ; @top
+stack gr_buf     = {U}/train.py:64:collate ; {U}/train.py:71:train_step ; @top
+stack gr_tmp     = {U}/train.py:66:collate ; {U}/train.py:71:train_step ; @top
+""",
     "eval": """\
 stack ev_top     = {U}/train.py:90:main ; @top
 stack ev_in      = {U}/train.py:71:evaluate ; @ev_top
@@ -929,10 +942,89 @@ def sc_spike(name):
             "tensor (%d bytes) that lives only until the top-k on model.py:45, every step. It "
             "sets every step's peak; its cached segment is reused by every step (reserved stays "
             "at the peak, so a dump between steps shows it cached but unused). bytes = the "
-            "temporary's size." % SPIKE_BYTES)
+            "temporary's size. The cache that holds it is the working set of every step, so keeping "
+            "it at the end is no cache bloat." % SPIKE_BYTES)
     return g, desc, [finding("temporary_spike", "warning", "model.py:44", SPIKE_BYTES)], \
         ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
-         "pending_free_retention"]
+         "pending_free_retention", "cache_bloat"]
+
+
+SWAP_STATE_BYTES = 448 * MIB
+SWAP_STEPS = 40
+
+
+def sc_plateau(name):
+    g = Gen(name, "2.11", True, seed=20)
+    g.model_text = False
+    begin(g, extra=["swap"])
+    g.alloc("state0", SWAP_STATE_BYTES, "sw_init", "state")
+    for k in range(SWAP_STEPS):
+        g.step = k
+        g.annotate("ProfilerStep#%d" % k, "START")
+        g.adv(200, 400)
+        g.alloc("coef%d" % k, 4 * MIB, "sw_tmp", "tmp")
+        g.adv(100, 200)
+        g.alloc("state%d" % (k + 1), SWAP_STATE_BYTES, "sw_step", "state",
+                note="new = f(old)" if k == 0 else None)
+        g.adv(5000, 9000)
+        g.free("coef%d" % k)
+        g.free("state%d" % k, note="old freed" if k == 0 else None)
+        g.step_end[k] = g.requested
+        g.annotate("ProfilerStep#%d" % k, "END")
+    desc = ("A state-space loop that swaps two state buffers: every step computes the new %d-byte "
+            "state from the old one (simulate.py:36, `new = f(old)`), then frees the old one; %d "
+            "steps. Two buffers must exist at once, so the requested peak (two states and a 4 MiB "
+            "coefficient) is a level the run holds for about half of its time, not a spike: "
+            "nothing can go, no finding may fire." % (SWAP_STATE_BYTES, SWAP_STEPS))
+    return g, desc, [], list(ALL_KINDS)
+
+
+GROW_STEPS = 12
+GROW_BUFFERS = 6
+
+
+def grow_buffer_bytes(k):
+    return 24 * MIB + k * 8 * MIB
+
+
+def sc_growing(name):
+    g = Gen(name, "2.11", True, seed=21)
+    g.model_text = False
+    begin(g, extra=["grow"])
+    g.alloc("weights", 64 * MIB, "gr_init", "param")
+    for k in range(GROW_STEPS):
+        g.step = k
+        g.annotate("ProfilerStep#%d" % k, "START")
+        for j in range(GROW_BUFFERS):
+            g.adv(100, 300)
+            g.alloc("s%d.buf%d" % (k, j), grow_buffer_bytes(k), "gr_buf", "tmp",
+                    note="each step's buffers are longer than the last's" if k == 1 and j == 0
+                    else None)
+            for t in range(4):
+                g.adv(20, 60)
+                g.alloc("s%d.tmp%d.%d" % (k, j, t), 256 * KIB, "gr_tmp", "tmp")
+                g.adv(20, 60)
+                g.free("s%d.tmp%d.%d" % (k, j, t))
+        for j in range(GROW_BUFFERS):
+            g.adv(50, 100)
+            g.free("s%d.buf%d" % (k, j))
+        g.step_end[k] = g.requested
+        g.annotate("ProfilerStep#%d" % k, "END")
+    peak_active = 64 * MIB + GROW_BUFFERS * grow_buffer_bytes(GROW_STEPS - 1)
+    g.marks.update(peak_active=peak_active)
+    desc = ("Batches of growing length: every step pads its %d buffers (train.py:64 collate) to "
+            "its longest sequence, 8 MiB more per buffer than the step before (24 MiB at step 0, "
+            "%d at step %d), and frees them at its end. No freed block fits the next, larger "
+            "requests, so every step reserves new segments: reserved ends at %d bytes while at "
+            "most %d are in use. With expandable_segments:True the segments grow in place and "
+            "the freed pages are reused: the allocator_setting finding must say so, checked by "
+            "replay. bytes = recorded peak reserved - the replay's." %
+            (GROW_BUFFERS, grow_buffer_bytes(GROW_STEPS - 1), GROW_STEPS - 1, g.reserved,
+             peak_active))
+    return g, desc, [finding("allocator_setting", "warning", "train.py:64",
+                             g.reserved - peak_active, lo=0.8, hi=1.0)], \
+        ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmentation",
+         "cache_bloat", "temporary_spike", "pending_free_retention"]
 
 
 def sc_pending(name):
@@ -1612,6 +1704,8 @@ SCENARIOS = [
     ("activation_retention_hook", sc_hook),
     ("checkpointing_opportunity", sc_checkpoint),
     ("ring_of_1", sc_ring1),
+    ("plateau_swap", sc_plateau),
+    ("growing_batches", sc_growing),
 ]
 
 
@@ -1638,7 +1732,7 @@ def build_one(name, fn, out_dir):
         "Compile: python3 tools/snapshot_fixture.py snapshots/scenarios/%s.fixture -o %s.pickle"
         % (name, name),
         "",
-    ] + wrap(desc, 96) + [
+    ] + wrap(desc, 96) + ([] if not g.model_text else [
         "",
         "Model: vocab 8192, d_model 512, 2 blocks (RMSNorm, fused qkv, 8 heads, GELU MLP 512->2048"
         "->512),",
@@ -1648,7 +1742,7 @@ def build_one(name, fn, out_dir):
         "denom temporary pair per parameter per step; zero_grad(set_to_none=True) frees the",
         "gradients every step (backward allocates them again). Backward allocations carry the",
         "loss.backward() call site (train.py:55) as their stack.",
-    ]
+    ])
     text = g.fixture_text(header)
     obj = sf.compile_fixture(name + ".fixture", text)
     data = pickle.dumps(obj, protocol=4)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,6 +32,92 @@ std::string ratioText(uint64_t max, uint64_t min) {
   if (whole >= 10) return std::to_string(whole) + "x";
   const uint64_t tenths = (max % min) * 10 / min;
   return std::to_string(whole) + "." + std::to_string(tenths) + "x";
+}
+
+std::string peaksText(const AnalysisResult& r) {
+  std::string peaks;
+  for (const DeviceAnalysis& d : r.devices) {
+    peaks += (peaks.empty() ? "" : ", ") + deviceName(d.summary.device) + " " +
+             formatBytesShort(d.summary.peak_requested.bytes);
+    if (!d.summary.ooms.empty()) peaks += " (OOM)";
+  }
+  return "requested peaks: " + peaks;
+}
+
+constexpr const char* kImbalanceFix =
+    "give every replica the same share of the batch: a batch size divisible by the number of "
+    "GPUs and inputs of the same shape on each (pad or bucket variable-length inputs before "
+    "the split); with DistributedDataParallel, a DistributedSampler and the same per-rank batch";
+
+// Replicas whose tensors are all small but whose peaks differ: the devices that share a line with
+// another are compared by requested peak, and the shared line whose bytes live at the two devices'
+// peaks differ most is named.
+std::optional<Finding> peakImbalance(const std::map<std::string, SharedLine>& lines,
+                                     const AnalysisResult& r) {
+  const DeviceAnalysis* hi = nullptr;
+  const DeviceAnalysis* lo = nullptr;
+  for (const auto& [key, sl] : lines) {
+    if (sl.on.size() < 2) continue;
+    for (const auto& [d, ls] : sl.on) {
+      const uint64_t p = d->summary.peak_requested.bytes;
+      if (hi == nullptr || p > hi->summary.peak_requested.bytes) hi = d;
+      if (lo == nullptr || p < lo->summary.peak_requested.bytes) lo = d;
+    }
+  }
+  if (hi == nullptr || hi == lo) return std::nullopt;
+  const uint64_t ph = hi->summary.peak_requested.bytes, pl = lo->summary.peak_requested.bytes;
+  if (ph - pl < kImbalancePeakMinBytes ||
+      static_cast<double>(ph) < kImbalancePeakRatio * static_cast<double>(pl))
+    return std::nullopt;
+  const SharedLine* top = nullptr;
+  const LineSizes* top_hi = nullptr;
+  const LineSizes* top_lo = nullptr;
+  uint64_t top_delta = 0;
+  for (const auto& [key, sl] : lines) {
+    const LineSizes* on_hi = nullptr;
+    const LineSizes* on_lo = nullptr;
+    for (const auto& [d, ls] : sl.on) {
+      if (d == hi) on_hi = ls;
+      if (d == lo) on_lo = ls;
+    }
+    if (on_hi == nullptr || on_lo == nullptr) continue;
+    if (on_hi->live_at_peak_bytes <= on_lo->live_at_peak_bytes) continue;
+    const uint64_t delta = on_hi->live_at_peak_bytes - on_lo->live_at_peak_bytes;
+    if (delta > top_delta) {
+      top_delta = delta;
+      top = &sl;
+      top_hi = on_hi;
+      top_lo = on_lo;
+    }
+  }
+  if (top == nullptr) return std::nullopt;
+  Finding f;
+  f.kind = FindingKind::DeviceImbalance;
+  f.device = hi->summary.device;
+  f.severity = hi->summary.ooms.empty() ? FindingSeverity::Warning : FindingSeverity::High;
+  f.bytes = top_delta;
+  f.title = "device imbalance: " + deviceName(hi->summary.device) + " peaks at " +
+            formatBytesShort(ph) + ", " + deviceName(lo->summary.device) + " at " +
+            formatBytesShort(pl) + " (" + ratioText(ph, pl) + ") for the same code; " + top->key +
+            " holds " + formatBytesShort(top_hi->live_at_peak_bytes) + " at the first's peak, " +
+            formatBytesShort(top_lo->live_at_peak_bytes) +
+            " at the second's: the batch is likely split unevenly across the DataParallel "
+            "replicas or ranks";
+  f.where = top_hi->frames;
+  for (const auto& [d, ls] : top->on) {
+    std::string t = deviceName(d->summary.device);
+    if (!d->summary.ooms.empty()) t += " (ran out of memory)";
+    t += ": " + std::to_string(ls->allocs) + " allocations from this line, the largest " +
+         formatBytesShort(ls->max_bytes) + "; live at the device's peak";
+    f.evidence.push_back({std::move(t), -1, -1, ls->live_at_peak_bytes, {}});
+  }
+  f.evidence.push_back({peaksText(r), -1, -1, 0, {}});
+  f.fix = kImbalanceFix;
+  f.basis =
+      "cross-device: the requested peaks of the devices that share lines, and each line's bytes "
+      "live at its device's peak (the " +
+      std::to_string(kLineSizesPerDevice) + " heaviest lines per device)";
+  return f;
 }
 
 }  // namespace
@@ -66,7 +153,10 @@ std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const Analysis
     if (sl.max / kImbalanceRatio < sl.min) continue;  // sl.max < kImbalanceRatio * sl.min
     uneven.push_back(sl);
   }
-  if (uneven.empty()) return out;
+  if (uneven.empty()) {
+    if (auto f = peakImbalance(lines, r)) out.push_back(std::move(*f));
+    return out;
+  }
   std::stable_sort(uneven.begin(), uneven.end(), [](const SharedLine& a, const SharedLine& b) {
     return a.max - a.min > b.max - b.min;
   });
@@ -107,24 +197,15 @@ std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const Analysis
          " of them live at the device's peak; the largest";
     f.evidence.push_back({std::move(t), -1, -1, ls->max_bytes, {}});
   }
-  std::string peaks;
-  for (const DeviceAnalysis& d : r.devices) {
-    peaks += (peaks.empty() ? "" : ", ") + deviceName(d.summary.device) + " " +
-             formatBytesShort(d.summary.peak_requested.bytes);
-    if (!d.summary.ooms.empty()) peaks += " (OOM)";
-  }
-  f.evidence.push_back({"requested peaks: " + peaks, -1, -1, 0, {}});
+  f.evidence.push_back({peaksText(r), -1, -1, 0, {}});
   for (size_t k = 1; k < uneven.size() && k <= kImbalanceOtherLines; ++k) {
     const SharedLine& o = uneven[k];
-    f.evidence.push_back({"also uneven: the largest per tensor on " +
-                              deviceName(o.heaviest->summary.device) + ", " +
-                              formatBytesShort(o.min) + " at the least",
+    f.evidence.push_back({"also uneven (" + formatBytesShort(o.min) +
+                              " per tensor at the least): the largest per tensor, on " +
+                              deviceName(o.heaviest->summary.device),
                           -1, -1, o.max, o.heaviest_line->frames});
   }
-  f.fix =
-      "give every replica the same share of the batch: a batch size divisible by the number of "
-      "GPUs and inputs of the same shape on each (pad or bucket variable-length inputs before "
-      "the split); with DistributedDataParallel, a DistributedSampler and the same per-rank batch";
+  f.fix = kImbalanceFix;
   f.basis =
       "cross-device: the largest single allocation of each line on each device of this "
       "file (the " +

@@ -17,6 +17,11 @@ namespace memforensics::analysis {
 inline constexpr uint64_t kImbalanceRatio = 2;
 // ... and at least this large on the largest device (smaller lines do not move a device's peak).
 inline constexpr uint64_t kImbalanceMinBytes = uint64_t{64} << 20;
+// Replicas made of small tensors: devices that share a line are uneven when the heaviest one's
+// requested peak is at least 3/2 (kImbalancePeakRatio) of the lightest one's and at least
+// kImbalancePeakMinBytes above it; the finding names the shared line that differs most.
+inline constexpr double kImbalancePeakRatio = 1.5;
+inline constexpr uint64_t kImbalancePeakMinBytes = uint64_t{1} << 30;
 // Lines named in one imbalance finding's evidence besides the one that differs most.
 inline constexpr size_t kImbalanceOtherLines = 3;
 

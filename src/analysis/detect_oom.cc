@@ -42,13 +42,6 @@ std::string plural(uint64_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-bool sameFrames(const std::vector<FrameText>& a, const std::vector<FrameText>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].display() != b[i].display()) return false;
-  return true;
-}
-
 // "released 3 cached segments and unmapped 189 pages"
 std::string flushText(const OomFlush& fl) {
   std::string s;
@@ -333,14 +326,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
                  (g.count > 1 ? " (" + plural(g.count, "block", "blocks") + ")" : std::string()),
              -1, -1, g.requested_bytes, g.frames});
       }
-      // The line to change: the largest holder's, unless the failing request is itself the
-      // largest (as large as the largest holder, or from the same lines).
-      // Under fragmentation the request's own size and timing are what to change: it stays.
-      if (!num.fragmentation && !groups.empty() && !groups.front().frames.empty() &&
-          groups.front().requested_bytes > oom.request_bytes &&
-          !sameFrames(groups.front().frames, request_frames)) {
-        f.where = groups.front().frames;
-      }
+      // The line named is the failing request's (the line in the user's traceback, the last
+      // straw); the largest holders are the evidence above it. A request without frames names
+      // the largest holder instead.
+      if (request_frames.empty() && !groups.empty()) f.where = groups.front().frames;
     }
     f.evidence.push_back({"the last straw: the request that failed", oom.event, oom.time_us,
                           oom.request_bytes, request_frames});

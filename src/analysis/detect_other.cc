@@ -1,4 +1,4 @@
-// detect_other.cc: optimizer-state bloat, cache bloat, temporary spike, pending frees
+// detect_other.cc: optimizer-state bloat, temporary spike, pending frees
 // (docs/findings.md).
 #include <algorithm>
 #include <cstdio>
@@ -68,54 +68,39 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   out.push_back(std::move(f));
 }
 
-void detectCacheBloat(Ctx& c, std::vector<Finding>& out) {
-  const replay::Peak& pr = c.summary.peak_reserved;
-  if (pr.bytes == 0) return;
-  // After an OOM the exception's unwind frees the tensors and leaves the cache full: when the
-  // cache reached its size at or before the last OOM, the end state is that unwind, which the OOM
-  // verdict explains; it is not a separate warning.
-  if (!c.summary.ooms.empty() && pr.event <= c.summary.ooms.back().event) return;
-  // The same when another device of the job ran out of memory after this one's cache peaked.
-  const std::vector<int64_t> others = otherDeviceOomTimes(c.s, c.device);
-  if (!others.empty() && pr.time_us >= 0 && pr.time_us <= others.back()) return;
-  // At the end of the run: how much of what the process holds is unused cache.
-  const replay::Counters end = c.summary.final_replayed;
-  uint64_t unused = end.reserved > end.active() ? end.reserved - end.active() : 0;
-  // Worth saying when the cache holds at least half of what is reserved and 256 MiB or more.
-  if (unused * 2 < end.reserved || unused < 256 * kMiB) return;
-  Finding f;
-  f.kind = FindingKind::CacheBloat;
-  f.device = c.device;
-  f.severity = FindingSeverity::Warning;
-  f.bytes = unused;
-  f.title = "Cache bloat: at the end " + formatBytes(end.reserved) + " is reserved but only " +
-            formatBytes(end.active()) + " is in use (" + pct(unused, end.reserved) +
-            " cached and free)";
-  // The fix follows the file's allocator settings: expandable segments are not advised to a run
-  // that has them.
-  f.fix = c.s.settings.expandable_segments
-              ? "a transient peak left the cache large: other processes cannot use it. "
-                "torch.cuda.empty_cache() after the peak returns it (expandable segments are "
-                "already on: allocator_settings)"
-              : "a transient peak left the cache large: other processes cannot use it. "
-                "torch.cuda.empty_cache() after the peak, or "
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, returns it";
-  f.basis = "replayed reserved and active bytes";
-  f.evidence.push_back({"peak reserved", pr.event, pr.time_us, pr.bytes, {}});
-  f.evidence.push_back(
-      {"in use at the end", static_cast<int64_t>(c.ev.size()) - 1, -1, end.active(), {}});
-  // What grew the cache: the allocation that the segment reaching the reserved peak was made for
-  // (the first alloc after that segment event), named as the line to look at.
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(0, pr.event));
-       i < c.ev.size() && i < static_cast<size_t>(pr.event) + 16; ++i) {
-    if (c.ev[i].action != Action::Alloc) continue;
-    f.where = c.frames(c.ev[i].stack);
-    f.evidence.push_back({"the allocation that grew the cache to its peak", static_cast<int64_t>(i),
-                          c.ev[i].time_us, c.ev[i].size, c.frames(c.ev[i].stack)});
-    break;
+namespace {
+
+// The share of the events within kSpikeNeighbourhood of the trace around `peak_event` after which
+// the requested bytes were at least `level` (`peak_bytes` after `peak_event`). From the allocation
+// table: blocks alive before the trace shift the level by what they free in the neighbourhood,
+// which a complete history does not have.
+double heldShare(const Ctx& c, int64_t peak_event, uint64_t peak_bytes, uint64_t level) {
+  const auto n = static_cast<int64_t>(c.ev.size());
+  const int64_t half =
+      std::max<int64_t>(64, static_cast<int64_t>(static_cast<double>(n) * kSpikeNeighbourhood));
+  const int64_t lo = std::max<int64_t>(0, peak_event - half);
+  const int64_t hi = std::min<int64_t>(n - 1, peak_event + half);
+  if (hi <= lo) return 0.0;
+  // The change of the requested bytes at each event of [lo, hi].
+  std::vector<int64_t> delta(static_cast<size_t>(hi - lo + 1), 0);
+  for (const AllocFact& a : c.allocs) {
+    const auto r = static_cast<int64_t>(std::min<uint64_t>(a.requested, uint64_t{1} << 62));
+    if (a.event >= lo && a.event <= hi) delta[static_cast<size_t>(a.event - lo)] += r;
+    if (a.freed >= lo && a.freed <= hi) delta[static_cast<size_t>(a.freed - lo)] -= r;
   }
-  out.push_back(std::move(f));
+  // Levels relative to the one after the peak.
+  std::vector<int64_t> rel(delta.size(), 0);
+  int64_t run = 0;
+  for (size_t k = 0; k < delta.size(); ++k) rel[k] = run += delta[k];
+  const int64_t at_peak = rel[static_cast<size_t>(peak_event - lo)];
+  const int64_t need =
+      static_cast<int64_t>(std::min<uint64_t>(peak_bytes - level, uint64_t{1} << 62));
+  size_t held = 0;
+  for (int64_t v : rel) held += v - at_peak >= -need;
+  return static_cast<double>(held) / static_cast<double>(rel.size());
 }
+
+}  // namespace
 
 void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_requested;
@@ -157,6 +142,10 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   // Training steps normally hold a quarter of their peak in temporaries (backward, optimizer),
   // so only 40% and more counts.
   if (spike * 10 < pk.bytes * 4 || spike < 64 * kMiB) return;
+  // A spike is short against the level it rises from: a level held for a good part of the run
+  // around the peak (two state buffers swapped in a loop, new = f(old)) is a plateau, which no
+  // chunking lowers.
+  if (heldShare(c, pk.event, pk.bytes, pk.bytes - spike / 2) > kSpikeMaxHeldShare) return;
   const std::vector<LiveGroup> v = stacks.take();
   Finding f;
   f.kind = FindingKind::TemporarySpike;

@@ -38,6 +38,8 @@ std::string_view findingKindId(FindingKind k) {
       return "optimizer_state_bloat";
     case FindingKind::CacheBloat:
       return "cache_bloat";
+    case FindingKind::AllocatorSetting:
+      return "allocator_setting";
     case FindingKind::TemporarySpike:
       return "temporary_spike";
     case FindingKind::PendingFreeRetention:
@@ -84,7 +86,8 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   detectOom(c, out, options);
   detectGrowth(c, out, options);
   detectOptimizerBloat(c, out, options);
-  detectCacheBloat(c, out);
+  detectCacheBloat(c, out, options);
+  detectAllocatorSetting(c, out, options);
   detectTemporarySpike(c, out, options);
   detectPendingFree(c, out, options);
   detectCheckpointing(c, out, options);

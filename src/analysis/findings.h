@@ -33,6 +33,7 @@ enum class FindingKind : uint8_t {
   ActivationCheckpointing,  // activations held for backward dominate the peak (an estimate)
   DeviceImbalance,          // cross-device: peaks or per-line sizes differ across devices of a job
   IncompleteHistory,        // the history cannot explain the file's state (ring of 1, no trace)
+  AllocatorSetting,         // a replay shows another allocator setting lowers the peak reserved
 };
 std::string_view findingKindId(FindingKind k);  // snake_case, as in the JSON
 

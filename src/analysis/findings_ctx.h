@@ -4,6 +4,7 @@
 // findings.cc runs them in a fixed order and sorts. Categories: categories.cc.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -15,6 +16,26 @@
 namespace memforensics::analysis::detail {
 
 inline constexpr uint64_t kMiB = 1ull << 20;
+
+// The severity policy (docs/findings.md): high = causes or will cause an OOM; warning = acting on
+// the finding saves at least 5% of the peak it is measured against and at least 256 MiB; info
+// otherwise. The floor of a warning for a peak of `peak` bytes:
+inline constexpr uint64_t kWarningMinBytes = 256 * kMiB;
+inline uint64_t warningFloor(uint64_t peak) {
+  return std::max(kWarningMinBytes, peak / 20);
+}
+
+// Temporary spike: the level above the spike's midpoint may be held for at most this share of the
+// events within kSpikeNeighbourhood (a share of the trace, at least 64 events) on each side of the
+// peak; held longer, it is a plateau, not a spike.
+inline constexpr double kSpikeMaxHeldShare = 0.25;
+inline constexpr double kSpikeNeighbourhood = 0.10;
+
+// Cache bloat: the unused cache must sit for at least this share of the run (by time, else by
+// events); shorter is a working set cached as the run ends.
+inline constexpr double kCacheTailShare = 0.25;
+// Cache bloat: the bytes given back must be at least this share of the peak reserved.
+inline constexpr double kCacheBloatMinShare = 0.25;
 
 // What a stack says about the code that allocated, as bits, from the one frame classifier
 // (frame_class.h stackFacts: phases and categories agree on what is backward or optimizer code).
@@ -106,8 +127,11 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);  
 void detectGrowth(Ctx& c, std::vector<Finding>& out,
                   const FindingsOptions& opt);  // detect_growth.cc
 void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out,
-                          const FindingsOptions& opt);     // detect_other.cc
-void detectCacheBloat(Ctx& c, std::vector<Finding>& out);  // detect_other.cc
+                          const FindingsOptions& opt);  // detect_other.cc
+void detectCacheBloat(Ctx& c, std::vector<Finding>& out,
+                      const FindingsOptions& opt);  // detect_cache.cc
+void detectAllocatorSetting(Ctx& c, std::vector<Finding>& out,
+                            const FindingsOptions& opt);  // detect_cache.cc
 void detectTemporarySpike(Ctx& c, std::vector<Finding>& out,
                           const FindingsOptions& opt);  // detect_other.cc
 void detectPendingFree(Ctx& c, std::vector<Finding>& out,

@@ -167,8 +167,19 @@ DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
     f.series.reserve(f.events.size() + 1);
     f.series.push_back(replayer_->startCounters());
   }
+  const size_t width =
+      std::max<size_t>(1, (f.events.size() + kProfileBuckets - 1) / kProfileBuckets);
+  f.profile.resize((f.events.size() + width - 1) / width);
   f.summary = replay::summarizeDeviceWith(*replayer_, [&](size_t i, const replay::Counters& c) {
     if (f.has_series) f.series.push_back(c);
+    ProfileBucket& b = f.profile[i / width];
+    if (i % width == 0) b.first_event = static_cast<int64_t>(i);
+    b.last_event = static_cast<int64_t>(i);
+    if (b.first_time_us < 0) b.first_time_us = f.events[i].time_us;
+    b.max_active = std::max(b.max_active, c.active());
+    b.max_requested = std::max(b.max_requested, c.requested);
+    b.min_reserved = std::min(b.min_reserved, c.reserved);
+    b.max_reserved = std::max(b.max_reserved, c.reserved);
     while (next_end < ends.size() && ends[next_end].first == static_cast<int64_t>(i)) {
       f.requested_at_iteration_end[ends[next_end].second] = c.requested;
       ++next_end;

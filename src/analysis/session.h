@@ -113,6 +113,21 @@ struct ModelFacts {
   std::string estimate_reason;  // "" when layout_exact; e.g. "model predicted 38 of 199 allocs"
 };
 
+// A stretch of consecutive events and the extremes of the replayer's counters after them (pass 1):
+// the coarse profile rules read to ask how a run went on after a moment without keeping a
+// per-event series. A device's events are cut into at most kProfileBuckets stretches of equal
+// length (the last one shorter).
+struct ProfileBucket {
+  int64_t first_event = 0;
+  int64_t last_event = 0;
+  int64_t first_time_us = -1;  // of the first event with a time in the stretch, -1 when none
+  uint64_t max_active = 0;
+  uint64_t max_requested = 0;
+  uint64_t min_reserved = ~uint64_t{0};
+  uint64_t max_reserved = 0;
+};
+inline constexpr size_t kProfileBuckets = 1024;
+
 // Everything one session learned about one device. `events` views the Snapshot's trace: the facts
 // must not outlive the Snapshot they were built from.
 struct DeviceFacts {
@@ -130,6 +145,7 @@ struct DeviceFacts {
   std::vector<Phase> iterations;  // the Iteration phases with a non-empty range, in order
   std::string iteration_basis;    // "iterations from external_annotations" / "... detected ..."
   std::vector<uint64_t> requested_at_iteration_end;  // pass 1: after each iteration's last event
+  std::vector<ProfileBucket> profile;                // pass 1: the counters' coarse profile
   std::vector<AllocFact> allocs;                     // in event order
   std::vector<int32_t> alloc_at;  // per event: index into allocs for alloc events, else -1
 

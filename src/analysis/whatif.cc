@@ -376,7 +376,7 @@ uint64_t impliedCapacity(const format::Snapshot& snap, size_t d) {
 }
 
 SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& st,
-                           uint64_t capacity) {
+                           uint64_t capacity, const SimChange& change) {
   SimResult r;
   r.capacity = capacity;
   Sim sim(st, capacity);
@@ -399,7 +399,10 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
   // free_block (free_completed): `pending` holds the bytes between the two.
   std::unordered_map<uint64_t, uint64_t> pending_blocks;  // recorded address -> block bytes
   uint64_t pending = 0;
+  bool changed = false;
   auto note = [&]() {
+    if (changed)
+      r.peak_reserved_after_change = std::max(r.peak_reserved_after_change, sim.reserved);
     if (sim.reserved > r.peak_reserved) {
       r.peak_reserved = sim.reserved;
       r.allocated_at_peak_reserved = sim.allocated;
@@ -422,6 +425,12 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
   };
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
+    if (!changed && change.empty_cache_before >= 0 &&
+        static_cast<int64_t>(i) >= change.empty_cache_before) {
+      sim.releaseCached();
+      changed = true;
+      note();
+    }
     switch (e.action) {
       case Action::SegmentAlloc:
       case Action::SegmentMap:

@@ -67,6 +67,14 @@ struct SimResult {
   // the allocator the address-checking model verified.
   uint64_t address_total = 0;
   uint64_t address_predicted = 0;
+  // With SimChange::empty_cache_before: the peak reserved from that call on (its moment included).
+  uint64_t peak_reserved_after_change = 0;
+};
+
+// What a simulation does that the recording did not (a fix a finding checks before it says it).
+struct SimChange {
+  // torch.cuda.empty_cache() just before event `empty_cache_before` of the trace (-1: never).
+  int64_t empty_cache_before = -1;
 };
 
 // A block alive when the trace began: freed in the trace before any alloc of its address, or
@@ -105,7 +113,7 @@ struct WhatIfResult {
 
 // Simulates device trace `d` of `snap`. `capacity`: kWhatIfUnlimited for none.
 SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
-                           uint64_t capacity);
+                           uint64_t capacity, const SimChange& change = {});
 // The capacity the file implies for device trace `d`: reserved + device_free at its tightest OOM
 // (at least the reserved bytes the recording reached before it: the card held them; device_free
 // also moves with other processes), kWhatIfUnlimited when it has no OOM.

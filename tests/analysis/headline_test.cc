@@ -165,6 +165,38 @@ TEST(DeviceImbalance, FiresOnTheLineWhoseSizesDiffer) {
   EXPECT_NE(text(r).find("job findings (across devices):"), std::string::npos);
 }
 
+// Replicas made of small tensors (32 MiB each, no line 2x larger per tensor anywhere) whose
+// requested peaks differ 4x: uneven by their peaks, naming the line that differs most. Within
+// kImbalancePeakRatio (or kImbalancePeakMinBytes) they are balanced. Missed before issue 28.
+TEST(DeviceImbalance, ReplicasOfSmallTensorsWhosePeaksDiffer) {
+  auto job = [](int heavy, int light) {
+    ModelBuilder b;
+    for (int64_t d = 0; d < 2; ++d) {
+      const int n = d == 1 ? heavy : light;
+      const uint64_t base = kBase + static_cast<uint64_t>(d) * (uint64_t{1} << 40);
+      const uint64_t t = 32 * kMiB;
+      b.device(d).segment(base, {.size = n * t}).segmentAlloc(base, n * t, {.time_us = 1});
+      for (int i = 0; i < n; ++i) b.alloc(base + i * t, t, {.time_us = 2 + i, .frames = kLayer});
+      for (int i = 0; i < n; ++i) b.free(base + i * t, t, {.time_us = 200 + i});
+    }
+    return analyzeSnapshot(b.build());
+  };
+  auto r = job(128, 32);  // 4 GiB against 1 GiB
+  const Finding* f = findKind(r.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->device, 1);
+  EXPECT_EQ(f->severity, FindingSeverity::Warning);
+  EXPECT_EQ(f->bytes, 96 * 32 * kMiB);
+  EXPECT_NE(f->title.find("cuda:1 peaks at 4.00 GiB, cuda:0 at 1.00 GiB (4.0x)"), std::string::npos)
+      << f->title;
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].display(), "/home/u/graphqa/models.py:174 forward");
+  // 1.25x: a remainder batch, not worth a finding.
+  EXPECT_EQ(findKind(job(40, 32).job_findings, FindingKind::DeviceImbalance), nullptr);
+  // 1.5x but only 512 MiB apart: below kImbalancePeakMinBytes.
+  EXPECT_EQ(findKind(job(48, 32).job_findings, FindingKind::DeviceImbalance), nullptr);
+}
+
 // Equal replicas (the same sizes on every device) and devices that do different work (no line in
 // common) are no imbalance, even when their peaks differ widely.
 TEST(DeviceImbalance, SilentOnBalancedJobsAndOnDifferentWork) {
@@ -257,6 +289,39 @@ TEST(IncompleteHistory, OnlyTheBeginningMissingIsInfo) {
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->severity, FindingSeverity::Info);
   EXPECT_TRUE(buildHeadline(r).items.empty());  // info is not headline material
+}
+
+// The two ways a history loses its beginning: a ring buffer (the trace holds exactly
+// max_entries entries: a round number) against a recording that began late (any other count;
+// the assignment snapshots of ../shared start after warm-up steps with 5,117 to 27,358 entries).
+// Each is told its own fix: raise max_entries, or start recording before the model is built.
+TEST(IncompleteHistory, ARingBufferIsToldToGrowALateStartToStartEarlier) {
+  auto history = [](int allocs) {
+    ModelBuilder b;
+    b.segment(kBase, {.size = 64 * kMiB}).freeCompleted(kBase, 4 * kMiB, {.time_us = 1});
+    int64_t t = 2;
+    for (int i = 0; i < allocs; ++i) {
+      b.alloc(kBase + 8 * kMiB, 8 * kMiB, {.time_us = t++, .frames = kLayer});
+      b.free(kBase + 8 * kMiB, 8 * kMiB, {.time_us = t++});
+    }
+    return analyzeSnapshot(b.build());
+  };
+  // The peak (8 MiB) is inside the trace, above the 4 MiB block freed at its start: info.
+  // 1 + 3 x 333 = 1000 entries: a ring buffer's size. (free = free_requested + free_completed.)
+  auto ring = history(333);
+  ASSERT_EQ(ring.devices.at(0).summary.events, 1000u);
+  const Finding* f = findKind(ring.devices.at(0).findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->title.find("a ring buffer of 1000 entries dropped"), std::string::npos) << f->title;
+  EXPECT_NE(f->fix.find("raise max_entries"), std::string::npos) << f->fix;
+  // 1 + 3 x 334 = 1003 entries: the recording began late.
+  auto late = history(334);
+  ASSERT_EQ(late.devices.at(0).summary.events, 1003u);
+  f = findKind(late.devices.at(0).findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->title.find("the recording began late"), std::string::npos) << f->title;
+  EXPECT_EQ(f->fix.find("max_entries so"), std::string::npos) << f->fix;
+  EXPECT_NE(f->fix.find("before the model is built"), std::string::npos) << f->fix;
 }
 
 TEST(IncompleteHistory, SilentOnACompleteHistory) {

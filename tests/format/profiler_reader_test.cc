@@ -15,6 +15,8 @@
 
 #include "analysis/analyze.h"
 #include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_writer.h"
 #include "replay/replay.h"
 
 namespace memforensics::format {
@@ -279,6 +281,32 @@ TEST(ProfilerTrace, SeveralDevicesAndCpuEvents) {
   // No Total Reserved: reserved is the allocated high-water mark, and said to be absent.
   EXPECT_EQ(s3.peak_reserved.bytes, 4096u + 8192u);
   EXPECT_TRUE(hasWarning(*snap, "reserved is absent"));
+}
+
+// Rules about the cache (cache bloat) read Snapshot::reserved_recorded: false when some device's
+// reserved bytes were synthesized (no Total Reserved) or the file is a memory timeline, and it
+// stays false in the native trace `convert` writes (the reader's note travels in its warnings).
+TEST(ProfilerTrace, ReservedIsRecordedOnlyWithTotalReservedOnEveryDevice) {
+  auto nativeOf = [](const Snapshot& s) {
+    trace::VectorSink sink;
+    Status st = writeSnapshotTrace(s, sink);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    auto back = readSnapshotTraceSerial(sink.data);
+    EXPECT_TRUE(back.ok()) << back.error().describe();
+    return back.ok() ? back->reserved_recorded : true;
+  };
+  auto with = loadSnapshotBytes(
+      bytesOf(kineto({mem(1, 512, 10, 0, 512, 2097152), mem(2, 512, 20, 1, 512, 2097152)})));
+  ASSERT_TRUE(with) << with.error().describe();
+  EXPECT_TRUE(with->reserved_recorded);
+  EXPECT_TRUE(nativeOf(*with));
+  // Device 1 lacks Total Reserved: its reserved is the high-water mark, so none is trusted.
+  auto partly = loadSnapshotBytes(
+      bytesOf(kineto({mem(1, 512, 10, 0, 512, 2097152), mem(2, 512, 20, 1, 512)})));
+  ASSERT_TRUE(partly) << partly.error().describe();
+  EXPECT_FALSE(partly->reserved_recorded);
+  EXPECT_TRUE(hasWarning(*partly, std::string(kReservedAbsentNote)));
+  EXPECT_FALSE(nativeOf(*partly));
 }
 
 TEST(ProfilerTrace, FreesWithoutAllocsAreBlocksFromBeforeTheProfile) {

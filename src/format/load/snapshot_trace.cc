@@ -1024,6 +1024,11 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   // the trace too, so there is still no block layout.
   if (m.source_format == "profiler_trace" || m.source_format == "profiler_memory_timeline")
     snap.has_segment_info = false;
+  // The profiler reader's note that reserved was synthesized came along in the warnings.
+  if (m.source_format == "profiler_memory_timeline") snap.reserved_recorded = false;
+  for (const std::string& w : snap.load_warnings)
+    if (!snap.has_segment_info && w.find(format::kReservedAbsentNote) != std::string::npos)
+      snap.reserved_recorded = false;
 
   // Events, device by device (trace index = device ordinal, as device_traces is).
   // The trailer of a 1.1 file counts the device traces, empty ones included (device_traces [[]]);

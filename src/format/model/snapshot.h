@@ -293,6 +293,10 @@ class MaterializedEvents {
   mutable bool done_ = false;
 };
 
+// The words of a reader's warning that the file's reserved bytes were synthesized (see
+// Snapshot::reserved_recorded).
+inline constexpr std::string_view kReservedAbsentNote = "reserved is absent";
+
 struct Snapshot {
   SourceFormat source = SourceFormat::Pickle;
   int pickle_protocol = 0;
@@ -325,6 +329,11 @@ struct Snapshot {
   // the allocated high-water mark) and block addresses are renumbered, so there is no block
   // layout; commands that need one refuse ("not available for profiler traces").
   bool has_segment_info = true;
+  // false where the reserved bytes are not the allocator's: a torch.profiler trace with no
+  // "Total Reserved" on some device, or a memory timeline, whose synthesized segments follow the
+  // allocated high-water mark (also after a conversion to a native trace: the reader's note,
+  // kReservedAbsentNote, travels in its warnings). Rules about the cache need the real bytes.
+  bool reserved_recorded = true;
   // Per device index: the card's memory in bytes (profiler traces' deviceProperties), 0 = unknown.
   std::vector<uint64_t> device_total_memory;
   int64_t rank = -1;  // distributed rank (profiler traces' distributedInfo), -1 = unknown

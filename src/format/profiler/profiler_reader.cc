@@ -1100,6 +1100,7 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
   snap.source = SourceFormat::ProfilerTrace;
   snap.input_bytes = bytes.size();
   snap.has_segment_info = false;
+  snap.reserved_recorded = false;
   uint64_t budget =
       options.max_decoded_bytes ? options.max_decoded_bytes : gzipDecodedBudget(bytes.size());
   ByteSource src(bytes, gzip, budget, options.progress);
@@ -1251,6 +1252,7 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
     snap.origin += "; " + std::to_string(sax.steps.size()) + " ProfilerStep iterations";
   if (!mems.empty() && any_reserved && all_reserved)
     snap.origin += "; reserved from Total Reserved";
+  snap.reserved_recorded = all_reserved;
   snap.origin += ")";
   auto& w = snap.load_warnings;
   if (mems.empty()) {
