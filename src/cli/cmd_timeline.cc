@@ -72,7 +72,9 @@ int runTimelineCommand() {
               << "\n";
   result.path = g_args.file;
   if (g_args.device && result.devices.empty()) {
-    printWarning(g_args.file + " has no device " + std::to_string(*g_args.device));
+    // The argument does not match the file: bad usage, as blocks and report.
+    printError(g_args.file + " has no device " + std::to_string(*g_args.device));
+    return kExitUsage;
   }
   setActivity("writing the timeline of " + g_args.file);
   if (g_args.json) {

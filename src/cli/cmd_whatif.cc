@@ -138,7 +138,7 @@ int runWhatIfCommand() {
       std::string why = replay::applyAllocSetting(probe, k, v);
       if (!why.empty()) {
         printError("--set " + k + "=" + v + ": " + why);
-        return kExitError;
+        return kExitUsage;  // bad usage, as a malformed --set or --capacity
       }
     }
   }
@@ -157,7 +157,15 @@ int runWhatIfCommand() {
   analysis::WhatIfResult r = analysis::runWhatIf(*snap, opt, &error);
   if (!error.empty()) {
     printError(error);
-    return kExitError;
+    return kExitUsage;
+  }
+  if (r.devices.empty() && opt.device) {
+    bool has = false;
+    for (int64_t d : snap->devices()) has |= d == *opt.device;
+    if (!has) {  // the argument does not match the file: bad usage, as blocks and report
+      printError(g_args.file + " has no device " + std::to_string(*opt.device));
+      return kExitUsage;
+    }
   }
   if (r.devices.empty()) {
     printError(g_args.file + ": no device with a trace" +

@@ -82,7 +82,12 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
       std::cerr << "memforensics: passes (" << path << "): " << mf::replay::describePassStats()
                 << "\n";
     if (device && result.devices.empty()) {
-      printWarning(path + " has no device " + std::to_string(*device));
+      // The argument does not match the file: bad usage, as blocks and report (the other files
+      // are still analysed).
+      printError(path + " has no device " + std::to_string(*device));
+      if (rc == kExitOk) rc = kExitUsage;
+      first = false;
+      continue;
     }
     mf::cli::setActivity("writing the analysis of " + path);
     if (json) {

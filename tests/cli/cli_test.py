@@ -347,6 +347,10 @@ with tempfile.TemporaryDirectory() as td:
     r = run("report", sample, "--device", "7", "-o", os.path.join(td, "x.html"))
     check("report --device absent exits 1 (as blocks) and writes nothing",
           r.returncode == 1 and "no device 7" in r.stderr and not os.path.exists(os.path.join(td, "x.html")), r.stderr)
+    for cmd in (["analyze"], ["analyze", "--json"], ["timeline"]):
+        r = run(*cmd, sample, "--device", "7")
+        check("%s --device absent exits 1 (as blocks, report, whatif)" % " ".join(cmd),
+              r.returncode == 1 and "no device 7" in r.stderr and r.stdout == "", r.stderr)
     r = run("report", os.path.join(ROOT, "no-such-file.pickle"), "-o", os.path.join(td, "y.html"))
     check("report missing file exits 2", r.returncode == 2 and not os.path.exists(os.path.join(td, "y.html")), r.stderr)
     r = run("report", sample, "-o", os.path.join(td, "no-such-dir", "z.html"))

@@ -195,12 +195,14 @@ for bad in ("pinned_use_cuda_host_register=True", "pinned_num_register_threads=8
             "max_split_size_mb=10", "roundup_power2_divisions=[3:1]",
             "garbage_collection_threshold=1.5"):
     rc, out, err = run("whatif", frag, "--set", bad)
-    check(rc == 2 and "error" in err and bad.split("=")[0] in err,
-          f"--set {bad}: exit 2 with a message naming the key (got {rc}: {err.strip()})")
+    check(rc == 1 and "error" in err and bad.split("=")[0] in err,
+          f"--set {bad}: exit 1 (bad usage) with a message naming the key (got {rc}: {err.strip()})")
 rc, out, err = run("whatif", frag, "--set", "pinned_use_cuda_host_register=True")
 check("pinned" in err and "host" in err, "a pinned_* key is refused as a host memory setting")
 rc, out, err = run("whatif", frag, "--set", "novalue")
 check(rc == 1 and "KEY=VALUE" in err, f"--set without = is a usage error (got {rc})")
+rc, out, err = run("whatif", frag, "--device", "7")
+check(rc == 1 and "no device 7" in err, f"--device of a device the file lacks is a usage error (got {rc})")
 for text, want in (("20GiB", 20 * GIB), ("40GB", 40 * 10**9), ("150MiB", 150 * MIB),
                    ("1073741824", GIB)):
     doc = whatif(frag, "--capacity", text)
