@@ -325,6 +325,12 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
     slots[i] = analyzeDevice(snap, session.take(), device_opt);
   });
   res.devices = std::move(slots);
+  const std::vector<int64_t> present = snap.devices();
+  for (size_t d = 0; d < snap.traceCount(); ++d) {
+    const auto dev = static_cast<int64_t>(d);
+    if (snap.traceSize(d) != 0 || (opt.device && *opt.device != dev)) continue;
+    if (!std::binary_search(present.begin(), present.end(), dev)) res.empty_devices.push_back(dev);
+  }
   finishAnalysis(snap, res, opt);
   return res;
 }

@@ -87,6 +87,9 @@ struct AnalysisResult {
   bool live_capture = false;          // recorded by memforensics' capture (origin says by what)
   std::vector<std::string> warnings;  // from reading the file (e.g. a cut-off native trace)
   std::vector<DeviceAnalysis> devices;
+  // Device traces of the file with no event and no segment (device_traces [..., [], ...]): nothing
+  // was recorded there, and the outputs say so instead of leaving the device out without a word.
+  std::vector<int64_t> empty_devices;
   // Findings about the job as a whole (cross_device.h: e.g. device imbalance), device -1 or the
   // device they point at; high severity first.
   std::vector<Finding> job_findings;

@@ -81,7 +81,7 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
     if (mf::replay::passStatsRequested())
       std::cerr << "memforensics: passes (" << path << "): " << mf::replay::describePassStats()
                 << "\n";
-    if (device && result.devices.empty()) {
+    if (device && result.devices.empty() && result.empty_devices.empty()) {
       // The argument does not match the file: bad usage, as blocks and report (the other files
       // are still analysed).
       printError(path + " has no device " + std::to_string(*device));

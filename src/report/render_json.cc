@@ -181,6 +181,7 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     devices.push_back(std::move(j));
   }
   doc["devices"] = std::move(devices);
+  doc["empty_devices"] = r.empty_devices;
   json jobs = json::array();
   for (const auto& f : r.job_findings) {
     json jf = findingJson(f);

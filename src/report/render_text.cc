@@ -125,7 +125,10 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     for (const auto& k : r.ignored_keys) out << " " << escapeText(k);
     out << "\n";
   }
-  if (r.devices.empty()) out << "\n  no device has segments or trace events\n";
+  if (r.devices.empty() && r.empty_devices.empty())
+    out << "\n  no device has segments or trace events\n";
+  for (int64_t d : r.empty_devices)
+    out << "\ndevice " << d << ": nothing recorded (an empty trace and no segments)\n";
   if (!r.job_findings.empty()) {
     out << "\njob findings (across devices):\n";
     for (const auto& f : r.job_findings) findingText(f, out);

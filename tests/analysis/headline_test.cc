@@ -197,6 +197,31 @@ TEST(DeviceImbalance, ReplicasOfSmallTensorsWhosePeaksDiffer) {
   EXPECT_EQ(findKind(job(48, 32).job_findings, FindingKind::DeviceImbalance), nullptr);
 }
 
+// A device of the file with nothing recorded (an empty trace between two others, no segments)
+// is listed as such in the text and the JSON, not left out without a word.
+TEST(Devices, AnEmptyDeviceIsListedAsNothingRecorded) {
+  ModelBuilder b;
+  addDevice(b, 0, 64 * kMiB, kLayer);
+  addDevice(b, 2, 64 * kMiB, kLayer);
+  const format::Snapshot snap = b.build();
+  ASSERT_EQ(snap.traceCount(), 3u);
+  auto r = analyzeSnapshot(snap);
+  EXPECT_EQ(r.devices.size(), 2u);
+  EXPECT_EQ(r.empty_devices, std::vector<int64_t>{1});
+  EXPECT_NE(text(r).find("device 1: nothing recorded"), std::string::npos) << text(r);
+  std::ostringstream js;
+  report::renderJson(r, js);
+  EXPECT_NE(js.str().find("\"empty_devices\":[1]"), std::string::npos);
+  // Only the device asked for.
+  AnalyzeOptions one;
+  one.device = 1;
+  auto only = analyzeSnapshot(snap, one);
+  EXPECT_TRUE(only.devices.empty());
+  EXPECT_EQ(only.empty_devices, std::vector<int64_t>{1});
+  one.device = 0;
+  EXPECT_TRUE(analyzeSnapshot(snap, one).empty_devices.empty());
+}
+
 // Equal replicas (the same sizes on every device) and devices that do different work (no line in
 // common) are no imbalance, even when their peaks differ widely.
 TEST(DeviceImbalance, SilentOnBalancedJobsAndOnDifferentWork) {
