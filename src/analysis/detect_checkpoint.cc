@@ -14,11 +14,11 @@ using format::FrameId;
 using format::StackId;
 
 // Fires when activations held for backward are at least this share of the requested peak, and
-// the estimated saving is at least kCheckpointMinSaving: a clean training step of a small model
-// holds about a third of its peak in activations (the scenario corpus: 32%), where checkpointing
-// buys little for the recomputation it costs.
+// the estimated saving reaches the severity policy's warning floor (warningFloor: 5% of the peak
+// and 256 MiB): a clean training step of a small model holds about a third of its peak in
+// activations (the scenario corpus: 32%), where checkpointing buys little for the recomputation
+// it costs.
 inline constexpr double kCheckpointMinShare = 0.5;
-inline constexpr uint64_t kCheckpointMinSaving = 256 * kMiB;
 // Depth of forward frames searched for a repeated call site (a stack deeper than this in module
 // calls is grouped at this depth).
 inline constexpr size_t kCheckpointMaxDepth = 32;
@@ -122,7 +122,7 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
     recompute = std::max(recompute, s.perCall());
   }
   const uint64_t saving = keep_all > recompute ? keep_all - recompute : 0;
-  if (saving < kCheckpointMinSaving) return;
+  if (saving < warningFloor(pk.bytes)) return;
   std::sort(sites.begin(), sites.end(), [](const Site& a, const Site& b) {
     if (a.saving() != b.saving()) return a.saving() > b.saving();
     return a.frame < b.frame;
