@@ -26,6 +26,9 @@ struct Baseline {
   replay::AllocConf conf;
   uint64_t capacity = kWhatIfUnlimited;
 };
+// The most segment visits a finding's check may cost (see baselineOf).
+constexpr uint64_t kCheckReplayWork = uint64_t{1} << 26;
+
 std::optional<Baseline> baselineOf(const Ctx& c, const FindingsOptions& opt, std::string* why) {
   if (!c.s.has_segment_info) {
     *why = "a profiler trace has no allocator segments to replay";
@@ -37,6 +40,23 @@ std::optional<Baseline> baselineOf(const Ctx& c, const FindingsOptions& opt, std
   }
   if (c.device < 0 || static_cast<size_t>(c.device) >= c.s.traceCount() || c.ev.empty()) {
     *why = "no request stream for this device";
+    return std::nullopt;
+  }
+  // The replay releases cached segments at each run of recorded segment frees, visiting every
+  // segment: a hostile trace of many segments and many such runs would make it quadratic. Past
+  // kCheckReplayWork segment visits the check is not run (the finding says untested).
+  uint64_t segments = 0, runs = 0;
+  for (size_t i = 0; i < c.ev.size(); ++i) {
+    const Action a = c.ev[i].action;
+    if (a == Action::SegmentAlloc || a == Action::SegmentMap) ++segments;
+    const bool release = a == Action::SegmentFree || a == Action::SegmentUnmap;
+    const bool prev = i > 0 && (c.ev[i - 1].action == Action::SegmentFree ||
+                                c.ev[i - 1].action == Action::SegmentUnmap);
+    runs += release && !prev;
+  }
+  if (mulSat(segments, runs) > kCheckReplayWork) {
+    *why = "the replay would visit more than " + std::to_string(kCheckReplayWork) + " segments (" +
+           std::to_string(runs) + " release runs over " + std::to_string(segments) + " segments)";
     return std::nullopt;
   }
   const auto d = static_cast<size_t>(c.device);
@@ -73,13 +93,15 @@ double tailShare(const Ctx& c, int64_t from, int64_t from_time) {
 // alive before the trace do not move within a complete history).
 int64_t lowestBetween(const Ctx& c, int64_t lo, int64_t hi) {
   if (hi <= lo) return lo;
-  std::vector<int64_t> delta(static_cast<size_t>(hi - lo + 1), 0);
+  // In double: hostile sizes near 2^64 must not overflow a sum (a level only needs comparing).
+  std::vector<double> delta(static_cast<size_t>(hi - lo + 1), 0.0);
   for (const AllocFact& a : c.allocs) {
-    const auto r = static_cast<int64_t>(std::min<uint64_t>(a.requested, uint64_t{1} << 62));
+    const auto r = static_cast<double>(a.requested);
     if (a.event >= lo && a.event <= hi) delta[static_cast<size_t>(a.event - lo)] += r;
     if (a.freed >= lo && a.freed <= hi) delta[static_cast<size_t>(a.freed - lo)] -= r;
   }
-  int64_t run = 0, best = 0, at = lo;
+  double run = 0, best = 0;
+  int64_t at = lo;
   for (size_t k = 0; k < delta.size(); ++k) {
     run += delta[k];
     if (run < best) {
@@ -168,13 +190,23 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptions& 
     ++call;
   uint64_t bytes = hold_from - need_from;
   std::string checked, untested;
-  if (std::optional<Baseline> base = baselineOf(c, opt, &untested)) {
+  std::optional<Baseline> base = baselineOf(c, opt, &untested);
+  // A replay that fails requests the recording served has left the recording behind: its figures
+  // check nothing (a hostile size, a request above kWhatIfMaxRequest).
+  if (base && base->facts.baseline.oom_count > base->facts.recorded_ooms) {
+    untested = "a replay under the file's own settings fails requests the recording served";
+    base.reset();
+  }
+  if (base) {
     SimChange change;
     change.empty_cache_before = call;
     const SimResult r =
         simulateRequests(c.s, static_cast<size_t>(c.device), base->conf, base->capacity, change);
-    const uint64_t kept =
-        hold_from > r.peak_reserved_after_change ? hold_from - r.peak_reserved_after_change : 0;
+    // Never more than the profile allows: what stays in use after the call stays reserved.
+    const uint64_t kept = std::min(
+        hold_from - need_from,
+        hold_from > r.peak_reserved_after_change ? hold_from - r.peak_reserved_after_change : 0);
+    if (r.oom_count > base->facts.baseline.oom_count) return;  // the call would cost an OOM
     if (kept < floor) return;  // the replay re-reserves what the call would give back
     bytes = kept;
     checked = "checked by replay: with torch.cuda.empty_cache() before event " +

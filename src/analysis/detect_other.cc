@@ -81,23 +81,22 @@ double heldShare(const Ctx& c, int64_t peak_event, uint64_t peak_bytes, uint64_t
   const int64_t lo = std::max<int64_t>(0, peak_event - half);
   const int64_t hi = std::min<int64_t>(n - 1, peak_event + half);
   if (hi <= lo) return 0.0;
-  // The change of the requested bytes at each event of [lo, hi].
-  std::vector<int64_t> delta(static_cast<size_t>(hi - lo + 1), 0);
+  // The change of the requested bytes at each event of [lo, hi], in double: hostile sizes near
+  // 2^64 must not overflow a sum (levels only need comparing).
+  std::vector<double> delta(static_cast<size_t>(hi - lo + 1), 0.0);
   for (const AllocFact& a : c.allocs) {
-    const auto r = static_cast<int64_t>(std::min<uint64_t>(a.requested, uint64_t{1} << 62));
+    const auto r = static_cast<double>(a.requested);
     if (a.event >= lo && a.event <= hi) delta[static_cast<size_t>(a.event - lo)] += r;
     if (a.freed >= lo && a.freed <= hi) delta[static_cast<size_t>(a.freed - lo)] -= r;
   }
   // Levels relative to the one after the peak.
-  std::vector<int64_t> rel(delta.size(), 0);
-  int64_t run = 0;
-  for (size_t k = 0; k < delta.size(); ++k) rel[k] = run += delta[k];
-  const int64_t at_peak = rel[static_cast<size_t>(peak_event - lo)];
-  const int64_t need =
-      static_cast<int64_t>(std::min<uint64_t>(peak_bytes - level, uint64_t{1} << 62));
+  double run = 0;
+  for (double& d : delta) d = run += d;
+  const double at_peak = delta[static_cast<size_t>(peak_event - lo)];
+  const double need = static_cast<double>(peak_bytes - level);
   size_t held = 0;
-  for (int64_t v : rel) held += v - at_peak >= -need;
-  return static_cast<double>(held) / static_cast<double>(rel.size());
+  for (double v : delta) held += v - at_peak >= -need;
+  return static_cast<double>(held) / static_cast<double>(delta.size());
 }
 
 }  // namespace

@@ -367,6 +367,7 @@ TEST(ProfilerTrace, MemoryTimelineJsonFormFollowsTheCategoryLevels) {
   auto snap = loadSnapshotBytes(bytesOf(t));
   ASSERT_TRUE(snap) << snap.error().describe();
   EXPECT_EQ(snap->source, SourceFormat::MemoryTimeline);
+  EXPECT_FALSE(snap->reserved_recorded);  // synthesized from the allocated high-water mark
   auto s = summary(*snap, 0);
   EXPECT_EQ(s.peak_requested.bytes, 1000u);
   EXPECT_EQ(s.final_replayed.requested, 400u);

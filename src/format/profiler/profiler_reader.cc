@@ -1100,7 +1100,6 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
   snap.source = SourceFormat::ProfilerTrace;
   snap.input_bytes = bytes.size();
   snap.has_segment_info = false;
-  snap.reserved_recorded = false;
   uint64_t budget =
       options.max_decoded_bytes ? options.max_decoded_bytes : gzipDecodedBudget(bytes.size());
   ByteSource src(bytes, gzip, budget, options.progress);
@@ -1373,6 +1372,7 @@ Expected<Snapshot> readTimeline(std::span<const uint8_t> bytes, const ProfilerRe
   snap.source = SourceFormat::MemoryTimeline;
   snap.input_bytes = bytes.size();
   snap.has_segment_info = false;
+  snap.reserved_recorded = false;  // synthesized from the allocated high-water mark
   uint64_t budget =
       options.max_decoded_bytes ? options.max_decoded_bytes : gzipDecodedBudget(bytes.size());
   ByteSource src(bytes, gzip, budget, options.progress);
