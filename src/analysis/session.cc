@@ -177,9 +177,7 @@ DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
     b.last_event = static_cast<int64_t>(i);
     if (b.first_time_us < 0) b.first_time_us = f.events[i].time_us;
     b.max_active = std::max(b.max_active, c.active());
-    b.max_requested = std::max(b.max_requested, c.requested);
     b.min_reserved = std::min(b.min_reserved, c.reserved);
-    b.max_reserved = std::max(b.max_reserved, c.reserved);
     while (next_end < ends.size() && ends[next_end].first == static_cast<int64_t>(i)) {
       f.requested_at_iteration_end[ends[next_end].second] = c.requested;
       ++next_end;

@@ -122,9 +122,7 @@ struct ProfileBucket {
   int64_t last_event = 0;
   int64_t first_time_us = -1;  // of the first event with a time in the stretch, -1 when none
   uint64_t max_active = 0;
-  uint64_t max_requested = 0;
   uint64_t min_reserved = ~uint64_t{0};
-  uint64_t max_reserved = 0;
 };
 inline constexpr size_t kProfileBuckets = 1024;
 
