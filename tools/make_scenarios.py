@@ -55,7 +55,7 @@ KINDS = ["leak", "activation_retention", "optimizer_state_bloat", "oom_fragmenta
 # peak: see the README's table of activation shares); allocator_setting (issue 28) fires only where
 # a replay shows expandable segments lower the peak reserved, which no scenario here is built for
 NEW_KINDS = ["activation_checkpointing", "device_imbalance", "incomplete_history",
-             "allocator_setting"]
+             "allocator_setting", "inference_with_grad"]
 ALL_KINDS = KINDS + NEW_KINDS
 
 # model: vocab V, width D, tokens per batch T (8 x 128), MLP hidden 4D, 2 blocks
@@ -316,8 +316,10 @@ class Loop:
     """One scenario's training loop; the flags inject the problems."""
 
     def __init__(self, g, leak=False, kept_graph=False, dup_opt=False, bloat=False,
-                 spike=False, prefetch=False, keep_output=False, hook=False, model=SMALL_GPT):
+                 spike=False, prefetch=False, keep_output=False, hook=False, model=SMALL_GPT,
+                 forward_only=False):
         self.g = g
+        self.forward_only = forward_only  # no backward, no optimizer: autograd on, graph dropped
         self.m = model
         self.keep_output = keep_output   # history.append(logits): the output survives the step
         self.hook = hook                 # forward hooks clone every Linear output, kept a step
@@ -525,23 +527,26 @@ class Loop:
             g.alloc(pfx + "y", self.m.IDS, "batch_y", "data")
         g.comment("forward")
         saved = self.fwd(k, pfx)
-        g.comment("backward")
-        g.adv(250, 400)
-        self.bwd(k, pfx)
-        g.comment("optimizer.step()")
-        self.adam(1, not self.opt_state)
-        self.opt_state = True
-        if self.dup_opt:
-            g.comment("aux_optimizer.step(): a second Adam over the same parameters (train.py:57)")
-            self.adam(2, not self.opt2_state)
-            self.opt2_state = True
-        g.comment("optimizer.zero_grad(set_to_none=True) frees the gradients")
-        g.adv(30, 60)
-        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "START")
-        for name, _, _ in self.m.PARAMS:
-            g.adv(3, 6)
-            g.free(name + ".grad")
-        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "END")
+        if self.forward_only:
+            g.comment("no backward and no optimizer: the graph goes with the loss at the step's end")
+        else:
+            g.comment("backward")
+            g.adv(250, 400)
+            self.bwd(k, pfx)
+            g.comment("optimizer.step()")
+            self.adam(1, not self.opt_state)
+            self.opt_state = True
+            if self.dup_opt:
+                g.comment("aux_optimizer.step(): a second Adam over the same parameters (train.py:57)")
+                self.adam(2, not self.opt2_state)
+                self.opt2_state = True
+            g.comment("optimizer.zero_grad(set_to_none=True) frees the gradients")
+            g.adv(30, 60)
+            g.annotate("Optimizer.zero_grad#Adam.zero_grad", "START")
+            for name, _, _ in self.m.PARAMS:
+                g.adv(3, 6)
+                g.free(name + ".grad")
+            g.annotate("Optimizer.zero_grad#Adam.zero_grad", "END")
         if self.leak:
             g.adv(30, 60)
             g.alloc("hist%d" % k, self.m.LOGITS, "leak_hist", "leak",
@@ -578,6 +583,11 @@ class Loop:
                 g.free("x")
                 g.adv(3, 8)
                 g.free("y")
+        if self.forward_only:
+            for n, name in enumerate(reversed([x for x in saved if x != "loss"])):
+                g.adv(3, 8)
+                g.free(name, note="the graph dropped with the loss frees what it saved for backward"
+                       if k == 0 and n == 0 else None)
         if self.prefetch:
             for n in ("x", "y", "teacher"):
                 g.adv(3, 8)
@@ -814,6 +824,33 @@ def sc_checkpoint(name):
     return g, desc, [finding("activation_checkpointing", "warning", "model.py:92", estimate,
                              at_least=estimate // 2, at_most=act)], \
         [k for k in ALL_KINDS if k not in ("activation_checkpointing", "cache_bloat")]
+
+
+def sc_forward_only(name):
+    g = Gen(name, "2.11", True, seed=23)
+    begin(g)
+    m = DEEP_GPT
+    run_loop(g, Loop(g, model=m, forward_only=True), 3)
+    act = g.peak["tags"].get("act", 0)
+    share = act / g.peak["requested"]
+    assert share >= 0.75 and act >= 8 * GIB, (share, act)
+    # Under no_grad a block holds at most its attention scores and probs (2 x 1 GiB) with a few
+    # smaller tensors at once: the peak drops by the activations less about that.
+    at_least = act - 3 * m.SCORES
+    g.marks.update(activations_at_peak=act)
+    desc = ("The deep model of checkpointing_opportunity (12 blocks, [8, 32, 1024, 1024] attention "
+            "probs of 1073741824 bytes) run forward only with autograd on, 3 steps: "
+            "`logits = model(x)` (train.py:53) and the loss, no backward, no optimizer (an "
+            "evaluation or benchmark loop without torch.no_grad()). Autograd keeps every block's "
+            "activations for a backward that never runs, %d bytes at the requested peak (%.1f %%), "
+            "and frees them when the loss goes at the step's end. torch.inference_mode() at "
+            "train.py:53 frees each intermediate once the next operator has used it: "
+            "inference_with_grad must say so (bytes: at least the activations less 3 x 1 GiB of "
+            "scores, at most the activations); activation checkpointing (the issue 28 false "
+            "alarm: recompute for a backward that never runs) must not." % (act, 100 * share))
+    return g, desc, [finding("inference_with_grad", "warning", "train.py:53", act,
+                             at_least=at_least, at_most=act)], \
+        [k for k in ALL_KINDS if k != "inference_with_grad"]
 
 
 def sc_ring1(name):
@@ -1703,6 +1740,7 @@ SCENARIOS = [
     ("leak_history_append", sc_leak_history),
     ("activation_retention_hook", sc_hook),
     ("checkpointing_opportunity", sc_checkpoint),
+    ("forward_only_grad", sc_forward_only),
     ("ring_of_1", sc_ring1),
     ("plateau_swap", sc_plateau),
     ("growing_batches", sc_growing),

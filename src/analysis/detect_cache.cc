@@ -77,15 +77,19 @@ std::string exactLabel(const std::string& reason) {
 }
 
 // The share of the run from event `from` to its end, by time when the events have times (the
-// stretch the memory is held), else by events.
+// stretch the memory is held), else by events; in [0, 1] (a hostile file's times may run
+// backwards, and the share is printed as a percentage through an int).
 double tailShare(const Ctx& c, int64_t from, int64_t from_time) {
   const replay::DeviceSummary& s = c.summary;
+  double share = 0.0;
   if (from_time >= 0 && s.first_time_us >= 0 && s.last_time_us > s.first_time_us) {
-    return static_cast<double>(s.last_time_us - from_time) /
-           static_cast<double>(s.last_time_us - s.first_time_us);
+    share = static_cast<double>(s.last_time_us - from_time) /
+            static_cast<double>(s.last_time_us - s.first_time_us);
+  } else if (!c.ev.empty()) {
+    const auto n = static_cast<double>(c.ev.size());
+    share = (n - static_cast<double>(from)) / n;
   }
-  const auto n = static_cast<double>(c.ev.size());
-  return n > 0 ? (n - static_cast<double>(from)) / n : 0.0;
+  return std::clamp(share, 0.0, 1.0);
 }
 
 // The event after which the requested bytes were lowest in [lo, hi] (the first such event): where
@@ -93,19 +97,12 @@ double tailShare(const Ctx& c, int64_t from, int64_t from_time) {
 // alive before the trace do not move within a complete history).
 int64_t lowestBetween(const Ctx& c, int64_t lo, int64_t hi) {
   if (hi <= lo) return lo;
-  // In double: hostile sizes near 2^64 must not overflow a sum (a level only needs comparing).
-  std::vector<double> delta(static_cast<size_t>(hi - lo + 1), 0.0);
-  for (const AllocFact& a : c.allocs) {
-    const auto r = static_cast<double>(a.requested);
-    if (a.event >= lo && a.event <= hi) delta[static_cast<size_t>(a.event - lo)] += r;
-    if (a.freed >= lo && a.freed <= hi) delta[static_cast<size_t>(a.freed - lo)] -= r;
-  }
-  double run = 0, best = 0;
+  const std::vector<double> level = requestedLevels(c, lo, hi);
+  double best = 0;
   int64_t at = lo;
-  for (size_t k = 0; k < delta.size(); ++k) {
-    run += delta[k];
-    if (run < best) {
-      best = run;
+  for (size_t k = 0; k < level.size(); ++k) {
+    if (level[k] < best) {
+      best = level[k];
       at = lo + static_cast<int64_t>(k);
     }
   }

@@ -1,11 +1,14 @@
-// detect_checkpoint.cc: the activation-checkpointing opportunity (docs/findings.md): activations
-// held for backward dominate the requested peak; an estimate of how much checkpointing the
-// repeated modules (grouped by the forward frames that call them) would lower it.
+// detect_checkpoint.cc: what a run's activations could give back (docs/findings.md). Activations
+// held for a backward dominate the requested peak: an estimate of how much checkpointing the
+// repeated modules (grouped by the forward frames that call them) would lower it. Activations
+// freed with no backward pass between their allocation and their free (a forward run with
+// autograd on): an estimate of how much torch.no_grad() / inference_mode() would lower it.
 #include <algorithm>
 #include <map>
 #include <unordered_map>
 
 #include "analysis/findings_ctx.h"
+#include "analysis/stack_groups.h"
 #include "common/format_bytes.h"
 
 namespace memforensics::analysis::detail {
@@ -72,6 +75,48 @@ void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<
   }
 }
 
+// Which activations a backward pass released. A backward allocates (gradients, their
+// temporaries) through the autograd engine, so an activation freed with no such allocation between
+// its own and its free was released without one: autograd kept it for a backward that never ran
+// (the graph went when its output did). Activations an OOM's unwind freed, on this device or
+// (by time) on another device of the job, say nothing of the kind and are left out.
+class Releases {
+ public:
+  explicit Releases(Ctx& c) : c_(c), backward_(c.ev.size() + 1, 0) {
+    // backward_[i]: autograd allocations among the events before i.
+    for (size_t i = 0; i < c.ev.size(); ++i) {
+      const int32_t k = c.alloc_at[i];
+      const bool bwd =
+          k >= 0 && (c.flagsOf(c.allocs[static_cast<size_t>(k)].stack) & kAutograd) != 0;
+      backward_[i + 1] = backward_[i] + (bwd ? 1 : 0);
+    }
+    for (const replay::OomEvent& o : c.summary.ooms) ooms_.push_back(o.event);
+    std::sort(ooms_.begin(), ooms_.end());
+    other_oom_times_ = otherDeviceOomTimes(c.s, c.device);
+  }
+  // Freed in the trace with no backward allocation between its allocation and its free, and not by
+  // an OOM's unwind.
+  bool withoutBackward(const AllocFact& a) const {
+    if (a.freed < 0 || a.category != Category::Activation) return false;
+    const auto made = static_cast<size_t>(a.event), freed = static_cast<size_t>(a.freed);
+    if (backward_[freed] != backward_[made + 1]) return false;
+    auto o = std::upper_bound(ooms_.begin(), ooms_.end(), a.event);
+    if (o != ooms_.end() && *o <= a.freed) return false;
+    const int64_t t0 = c_.ev[made].time_us, t1 = c_.ev[freed].time_us;
+    if (!other_oom_times_.empty() && t0 >= 0 && t1 >= 0) {
+      auto t = std::upper_bound(other_oom_times_.begin(), other_oom_times_.end(), t0);
+      if (t != other_oom_times_.end() && *t <= t1) return false;
+    }
+    return true;
+  }
+
+ private:
+  const Ctx& c_;
+  std::vector<uint32_t> backward_;
+  std::vector<int64_t> ooms_;
+  std::vector<int64_t> other_oom_times_;
+};
+
 }  // namespace
 
 void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
@@ -81,6 +126,7 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
   // retained past it, not kept for good: those are the retention and leak rules).
   const bool steps = !c.iters.empty() && iterationsAreTrainingSteps(c);
   const StepEnds ends(c);
+  const Releases releases(c);
   std::vector<Held> held;
   uint64_t held_bytes = 0;
   std::unordered_map<StackId, std::vector<FrameId>> chains;
@@ -88,6 +134,8 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
     if (a.event > pk.event) break;
     if (a.freed >= 0 && a.freed <= pk.event) continue;
     if (a.category != Category::Activation) continue;
+    // Released without a backward: no_grad's finding, not checkpointing's (nothing to recompute).
+    if (releases.withoutBackward(a)) continue;
     if (steps && a.iteration >= 0) {
       const int64_t end = ends.of(a);
       if (a.freed < 0 || (end >= 0 && a.freed > end)) continue;
@@ -164,6 +212,89 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
                           -1,
                           s.saving(),
                           {frameText(c.s, s.frame)}});
+  }
+  out.push_back(std::move(f));
+}
+
+void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
+  const replay::Peak& pk = c.summary.peak_requested;
+  if (pk.event < 0 || pk.bytes == 0 || c.ev.empty()) return;
+  const Releases releases(c);
+  const auto n = c.ev.size();
+  // The activations released without a backward and held at the peak.
+  uint64_t held = 0;
+  StackGrouper stacks(c.s, {6});
+  std::vector<bool> unneeded(c.allocs.size(), false);
+  for (size_t k = 0; k < c.allocs.size(); ++k) {
+    const AllocFact& a = c.allocs[k];
+    if (!releases.withoutBackward(a)) continue;
+    unneeded[k] = true;
+    if (a.event <= pk.event && a.freed > pk.event) {
+      held += a.requested;
+      stacks.add(a.stack, a.requested, 0, 1, a.event);
+    }
+  }
+  if (held < warningFloor(pk.bytes)) return;
+  // The estimate. Under no_grad a forward frees each intermediate once the next operator has used
+  // it: modelled as alive until the next allocation (that operator's output) is made. The requested
+  // bytes of the trace's allocations with and without that change, event by event, in double
+  // (hostile sizes near 2^64 must not overflow a sum); the saving is the drop of their maximum.
+  // Blocks alive before the trace are the same in both and leave the difference alone.
+  std::vector<int64_t> next_alloc(n, -1);
+  for (size_t i = n; i-- > 0;) {
+    if (i + 1 < n)
+      next_alloc[i] = c.alloc_at[i + 1] >= 0 ? static_cast<int64_t>(i + 1) : next_alloc[i + 1];
+  }
+  std::vector<double> now(n + 1, 0.0), nograd(n + 1, 0.0);
+  for (size_t k = 0; k < c.allocs.size(); ++k) {
+    const AllocFact& a = c.allocs[k];
+    const auto r = static_cast<double>(a.requested);
+    const auto made = static_cast<size_t>(a.event);
+    const size_t freed = a.freed < 0 ? n : static_cast<size_t>(a.freed);
+    now[made] += r;
+    now[freed] -= r;
+    size_t end = freed;
+    if (unneeded[k] && next_alloc[made] >= 0)
+      end = std::min(freed, static_cast<size_t>(next_alloc[made]) + 1);
+    nograd[made] += r;
+    nograd[end] -= r;
+  }
+  double level = 0, level_ng = 0, max_now = 0, max_ng = 0;
+  for (size_t i = 0; i < n; ++i) {
+    level += now[i];
+    level_ng += nograd[i];
+    max_now = std::max(max_now, level);
+    max_ng = std::max(max_ng, level_ng);
+  }
+  const double drop = std::max(0.0, max_now - max_ng);
+  const uint64_t saving = drop >= static_cast<double>(held) ? held : static_cast<uint64_t>(drop);
+  if (saving < warningFloor(pk.bytes)) return;
+  const std::vector<LiveGroup> v = stacks.take();
+  Finding f;
+  f.kind = FindingKind::InferenceWithGrad;
+  f.device = c.device;
+  f.severity = FindingSeverity::Warning;
+  f.bytes = saving;
+  f.where = keptForwardWhere(c, v.front().representative);
+  const std::string at = f.where.empty() ? "" : " at " + f.where.front().display();
+  f.title = "Forward pass with autograd on and no backward: " + formatBytes(held) + " (" +
+            pct(held, pk.bytes) + " of the " + formatBytes(pk.bytes) +
+            " peak) are activations kept for a backward that never runs; under "
+            "torch.inference_mode()" +
+            at + " the peak would drop by about " + formatBytes(saving) + " (estimate)";
+  f.fix =
+      "run the forward-only code under `with torch.inference_mode():` (or torch.no_grad()): "
+      "autograd then keeps nothing for backward and each layer's intermediates are freed as soon "
+      "as the next layer has used them; if this run was meant to train, its backward never ran";
+  f.basis = std::string(c.basis.empty() ? "" : c.basis + "; ") +
+            "activations freed with no backward allocation between their allocation and their "
+            "free; estimate: under no_grad each lives until the next allocation is made";
+  f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
+  f.evidence.push_back(
+      {"activations held at the peak for no backward (inferred)", pk.event, pk.time_us, held, {}});
+  for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
+    f.evidence.push_back(
+        {"kept for no backward, allocated from", -1, -1, v[k].requested_bytes, v[k].frames});
   }
   out.push_back(std::move(f));
 }

@@ -89,38 +89,6 @@ Survivors survivors(Ctx& c) {
   return s;
 }
 
-// The user frame that called the model for a forward-made stack: the innermost User frame outside
-// every `forward` function, outer to one (`logits = model(x)` at train.py:53), or nullopt.
-std::optional<size_t> forwardCallSite(const format::Snapshot& s, StackId id) {
-  if (id == format::kNoStack || id == format::kEmptyStack) return std::nullopt;
-  auto frames = s.stacks.stack(id);
-  bool in_forward = false;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    const format::Frame& f = s.stacks.frame(frames[i]);
-    const bool fwd = s.strings.get(f.name) == "forward" && isPythonFile(s.strings.get(f.filename));
-    if (fwd) {
-      in_forward = true;
-    } else if (in_forward && classifyFrame(s, f) == FrameKind::User) {
-      return i;
-    }
-  }
-  return std::nullopt;
-}
-
-// The line to change for bytes made by a forward and kept: the model's call site and its callers
-// (train.py:53 <- train.py:86); otherwise the innermost user frames.
-std::vector<FrameText> keptForwardWhere(Ctx& c, StackId id) {
-  std::optional<size_t> site = forwardCallSite(c.s, id);
-  if (!site) return c.frames(id);
-  std::vector<FrameText> out;
-  auto frames = c.s.stacks.stack(id);
-  for (size_t i = *site; i < frames.size() && out.size() < 3; ++i) {
-    const format::Frame& f = c.s.stacks.frame(frames[i]);
-    if (classifyFrame(c.s, f) == FrameKind::User) out.push_back(frameText(c.s, frames[i]));
-  }
-  return out;
-}
-
 void detectLeak(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   if (c.iters.size() < 3) return;
   const std::vector<uint64_t>& live = c.facts.requested_at_iteration_end;
@@ -291,7 +259,39 @@ void detectRetention(Ctx& c, std::vector<Finding>& out, const FindingsOptions& o
   out.push_back(std::move(f));
 }
 
+// The user frame that called the model for a forward-made stack: the innermost User frame outside
+// every `forward` function, outer to one (`logits = model(x)` at train.py:53), or nullopt.
+std::optional<size_t> forwardCallSite(const format::Snapshot& s, StackId id) {
+  if (id == format::kNoStack || id == format::kEmptyStack) return std::nullopt;
+  auto frames = s.stacks.stack(id);
+  bool in_forward = false;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const format::Frame& f = s.stacks.frame(frames[i]);
+    const bool fwd = s.strings.get(f.name) == "forward" && isPythonFile(s.strings.get(f.filename));
+    if (fwd) {
+      in_forward = true;
+    } else if (in_forward && classifyFrame(s, f) == FrameKind::User) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+// The line to change for bytes made by a forward and kept: the model's call site and its callers
+// (train.py:53 <- train.py:86); otherwise the innermost user frames.
+std::vector<FrameText> keptForwardWhere(Ctx& c, StackId id) {
+  std::optional<size_t> site = forwardCallSite(c.s, id);
+  if (!site) return c.frames(id);
+  std::vector<FrameText> out;
+  auto frames = c.s.stacks.stack(id);
+  for (size_t i = *site; i < frames.size() && out.size() < 3; ++i) {
+    const format::Frame& f = c.s.stacks.frame(frames[i]);
+    if (classifyFrame(c.s, f) == FrameKind::User) out.push_back(frameText(c.s, frames[i]));
+  }
+  return out;
+}
 
 void detectGrowth(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   if (c.iters.empty() || !iterationsAreTrainingSteps(c)) return;

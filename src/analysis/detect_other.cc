@@ -81,17 +81,8 @@ double heldShare(const Ctx& c, int64_t peak_event, uint64_t peak_bytes, uint64_t
   const int64_t lo = std::max<int64_t>(0, peak_event - half);
   const int64_t hi = std::min<int64_t>(n - 1, peak_event + half);
   if (hi <= lo) return 0.0;
-  // The change of the requested bytes at each event of [lo, hi], in double: hostile sizes near
-  // 2^64 must not overflow a sum (levels only need comparing).
-  std::vector<double> delta(static_cast<size_t>(hi - lo + 1), 0.0);
-  for (const AllocFact& a : c.allocs) {
-    const auto r = static_cast<double>(a.requested);
-    if (a.event >= lo && a.event <= hi) delta[static_cast<size_t>(a.event - lo)] += r;
-    if (a.freed >= lo && a.freed <= hi) delta[static_cast<size_t>(a.freed - lo)] -= r;
-  }
   // Levels relative to the one after the peak.
-  double run = 0;
-  for (double& d : delta) d = run += d;
+  const std::vector<double> delta = requestedLevels(c, lo, hi);
   const double at_peak = delta[static_cast<size_t>(peak_event - lo)];
   const double need = static_cast<double>(peak_bytes - level);
   size_t held = 0;

@@ -40,6 +40,8 @@ std::string_view findingKindId(FindingKind k) {
       return "cache_bloat";
     case FindingKind::AllocatorSetting:
       return "allocator_setting";
+    case FindingKind::InferenceWithGrad:
+      return "inference_with_grad";
     case FindingKind::TemporarySpike:
       return "temporary_spike";
     case FindingKind::PendingFreeRetention:
@@ -76,6 +78,21 @@ std::vector<int64_t> detail::otherDeviceOomTimes(const format::Snapshot& s, int6
   return out;
 }
 
+std::vector<double> detail::requestedLevels(const Ctx& c, int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, static_cast<int64_t>(c.ev.size()) - 1);
+  if (hi < lo) return {};
+  std::vector<double> level(static_cast<size_t>(hi - lo + 1), 0.0);
+  for (const AllocFact& a : c.allocs) {
+    const auto r = static_cast<double>(a.requested);
+    if (a.event >= lo && a.event <= hi) level[static_cast<size_t>(a.event - lo)] += r;
+    if (a.freed >= lo && a.freed <= hi) level[static_cast<size_t>(a.freed - lo)] -= r;
+  }
+  double run = 0;
+  for (double& v : level) v = run += v;
+  return level;
+}
+
 namespace {
 
 using namespace detail;
@@ -91,6 +108,7 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   detectTemporarySpike(c, out, options);
   detectPendingFree(c, out, options);
   detectCheckpointing(c, out, options);
+  detectInferenceWithGrad(c, out, options);
   detectIncompleteHistory(c, out);
   // A replay that cannot lead to the file's final state spoils the start state, the peaks and
   // the layout every detector reads: no finding presents its figures as exact then.

@@ -34,6 +34,7 @@ enum class FindingKind : uint8_t {
   DeviceImbalance,          // cross-device: peaks or per-line sizes differ across devices of a job
   IncompleteHistory,        // the history cannot explain the file's state (ring of 1, no trace)
   AllocatorSetting,         // a replay shows another allocator setting lowers the peak reserved
+  InferenceWithGrad,        // activations kept for a backward that never runs (an estimate)
 };
 std::string_view findingKindId(FindingKind k);  // snake_case, as in the JSON
 

@@ -106,6 +106,12 @@ std::string pct(uint64_t part, uint64_t whole);
 // From Snapshot::ooms(), so a file of many devices is scanned once, not once per device.
 std::vector<int64_t> otherDeviceOomTimes(const format::Snapshot& s, int64_t device);  // "42%"
 
+// The requested bytes after each event of [lo, hi] (clamped to the trace), relative to the level
+// before `lo`, from the allocation table (blocks alive before the trace shift it by what they free
+// there, which a complete history does not have); in double: hostile sizes near 2^64 must not
+// overflow a sum, and levels only need comparing (findings.cc).
+std::vector<double> requestedLevels(const Ctx& c, int64_t lo, int64_t hi);
+
 // Training steps (detect_growth.cc). Detected (not annotated) iterations count as steps only when
 // most of them run a backward pass or an optimizer.
 bool iterationsAreTrainingSteps(Ctx& c);
@@ -122,6 +128,11 @@ class StepEnds {
   std::vector<std::pair<int64_t, int64_t>> optimizer_;  // (first, last) event, by first
 };
 
+// The line to change for bytes made by a forward: the model's call site (the innermost user
+// frame outside the `forward` functions, `logits = model(x)`) and its callers, else the innermost
+// user frames (detect_growth.cc).
+std::vector<FrameText> keptForwardWhere(Ctx& c, format::StackId id);
+
 // The detectors (one file each; docs/findings.md gives their rules).
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);  // detect_oom.cc
 void detectGrowth(Ctx& c, std::vector<Finding>& out,
@@ -137,7 +148,9 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out,
 void detectPendingFree(Ctx& c, std::vector<Finding>& out,
                        const FindingsOptions& opt);  // detect_other.cc
 void detectCheckpointing(Ctx& c, std::vector<Finding>& out,
-                         const FindingsOptions& opt);             // detect_checkpoint.cc
+                         const FindingsOptions& opt);  // detect_checkpoint.cc
+void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out,
+                             const FindingsOptions& opt);         // detect_checkpoint.cc
 void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out);  // detect_history.cc
 
 }  // namespace memforensics::analysis::detail

@@ -241,7 +241,10 @@ TEST(Findings, ActivationRetentionIntoTheNextForward) {
 // A training step of `blocks` blocks called from model.py:92 forward, each saving 3 x 32 MiB
 // (its hidden-state size) and one 64 MiB tensor for backward, freed by backward in reverse order;
 // parameters `param_mib` (a multiple of 8).
-format::Snapshot blockLoop(int blocks, uint64_t param_mib) {
+// `backward`: each step's backward allocates a gradient before it frees the activations (else the
+// step is a forward with autograd on that never runs a backward).
+// `oom`: each step's forward ends in an OOM whose unwind frees the activations.
+format::Snapshot blockLoop(int blocks, uint64_t param_mib, bool backward = true, bool oom = false) {
   Sim s(8192 * MiB);  // Sim never reuses an address
   for (uint64_t i = 0; i < param_mib / 8; ++i) s.alloc(8 * MiB, kParams);
   auto at = [](uint64_t line) {
@@ -262,6 +265,8 @@ format::Snapshot blockLoop(int blocks, uint64_t param_mib) {
       // The loss and its small temporaries: the last block's activations live long enough to be
       // activations (a tenth of the step), not temporaries.
       for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
+      if (oom) s.oom(4096 * MiB, 1 * MiB);
+      if (backward) s.free(s.alloc(4096, kGrad));
       for (auto it = saved.rbegin(); it != saved.rend(); ++it) s.free(*it);
     });
   }
@@ -287,6 +292,31 @@ TEST(Findings, ActivationCheckpointingEstimate) {
   EXPECT_EQ(find(findFindings(blockLoop(1, 8), 0), FindingKind::ActivationCheckpointing), nullptr);
   EXPECT_EQ(find(findFindings(trainingLoop(0, 2), 0), FindingKind::ActivationCheckpointing),
             nullptr);
+  EXPECT_EQ(find(fs, FindingKind::InferenceWithGrad), nullptr) << "a backward frees them";
+}
+
+// The same blocks with no backward (issue 28 item 3: a forward run with autograd on was told to
+// checkpoint 32 modules where no_grad saves everything). Under no_grad each activation lives
+// until the next allocation: at most two of them at once (64 + 32 MiB) beside the 64 MiB of
+// parameters, so the peak drops from 1344 MiB + 4 KiB (the loss's temporary) to 160 MiB.
+TEST(Findings, AForwardWithoutBackwardIsToldNoGradNotCheckpointing) {
+  auto fs = findFindings(blockLoop(8, 64, /*backward=*/false), 0);
+  EXPECT_EQ(find(fs, FindingKind::ActivationCheckpointing), nullptr);
+  const Finding* f = find(fs, FindingKind::InferenceWithGrad);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->severity, FindingSeverity::Warning);
+  EXPECT_EQ(f->bytes, 1184 * MiB + 4096);
+  ASSERT_FALSE(f->where.empty());
+  EXPECT_EQ(f->where[0].display(), "train.py:41 train_step") << "the model's call site";
+  EXPECT_NE(f->title.find("1.25 GiB"), std::string::npos) << f->title;
+  EXPECT_NE(f->basis.find("estimate"), std::string::npos);
+  // Freed by an OOM's unwind, not by the end of a forward-only step: nothing is said.
+  EXPECT_EQ(
+      find(findFindings(blockLoop(8, 64, false, /*oom=*/true), 0), FindingKind::InferenceWithGrad),
+      nullptr);
+  // One block (160 MiB of activations) does not reach the 256 MiB floor.
+  EXPECT_EQ(find(findFindings(blockLoop(1, 8, false), 0), FindingKind::InferenceWithGrad), nullptr);
+  EXPECT_EQ(find(findFindings(trainingLoop(0, 2), 0), FindingKind::InferenceWithGrad), nullptr);
 }
 
 // Cache bloat fires on a transient's cache the rest of the run never uses again, with the bytes
