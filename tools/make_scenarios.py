@@ -659,6 +659,11 @@ stack sw_init    = {U}/simulate.py:31:init_state ; @top
 stack sw_step    = {P}/functional.py:402:einsum ; {U}/simulate.py:36:advance ; {U}/simulate.py:44:run ; @top
 stack sw_tmp     = {U}/simulate.py:35:advance ; {U}/simulate.py:44:run ; @top
 """,
+    "stack": """\
+stack ls_init    = {P}/nn/modules/module.py:1355:to ; {U}/model.py:52:__init__ ; {U}/train.py:80:main ; @top
+stack ls_layer   = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/model.py:60:forward ; @fwd
+stack ls_loss    = {U}/model.py:62:forward ; @fwd
+""",
     "grow": """\
 stack gr_init    = {U}/train.py:40:main ; @top
 stack gr_buf     = {U}/train.py:64:collate ; {U}/train.py:71:train_step ; @top
@@ -1014,6 +1019,86 @@ def sc_plateau(name):
             "coefficient) is a level the run holds for about half of its time, not a spike: "
             "nothing can go, no finding may fire." % (SWAP_STATE_BYTES, SWAP_STEPS))
     return g, desc, [], list(ALL_KINDS)
+
+
+STACK_LAYERS = 24
+STACK_OUT = 8192 * 1024 * F32      # 32 MiB: one layer's [8192 x 1024] fp32 output
+STACK_WEIGHT = 1024 * 1024 * F32   # 4 MiB: one Linear(1024, 1024, bias=False)
+
+
+def stack_segment_estimate():
+    """Checkpointing the 24 layers in segments of k keeps ceil(24 / k) inputs and recomputes one
+    segment in backward; least at k = 4 (6 + 4 outputs): the held outputs less that."""
+    best = min(-(-STACK_LAYERS // k) * STACK_OUT + k * STACK_OUT
+               for k in range(1, STACK_LAYERS + 1))
+    return STACK_LAYERS * STACK_OUT - best
+
+
+def sc_layer_stack(name):
+    g = Gen(name, "2.11", True, seed=24)
+    g.model_text = False
+    begin(g, extra=["stack"])
+    for i in range(STACK_LAYERS):
+        g.adv(150, 400)
+        g.alloc("w%d" % i, STACK_WEIGHT, "ls_init", "param")
+    for k in range(3):
+        g.step = k
+        g.annotate("ProfilerStep#%d" % k, "START")
+        g.adv(200, 400)
+        g.alloc("x", STACK_OUT, "batch_x", "data", note="x = batch.to('cuda')" if k == 0 else None)
+        for i in range(STACK_LAYERS):
+            g.adv(20, 60)
+            g.alloc("out%d" % i, STACK_OUT, "ls_layer", "act",
+                    note="for layer in self.layers: x = layer(x); each Linear saves its input "
+                    "(the previous output)" if k == 0 and i == 0 else None)
+        g.adv(20, 60)
+        g.alloc("loss", 4, "ls_loss", "tmp")
+        g.adv(250, 400)
+        for i in reversed(range(STACK_LAYERS)):
+            g.adv(40, 120)
+            g.alloc("gw%d" % i, STACK_WEIGHT, "bwd", "grad")
+            g.adv(20, 60)
+            g.alloc("gx%d" % i, STACK_OUT, "bwd", "tmp")
+            if i + 1 < STACK_LAYERS:
+                g.adv(3, 8)
+                g.free("gx%d" % (i + 1))
+            g.adv(3, 8)
+            g.free("out%d" % i)
+        g.adv(3, 8)
+        g.free("gx0")
+        g.adv(30, 60)
+        g.annotate("Optimizer.step#SGD.step", "START")
+        g.adv(200, 400)
+        g.annotate("Optimizer.step#SGD.step", "END")
+        g.annotate("Optimizer.zero_grad#SGD.zero_grad", "START")
+        for i in range(STACK_LAYERS):
+            g.adv(3, 6)
+            g.free("gw%d" % i)
+        g.annotate("Optimizer.zero_grad#SGD.zero_grad", "END")
+        g.adv(3, 8)
+        g.free("loss")
+        g.adv(3, 8)
+        g.free("x")
+        g.step_end[k] = g.requested
+        g.annotate("ProfilerStep#%d" % k, "END")
+    act = g.peak["tags"].get("act", 0)
+    est = stack_segment_estimate()
+    g.marks.update(activations_at_peak=act, segment_estimate_bytes=est)
+    # the peak is in backward, just after the last layer's output was freed
+    assert act >= (STACK_LAYERS - 1) * STACK_OUT and act * 2 >= g.peak["requested"], (act, g.peak)
+    desc = ("A stack of %d bias-free Linear(1024, 1024) layers (model.py:60, `for layer in "
+            "self.layers: x = layer(x)`) trained with SGD, 3 steps: each layer keeps only its "
+            "%d-byte output, the next layer's saved input, so the %d bytes of activations at the "
+            "peak (early in backward, %.1f %% of it) cannot be lowered by checkpointing each layer on its own (it "
+            "keeps every input, which is all a layer holds). checkpoint_sequential in segments "
+            "of about sqrt(24) layers (4: 6 segment inputs kept, one segment recomputed in "
+            "backward) lowers the peak by about %d bytes. bytes = that estimate (0.5 x it up to "
+            "every activation byte: the last layers' outputs, freed soon after they are made, "
+            "count as temporaries)." %
+            (STACK_LAYERS, STACK_OUT, act, 100.0 * act / g.peak["requested"], est))
+    return g, desc, [finding("activation_checkpointing", "warning", "model.py:60", est,
+                             at_least=est // 2, at_most=act)], \
+        [k for k in ALL_KINDS if k != "activation_checkpointing"]
 
 
 GROW_STEPS = 12
@@ -1741,6 +1826,7 @@ SCENARIOS = [
     ("activation_retention_hook", sc_hook),
     ("checkpointing_opportunity", sc_checkpoint),
     ("forward_only_grad", sc_forward_only),
+    ("layer_stack", sc_layer_stack),
     ("ring_of_1", sc_ring1),
     ("plateau_swap", sc_plateau),
     ("growing_batches", sc_growing),

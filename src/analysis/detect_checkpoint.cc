@@ -10,6 +10,7 @@
 #include "analysis/findings_ctx.h"
 #include "analysis/stack_groups.h"
 #include "common/format_bytes.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis::detail {
 
@@ -35,17 +36,34 @@ struct Held {
 };
 
 // A repeated module call site: the frame, how many calls (instances) its activations show, the
-// bytes they hold and what checkpointing each instance would keep (its input).
+// bytes they hold, and checkpointing it in segments of `segment` consecutive calls: each segment
+// keeps its input, and backward recomputes one segment's activations at a time.
 struct Site {
   FrameId frame;
   size_t calls = 0;
   uint64_t held = 0;
   uint64_t input = 0;  // estimated input size of one instance
-  uint64_t saving() const {
-    const uint64_t keep = static_cast<uint64_t>(calls) * input;
-    return held > keep ? held - keep : 0;
-  }
+  size_t segment = 1;  // calls per checkpointed segment (1: each call on its own)
   uint64_t perCall() const { return calls == 0 ? 0 : held / calls; }
+  uint64_t kept(size_t k) const { return mulSat((calls + k - 1) / k, input); }
+  uint64_t recompute(size_t k) const { return mulSat(k, perCall()); }
+  // What the checkpointed site no longer holds, before backward recomputes a segment.
+  uint64_t saving() const { return subSat(held, kept(segment)); }
+  uint64_t recompute() const { return recompute(segment); }
+  // The segment length that keeps least: each call alone when a call holds much more than its
+  // input (a transformer block), about sqrt(calls) when it holds little more (a stack of layers
+  // that each keep only their output, which per-call checkpointing cannot lower:
+  // torch.utils.checkpoint.checkpoint_sequential).
+  void chooseSegment() {
+    uint64_t best = addSat(kept(1), recompute(1));
+    for (size_t k = 2; k <= calls; ++k) {
+      const uint64_t cost = addSat(kept(k), recompute(k));
+      if (cost < best) {
+        best = cost;
+        segment = k;
+      }
+    }
+  }
 };
 
 // Groups `items` (in allocation order) by their forward frame at `depth`. In a group, the calls
@@ -69,6 +87,7 @@ void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<
     }
     if (calls >= 2) {
       out.push_back({frame, calls, held, g[second - 1]->bytes});
+      out.back().chooseSegment();
     } else if (depth + 1 < kCheckpointMaxDepth) {
       findSites(g, depth + 1, out);
     }
@@ -162,12 +181,12 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
   for (const Held& h : held) items.push_back(&h);
   std::vector<Site> sites;
   findSites(items, 0, sites);
-  // The estimate: checkpointing every repeated module keeps only each call's input; backward
-  // recomputes one call at a time, which holds one call's activations again.
+  // The estimate: checkpointing every repeated module (in its best segments) keeps only each
+  // segment's input; backward recomputes one segment at a time, which holds its activations again.
   uint64_t keep_all = 0, recompute = 0;
   for (const Site& s : sites) {
-    keep_all += s.saving();
-    recompute = std::max(recompute, s.perCall());
+    keep_all = addSat(keep_all, s.saving());
+    recompute = std::max(recompute, s.recompute());
   }
   const uint64_t saving = keep_all > recompute ? keep_all - recompute : 0;
   if (saving < warningFloor(pk.bytes)) return;
@@ -181,21 +200,38 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
   f.severity = FindingSeverity::Warning;
   f.bytes = saving;
   const Site& top = sites.front();
+  const std::string in_segments =
+      top.segment > 1 ? " in " + std::to_string((top.calls + top.segment - 1) / top.segment) +
+                            " segments of " + std::to_string(top.segment)
+                      : "";
   f.title = "Activation checkpointing: activations held for backward are " +
             pct(held_bytes, pk.bytes) + " of the " + formatBytes(pk.bytes) +
             " peak; checkpointing the " + std::to_string(top.calls) + " modules called at " +
-            frameText(c.s, top.frame).display() +
+            frameText(c.s, top.frame).display() + in_segments +
             (sites.size() > 1 ? " (and " + std::to_string(sites.size() - 1) +
                                     (sites.size() == 2 ? " more site)" : " more sites)")
                               : "") +
             " would lower it by about " + formatBytes(saving) + " (estimate)";
-  f.fix =
-      "wrap each repeated module in torch.utils.checkpoint.checkpoint(module, x, "
-      "use_reentrant=False) (or the framework's gradient checkpointing): backward recomputes its "
-      "activations instead of keeping them, for about one more forward of compute";
+  if (top.segment > 1) {
+    f.fix =
+        "each of these modules keeps little more than its own input, so checkpointing them one by "
+        "one saves nothing: checkpoint them in segments, torch.utils.checkpoint."
+        "checkpoint_sequential(modules, " +
+        std::to_string((top.calls + top.segment - 1) / top.segment) +
+        ", x, use_reentrant=False): each segment keeps only its input and backward recomputes "
+        "one segment at a time, for about one more forward of compute";
+  } else {
+    f.fix =
+        "wrap each repeated module in torch.utils.checkpoint.checkpoint(module, x, "
+        "use_reentrant=False) (or the framework's gradient checkpointing): backward recomputes "
+        "its activations instead of keeping them, for about one more forward of compute";
+  }
   f.basis = std::string(c.basis.empty() ? "" : c.basis + "; ") +
-            "estimate: each checkpointed call keeps its input (the previous call's last "
-            "activation), backward recomputes one call at a time";
+            (top.segment > 1
+                 ? "estimate: each checkpointed segment of calls keeps its input (the previous "
+                   "call's last activation), backward recomputes one segment at a time"
+                 : "estimate: each checkpointed call keeps its input (the previous call's last "
+                   "activation), backward recomputes one call at a time");
   f.where = {frameText(c.s, top.frame)};
   f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
   f.evidence.push_back({"activations held for backward at the peak (inferred)",
@@ -205,13 +241,16 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
                         {}});
   for (size_t k = 0; k < sites.size() && k < opt.evidence_stacks; ++k) {
     const Site& s = sites[k];
-    f.evidence.push_back({std::to_string(s.calls) + " calls hold " + formatBytes(s.held) +
-                              "; checkpointed, they would keep " + std::to_string(s.calls) + " x " +
-                              formatBytes(s.input) + " of inputs",
-                          -1,
-                          -1,
-                          s.saving(),
-                          {frameText(c.s, s.frame)}});
+    const size_t kept = (s.calls + s.segment - 1) / s.segment;
+    f.evidence.push_back(
+        {std::to_string(s.calls) + " calls hold " + formatBytes(s.held) + "; checkpointed" +
+             (s.segment > 1 ? " in segments of " + std::to_string(s.segment) : "") +
+             ", they would keep " + std::to_string(kept) + " x " + formatBytes(s.input) +
+             " of inputs",
+         -1,
+         -1,
+         s.saving(),
+         {frameText(c.s, s.frame)}});
   }
   out.push_back(std::move(f));
 }
