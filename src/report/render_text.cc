@@ -110,6 +110,9 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
   out << ", " << formatBytes(r.input_bytes);
   if (r.live_capture) {
     out << ", recorded live: " << escapeText(r.origin) << "\n";
+  } else if (r.source_format == "profiler_trace" || r.source_format == "profiler_memory_timeline") {
+    // torch.profiler's outputs carry no PyTorch version ("written by PyTorch none" before).
+    out << ", written by torch.profiler (the file records no PyTorch version)\n";
   } else {
     out << ", written by PyTorch " << escapeText(r.era) << " (inferred from its fields)\n";
     if (!r.origin.empty()) out << "  converted from: " << escapeText(r.origin) << "\n";

@@ -267,6 +267,44 @@ TEST(ProfilerTrace, NestedOpsOnTheSameThreadAreTheStackInnermostFirst) {
   EXPECT_EQ(snap->strings.get(snap->annotations[0].name), "ProfilerStep#3");
 }
 
+// 2021 Kineto traces write an op's thread id as a string and a memory event's as a number: the
+// same thread, so the allocation still gets the op's stack (issue 28 item 10: every stack was
+// lost).
+TEST(ProfilerTrace, ThreadIdsAreComparedAsValuesWhateverTheirJsonType) {
+  auto quoted = [](std::string e) {
+    const std::string from = "\"tid\": 25738", to = "\"tid\": \"25738\"";
+    e.replace(e.find(from), from.size(), to);
+    return e;
+  };
+  std::string t = kineto({quoted(op("cpu_op", "aten::empty", 10, 30, 25738)),
+                          mem(15, 512, 1000, 0, -1, -1, 25738),
+                          quoted(op("cpu_op", "aten::named_thread", 100, 30, 25738)),
+                          mem(110, 512, 2000, 0, -1, -1, 1)});
+  auto snap = loadSnapshotBytes(bytesOf(t));
+  ASSERT_TRUE(snap) << snap.error().describe();
+  std::vector<std::vector<std::string>> stacks;
+  for (const Event& e : snap->trace(0)) {
+    if (e.action == Action::Alloc) stacks.push_back(frameNames(*snap, e.stack));
+  }
+  ASSERT_EQ(stacks.size(), 2u);
+  EXPECT_EQ(stacks[0], (std::vector<std::string>{"aten::empty"}));
+  EXPECT_TRUE(stacks[1].empty()) << "another thread's op is not this allocation's";
+}
+
+// A CPU-only profile says what it holds instead of asking about profile_memory.
+TEST(ProfilerTrace, ACpuOnlyProfileSaysItsMemoryEventsAreOnTheCpu) {
+  std::string t = kineto({mem(1, 64, 300, 0, -1, -1, 1, /*dev_type=*/0),
+                          mem(2, -64, 300, 0, -1, -1, 1, /*dev_type=*/0)});
+  auto snap = loadSnapshotBytes(bytesOf(t));
+  ASSERT_TRUE(snap) << snap.error().describe();
+  EXPECT_TRUE(hasWarning(*snap, "2 [memory] events, all on the CPU"));
+  EXPECT_FALSE(hasWarning(*snap, "was the profile taken with profile_memory=True"));
+  // No memory events at all: the question stays.
+  auto none = loadSnapshotBytes(bytesOf(kineto({op("cpu_op", "aten::mm", 1, 2)})));
+  ASSERT_TRUE(none) << none.error().describe();
+  EXPECT_TRUE(hasWarning(*none, "was the profile taken with profile_memory=True"));
+}
+
 TEST(ProfilerTrace, SeveralDevicesAndCpuEvents) {
   std::string t = kineto({mem(1, 1024, 100, 0), mem(2, 4096, 100, 3), mem(3, 8192, 200, 3),
                           mem(4, 64, 300, -1, -1, -1, 1, /*dev_type=*/0), mem(5, -4096, 100, 3)});

@@ -60,6 +60,22 @@ TEST(RenderTimeline, SaysHowManyStreamsAndPoolsWereNotBrokenDown) {
       << text.str();
 }
 
+// torch.profiler's outputs record no PyTorch version: the input line says who wrote the file
+// instead of "written by PyTorch none" (issue 28 item 10).
+TEST(RenderText, AProfilerTraceIsWrittenByTorchProfiler) {
+  TSnapshot t;
+  t.traces.push_back({{"alloc", 0x1000000, 512, 0, 1}});
+  auto snap = buildSnapshot(t);
+  snap.source = format::SourceFormat::ProfilerTrace;
+  auto r = analysis::analyzeSnapshot(snap);
+  std::ostringstream out;
+  renderText(r, out);
+  EXPECT_NE(out.str().find("B, written by torch.profiler (the file records no PyTorch version)"),
+            std::string::npos)
+      << out.str();
+  EXPECT_EQ(out.str().find("PyTorch none"), std::string::npos);
+}
+
 TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
   TSnapshot t;
   t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 0, "inactive", {}}}});

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -875,8 +876,19 @@ class KinetoSax {
     }
     return true;
   }
+  // A pid or tid as a value whatever its JSON type: 2021 Kineto traces write an op's thread as the
+  // string "25738" and a memory event's as the number 25738 (the same thread). Other strings
+  // ("stream 7", "PyTorch Profiler (0)") are names, kept apart from every number by the top bit.
   static uint64_t idOf(const Num& n, const std::string* s) {
-    if (s) return std::hash<std::string>()(*s) | (uint64_t{1} << 63);
+    if (s) {
+      int64_t v = 0;
+      const char* b = s->data();
+      const char* e = b + s->size();
+      auto [p, ec] = std::from_chars(b, e, v);
+      if (!s->empty() && ec == std::errc() && p == e)
+        return static_cast<uint64_t>(v) & ~(uint64_t{1} << 63);
+      return std::hash<std::string>()(*s) | (uint64_t{1} << 63);
+    }
     int64_t v;
     if (n.toI64(&v)) return static_cast<uint64_t>(v) & ~(uint64_t{1} << 63);
     return 0;
@@ -1254,10 +1266,15 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
   snap.reserved_recorded = all_reserved;
   snap.origin += ")";
   auto& w = snap.load_warnings;
-  if (mems.empty()) {
+  if (mems.empty() && c.cpu_events > 0) {
+    // A CPU-only profile: say what is there, not a question about profile_memory.
+    w.push_back("no CUDA [memory] events: the trace holds " + std::to_string(c.cpu_events) +
+                " [memory] events, all on the CPU (Device Type 0), which this tool does not "
+                "analyse; profile a run on a CUDA device (ProfilerActivity.CUDA, "
+                "profile_memory=True) for its GPU memory");
+  } else if (mems.empty()) {
     w.push_back("no CUDA [memory] events: was the profile taken with profile_memory=True?");
-  }
-  if (c.cpu_events > 0)
+  } else if (c.cpu_events > 0)
     w.push_back(std::to_string(c.cpu_events) +
                 " [memory] events on the CPU (Device Type 0) ignored");
   if (c.other_device_type > 0)
