@@ -569,10 +569,40 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
     DeviceWhatIf w = recordedFacts(snap, d);
     const uint64_t implied = impliedCapacity(snap, d);
     w.baseline = simulateRequests(snap, d, res.base_settings, implied);
-    w.whatif = simulateRequests(snap, d, res.what_settings, opt.capacity.value_or(implied));
+    const uint64_t what_cap = opt.capacity.value_or(implied);
+    w.whatif_is_baseline = opt.sets.empty() && what_cap == implied;
+    w.whatif =
+        w.whatif_is_baseline ? w.baseline : simulateRequests(snap, d, res.what_settings, what_cap);
+    if (w.whatif.oom_count > 0) {
+      const SmallestCard card = smallestCard(snap, d, res.what_settings);
+      w.smallest_capacity = card.capacity;
+      w.smallest_capacity_slack = card.slack;
+    }
     res.devices.push_back(std::move(w));
   }
   return res;
+}
+
+SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s) {
+  SmallestCard out;
+  const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited);
+  if (free_run.oom_count > 0) return out;  // a request no card holds
+  // Without a limit the allocator never gives its cache back: its peak reserved is a card that
+  // serves every request; no card below the peak allocated can.
+  uint64_t ok = free_run.peak_reserved;
+  uint64_t lo = free_run.peak_allocated;  // the largest card known (or assumed) to fail, less 1
+  if (lo > 0) --lo;
+  for (int step = 0; step < kSmallestCardSteps && ok - lo > 1; ++step) {
+    const uint64_t mid = lo + (ok - lo) / 2;
+    if (simulateRequests(snap, d, s, mid).oom_count == 0) {
+      ok = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  out.capacity = ok;
+  out.slack = ok - lo - 1;
+  return out;
 }
 
 DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {

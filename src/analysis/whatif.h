@@ -97,7 +97,27 @@ struct DeviceWhatIf {
   uint64_t start_blocks = 0;         // blocks alive at the start (seeded into the simulation)
   uint64_t recorded_segment_allocs = 0, recorded_segment_frees = 0;  // incl. maps / unmaps
   SimResult baseline, whatif;
+  // When the what-if runs out of memory: the smallest card found on which the what-if's settings
+  // serve every request (checked by replay), else kWhatIfUnlimited (none needed, or no card can:
+  // a request above kWhatIfMaxRequest). smallest_capacity_slack: how far above the least such card
+  // it may be (the search stops after kSmallestCardSteps halvings).
+  uint64_t smallest_capacity = kWhatIfUnlimited;
+  uint64_t smallest_capacity_slack = 0;
+  bool whatif_is_baseline = false;  // same settings and capacity: one simulation, said once
 };
+
+// Halvings of the search for the smallest card (each one simulation of the device's trace).
+inline constexpr int kSmallestCardSteps = 8;
+struct SmallestCard {
+  uint64_t capacity = kWhatIfUnlimited;  // kWhatIfUnlimited: no card serves every request
+  uint64_t slack = 0;                    // the least such card lies in [capacity - slack, capacity]
+};
+// The smallest card on which device trace `d` replays under `s` with no OOM: the replay without a
+// limit gives the most a card needs (its peak reserved) and the least (its peak allocated); a
+// bisection between them, kSmallestCardSteps simulations, keeps the smallest card that served
+// every request. Assumes more memory never adds an OOM (PyTorch's allocator only frees its cache
+// when a cudaMalloc fails).
+SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s);
 
 struct WhatIfOptions {
   std::optional<int64_t> device;

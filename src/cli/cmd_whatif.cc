@@ -2,6 +2,7 @@
 // [--json]`.
 #include "cli/cmd_whatif.h"
 
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -195,6 +196,11 @@ int runWhatIfCommand() {
       x["baseline"]["address_agreement"] = {{"predicted", d.baseline.address_predicted},
                                             {"total", d.baseline.address_total}};
       x["whatif"] = simJson(d.whatif, analysis::whatIfEstimateReason(d, r.what_settings));
+      x["whatif_is_baseline"] = d.whatif_is_baseline;
+      x["smallest_capacity_bytes"] = d.smallest_capacity == analysis::kWhatIfUnlimited
+                                         ? nlohmann::json(nullptr)
+                                         : nlohmann::json(d.smallest_capacity);
+      x["smallest_capacity_slack_bytes"] = d.smallest_capacity_slack;
       devs.push_back(std::move(x));
     }
     j["devices"] = std::move(devs);
@@ -203,9 +209,23 @@ int runWhatIfCommand() {
   }
   std::ostream& os = std::cout;
   os << "whatif " << escapeText(g_args.file) << "\n";
-  os << "baseline settings: " << replay::describeAllocConf(r.base_settings) << "\n";
-  os << "what-if settings:  " << replay::describeAllocConf(r.what_settings) << "\n";
-  for (const auto& d : r.devices) {
+  const bool same = g_args.sets.empty() && !g_args.capacity;
+  if (same) {
+    os << "settings: " << replay::describeAllocConf(r.base_settings)
+       << " (the file's own; no --set or --capacity: one replay)\n";
+  } else {
+    os << "baseline settings: " << replay::describeAllocConf(r.base_settings) << "\n";
+    os << "what-if settings:  " << replay::describeAllocConf(r.what_settings) << "\n";
+  }
+  // The devices that ran out of memory first (in the replay or the file), then the others.
+  std::vector<const analysis::DeviceWhatIf*> order;
+  for (const auto& d : r.devices) order.push_back(&d);
+  auto ooms = [](const analysis::DeviceWhatIf* d) {
+    return d->recorded_ooms > 0 || d->baseline.oom_count > 0 || d->whatif.oom_count > 0;
+  };
+  std::stable_partition(order.begin(), order.end(), ooms);
+  for (const analysis::DeviceWhatIf* dp : order) {
+    const analysis::DeviceWhatIf& d = *dp;
     os << "device " << d.device << ": recorded peak reserved "
        << formatBytes(d.recorded_peak_reserved) << ", recorded OOMs " << d.recorded_ooms << "\n";
     if (!d.complete_history)
@@ -213,10 +233,24 @@ int runWhatIfCommand() {
          << " blocks were alive when the trace began; the simulation allocates them first, in "
             "address order (their order and the cache around them are not in the file): an "
             "estimate\n";
-    printSim("baseline", d.baseline, analysis::whatIfEstimateReason(d, r.base_settings), os);
+    printSim(d.whatif_is_baseline ? "replay" : "baseline", d.baseline,
+             analysis::whatIfEstimateReason(d, r.base_settings), os);
     os << "    " << d.baseline.address_predicted << " of " << d.baseline.address_total
        << " allocs at the address the file recorded\n";
-    printSim("what-if ", d.whatif, analysis::whatIfEstimateReason(d, r.what_settings), os);
+    if (!d.whatif_is_baseline)
+      printSim("what-if ", d.whatif, analysis::whatIfEstimateReason(d, r.what_settings), os);
+    if (d.whatif.oom_count > 0) {
+      os << "  smallest capacity without an OOM (memory the allocator may reserve"
+         << (same ? "" : ", under the what-if settings") << "): ";
+      if (d.smallest_capacity == analysis::kWhatIfUnlimited) {
+        os << "none (a request is larger than any card)\n";
+      } else {
+        os << formatBytes(d.smallest_capacity) << ", checked by replay";
+        if (d.smallest_capacity_slack > 0)
+          os << " (the least lies at most " << formatBytes(d.smallest_capacity_slack) << " below)";
+        os << "\n";
+      }
+    }
   }
   os << "note: " << kCannotChange << "\n";
   return kExitOk;

@@ -135,6 +135,18 @@ if doc:
           "frag: the baseline has the recorded OOM on the implied 150 MiB card")
     check(d["baseline"]["ooms"][0]["recorded"] and not d["baseline"]["ooms"][0]["avoided"],
           "frag: baseline: the recorded OOM is not avoided")
+    # No option: one replay, and the smallest capacity that avoids the OOM. Below 200 MiB the
+    # 100 MiB request finds no room: the first segment's 70 MiB free tail is pinned by the live
+    # 30 MiB block, so the search keeps 200 MiB exactly, having tried down to within 1 MiB.
+    check(d["whatif_is_baseline"], "frag: no option, the what-if is the baseline")
+    check(d["smallest_capacity_bytes"] == 200 * MIB and 0 < d["smallest_capacity_slack_bytes"] < MIB,
+          f"frag: smallest capacity 200 MiB (got {d['smallest_capacity_bytes']}, slack "
+          f"{d['smallest_capacity_slack_bytes']})")
+rc, out, err = run("whatif", frag)
+check(rc == 0 and "  replay (capacity" in out and "  what-if  (" not in out and "  baseline (" not in out,
+      "frag text without options: the result said once, as 'replay'")
+check("smallest capacity without an OOM (memory the allocator may reserve): 200.00 MiB" in out,
+      "frag text: the smallest capacity")
 for setting, peak in (("max_split_size_mb=64", 130 * MIB), ("expandable_segments=True", 140 * MIB)):
     doc = whatif(frag, "--set", setting)
     if doc:
@@ -166,6 +178,14 @@ if doc:
     w = doc["devices"][0]["whatif"]
     check(w["oom_count"] == 0 and w["ooms"][0]["avoided"] and w["peak_reserved_bytes"] == 200 * MIB,
           "live: a 250 MiB card avoids it at 200 MiB reserved")
+    check(not doc["devices"][0]["whatif_is_baseline"] and
+          doc["devices"][0]["smallest_capacity_bytes"] is None,
+          "live on 250 MiB: a what-if of its own, without an OOM (no smallest capacity)")
+doc = whatif(live)
+if doc:
+    check(doc["devices"][0]["smallest_capacity_bytes"] == 200 * MIB and
+          doc["devices"][0]["smallest_capacity_slack_bytes"] == 0,
+          "live: the smallest capacity is the live bytes plus the request, exactly")
 
 # The same on a real-shaped file: the sample's 4 GiB request with 546 MiB live on an 890 MiB card.
 sample = os.path.join(SRC, "snapshots", "sample_training.pickle")
