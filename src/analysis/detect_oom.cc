@@ -106,6 +106,55 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
   return r;
 }
 
+// The fix of an OOM whose live tensors fill the card, as the smallest changes that let the request
+// through: `short_by` less from the largest holder (when it holds that much), and the smallest
+// capacity a replay of the device's requests runs in without an OOM (whatif.h smallestCard; only
+// on a complete history, as the fragmentation fix's replays). The search's figure goes into
+// `evidence` too.
+std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short_by,
+                              uint64_t capacity, const std::vector<LiveGroup>& groups,
+                              std::vector<Evidence>& evidence) {
+  std::vector<std::string> changes;
+  if (!groups.empty() && short_by > 0 && groups.front().requested_bytes >= short_by) {
+    const LiveGroup& g = groups.front();
+    const std::string line = g.frames.empty() ? "one stack" : g.frames.front().display();
+    changes.push_back(line + " holds " + B(g.requested_bytes) + " at the OOM and the device was " +
+                      B(short_by) + " short, " + pct(short_by, g.requested_bytes) +
+                      " of that: a smaller batch or chunked computation there");
+  }
+  const auto d = static_cast<size_t>(c.device);
+  if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.s, d).complete_history) {
+    const SmallestCard card = smallestCard(c.s, d, replay::allocConfOf(c.s));
+    if (card.capacity != kWhatIfUnlimited) {
+      changes.push_back("an allocator capacity of " + B(card.capacity) + " (checked by replay" +
+                        (card.slack > 0 ? ", within " + B(card.slack) : std::string()) +
+                        "; this card gave it " +
+                        (capacity > 0 ? B(capacity) : std::string("an unknown amount")) +
+                        ", and a card also holds the CUDA context)");
+      evidence.push_back(
+          {"the smallest capacity a replay of this device's requests runs in "
+           "without an OOM (whatif --capacity)",
+           -1,
+           -1,
+           card.capacity,
+           {}});
+    }
+  }
+  std::string fix;
+  if (!changes.empty()) {
+    fix = "the smallest changes: ";
+    for (size_t i = 0; i < changes.size(); ++i) fix += (i == 0 ? "" : "; or ") + changes[i];
+    fix +=
+        ". Otherwise reduce what is live at this point (batch size, activation checkpointing, "
+        "freeing tensors that are no longer needed)";
+  } else {
+    fix =
+        "reduce what is live at this point (batch size, activation checkpointing, freeing "
+        "tensors that are no longer needed) or the size of this request";
+  }
+  return fix;
+}
+
 // The recorded OOM `event` in a replay's list, or nullptr (past kWhatIfMaxOoms).
 const SimOom* recordedOomOf(const SimResult& r, int64_t event) {
   for (const SimOom& o : r.ooms)
@@ -202,6 +251,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
               "; " + (num.exact ? std::string("exact block layout") : "estimate: " + reason);
 
     std::vector<Evidence> replay_evidence;  // the fix's replays, after the layout's figures
+    // The largest holders at the OOM, by stack (the evidence, and the "not fragmentation" fix).
+    const std::vector<LiveGroup> groups =
+        have_live ? groupLiveByStack(c.s, m->live, PendingBlocks::Exclude, {3, opt.evidence_stacks})
+                  : std::vector<LiveGroup>{};
 
     // The title: one sentence, each number once.
     std::string title = "cuda:" + std::to_string(c.device);
@@ -298,10 +351,14 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
       title += alone ? "the request alone needs more than the card's " + B(num.capacity_bytes) +
                            " (reserved + free)"
                      : "live tensors (" + B(num.live_bytes) + ") fill the card";
-      f.fix = alone ? "this one request is larger than the card: split it (a smaller batch, "
-                      "chunked computation) or move it to a larger device"
-                    : "reduce what is live at this point (batch size, activation checkpointing, "
-                      "freeing tensors that are no longer needed) or the size of this request";
+      if (alone) {
+        f.fix =
+            "this one request is larger than the card: split it (a smaller batch, chunked "
+            "computation) or move it to a larger device";
+      } else {
+        f.fix = smallestChangeFix(c, opt, num.short_by_bytes, num.capacity_bytes, groups,
+                                  replay_evidence);
+      }
     } else {
       title += std::string(" though the device reported ") + B(oom.device_free) +
                " free, enough for the " + B(need.needed_bytes) + " it needed" +
@@ -318,8 +375,6 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     const std::vector<FrameText> request_frames = c.frames(oom.stack);
     f.where = request_frames;
     if (have_live) {
-      const auto groups =
-          groupLiveByStack(c.s, m->live, PendingBlocks::Exclude, {3, opt.evidence_stacks});
       for (const LiveGroup& g : groups) {
         f.evidence.push_back(
             {"live at the OOM from this stack" +

@@ -11,6 +11,7 @@
 #include "analysis/frames.h"
 #include "common/allocator_constants.h"
 #include "common/format_bytes.h"
+#include "common/saturating.h"
 #include "replay/replay.h"
 
 namespace memforensics::analysis {
@@ -26,11 +27,6 @@ using replay::PoolId;
 // reserves 1.125 x the device memory; any size larger than a card works).
 constexpr uint64_t kSimBase = uint64_t{1} << 50;
 constexpr uint64_t kSimReservation = uint64_t{1} << 49;  // above kWhatIfMaxRequest
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
 
 // The request-driven simulation: the caching-allocator core (replay/caching_allocator.h) with the
 // card's capacity, the simulated address space and CCA malloc()'s order of attempts.
@@ -587,13 +583,15 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
   SmallestCard out;
   const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited);
   if (free_run.oom_count > 0) return out;  // a request no card holds
-  // Without a limit the allocator never gives its cache back: its peak reserved is a card that
-  // serves every request; no card below the peak allocated can.
-  uint64_t ok = free_run.peak_reserved;
-  uint64_t lo = free_run.peak_allocated;  // the largest card known (or assumed) to fail, less 1
-  if (lo > 0) --lo;
-  for (int step = 0; step < kSmallestCardSteps && ok - lo > 1; ++step) {
-    const uint64_t mid = lo + (ok - lo) / 2;
+  // Without a limit the allocator never gives its cache back: its peak reserved is a capacity that
+  // serves every request; none below the peak allocated can. Segments and pages are whole 2 MiB
+  // units, so the least capacity is one too: the bisection runs over units and ends exact.
+  const uint64_t unit = kSmallestCardUnit;
+  uint64_t ok = mulSat((free_run.peak_reserved + unit - 1) / unit, unit);
+  uint64_t lo = (free_run.peak_allocated + unit - 1) / unit * unit;  // the least candidate
+  lo = lo >= unit ? lo - unit : 0;  // the largest capacity known (or assumed) to fail
+  for (int step = 0; step < kSmallestCardSteps && ok - lo > unit; ++step) {
+    const uint64_t mid = lo + (ok - lo) / unit / 2 * unit;
     if (simulateRequests(snap, d, s, mid).oom_count == 0) {
       ok = mid;
     } else {
@@ -601,7 +599,7 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
     }
   }
   out.capacity = ok;
-  out.slack = ok - lo - 1;
+  out.slack = ok - lo - unit;
   return out;
 }
 

@@ -100,23 +100,25 @@ struct DeviceWhatIf {
   // When the what-if runs out of memory: the smallest card found on which the what-if's settings
   // serve every request (checked by replay), else kWhatIfUnlimited (none needed, or no card can:
   // a request above kWhatIfMaxRequest). smallest_capacity_slack: how far above the least such card
-  // it may be (the search stops after kSmallestCardSteps halvings).
+  // it may be (0 unless the search ran out of kSmallestCardSteps halvings).
   uint64_t smallest_capacity = kWhatIfUnlimited;
   uint64_t smallest_capacity_slack = 0;
   bool whatif_is_baseline = false;  // same settings and capacity: one simulation, said once
 };
 
-// Halvings of the search for the smallest card (each one simulation of the device's trace).
-inline constexpr int kSmallestCardSteps = 8;
+// The search for the smallest card: at most this many halvings (each one simulation of the
+// device's trace), over whole units of 2 MiB (the allocator's segments and pages are multiples of
+// it, so the least capacity is too): exact within 2^16 units (128 GiB between the bounds).
+inline constexpr int kSmallestCardSteps = 16;
+inline constexpr uint64_t kSmallestCardUnit = uint64_t{2} << 20;
 struct SmallestCard {
   uint64_t capacity = kWhatIfUnlimited;  // kWhatIfUnlimited: no card serves every request
   uint64_t slack = 0;                    // the least such card lies in [capacity - slack, capacity]
 };
 // The smallest card on which device trace `d` replays under `s` with no OOM: the replay without a
 // limit gives the most a card needs (its peak reserved) and the least (its peak allocated); a
-// bisection between them, kSmallestCardSteps simulations, keeps the smallest card that served
-// every request. Assumes more memory never adds an OOM (PyTorch's allocator only frees its cache
-// when a cudaMalloc fails).
+// bisection between them keeps the smallest card that served every request. Assumes more memory
+// never adds an OOM (PyTorch's allocator only frees its cache when a cudaMalloc fails).
 SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s);
 
 struct WhatIfOptions {

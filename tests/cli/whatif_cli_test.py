@@ -137,9 +137,9 @@ if doc:
           "frag: baseline: the recorded OOM is not avoided")
     # No option: one replay, and the smallest capacity that avoids the OOM. Below 200 MiB the
     # 100 MiB request finds no room: the first segment's 70 MiB free tail is pinned by the live
-    # 30 MiB block, so the search keeps 200 MiB exactly, having tried down to within 1 MiB.
+    # 30 MiB block, so the search over whole 2 MiB units ends at 200 MiB exactly (slack 0).
     check(d["whatif_is_baseline"], "frag: no option, the what-if is the baseline")
-    check(d["smallest_capacity_bytes"] == 200 * MIB and 0 < d["smallest_capacity_slack_bytes"] < MIB,
+    check(d["smallest_capacity_bytes"] == 200 * MIB and d["smallest_capacity_slack_bytes"] == 0,
           f"frag: smallest capacity 200 MiB (got {d['smallest_capacity_bytes']}, slack "
           f"{d['smallest_capacity_slack_bytes']})")
 rc, out, err = run("whatif", frag)
