@@ -109,11 +109,11 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
 // The fix of an OOM whose live tensors fill the card, as the smallest changes that let the request
 // through: `short_by` less from the largest holder (when it holds that much), and the smallest
 // capacity a replay of the device's requests runs in without an OOM (whatif.h smallestCard; only
-// on a complete history, as the fragmentation fix's replays). The search's figure goes into
-// `evidence` too.
+// on a complete history, as the fragmentation fix's replays; searched once per device, in `card`).
+// The search's figure goes into `evidence` too.
 std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short_by,
                               uint64_t capacity, const std::vector<LiveGroup>& groups,
-                              std::vector<Evidence>& evidence) {
+                              std::optional<SmallestCard>& card, std::vector<Evidence>& evidence) {
   std::vector<std::string> changes;
   if (!groups.empty() && short_by > 0 && groups.front().requested_bytes >= short_by) {
     const LiveGroup& g = groups.front();
@@ -123,22 +123,26 @@ std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short
                       " of that: a smaller batch or chunked computation there");
   }
   const auto d = static_cast<size_t>(c.device);
-  if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.s, d).complete_history) {
-    const SmallestCard card = smallestCard(c.s, d, replay::allocConfOf(c.s));
-    if (card.capacity != kWhatIfUnlimited) {
-      changes.push_back("an allocator capacity of " + B(card.capacity) + " (checked by replay" +
-                        (card.slack > 0 ? ", within " + B(card.slack) : std::string()) +
-                        "; this card gave it " +
-                        (capacity > 0 ? B(capacity) : std::string("an unknown amount")) +
-                        ", and a card also holds the CUDA context)");
-      evidence.push_back(
-          {"the smallest capacity a replay of this device's requests runs in "
-           "without an OOM (whatif --capacity)",
-           -1,
-           -1,
-           card.capacity,
-           {}});
-    }
+  if (!card) {
+    card = SmallestCard{};  // kWhatIfUnlimited: not searched or not found
+    SimChange budget;
+    budget.max_segment_visits = kReplayCheckVisits;
+    if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.s, d).complete_history)
+      card = smallestCard(c.s, d, replay::allocConfOf(c.s), budget);
+  }
+  if (card->capacity != kWhatIfUnlimited) {
+    changes.push_back("an allocator capacity of " + B(card->capacity) + " (checked by replay" +
+                      (card->slack > 0 ? ", within " + B(card->slack) : std::string()) +
+                      "; this card gave it " +
+                      (capacity > 0 ? B(capacity) : std::string("an unknown amount")) +
+                      ", and a card also holds the CUDA context)");
+    evidence.push_back(
+        {"the smallest capacity a replay of this device's requests runs in "
+         "without an OOM (whatif --capacity)",
+         -1,
+         -1,
+         card->capacity,
+         {}});
   }
   std::string fix;
   if (!changes.empty()) {
@@ -189,6 +193,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const bool settings_expandable = replay::allocConfOf(c.s).expandable_segments;
   const size_t n_ooms = c.summary.ooms.size();
   std::optional<FixReplays> replays;  // run at the first fragmentation OOM, once per device
+  std::optional<SmallestCard> card;   // searched at the first OOM that needs it, once per device
   for (size_t k = 0; k < n_ooms; ++k) {
     const replay::OomEvent& oom = c.summary.ooms[k];
     const MomentFacts* m = c.facts.at(oom.event);
@@ -356,7 +361,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
             "this one request is larger than the card: split it (a smaller batch, chunked "
             "computation) or move it to a larger device";
       } else {
-        f.fix = smallestChangeFix(c, opt, num.short_by_bytes, num.capacity_bytes, groups,
+        f.fix = smallestChangeFix(c, opt, num.short_by_bytes, num.capacity_bytes, groups, card,
                                   replay_evidence);
       }
     } else {

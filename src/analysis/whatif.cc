@@ -223,7 +223,13 @@ struct Sim {
     reserved -= rel.bytes;
     segment_frees += rel.calls;
   }
-  void releaseCached() { account(core.releaseCached()); }
+  // Segment visits of the cache releases (each visits every segment): the simulation's work
+  // beyond one step per event, against SimChange::max_segment_visits.
+  uint64_t visits = 0;
+  void releaseCached() {
+    visits += core.segs.size();
+    account(core.releaseCached());
+  }
   bool gcOn() const { return st.gc_threshold > 0.0 && capacity != kWhatIfUnlimited; }
   // CCA garbage_collect_cached_blocks(): only when reserved is above threshold x capacity (CCA:
   // allowed_memory_maximum, the per-process memory fraction of the card); it reclaims at least
@@ -246,6 +252,7 @@ struct Sim {
     std::optional<uint64_t> a = allocBlock(r);
     if (!a) {
       replay::Released rel;
+      visits += core.segs.size();
       const bool released = core.releaseOversize(r, &rel);
       account(rel);
       if (released) a = allocBlock(r);
@@ -425,6 +432,10 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
            " (fragmentation)";
   };
   for (size_t i = 0; i < ev.size(); ++i) {
+    if (sim.visits > change.max_segment_visits) {
+      r.aborted = true;  // a budget the caller set: its figures stop here
+      break;
+    }
     const Event& e = ev[i];
     if (!changed && change.empty_cache_before >= 0 &&
         static_cast<int64_t>(i) >= change.empty_cache_before) {
@@ -543,6 +554,8 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
   }
   r.segment_allocs = sim.segment_allocs;
   r.segment_frees = sim.segment_frees;
+  r.segment_visits = sim.visits;
+  if (sim.visits > change.max_segment_visits) r.aborted = true;  // over it at the last event
   return r;
 }
 
@@ -570,7 +583,9 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
     w.whatif =
         w.whatif_is_baseline ? w.baseline : simulateRequests(snap, d, res.what_settings, what_cap);
     if (w.whatif.oom_count > 0) {
-      const SmallestCard card = smallestCard(snap, d, res.what_settings);
+      SimChange budget;  // the search's work, bounded as the OOM verdict's (x4: asked for)
+      budget.max_segment_visits = 4 * kReplayCheckVisits;
+      const SmallestCard card = smallestCard(snap, d, res.what_settings, budget);
       w.smallest_capacity = card.capacity;
       w.smallest_capacity_slack = card.slack;
     }
@@ -579,10 +594,13 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
   return res;
 }
 
-SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s) {
+SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
+                          const SimChange& change) {
   SmallestCard out;
-  const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited);
-  if (free_run.oom_count > 0) return out;  // a request no card holds
+  SimChange budget = change;  // what is left of the search's budget
+  const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited, budget);
+  if (free_run.oom_count > 0 || free_run.aborted) return out;  // no card, or no answer
+  budget.max_segment_visits = subSat(budget.max_segment_visits, free_run.segment_visits);
   // Without a limit the allocator never gives its cache back: its peak reserved is a capacity that
   // serves every request; none below the peak allocated can. Segments and pages are whole 2 MiB
   // units, so the least capacity is one too: the bisection runs over units and ends exact.
@@ -592,7 +610,10 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
   lo = lo >= unit ? lo - unit : 0;  // the largest capacity known (or assumed) to fail
   for (int step = 0; step < kSmallestCardSteps && ok - lo > unit; ++step) {
     const uint64_t mid = lo + (ok - lo) / unit / 2 * unit;
-    if (simulateRequests(snap, d, s, mid).oom_count == 0) {
+    const SimResult r = simulateRequests(snap, d, s, mid, budget);
+    budget.max_segment_visits = subSat(budget.max_segment_visits, r.segment_visits);
+    if (r.aborted) break;  // out of budget: the card found so far, and how far it may be off
+    if (r.oom_count == 0) {
       ok = mid;
     } else {
       lo = mid;

@@ -69,13 +69,24 @@ struct SimResult {
   uint64_t address_predicted = 0;
   // With SimChange::empty_cache_before: the peak reserved from that call on (its moment included).
   uint64_t peak_reserved_after_change = 0;
+  // Stopped before the end: its cache releases visited more than SimChange::max_segment_visits
+  // segments. Its figures cover only the events before; no answer may rest on them.
+  bool aborted = false;
+  uint64_t segment_visits = 0;  // the work counted against that budget
 };
 
 // What a simulation does that the recording did not (a fix a finding checks before it says it).
 struct SimChange {
   // torch.cuda.empty_cache() just before event `empty_cache_before` of the trace (-1: never).
   int64_t empty_cache_before = -1;
+  // A work budget: the replay stops (SimResult::aborted) once its cache releases, which visit
+  // every segment, have visited more segments than this. A hostile trace of many segments and
+  // many failed requests would otherwise make a replay quadratic.
+  uint64_t max_segment_visits = ~uint64_t{0};
 };
+
+// The budget a finding's check or a search gives each replay (segment visits).
+inline constexpr uint64_t kReplayCheckVisits = uint64_t{1} << 26;
 
 // A block alive when the trace began: freed in the trace before any alloc of its address, or
 // active in the final state and never allocated in the trace.
@@ -119,7 +130,11 @@ struct SmallestCard {
 // limit gives the most a card needs (its peak reserved) and the least (its peak allocated); a
 // bisection between them keeps the smallest card that served every request. Assumes more memory
 // never adds an OOM (PyTorch's allocator only frees its cache when a cudaMalloc fails).
-SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s);
+// `change`: its max_segment_visits bounds the whole search (every replay's visits count); a replay
+// that runs out ends it (the smallest card found so far, with its slack; kWhatIfUnlimited when
+// the first one ran out).
+SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
+                          const SimChange& change = {});
 
 struct WhatIfOptions {
   std::optional<int64_t> device;

@@ -222,6 +222,30 @@ TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
             200 * kMiB);
 }
 
+// The smallest card of the fragmentation history: below 200 MiB the 100 MiB request finds no room
+// (the first segment's free tail is pinned by a live block): 200 MiB exactly, in 2 MiB units.
+// With a work budget the replays run out of, the search says it has no answer (its first replay
+// releases the cache on the 150 MiB card, which visits the segments).
+TEST(WhatIf, SmallestCardIsExactAndBoundedByItsBudget) {
+  auto snap = fragmentation();
+  const SmallestCard card = smallestCard(snap, 0, replay::AllocConf{});
+  EXPECT_EQ(card.capacity, 200 * kMiB);
+  EXPECT_EQ(card.slack, 0u);
+  SimChange none;
+  none.max_segment_visits = 0;
+  const SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, 150 * kMiB, none);
+  EXPECT_TRUE(r.aborted);
+  EXPECT_GT(r.segment_visits, 0u);
+  EXPECT_FALSE(simulateRequests(snap, 0, replay::AllocConf{}, 150 * kMiB).aborted);
+  // The bisection's first replay (below 200 MiB) fails and releases the cache: a budget of one
+  // visit leaves the card of the unlimited replay, 200 MiB, with its slack.
+  SimChange tight;
+  tight.max_segment_visits = 1;
+  const SmallestCard partial = smallestCard(snap, 0, replay::AllocConf{}, tight);
+  EXPECT_EQ(partial.capacity, 200 * kMiB);
+  EXPECT_GT(partial.slack, 0u);
+}
+
 // 100 MiB live, then a recorded OOM of 100 MiB with 50 MiB free: the card holds 150 MiB and live
 // bytes plus the request are 200 MiB. No setting avoids it; a 250 MiB card does.
 TEST(WhatIf, NoSettingHelpsWhenLiveBytesPlusTheRequestExceedTheCard) {
