@@ -11,6 +11,7 @@
 #include "analysis/stack_groups.h"
 #include "analysis/timeline.h"
 #include "common/parallel.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis {
 
@@ -34,12 +35,6 @@ std::vector<StackGroup> topGroups(const format::Snapshot& snap,
     out.push_back(std::move(g));
   }
   return out;
-}
-
-// Adds `b` to `a`, saturating at 2^64-1 (sizes come from the input).
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
 // The allocations of the device by their innermost user line (see LineSizes): trace allocations

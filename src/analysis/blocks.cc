@@ -6,6 +6,7 @@
 
 #include "analysis/findings.h"
 #include "common/allocator_constants.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis {
 
@@ -22,11 +23,6 @@ void addFree(FreeSpace& f, uint64_t size) {
   f.free_bytes += size;
   f.largest_free = std::max(f.largest_free, size);
   ++f.free_blocks;
-}
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
 }
 
 }  // namespace

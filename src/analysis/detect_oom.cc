@@ -16,6 +16,7 @@
 #include "analysis/stack_groups.h"
 #include "analysis/whatif.h"
 #include "common/format_bytes.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis::detail {
 
@@ -24,15 +25,6 @@ using format::Event;
 using format::StackId;
 
 namespace {
-
-uint64_t subSat(uint64_t a, uint64_t b) {
-  return a > b ? a - b : 0;
-}
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
 
 std::string B(uint64_t bytes) {
   return formatBytesShort(bytes);

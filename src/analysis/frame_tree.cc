@@ -6,17 +6,9 @@
 #include <unordered_map>
 
 #include "analysis/frame_class.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis {
-
-namespace {
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r = 0;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
-
-}  // namespace
 
 std::vector<format::FrameId> selectedFrames(const format::Snapshot& snap, format::StackId stack,
                                             const FrameTreeOptions& opt) {

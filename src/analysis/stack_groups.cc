@@ -5,14 +5,11 @@
 #include <map>
 #include <string>
 
+#include "common/saturating.h"
+
 namespace memforensics::analysis {
 
 namespace {
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r = 0;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
 
 // Frame by frame, by display text; a shorter list that is a prefix of the other first.
 int compareFrames(const std::vector<FrameText>& a, const std::vector<FrameText>& b) {

@@ -4,21 +4,13 @@
 
 #include <algorithm>
 
+#include "common/saturating.h"
+
 namespace memforensics::replay {
 
 using format::BlockState;
 
 namespace {
-
-uint64_t addSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_add_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
-
-uint64_t mulSat(uint64_t a, uint64_t b) {
-  uint64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? ~uint64_t{0} : r;
-}
 
 // Whole pages of `page` bytes covering `bytes`, without overflow.
 uint64_t pagesFor(uint64_t bytes, uint64_t page) {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/allocator_constants.h"
+#include "common/saturating.h"
 #include "replay/pass_stats.h"
 
 namespace memforensics::replay {
@@ -25,10 +26,6 @@ uint64_t roundUpPower2Division(uint64_t size, uint64_t divisions) {
   uint64_t up;
   if (down == size) return size;
   return __builtin_add_overflow(down, step, &up) ? kMaxBytes : up;
-}
-
-inline uint64_t subSat(uint64_t a, uint64_t b) {
-  return a > b ? a - b : 0;
 }
 
 // Reserved address ranges: common/address_range.h's RangeSet (sorted, disjoint, touching ranges
