@@ -38,16 +38,6 @@ Category preTraceCategoryOfFlags(uint8_t f) {
   return Category::Parameter;
 }
 
-namespace {
-
-// The OOMs an allocation can be alive at: this device's, by event index, and the other devices'
-// of the same file, by time (one job: an OOM in one DataParallel replica's forward unwinds the
-// step on every device).
-struct Ooms {
-  std::vector<int64_t> events;       // this device's oom events, in order
-  std::vector<int64_t> other_times;  // time_us of the other devices' oom events, sorted
-};
-
 Ooms oomsOf(const format::Snapshot& snap, int64_t device) {
   Ooms out;
   const auto all = snap.ooms();
@@ -58,9 +48,6 @@ Ooms oomsOf(const format::Snapshot& snap, int64_t device) {
   return out;
 }
 
-// Alive at an OOM: made before an OOM event of this device and not freed before it, or (with
-// times) made before another device's OOM and freed after it. Its free, if any, came from the
-// exception's unwind (or later): its lifetime says nothing about what it was.
 bool aliveAtAnOom(const Ctx& c, const AllocFact& a, const Ooms& ooms) {
   auto it = std::upper_bound(ooms.events.begin(), ooms.events.end(), a.event);
   if (it != ooms.events.end() && (a.freed < 0 || a.freed > *it)) return true;
@@ -73,6 +60,8 @@ bool aliveAtAnOom(const Ctx& c, const AllocFact& a, const Ooms& ooms) {
   const int64_t freed = c.ev[static_cast<size_t>(a.freed)].time_us;
   return freed > *t;
 }
+
+namespace {
 
 // The rules of docs/findings.md "Categories", first match wins.
 Category categorizeWith(Ctx& c, const AllocFact& a, const Ooms& ooms) {

@@ -45,7 +45,9 @@ struct Site {
   uint64_t input = 0;  // estimated input size of one instance
   size_t segment = 1;  // calls per checkpointed segment (1: each call on its own)
   uint64_t perCall() const { return calls == 0 ? 0 : held / calls; }
-  uint64_t kept(size_t k) const { return mulSat((calls + k - 1) / k, input); }
+  size_t segments(size_t k) const { return (calls + k - 1) / k; }
+  size_t segments() const { return segments(segment); }
+  uint64_t kept(size_t k) const { return mulSat(segments(k), input); }
   uint64_t recompute(size_t k) const { return mulSat(k, perCall()); }
   // What the checkpointed site no longer holds, before backward recomputes a segment.
   uint64_t saving() const { return subSat(held, kept(segment)); }
@@ -101,7 +103,7 @@ void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<
 // (by time) on another device of the job, say nothing of the kind and are left out.
 class Releases {
  public:
-  explicit Releases(Ctx& c) : c_(c), backward_(c.ev.size() + 1, 0) {
+  explicit Releases(Ctx& c) : c_(c), backward_(c.ev.size() + 1, 0), ooms_(oomsOf(c.s, c.device)) {
     // backward_[i]: autograd allocations among the events before i.
     for (size_t i = 0; i < c.ev.size(); ++i) {
       const int32_t k = c.alloc_at[i];
@@ -109,43 +111,29 @@ class Releases {
           k >= 0 && (c.flagsOf(c.allocs[static_cast<size_t>(k)].stack) & kAutograd) != 0;
       backward_[i + 1] = backward_[i] + (bwd ? 1 : 0);
     }
-    for (const replay::OomEvent& o : c.summary.ooms) ooms_.push_back(o.event);
-    std::sort(ooms_.begin(), ooms_.end());
-    other_oom_times_ = otherDeviceOomTimes(c.s, c.device);
   }
   // Freed in the trace with no backward allocation between its allocation and its free, and not by
   // an OOM's unwind.
   bool withoutBackward(const AllocFact& a) const {
     if (a.freed < 0 || a.category != Category::Activation) return false;
     const auto made = static_cast<size_t>(a.event), freed = static_cast<size_t>(a.freed);
-    if (backward_[freed] != backward_[made + 1]) return false;
-    auto o = std::upper_bound(ooms_.begin(), ooms_.end(), a.event);
-    if (o != ooms_.end() && *o <= a.freed) return false;
-    const int64_t t0 = c_.ev[made].time_us, t1 = c_.ev[freed].time_us;
-    if (!other_oom_times_.empty() && t0 >= 0 && t1 >= 0) {
-      auto t = std::upper_bound(other_oom_times_.begin(), other_oom_times_.end(), t0);
-      if (t != other_oom_times_.end() && *t <= t1) return false;
-    }
-    return true;
+    return backward_[freed] == backward_[made + 1] && !aliveAtAnOom(c_, a, ooms_);
   }
 
  private:
   const Ctx& c_;
   std::vector<uint32_t> backward_;
-  std::vector<int64_t> ooms_;
-  std::vector<int64_t> other_oom_times_;
+  Ooms ooms_;
 };
 
-}  // namespace
-
-void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
+void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
+                   const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_requested;
   if (pk.event < 0 || pk.bytes == 0) return;
   // Held for backward: activations alive at the peak that are released within their step (not
   // retained past it, not kept for good: those are the retention and leak rules).
   const bool steps = !c.iters.empty() && iterationsAreTrainingSteps(c);
   const StepEnds ends(c);
-  const Releases releases(c);
   std::vector<Held> held;
   uint64_t held_bytes = 0;
   std::unordered_map<StackId, std::vector<FrameId>> chains;
@@ -201,9 +189,9 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
   f.bytes = saving;
   const Site& top = sites.front();
   const std::string in_segments =
-      top.segment > 1 ? " in " + std::to_string((top.calls + top.segment - 1) / top.segment) +
-                            " segments of " + std::to_string(top.segment)
-                      : "";
+      top.segment > 1
+          ? " in " + std::to_string(top.segments()) + " segments of " + std::to_string(top.segment)
+          : "";
   f.title = "Activation checkpointing: activations held for backward are " +
             pct(held_bytes, pk.bytes) + " of the " + formatBytes(pk.bytes) +
             " peak; checkpointing the " + std::to_string(top.calls) + " modules called at " +
@@ -217,7 +205,7 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
         "each of these modules keeps little more than its own input, so checkpointing them one by "
         "one saves nothing: checkpoint them in segments, torch.utils.checkpoint."
         "checkpoint_sequential(modules, " +
-        std::to_string((top.calls + top.segment - 1) / top.segment) +
+        std::to_string(top.segments()) +
         ", x, use_reentrant=False): each segment keeps only its input and backward recomputes "
         "one segment at a time, for about one more forward of compute";
   } else {
@@ -241,11 +229,10 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
                         {}});
   for (size_t k = 0; k < sites.size() && k < opt.evidence_stacks; ++k) {
     const Site& s = sites[k];
-    const size_t kept = (s.calls + s.segment - 1) / s.segment;
     f.evidence.push_back(
         {std::to_string(s.calls) + " calls hold " + formatBytes(s.held) + "; checkpointed" +
              (s.segment > 1 ? " in segments of " + std::to_string(s.segment) : "") +
-             ", they would keep " + std::to_string(kept) + " x " + formatBytes(s.input) +
+             ", they would keep " + std::to_string(s.segments()) + " x " + formatBytes(s.input) +
              " of inputs",
          -1,
          -1,
@@ -255,10 +242,10 @@ void detectCheckpointing(Ctx& c, std::vector<Finding>& out, const FindingsOption
   out.push_back(std::move(f));
 }
 
-void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
+void inferenceWithGrad(Ctx& c, const Releases& releases, std::vector<Finding>& out,
+                       const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_requested;
   if (pk.event < 0 || pk.bytes == 0 || c.ev.empty()) return;
-  const Releases releases(c);
   const auto n = c.ev.size();
   // The activations released without a backward and held at the peak.
   uint64_t held = 0;
@@ -284,27 +271,20 @@ void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out, const FindingsOp
     if (i + 1 < n)
       next_alloc[i] = c.alloc_at[i + 1] >= 0 ? static_cast<int64_t>(i + 1) : next_alloc[i + 1];
   }
-  std::vector<double> now(n + 1, 0.0), nograd(n + 1, 0.0);
+  std::vector<double> nograd(n + 1, 0.0);
   for (size_t k = 0; k < c.allocs.size(); ++k) {
     const AllocFact& a = c.allocs[k];
-    const auto r = static_cast<double>(a.requested);
     const auto made = static_cast<size_t>(a.event);
-    const size_t freed = a.freed < 0 ? n : static_cast<size_t>(a.freed);
-    now[made] += r;
-    now[freed] -= r;
-    size_t end = freed;
+    size_t end = a.freed < 0 ? n : static_cast<size_t>(a.freed);
     if (unneeded[k] && next_alloc[made] >= 0)
-      end = std::min(freed, static_cast<size_t>(next_alloc[made]) + 1);
-    nograd[made] += r;
-    nograd[end] -= r;
+      end = std::min(end, static_cast<size_t>(next_alloc[made]) + 1);
+    nograd[made] += static_cast<double>(a.requested);
+    nograd[end] -= static_cast<double>(a.requested);
   }
-  double level = 0, level_ng = 0, max_now = 0, max_ng = 0;
-  for (size_t i = 0; i < n; ++i) {
-    level += now[i];
-    level_ng += nograd[i];
-    max_now = std::max(max_now, level);
-    max_ng = std::max(max_ng, level_ng);
-  }
+  double level_ng = 0, max_now = 0, max_ng = 0;
+  for (double v : requestedLevels(c, 0, static_cast<int64_t>(n) - 1))
+    max_now = std::max(max_now, v);
+  for (size_t i = 0; i < n; ++i) max_ng = std::max(max_ng, level_ng += nograd[i]);
   const double drop = std::max(0.0, max_now - max_ng);
   const uint64_t saving = drop >= static_cast<double>(held) ? held : static_cast<uint64_t>(drop);
   if (saving < warningFloor(pk.bytes)) return;
@@ -336,6 +316,14 @@ void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out, const FindingsOp
         {"kept for no backward, allocated from", -1, -1, v[k].requested_bytes, v[k].frames});
   }
   out.push_back(std::move(f));
+}
+
+}  // namespace
+
+void detectActivationAdvice(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
+  const Releases releases(c);  // which activations a backward released: both rules read it
+  checkpointing(c, releases, out, opt);
+  inferenceWithGrad(c, releases, out, opt);
 }
 
 }  // namespace memforensics::analysis::detail

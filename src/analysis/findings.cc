@@ -107,8 +107,7 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   detectAllocatorSetting(c, out, options);
   detectTemporarySpike(c, out, options);
   detectPendingFree(c, out, options);
-  detectCheckpointing(c, out, options);
-  detectInferenceWithGrad(c, out, options);
+  detectActivationAdvice(c, out, options);
   detectIncompleteHistory(c, out);
   // A replay that cannot lead to the file's final state spoils the start state, the peaks and
   // the layout every detector reads: no finding presents its figures as exact then.

@@ -112,6 +112,19 @@ std::vector<int64_t> otherDeviceOomTimes(const format::Snapshot& s, int64_t devi
 // overflow a sum, and levels only need comparing (findings.cc).
 std::vector<double> requestedLevels(const Ctx& c, int64_t lo, int64_t hi);
 
+// The OOMs an allocation can be alive at: this device's, by event index, and the other devices'
+// of the same file, by time (one job: an OOM in one DataParallel replica's forward unwinds the
+// step on every device) (categories.cc).
+struct Ooms {
+  std::vector<int64_t> events;       // this device's oom events, in order
+  std::vector<int64_t> other_times;  // time_us of the other devices' oom events, sorted
+};
+Ooms oomsOf(const format::Snapshot& snap, int64_t device);
+// Alive at an OOM: made before an OOM event of this device and not freed before it, or (with
+// times) made before another device's OOM and freed after it. Its free, if any, came from the
+// exception's unwind (or later): its lifetime says nothing about what it was.
+bool aliveAtAnOom(const Ctx& c, const AllocFact& a, const Ooms& ooms);
+
 // Training steps (detect_growth.cc). Detected (not annotated) iterations count as steps only when
 // most of them run a backward pass or an optimizer.
 bool iterationsAreTrainingSteps(Ctx& c);
@@ -147,10 +160,8 @@ void detectTemporarySpike(Ctx& c, std::vector<Finding>& out,
                           const FindingsOptions& opt);  // detect_other.cc
 void detectPendingFree(Ctx& c, std::vector<Finding>& out,
                        const FindingsOptions& opt);  // detect_other.cc
-void detectCheckpointing(Ctx& c, std::vector<Finding>& out,
-                         const FindingsOptions& opt);  // detect_checkpoint.cc
-void detectInferenceWithGrad(Ctx& c, std::vector<Finding>& out,
-                             const FindingsOptions& opt);         // detect_checkpoint.cc
+// Activation checkpointing, then inference with grad (detect_checkpoint.cc).
+void detectActivationAdvice(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);
 void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out);  // detect_history.cc
 
 }  // namespace memforensics::analysis::detail

@@ -880,18 +880,16 @@ class KinetoSax {
   // string "25738" and a memory event's as the number 25738 (the same thread). Other strings
   // ("stream 7", "PyTorch Profiler (0)") are names, kept apart from every number by the top bit.
   static uint64_t idOf(const Num& n, const std::string* s) {
+    constexpr uint64_t kName = uint64_t{1} << 63;
+    int64_t v = 0;
     if (s) {
-      int64_t v = 0;
-      const char* b = s->data();
-      const char* e = b + s->size();
-      auto [p, ec] = std::from_chars(b, e, v);
-      if (!s->empty() && ec == std::errc() && p == e)
-        return static_cast<uint64_t>(v) & ~(uint64_t{1} << 63);
-      return std::hash<std::string>()(*s) | (uint64_t{1} << 63);
+      const char* end = s->data() + s->size();
+      auto [p, ec] = std::from_chars(s->data(), end, v);
+      if (s->empty() || ec != std::errc() || p != end) return std::hash<std::string>()(*s) | kName;
+    } else if (!n.toI64(&v)) {
+      return 0;
     }
-    int64_t v;
-    if (n.toI64(&v)) return static_cast<uint64_t>(v) & ~(uint64_t{1} << 63);
-    return 0;
+    return static_cast<uint64_t>(v) & ~kName;
   }
   void beginEvent() {
     field_ = Field::None;
