@@ -588,6 +588,7 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
       const SmallestCard card = smallestCard(snap, d, res.what_settings, budget);
       w.smallest_capacity = card.capacity;
       w.smallest_capacity_slack = card.slack;
+      w.smallest_capacity_budget_ran_out = card.budget_ran_out;
     }
     res.devices.push_back(std::move(w));
   }
@@ -599,6 +600,7 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
   SmallestCard out;
   SimChange budget = change;  // what is left of the search's budget
   const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited, budget);
+  out.budget_ran_out = free_run.aborted;
   if (free_run.oom_count > 0 || free_run.aborted) return out;  // no card, or no answer
   budget.max_segment_visits = subSat(budget.max_segment_visits, free_run.segment_visits);
   // Without a limit the allocator never gives its cache back: its peak reserved is a capacity that
@@ -612,7 +614,10 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
     const uint64_t mid = lo + (ok - lo) / unit / 2 * unit;
     const SimResult r = simulateRequests(snap, d, s, mid, budget);
     budget.max_segment_visits = subSat(budget.max_segment_visits, r.segment_visits);
-    if (r.aborted) break;  // out of budget: the card found so far, and how far it may be off
+    if (r.aborted) {  // out of budget: the card found so far, and how far it may be off
+      out.budget_ran_out = true;
+      break;
+    }
     if (r.oom_count == 0) {
       ok = mid;
     } else {

@@ -114,6 +114,7 @@ struct DeviceWhatIf {
   // it may be (0 unless the search ran out of kSmallestCardSteps halvings).
   uint64_t smallest_capacity = kWhatIfUnlimited;
   uint64_t smallest_capacity_slack = 0;
+  bool smallest_capacity_budget_ran_out = false;  // the search stopped on its work budget
   bool whatif_is_baseline = false;  // same settings and capacity: one simulation, said once
 };
 
@@ -125,6 +126,7 @@ inline constexpr uint64_t kSmallestCardUnit = uint64_t{2} << 20;
 struct SmallestCard {
   uint64_t capacity = kWhatIfUnlimited;  // kWhatIfUnlimited: no card serves every request
   uint64_t slack = 0;                    // the least such card lies in [capacity - slack, capacity]
+  bool budget_ran_out = false;           // a replay ran out of the search's work budget
 };
 // The smallest card on which device trace `d` replays under `s` with no OOM: the replay without a
 // limit gives the most a card needs (its peak reserved) and the least (its peak allocated); a

@@ -243,7 +243,9 @@ int runWhatIfCommand() {
       os << "  smallest capacity without an OOM (memory the allocator may reserve"
          << (same ? "" : ", under the what-if settings") << "): ";
       if (d.smallest_capacity == analysis::kWhatIfUnlimited) {
-        os << "none (a request is larger than any card)\n";
+        os << (d.smallest_capacity_budget_ran_out
+                   ? "not found (the search ran out of its work budget)\n"
+                   : "none (a request is larger than any card)\n");
       } else {
         os << formatBytes(d.smallest_capacity) << ", checked by replay";
         if (d.smallest_capacity_slack > 0)

@@ -231,6 +231,7 @@ TEST(WhatIf, SmallestCardIsExactAndBoundedByItsBudget) {
   const SmallestCard card = smallestCard(snap, 0, replay::AllocConf{});
   EXPECT_EQ(card.capacity, 200 * kMiB);
   EXPECT_EQ(card.slack, 0u);
+  EXPECT_FALSE(card.budget_ran_out);
   SimChange none;
   none.max_segment_visits = 0;
   const SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, 150 * kMiB, none);
@@ -244,6 +245,7 @@ TEST(WhatIf, SmallestCardIsExactAndBoundedByItsBudget) {
   const SmallestCard partial = smallestCard(snap, 0, replay::AllocConf{}, tight);
   EXPECT_EQ(partial.capacity, 200 * kMiB);
   EXPECT_GT(partial.slack, 0u);
+  EXPECT_TRUE(partial.budget_ran_out);
 }
 
 // 100 MiB live, then a recorded OOM of 100 MiB with 50 MiB free: the card holds 150 MiB and live
