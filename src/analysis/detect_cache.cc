@@ -18,64 +18,6 @@ using format::Action;
 
 namespace {
 
-// The replay of a device's requests under the file's own settings, whose label (exact or
-// estimate) every checked fix on the device carries; nullopt when the device cannot be replayed
-// (a profiler trace, no request stream, the replays switched off, a history that began late).
-struct Baseline {
-  DeviceWhatIf facts;
-  replay::AllocConf conf;
-  uint64_t capacity = kWhatIfUnlimited;
-};
-// The most segment visits a finding's check may cost (see baselineOf).
-constexpr uint64_t kCheckReplayWork = uint64_t{1} << 26;
-
-std::optional<Baseline> baselineOf(const Ctx& c, const FindingsOptions& opt, std::string* why) {
-  if (!c.s.has_segment_info) {
-    *why = "a profiler trace has no allocator segments to replay";
-    return std::nullopt;
-  }
-  if (opt.fix_replays == 0) {
-    *why = "the findings' replays are off";
-    return std::nullopt;
-  }
-  if (c.device < 0 || static_cast<size_t>(c.device) >= c.s.traceCount() || c.ev.empty()) {
-    *why = "no request stream for this device";
-    return std::nullopt;
-  }
-  // The replay releases cached segments at each run of recorded segment frees, visiting every
-  // segment: a hostile trace of many segments and many such runs would make it quadratic. Past
-  // kCheckReplayWork segment visits the check is not run (the finding says untested).
-  uint64_t segments = 0, runs = 0;
-  for (size_t i = 0; i < c.ev.size(); ++i) {
-    const Action a = c.ev[i].action;
-    if (a == Action::SegmentAlloc || a == Action::SegmentMap) ++segments;
-    const bool release = a == Action::SegmentFree || a == Action::SegmentUnmap;
-    const bool prev = i > 0 && (c.ev[i - 1].action == Action::SegmentFree ||
-                                c.ev[i - 1].action == Action::SegmentUnmap);
-    runs += release && !prev;
-  }
-  if (mulSat(segments, runs) > kCheckReplayWork) {
-    *why = "the replay would visit more than " + std::to_string(kCheckReplayWork) + " segments (" +
-           std::to_string(runs) + " release runs over " + std::to_string(segments) + " segments)";
-    return std::nullopt;
-  }
-  const auto d = static_cast<size_t>(c.device);
-  Baseline b;
-  b.facts = recordedFacts(c.s, d);
-  b.conf = replay::allocConfOf(c.s);
-  if (!b.facts.complete_history) {
-    *why = whatIfEstimateReason(b.facts, b.conf);
-    return std::nullopt;
-  }
-  b.capacity = impliedCapacity(c.s, d);
-  b.facts.baseline = simulateRequests(c.s, d, b.conf, b.capacity);
-  return b;
-}
-
-std::string exactLabel(const std::string& reason) {
-  return reason.empty() ? std::string("exact") : "an estimate: " + reason;
-}
-
 // The share of the run from event `from` to its end, by time when the events have times (the
 // stretch the memory is held), else by events; in [0, 1] (a hostile file's times may run
 // backwards, and the share is printed as a percentage through an int).
@@ -187,13 +129,7 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptions& 
     ++call;
   uint64_t bytes = hold_from - need_from;
   std::string checked, untested;
-  std::optional<Baseline> base = baselineOf(c, opt, &untested);
-  // A replay that fails requests the recording served has left the recording behind: its figures
-  // check nothing (a hostile size, a request above kWhatIfMaxRequest).
-  if (base && base->facts.baseline.oom_count > base->facts.recorded_ooms) {
-    untested = "a replay under the file's own settings fails requests the recording served";
-    base.reset();
-  }
+  std::optional<FixBaseline> base = fixBaseline(c, opt, &untested);
   if (base) {
     SimChange change;
     change.empty_cache_before = call;
@@ -268,7 +204,7 @@ void detectAllocatorSetting(Ctx& c, std::vector<Finding>& out, const FindingsOpt
       s.peak_reserved.bytes - s.peak_active.bytes < floor)
     return;
   std::string untested;
-  std::optional<Baseline> base = baselineOf(c, opt, &untested);
+  std::optional<FixBaseline> base = fixBaseline(c, opt, &untested);
   if (!base || base->conf.expandable_segments) return;  // a setting the run has is never advised
   replay::AllocConf conf = base->conf;
   if (!replay::applyAllocSetting(conf, "expandable_segments", "True").empty()) return;

@@ -18,12 +18,11 @@ using format::Action;
 using format::Event;
 using format::StackId;
 
-// Activation retention fires when the retained bytes alive at the requested peak are at least
-// this share of the peak and at least kRetentionMinBytes: below that the peak is set by something
-// else. High from kRetentionHighShare of the peak.
+// Activation retention fires when freeing the retained activations where their backward ends
+// lowers the requested peak by at least this share of it and at least kRetentionMinBytes; a
+// warning from warningFloor when the replay's peak reserved drops by that much too.
 inline constexpr double kRetentionMinShare = 0.05;
 inline constexpr uint64_t kRetentionMinBytes = 16 * kMiB;
-inline constexpr double kRetentionHighShare = 0.25;
 
 StepEnds::StepEnds(const Ctx& c) : c_(c) {
   for (const Phase& p : c.facts.phases) {
@@ -179,81 +178,192 @@ void detectLeak(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   out.push_back(std::move(f));
 }
 
-// Activation retention: at the requested peak, activations made in a step that are still alive
-// when the next step's forward has begun (its first activation is made) and are released in a
-// later step: bounded, but they raise every step's peak by their size.
+// Where an activation's backward is over, as the event before which it could be freed: after the
+// last event of the first backward phase of its iteration that ends after it was made, else at the
+// first event of its iteration's first optimizer phase that begins after it, else (steps without
+// sub-phases) after its iteration's last allocation by the autograd engine, when that comes after
+// it; -1 when its iteration runs no backward after it (nothing says when it was last needed).
+class BackwardEnds {
+ public:
+  explicit BackwardEnds(Ctx& c) : last_autograd_(c.iters.size(), -1) {
+    for (const Phase& p : c.facts.phases) {
+      if (p.iteration < 0 || p.last_event < p.first_event) continue;
+      if (p.kind == PhaseKind::Backward) backward_.emplace_back(p.iteration, p.last_event);
+      if (p.kind == PhaseKind::Optimizer) optimizer_.emplace_back(p.iteration, p.first_event);
+    }
+    std::sort(backward_.begin(), backward_.end());
+    std::sort(optimizer_.begin(), optimizer_.end());
+    for (const AllocFact& a : c.allocs) {
+      if (a.iteration >= 0 && static_cast<size_t>(a.iteration) < last_autograd_.size() &&
+          (c.flagsOf(a.stack) & kAutograd))
+        last_autograd_[static_cast<size_t>(a.iteration)] = a.event;
+    }
+  }
+  int64_t of(const AllocFact& a) const {
+    if (a.iteration < 0) return -1;
+    const auto b =
+        std::lower_bound(backward_.begin(), backward_.end(), std::make_pair(a.iteration, a.event));
+    if (b != backward_.end() && b->first == a.iteration) return b->second + 1;
+    const auto o = std::upper_bound(optimizer_.begin(), optimizer_.end(),
+                                    std::make_pair(a.iteration, a.event));
+    if (o != optimizer_.end() && o->first == a.iteration) return o->second;
+    if (static_cast<size_t>(a.iteration) >= last_autograd_.size()) return -1;
+    const int64_t g = last_autograd_[static_cast<size_t>(a.iteration)];
+    return g > a.event ? g + 1 : -1;
+  }
+
+ private:
+  std::vector<std::pair<int, int64_t>> backward_;   // (iteration, last event), sorted
+  std::vector<std::pair<int, int64_t>> optimizer_;  // (iteration, first event), sorted
+  std::vector<int64_t> last_autograd_;              // per iteration, -1: none
+};
+
+// Activation retention: activations still alive after their step's backward is over (through the
+// optimizer step, into the next step) that raise a later peak. The rule is the fix itself: free
+// each such activation where its backward ends and recompute the requested bytes event by event;
+// the finding fires only when their maximum drops, by that drop (so never for the peak step's own
+// activations, which its backward still needs). A replay of the requests with those early frees
+// through the caching allocator checks the peak reserved too. Activations released only by an
+// OOM's unwind are not retention; those never released are the leak rule's, unless their stack
+// was released late in an earlier step (the trace ended before the step that would free them).
 void detectRetention(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const replay::Peak& pk = c.summary.peak_requested;
-  if (c.iters.size() < 2 || pk.event < 0 || pk.bytes == 0) return;
-  // The first activation of each iteration: its forward has begun.
-  std::vector<int64_t> forward_begins(c.iters.size(), -1);
-  for (const AllocFact& a : c.allocs) {
-    if (a.category == Category::Activation && a.iteration >= 0 &&
-        forward_begins[static_cast<size_t>(a.iteration)] < 0)
-      forward_begins[static_cast<size_t>(a.iteration)] = a.event;
-  }
-  const int64_t last_iter_event = c.iters.back().last_event;
-  const int last_iter = static_cast<int>(c.iters.size()) - 1;
-  // Alive into the next step's forward and released within the iterations.
-  auto releasedLate = [&](const AllocFact& a) {
-    if (a.category != Category::Activation || a.iteration < 0 || a.iteration >= last_iter)
-      return false;
-    const int64_t next = forward_begins[static_cast<size_t>(a.iteration) + 1];
-    return next >= 0 && a.freed > next && a.freed <= last_iter_event;
+  if (c.iters.size() < 2 || pk.event < 0 || pk.bytes == 0 || c.ev.empty()) return;
+  const auto n = static_cast<int64_t>(c.ev.size());
+  const BackwardEnds ends(c);
+  const Ooms ooms = oomsOf(c.s, c.device);
+  auto endOf = [&](const AllocFact& a) -> int64_t {
+    if (a.category != Category::Activation || aliveAtAnOom(c, a, ooms)) return -1;
+    const int64_t end = ends.of(a);
+    return end > a.event && end < n ? end : -1;
   };
-  // Stacks released late at least once: an allocation of the last step with such a stack, alive
-  // at the end, is retained the same way (the trace ends before the step that would free it).
-  std::vector<StackId> late;
+  std::vector<StackId> late;  // stacks released after their backward at least once
   for (const AllocFact& a : c.allocs) {
-    if (releasedLate(a)) late.push_back(a.stack);
+    const int64_t end = endOf(a);
+    if (end >= 0 && a.freed > end) late.push_back(a.stack);
   }
   if (late.empty()) return;
   std::sort(late.begin(), late.end());
   late.erase(std::unique(late.begin(), late.end()), late.end());
-  uint64_t retained = 0;
-  StackGrouper lines(c.s, {1});  // the line that allocated them
+  // The fix: each retained activation freed just before event `end` instead of at its free.
+  struct Early {
+    size_t k;     // index into c.allocs
+    int64_t end;  // freed before this event
+  };
+  std::vector<Early> early;
+  std::vector<double> delta(static_cast<size_t>(n) + 1, 0.0);
+  for (size_t k = 0; k < c.allocs.size(); ++k) {
+    const AllocFact& a = c.allocs[k];
+    const int64_t end = endOf(a);
+    if (end < 0) continue;
+    if (a.freed >= 0 ? a.freed <= end : !std::binary_search(late.begin(), late.end(), a.stack))
+      continue;
+    early.push_back({k, end});
+    const auto r = static_cast<double>(a.requested);
+    delta[static_cast<size_t>(end)] -= r;
+    delta[static_cast<size_t>(a.freed < 0 ? n : a.freed)] += r;
+  }
+  // Requested bytes after each event, as recorded and with the fix, in double (hostile sizes near
+  // 2^64 must not overflow a sum): the saving is the drop of their maximum.
+  const std::vector<double> level = requestedLevels(c, 0, n - 1);
+  double max_now = 0, max_fixed = 0, shift = 0;
+  int64_t fixed_at = 0;
+  for (size_t i = 0; i < level.size(); ++i) {
+    shift += delta[i];
+    max_now = std::max(max_now, level[i]);
+    if (level[i] + shift > max_fixed)
+      max_fixed = level[i] + shift, fixed_at = static_cast<int64_t>(i);
+  }
+  const double drop_d = std::max(0.0, max_now - max_fixed);
+  const uint64_t drop =
+      drop_d >= static_cast<double>(pk.bytes) ? pk.bytes : static_cast<uint64_t>(drop_d);
+  if (drop < kRetentionMinBytes ||
+      static_cast<double>(drop) < kRetentionMinShare * static_cast<double>(pk.bytes))
+    return;
+  // What is retained at the recorded peak, by the line that allocated it.
+  StackGrouper lines(c.s, {1});
   StackGrouper stacks(c.s, {6});
-  int64_t example_free = -1;
-  for (const AllocFact& a : c.allocs) {
-    if (a.event > pk.event) break;
-    if (a.freed >= 0 && a.freed <= pk.event) continue;  // not alive at the peak
-    const bool last_step = a.category == Category::Activation && a.iteration == last_iter &&
-                           a.freed < 0 && std::binary_search(late.begin(), late.end(), a.stack);
-    if (!last_step && !releasedLate(a)) continue;
-    retained += a.requested;
+  uint64_t at_peak = 0;
+  int64_t example_end = -1;
+  for (const Early& e : early) {
+    const AllocFact& a = c.allocs[e.k];
+    if (e.end > pk.event || (a.freed >= 0 && a.freed <= pk.event) || a.event > pk.event) continue;
+    at_peak += a.requested;
     lines.add(a.stack, a.requested, 0, 1, a.event);
     stacks.add(a.stack, a.requested, 0, 1, a.event);
-    if (example_free < 0 && a.freed >= 0) example_free = a.freed;
+    if (example_end < 0) example_end = e.end;
   }
-  const double share = static_cast<double>(retained) / static_cast<double>(pk.bytes);
-  if (retained < kRetentionMinBytes || share < kRetentionMinShare) return;
   const std::vector<LiveGroup> by_line = lines.take();
   const std::vector<LiveGroup> v = stacks.take();
   if (v.empty() || by_line.empty()) return;
+  // The check through the caching allocator: the peak reserved with the same early frees.
+  std::string untested, checked;
+  bool reserved_drops = true;
+  if (std::optional<FixBaseline> base = fixBaseline(c, opt, &untested)) {
+    SimChange change;
+    change.max_segment_visits = kReplayCheckVisits;
+    for (const Early& e : early) change.early_frees.emplace_back(e.end, c.allocs[e.k].event);
+    std::sort(change.early_frees.begin(), change.early_frees.end());
+    const SimResult r =
+        simulateRequests(c.s, static_cast<size_t>(c.device), base->conf, base->capacity, change);
+    const SimResult& b = base->facts.baseline;
+    if (!r.aborted && r.oom_count <= b.oom_count) {
+      const uint64_t saved =
+          b.peak_reserved > r.peak_reserved ? b.peak_reserved - r.peak_reserved : 0;
+      reserved_drops = saved >= warningFloor(pk.bytes);
+      checked = "checked by replay: peak reserved " + formatBytes(b.peak_reserved) + " -> " +
+                formatBytes(r.peak_reserved) + ", peak allocated " + formatBytes(b.peak_allocated) +
+                " -> " + formatBytes(r.peak_allocated) + " (" +
+                exactLabel(whatIfEstimateReason(base->facts, base->conf)) + ")";
+    } else {
+      untested = r.aborted ? "the replay ran out of its work budget"
+                           : "the replay with the early frees fails a request";
+    }
+  }
   Finding f;
   f.kind = FindingKind::ActivationRetention;
   f.device = c.device;
-  f.severity = share >= kRetentionHighShare ? FindingSeverity::High : FindingSeverity::Warning;
-  f.bytes = retained;
-  f.title = "Activation retention: " + formatBytes(retained) +
-            " of forward activations alive at the peak stay alive into the next step's forward (" +
-            pct(retained, pk.bytes) + " of the " + formatBytes(pk.bytes) + " peak)";
+  f.severity = drop >= warningFloor(pk.bytes) && reserved_drops ? FindingSeverity::Warning
+                                                                : FindingSeverity::Info;
+  f.bytes = drop;
+  f.title = "Activation retention: " + formatBytes(at_peak) +
+            " of forward activations alive at the peak outlived their step's backward; freed "
+            "where their backward ends, the peak would drop by " +
+            formatBytes(drop) + " (" + pct(drop, pk.bytes) + " of the " + formatBytes(pk.bytes) +
+            ")";
   f.fix =
-      "a hook or a variable keeps a step's outputs until the next step overwrites them: release "
-      "them at the end of the step (del, clear the dict, keep `.detach().cpu()` copies); the peak "
-      "drops by up to this amount";
-  f.basis = c.basis;
-  f.where = c.frames(by_line.front().representative);
+      "a variable, a hook or a container keeps a step's forward outputs after its backward (the "
+      "logits or loss returned to the loop, `acts[name] = out`): drop them once the backward has "
+      "run (`del`, clear the dict, keep `.item()` / `.detach().cpu()` copies), before "
+      "optimizer.step() and the next forward";
+  f.basis =
+      std::string(c.basis.empty() ? "" : c.basis + "; ") +
+      "requested bytes recomputed with each retained activation freed where its step's "
+      "backward ends" +
+      (checked.empty() ? (untested.empty() ? "" : "; not replayed: " + untested) : "; " + checked);
+  // The line to change: the hook or user code that made it, or the model's call site when the
+  // innermost user frame is a layer's forward.
+  std::vector<FrameText> where = c.frames(by_line.front().representative);
+  if (!where.empty() && where.front().name == "forward")
+    where = keptForwardWhere(c, by_line.front().representative);
+  f.where = where;
   f.evidence.push_back({"requested-bytes peak", pk.event, pk.time_us, pk.bytes, {}});
-  if (example_free >= 0) {
-    f.evidence.push_back({"a retained block is released in the next step's forward",
-                          example_free,
-                          c.ev[static_cast<size_t>(example_free)].time_us,
+  f.evidence.push_back(
+      {"with the retained activations freed where their backward ends, the "
+       "highest point (requested bytes)",
+       fixed_at,
+       c.ev[static_cast<size_t>(fixed_at)].time_us,
+       pk.bytes - drop,
+       {}});
+  if (example_end >= 0) {
+    f.evidence.push_back({"a retained activation's backward ended here",
+                          example_end,
+                          c.ev[static_cast<size_t>(example_end)].time_us,
                           0,
                           {}});
   }
   for (size_t k = 0; k < v.size() && k < opt.evidence_stacks; ++k) {
-    f.evidence.push_back({"alive into the next step at the peak, allocated from", -1, -1,
+    f.evidence.push_back({"alive at the peak after its backward, allocated from", -1, -1,
                           v[k].requested_bytes, v[k].frames});
   }
   out.push_back(std::move(f));

@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "analysis/findings.h"
 #include "analysis/frame_class.h"
+#include "analysis/whatif.h"
+#include "replay/alloc_conf.h"
 
 namespace memforensics::analysis::detail {
 
@@ -145,6 +148,21 @@ class StepEnds {
 // frame outside the `forward` functions, `logits = model(x)`) and its callers, else the innermost
 // user frames (detect_growth.cc).
 std::vector<FrameText> keptForwardWhere(Ctx& c, format::StackId id);
+
+// The replay of a device's requests under the file's own settings on the card the file implies,
+// which a finding runs again with its fix (whatif.h SimChange) before it says it; every checked
+// fix on the device carries its label (exact or estimate) (fix_replay.cc).
+struct FixBaseline {
+  DeviceWhatIf facts;  // facts.baseline: the replay without the fix
+  replay::AllocConf conf;
+  uint64_t capacity = kWhatIfUnlimited;
+};
+// nullopt, with why in `why`, when the device cannot be replayed: a profiler trace, no request
+// stream, the replays switched off, a history that began late, a replay past kReplayCheckVisits,
+// or one that fails requests the recording served (its figures would check nothing).
+std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt, std::string* why);
+// "exact", or "an estimate: <reason>" (whatIfEstimateReason's).
+std::string exactLabel(const std::string& reason);
 
 // The detectors (one file each; docs/findings.md gives their rules).
 void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt);  // detect_oom.cc

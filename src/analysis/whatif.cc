@@ -404,6 +404,7 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
   uint64_t pending = 0;
   bool changed = false;
   size_t next_request = 0;  // the segment-release runs' look-ahead cursor (below)
+  size_t next_early = 0;    // the next of change.early_frees
   auto isRequest = [](Action a) {
     return a == Action::SegmentAlloc || a == Action::SegmentMap || a == Action::Oom ||
            a == Action::Alloc;
@@ -437,6 +438,22 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
       break;
     }
     const Event& e = ev[i];
+    for (; next_early < change.early_frees.size() &&
+           change.early_frees[next_early].first <= static_cast<int64_t>(i);
+         ++next_early) {
+      const int64_t made = change.early_frees[next_early].second;
+      if (made < 0 || static_cast<size_t>(made) >= i || ev[made].action != Action::Alloc) continue;
+      // The recorded address stays taken until its recorded free, so it still names this block
+      // (absent when the simulation refused the request, or when it was freed already).
+      auto it = live.find(ev[static_cast<size_t>(made)].addr);
+      if (it == live.end()) continue;
+      if (auto p = pending_blocks.find(it->first); p != pending_blocks.end()) {
+        pending -= p->second;
+        pending_blocks.erase(p);
+      }
+      sim.freeBlock(it->second);
+      live.erase(it);  // its recorded free finds nothing and is skipped
+    }
     if (!changed && change.empty_cache_before >= 0 &&
         static_cast<int64_t>(i) >= change.empty_cache_before) {
       sim.releaseCached();

@@ -79,6 +79,10 @@ struct SimResult {
 struct SimChange {
   // torch.cuda.empty_cache() just before event `empty_cache_before` of the trace (-1: never).
   int64_t empty_cache_before = -1;
+  // Allocations freed earlier than the recording freed them: (before, alloc) frees the block the
+  // trace's alloc event `alloc` made just before event `before` is replayed, and its recorded
+  // free is then skipped. Sorted by `before`. (A retention finding checks its fix with it.)
+  std::vector<std::pair<int64_t, int64_t>> early_frees;
   // A work budget: the replay stops (SimResult::aborted) once its cache releases, which visit
   // every segment, have visited more segments than this. A hostile trace of many segments and
   // many failed requests would otherwise make a replay quadratic.

@@ -11,7 +11,8 @@ NAME.pickle` must
     or absent: any device or the job), the OOM figures of `oom` (the finding's "oom" object:
     a [lo, hi] range per number, an exact value for a bool) and the live bytes per category of
     `categories` (its "live CATEGORY (inferred)" evidence lines, [lo, hi] each) and the cache
-    flush of `flushed` (oom.flushed_bytes or an evidence line about the flush, [lo, hi]);
+    flush of `flushed` (oom.flushed_bytes or an evidence line about the flush, [lo, hi]) and
+    the text `fix_contains` in its fix;
   * report no finding of a `must_not_fire` kind at warning or high severity on any device or for
     the job, nor of a `must_not_fire_on[DEVICE]` kind on that device;
   * match the `headline` (focus device, first item's kind and device) and the per-device
@@ -128,6 +129,8 @@ def check(exp, doc, iterations):
                     want["bytes_at_least"] <= f["bytes"] <= want["bytes_at_most"]):
                 p.append("bytes %d not in [%d, %d]" % (f["bytes"], want["bytes_at_least"],
                                                        want["bytes_at_most"]))
+            if "fix_contains" in want and want["fix_contains"] not in f.get("fix", ""):
+                p.append("fix without %r: %s" % (want["fix_contains"], f.get("fix", "")[:120]))
             if "oom" in want:
                 p += oom_problems(f, want["oom"])
             if "categories" in want:
