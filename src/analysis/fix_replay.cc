@@ -9,8 +9,7 @@ namespace memforensics::analysis::detail {
 
 using format::Action;
 
-std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt,
-                                       std::string* why) {
+std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt, std::string* why) {
   if (!c.s.has_segment_info) {
     *why = "a profiler trace has no allocator segments to replay";
     return std::nullopt;
@@ -37,8 +36,8 @@ std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt,
   }
   if (mulSat(segments, runs) > kReplayCheckVisits) {
     *why = "the replay would visit more than " + std::to_string(kReplayCheckVisits) +
-           " segments (" + std::to_string(runs) + " release runs over " +
-           std::to_string(segments) + " segments)";
+           " segments (" + std::to_string(runs) + " release runs over " + std::to_string(segments) +
+           " segments)";
     return std::nullopt;
   }
   const auto d = static_cast<size_t>(c.device);

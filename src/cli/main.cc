@@ -12,6 +12,7 @@
 // `record` exits with the recorded command's status instead (cmd_record.h): 128 + N for signal N,
 // 127 not found, 126 not executable, 2 when its output cannot be created.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -58,7 +59,7 @@ mf::Expected<mf::format::Snapshot> load(const std::string& path, bool defer_even
 }
 
 int analyze(const std::vector<std::string>& files, std::optional<int64_t> device, bool json,
-            size_t top, size_t top_frames) {
+            size_t top, size_t top_frames, const mf::report::TextOptions& text) {
   int rc = kExitOk;
   bool first = true;
   for (const auto& path : files) {
@@ -94,7 +95,7 @@ int analyze(const std::vector<std::string>& files, std::optional<int64_t> device
       mf::report::renderJson(result, std::cout);
     } else {
       if (!first) std::cout << "\n";
-      mf::report::renderText(result, std::cout);
+      mf::report::renderText(result, std::cout, text);
     }
     first = false;
     if (!mf::cli::flushStdout().ok()) break;  // reported by finishStdout
@@ -256,6 +257,15 @@ int run(int argc, char** argv) {
   an->add_option("--top-frames", top_frames,
                  "also attribute live bytes at the peak to frames (call graph): list this many")
       ->check(CLI::Range(1, 10000));
+  std::optional<size_t> width;
+  an->add_option("--width", width,
+                 "wrap the text report to this many columns (0: do not wrap; default: the "
+                 "terminal's width, else COLUMNS, else 100)")
+      ->check(CLI::Range(size_t{0}, size_t{100000}));
+  bool all_devices = false;
+  an->add_flag("--all-devices", all_devices,
+               "a file of more than 4 devices: print every device's detail, not only those with "
+               "an OOM or a high-severity finding");
   mf::cli::addThreadsOption(an);
 
   auto* du = app.add_subcommand(
@@ -315,7 +325,13 @@ int run(int argc, char** argv) {
     (void)app.exit(e);
     return kExitUsage;
   }
-  if (an->parsed()) return analyze(files, device, json, top, top_frames);
+  if (an->parsed()) {
+    mf::report::TextOptions text;
+    text.width = width ? *width : mf::cli::stdoutTextWidth();
+    if (text.width != 0) text.width = std::max(text.width, mf::cli::kMinTextWidth);
+    text.all_devices = all_devices;
+    return analyze(files, device, json, top, top_frames, text);
+  }
   if (du->parsed()) return dump(dump_file, stacks);
   if (cv->parsed()) return convert(conv);
   if (tl->parsed()) return mf::cli::runTimelineCommand();

@@ -2,9 +2,11 @@
 #include "cli/output.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -14,6 +16,7 @@
 #include <streambuf>
 
 #include "cli/diagnostics.h"
+#include "report/text_layout.h"
 
 namespace memforensics::cli {
 
@@ -229,6 +232,22 @@ Status writeOutput(const std::string& path, const std::function<Status(std::ostr
     std::free(real);  // NOLINT: realpath's allocation
   }
   return writeReplacing(target, st.st_mode & 07777, body);
+}
+
+size_t stdoutTextWidth() {
+  size_t width = 0;
+  struct winsize ws {};
+  if (isatty(STDOUT_FILENO) == 1 && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) width = ws.ws_col;
+  if (width == 0) {
+    if (const char* env = std::getenv("COLUMNS")) {
+      const char* end = env + std::strlen(env);
+      size_t v = 0;
+      auto [p, ec] = std::from_chars(env, end, v);
+      if (ec == std::errc() && p == end) width = v;
+    }
+  }
+  if (width == 0) width = report::kDefaultTextWidth;
+  return std::max(width, kMinTextWidth);
 }
 
 }  // namespace memforensics::cli

@@ -12,6 +12,7 @@
 // * An output that is one of the command's inputs (the same file, also through a hard link or a
 //   symlink) is refused before anything is read.
 #pragma once
+#include <cstddef>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -37,5 +38,11 @@ Status checkNotAnInput(const std::string& out, const std::vector<std::string>& i
 
 // Writes `body` to `path` as above ("-" = standard output). The error names the path.
 Status writeOutput(const std::string& path, const std::function<Status(std::ostream&)>& body);
+
+// The width a text report on standard output wraps to: the terminal's when standard output is
+// one, else COLUMNS when it holds a width, else report::kDefaultTextWidth. At least
+// kMinTextWidth (narrower terminals get that: lines of a few words help nobody).
+inline constexpr size_t kMinTextWidth = 40;
+size_t stdoutTextWidth();
 
 }  // namespace memforensics::cli

@@ -1,6 +1,7 @@
 // render_text.cc: the terminal report of `memforensics analyze`.
 #include <cinttypes>
 #include <cstdio>
+#include <sstream>
 #include <string_view>
 
 #include "analysis/headline.h"
@@ -38,9 +39,19 @@ const analysis::Finding* historyFinding(const analysis::DeviceAnalysis& d) {
 }
 
 // One finding: severity and title, the line to change, at most 6 evidence lines, fix, basis.
-void findingText(const analysis::Finding& f, std::ostream& out) {
-  out << "    [" << analysis::findingSeverityName(f.severity) << "] " << escapeText(f.title)
-      << "\n";
+// A finding whose title the headline already printed names its headline line instead of
+// repeating the title (each fact once).
+void findingText(const analysis::Finding& f, const analysis::Headline& h, std::ostream& out) {
+  out << "    [" << analysis::findingSeverityName(f.severity) << "] ";
+  size_t item = 0;
+  while (item < h.items.size() && !(h.items[item].device == f.device &&
+                                    h.items[item].kind == f.kind && h.items[item].title == f.title))
+    ++item;
+  if (item < h.items.size()) {
+    out << analysis::findingKindId(f.kind) << ": the headline's item " << item + 1 << " above\n";
+  } else {
+    out << escapeText(f.title) << "\n";
+  }
   if (!f.where.empty()) {
     out << "        at " << escapeText(f.where[0].display()) << "\n";
     for (size_t k = 1; k < f.where.size(); ++k)
@@ -99,10 +110,78 @@ void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h
   }
 }
 
+// One line per device: its peaks, OOMs and findings by severity (files of several devices).
+void deviceTable(const analysis::AnalysisResult& r, const std::vector<size_t>& order,
+                 std::ostream& out) {
+  out << "\n  devices: " << r.devices.size() << "\n";
+  for (size_t di : order) {
+    const auto& d = r.devices[di];
+    const auto& s = d.summary;
+    size_t by[3] = {0, 0, 0};
+    for (const auto& f : d.findings) ++by[static_cast<size_t>(f.severity) % 3];
+    out << "    " << pad("cuda:" + std::to_string(s.device), 9) << "peak reserved "
+        << pad(formatBytesShort(s.peak_reserved.bytes) + ",", 12) << "requested "
+        << pad(formatBytesShort(s.peak_requested.bytes) + ";", 12);
+    out << (d.ooms.empty()
+                ? std::string("no OOM")
+                : std::to_string(d.ooms.size()) + (d.ooms.size() == 1 ? " OOM" : " OOMs"));
+    const analysis::FindingSeverity sev[3] = {analysis::FindingSeverity::High,
+                                              analysis::FindingSeverity::Warning,
+                                              analysis::FindingSeverity::Info};
+    std::string fs;
+    for (auto v : sev) {
+      const size_t n = by[static_cast<size_t>(v) % 3];
+      if (n > 0)
+        fs += (fs.empty() ? "" : ", ") + std::to_string(n) + " " +
+              std::string(analysis::findingSeverityName(v));
+    }
+    out << "; findings: " << (fs.empty() ? std::string("none") : fs) << "\n";
+  }
+}
+
+// Whether a device of a many-device file gets its detail without --all-devices.
+bool matters(const analysis::DeviceAnalysis& d) {
+  if (!d.ooms.empty()) return true;
+  for (const auto& f : d.findings)
+    if (f.severity == analysis::FindingSeverity::High) return true;
+  return false;
+}
+
+void addFrames(const std::vector<analysis::FrameText>& frames, std::vector<std::string>& paths) {
+  for (const auto& f : frames) paths.push_back(f.filename);
+}
+
+// Every frame file the report shows (for the common path prefix).
+std::vector<std::string> shownPaths(const analysis::AnalysisResult& r) {
+  std::vector<std::string> paths;
+  auto findings = [&](const std::vector<analysis::Finding>& fs) {
+    for (const auto& f : fs) {
+      addFrames(f.where, paths);
+      for (const auto& e : f.evidence) addFrames(e.frames, paths);
+    }
+  };
+  findings(r.job_findings);
+  for (const auto& d : r.devices) {
+    findings(d.findings);
+    for (const auto& g : d.top_at_peak) addFrames(g.frames, paths);
+    for (const auto& o : d.ooms) addFrames(o.frames, paths);
+    for (const auto& f : d.frames_at_peak.top_inclusive) paths.push_back(f.frame.filename);
+    for (const auto& f : d.frames_at_peak.hot_path) paths.push_back(f.frame.filename);
+  }
+  return paths;
+}
+
+void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline,
+                std::ostream& out);
+
 }  // namespace
 
-void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
-  out << "memforensics analyze: " << escapeText(r.path) << "\n";
+void renderText(const analysis::AnalysisResult& r, std::ostream& out_final,
+                const TextOptions& opt) {
+  // Written in two parts (before and after the "interned" line, where the path note goes), then
+  // the common path prefix is left out and the lines are wrapped.
+  std::ostringstream top, out;
+  top << "memforensics analyze: " << escapeText(r.path) << "\n";
   const analysis::Headline headline = analysis::buildHeadline(r);
   headlineText(r, headline, out);
   out << "  input: " << escapeText(r.source_format);
@@ -128,16 +207,49 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     for (const auto& k : r.ignored_keys) out << " " << escapeText(k);
     out << "\n";
   }
+  const std::string part_a = out.str();
+  out.str("");
   if (r.devices.empty() && r.empty_devices.empty())
     out << "\n  no device has segments or trace events\n";
   for (int64_t d : r.empty_devices)
     out << "\ndevice " << d << ": nothing recorded (an empty trace and no segments)\n";
   if (!r.job_findings.empty()) {
     out << "\njob findings (across devices):\n";
-    for (const auto& f : r.job_findings) findingText(f, out);
+    for (const auto& f : r.job_findings) findingText(f, headline, out);
   }
-  for (size_t di : analysis::deviceOrder(r, headline)) {
-    const auto& d = r.devices[di];
+  const std::vector<size_t> order = analysis::deviceOrder(r, headline);
+  if (r.devices.size() > 1) deviceTable(r, order, out);
+  const bool all = opt.all_devices || r.devices.size() <= kDetailedDevices;
+  size_t hidden = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& d = r.devices[order[k]];
+    if (!all && k > 0 && !matters(d)) {
+      ++hidden;
+      continue;
+    }
+    deviceText(d, headline, out);
+  }
+  if (hidden > 0) {
+    out << "\n"
+        << hidden << (hidden == 1 ? " more device" : " more devices")
+        << " without an OOM or a high-severity finding (their peaks are in the table above): "
+           "--all-devices prints their detail\n";
+  }
+  const std::string part_b = out.str();
+  const std::vector<std::string> paths = shownPaths(r);
+  const std::string prefix = commonPathPrefix(part_a + part_b, paths);
+  std::string text = top.str() + stripPrefix(part_a, prefix);
+  if (!prefix.empty())
+    text += "  paths: frames' files under " + escapeText(prefix) + " are shown without it\n";
+  text += stripPrefix(part_b, prefix);
+  out_final << wrapLines(text, opt.width);
+}
+
+namespace {
+
+void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline,
+                std::ostream& out) {
+  {
     const auto& s = d.summary;
     out << "\ndevice " << s.device << ": " << s.events << " events, " << d.segments
         << " segments at the end";
@@ -261,7 +373,7 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
       out << "none\n";
     else
       out << "\n";
-    for (const auto& f : d.findings) findingText(f, out);
+    for (const auto& f : d.findings) findingText(f, headline, out);
 
     out << "\n  anomalies: ";
     if (d.anomalies.empty())
@@ -276,5 +388,7 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out) {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace memforensics::report

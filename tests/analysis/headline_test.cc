@@ -53,7 +53,7 @@ const Finding* findKind(const std::vector<Finding>& fs, FindingKind k) {
 
 std::string text(const AnalysisResult& r) {
   std::ostringstream out;
-  report::renderText(r, out);
+  report::renderText(r, out, {.width = 0});  // the words, not the layout
   return out.str();
 }
 

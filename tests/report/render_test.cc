@@ -69,7 +69,7 @@ TEST(RenderText, AProfilerTraceIsWrittenByTorchProfiler) {
   snap.source = format::SourceFormat::ProfilerTrace;
   auto r = analysis::analyzeSnapshot(snap);
   std::ostringstream out;
-  renderText(r, out);
+  renderText(r, out, {.width = 0});  // the words, not the layout
   EXPECT_NE(out.str().find("B, written by torch.profiler (the file records no PyTorch version)"),
             std::string::npos)
       << out.str();
@@ -85,7 +85,7 @@ TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
   auto r = analysis::analyzeSnapshot(snap);
   r.path = "y.pickle";
   std::ostringstream out;
-  renderText(r, out);
+  renderText(r, out, {.width = 0});  // the words, not the layout
   std::string s = out.str();
   EXPECT_NE(s.find("device 0: 2 events"), std::string::npos) << s;
   // The peak is before the trace's first entry and the trace frees a block allocated before it:
@@ -94,6 +94,77 @@ TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
   EXPECT_EQ(s.find("OOMs: none"), std::string::npos);
   EXPECT_NE(s.find("[data_loss] frees_before_trace_start x1"), std::string::npos);
   EXPECT_NE(s.find("history is truncated"), std::string::npos);
+}
+
+// Wrapping (issue 28 item 9): no line over the width unless one word is, a continuation indented
+// past its line, a path never split, a number never parted from its unit.
+TEST(TextLayout, WrapKeepsTheWidthWholePathsAndNumbersWithTheirUnits) {
+  const std::string path = "/very/long/path/to/a/module/that/is/longer/than/the/width/model.py:54";
+  const std::string text = "  - the peak holds 68.58 GiB of activations made by " + path +
+                           " forward, and the rest is cached\nshort line\n";
+  const std::string w = wrapLines(text, 40);
+  std::istringstream in(w);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  ASSERT_GE(lines.size(), 4u) << w;
+  for (const auto& l : lines) {
+    if (l.find(path) == std::string::npos) EXPECT_LE(l.size(), 40u) << l;
+  }
+  EXPECT_NE(w.find(path), std::string::npos) << "the path is kept whole:\n" << w;
+  EXPECT_NE(w.find("68.58 GiB"), std::string::npos) << w;
+  EXPECT_EQ(lines[1].rfind("    ", 0), 0u) << "a '- ' item continues 2 past its indent: " << w;
+  EXPECT_EQ(lines.back(), "short line");
+  EXPECT_EQ(wrapLines(text, 0), text);
+  EXPECT_EQ(wrapLines("exactly ten", 11), "exactly ten");
+}
+
+// The directory said once is the one that saves the most characters, and only when it is used
+// often enough.
+TEST(TextLayout, TheCommonPrefixIsTheDirectoryThatSavesTheMost) {
+  const std::vector<std::string> paths = {"/home/u/proj/train.py", "/home/u/proj/model.py",
+                                          "/usr/lib/python3/torch/nn/module.py"};
+  std::string text;
+  for (int i = 0; i < 5; ++i) text += "at /home/u/proj/train.py:1 and /home/u/proj/model.py:2\n";
+  text += "at /usr/lib/python3/torch/nn/module.py:3\n";
+  EXPECT_EQ(commonPathPrefix(text, paths), "/home/u/proj/");
+  EXPECT_EQ(stripPrefix(text, "/home/u/proj/").find("/home/u/proj/"), std::string::npos);
+  // Three uses: below kCommonPrefixMinUses, nothing is left out.
+  EXPECT_EQ(commonPathPrefix("/home/u/proj/a.py /home/u/proj/b.py /home/u/proj/c.py", paths), "");
+}
+
+// A file of many devices: one line each, then the detail of the one that ran out of memory; the
+// rest with --all-devices (issue 28 item 9: a 207-device file printed 10,148 lines).
+TEST(RenderText, ManyDevicesGetALineEachAndDetailWhereItMatters) {
+  TSnapshot t;
+  for (int64_t d = 0; d < 6; ++d) {
+    t.segments.push_back({d, 0x1000000, 0, "large", {{20971520, 0, "inactive", {}}}});
+    std::vector<memforensics::testing::TEvent> ev = {{"segment_alloc", 0x1000000, 20971520, 0, 1},
+                                                     {"alloc", 0x1000000, 4096, 0, 2},
+                                                     {"free_requested", 0x1000000, 4096, 0, 3},
+                                                     {"free_completed", 0x1000000, 4096, 0, 4}};
+    if (d == 3) ev.push_back({"oom", 100, 1 << 30, 0, 5});
+    t.traces.push_back(ev);
+  }
+  auto snap = buildSnapshot(t);
+  auto r = analysis::analyzeSnapshot(snap);
+  r.path = "many.pickle";
+  std::ostringstream out;
+  renderText(r, out);
+  const std::string s = out.str();
+  EXPECT_NE(s.find("devices: 6"), std::string::npos) << s;
+  for (int d = 0; d < 6; ++d)
+    EXPECT_NE(s.find("    cuda:" + std::to_string(d) + " "), std::string::npos) << d << "\n" << s;
+  EXPECT_NE(s.find("\ndevice 3:"), std::string::npos) << "the OOM device's detail\n" << s;
+  EXPECT_EQ(s.find("\ndevice 1:"), std::string::npos) << s;
+  EXPECT_NE(s.find("5 more devices without an OOM"), std::string::npos) << s;
+  TextOptions all;
+  all.all_devices = true;
+  std::ostringstream every;
+  renderText(r, every, all);
+  for (int d = 0; d < 6; ++d)
+    EXPECT_NE(every.str().find("\ndevice " + std::to_string(d) + ":"), std::string::npos) << d;
+  EXPECT_EQ(every.str().find("more devices without"), std::string::npos);
 }
 
 }  // namespace
