@@ -159,10 +159,6 @@ void writeCounters(EventWriter& w, const analysis::DeviceFacts& f, const std::ve
   }
 }
 
-json optTime(int64_t t) {
-  return t < 0 ? json(nullptr) : json(t);
-}
-
 void writeOoms(EventWriter& w, const format::Snapshot& snap, const replay::DeviceSummary& s,
                const std::vector<int64_t>& ts, const PerfettoOptions& opt) {
   for (const auto& o : s.ooms) {
@@ -171,7 +167,7 @@ void writeOoms(EventWriter& w, const format::Snapshot& snap, const replay::Devic
     args["device_free_bytes"] = o.device_free;
     args["stream"] = o.stream;
     args["event"] = o.event;
-    args["time_us"] = optTime(o.time_us);
+    args["time_us"] = optJson(o.time_us);
     json frames = json::array();
     for (const auto& f : analysis::userFrames(snap, o.stack, opt.frames_per_oom)) {
       frames.push_back(exportFrameText(f.name, f.filename, f.line));
@@ -191,7 +187,7 @@ void writePeaks(EventWriter& w, const replay::DeviceSummary& s, const std::vecto
       {"peak requested", &s.peak_requested},
       {"peak allocated", &s.peak_allocated}};
   for (const auto& [name, p] : peaks) {
-    json args = {{"bytes", p->bytes}, {"event", p->event}, {"time_us", optTime(p->time_us)}};
+    json args = {{"bytes", p->bytes}, {"event", p->event}, {"time_us", optJson(p->time_us)}};
     w.begin("i", tsAt(ts, p->event), pidOf(s.device), memoryTid(s.device));
     w.raw("s", "\"p\"");
     w.raw("name", jsonString(name));

@@ -20,4 +20,10 @@ nlohmann::json countersJson(const replay::Counters& c);
 nlohmann::json frameJson(const analysis::FrameText& f);
 nlohmann::json framesJson(const std::vector<analysis::FrameText>& fs);
 
+// An event index or a time that is -1 when unknown, as JSON: null then.
+nlohmann::json optJson(int64_t v);
+// A peak as `peak_NAME_bytes`, `peak_NAME_event` and `peak_NAME_time_us` (null when unknown) in
+// `j` (analyze --json and timeline --json).
+void addPeakJson(nlohmann::json& j, const char* name, const replay::Peak& p);
+
 }  // namespace memforensics::report

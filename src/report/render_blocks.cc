@@ -8,6 +8,7 @@
 #include "common/allocator_constants.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
+#include "report/json_analysis.h"
 
 namespace memforensics::report {
 
@@ -195,7 +196,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   doc["at"] = r.at;
   doc["event"] = r.event;
   doc["events"] = r.events;
-  doc["time_us"] = r.time_us < 0 ? json(nullptr) : json(r.time_us);
+  doc["time_us"] = optJson(r.time_us);
   doc["layout_exact"] = r.layout_exact;
   if (!r.history_gap.empty()) doc["history_gap"] = r.history_gap;
   doc["consistent"] = r.consistent;
@@ -204,9 +205,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   doc["untrusted"] = std::move(untrusted);
   json errors = json::array();
   for (const auto& a : r.errors) {
-    errors.push_back({{"id", a.id},
-                      {"count", a.count},
-                      {"first_event", a.first_event < 0 ? json(nullptr) : json(a.first_event)}});
+    errors.push_back({{"id", a.id}, {"count", a.count}, {"first_event", optJson(a.first_event)}});
   }
   doc["errors"] = std::move(errors);
   json mm = json::array();
@@ -230,7 +229,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
       json jb = {{"address", b.address}, {"size", b.size}, {"state", stateName(b.state)}};
       if (!b.isFree()) {
         jb["requested_size"] = b.requested;
-        jb["alloc_event"] = b.alloc_event < 0 ? json(nullptr) : json(b.alloc_event);
+        jb["alloc_event"] = optJson(b.alloc_event);
       }
       blocks.push_back(std::move(jb));
     }

@@ -100,10 +100,6 @@ std::string peakWhen(const replay::Peak& p) {
   return p.event < 0 ? "start" : "event " + std::to_string(p.event);
 }
 
-json optEvent(int64_t v) {
-  return v < 0 ? json(nullptr) : json(v);
-}
-
 json stackJson(const analysis::StackDelta& s) {
   json j = {{"match", analysis::stackMatchName(s.match)},
             {"has_stack", s.has_stack},
@@ -251,7 +247,7 @@ json diffJson(const analysis::DiffResult& r) {
         const std::string name =
             "peak_" + std::string(analysis::peakKindName(static_cast<PeakKind>(k)));
         s[name + "_bytes"] = p.bytes;
-        s[name + "_event"] = optEvent(p.event);
+        s[name + "_event"] = optJson(p.event);
       }
       s["final"] = countersJson(base ? d.base_final : d.new_final);
       s["ooms"] = base ? d.base_ooms : d.new_ooms;
@@ -281,8 +277,8 @@ json diffJson(const analysis::DiffResult& r) {
                  {"base_bytes", p.base.bytes},
                  {"new_bytes", p.neu.bytes},
                  {"delta_bytes", p.delta},
-                 {"base_event", optEvent(p.base.event)},
-                 {"new_event", optEvent(p.neu.event)},
+                 {"base_event", optJson(p.base.event)},
+                 {"new_event", optJson(p.neu.event)},
                  {"has_live", p.has_live}};
       if (p.has_live) {
         json cats = json::array();

@@ -21,23 +21,24 @@ json framesJson(const std::vector<analysis::FrameText>& fs) {
   return a;
 }
 
-namespace {
-json opt(int64_t v) {
+json optJson(int64_t v) {
   return v < 0 ? json(nullptr) : json(v);
 }
-void peak(json& j, const char* name, const replay::Peak& p) {
+void addPeakJson(json& j, const char* name, const replay::Peak& p) {
   std::string base = std::string("peak_") + name;
   j[base + "_bytes"] = p.bytes;
-  j[base + "_event"] = opt(p.event);
-  j[base + "_time_us"] = opt(p.time_us);
+  j[base + "_event"] = optJson(p.event);
+  j[base + "_time_us"] = optJson(p.time_us);
 }
+
+namespace {
 // One finding as `analyze --json` writes it (the per-device `findings` and `job_findings`).
 json findingJson(const analysis::Finding& f) {
   json ev = json::array();
   for (const auto& e : f.evidence) {
     ev.push_back({{"text", e.text},
-                  {"event", e.event < 0 ? json(nullptr) : json(e.event)},
-                  {"time_us", e.time_us < 0 ? json(nullptr) : json(e.time_us)},
+                  {"event", optJson(e.event)},
+                  {"time_us", optJson(e.time_us)},
                   {"bytes", e.bytes},
                   {"frames", framesJson(e.frames)}});
   }
@@ -101,13 +102,13 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
         by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
     }
     j["events_by_action"] = by;
-    j["first_time_us"] = opt(s.first_time_us);
-    j["last_time_us"] = opt(s.last_time_us);
+    j["first_time_us"] = optJson(s.first_time_us);
+    j["last_time_us"] = optJson(s.last_time_us);
     j["segments"] = d.segments;
-    peak(j, "reserved", s.peak_reserved);
-    peak(j, "requested", s.peak_requested);
-    peak(j, "allocated", s.peak_allocated);
-    peak(j, "active", s.peak_active);
+    addPeakJson(j, "reserved", s.peak_reserved);
+    addPeakJson(j, "requested", s.peak_requested);
+    addPeakJson(j, "allocated", s.peak_allocated);
+    addPeakJson(j, "active", s.peak_active);
     j["allocated_exact"] = s.allocated_exact;
     j["consistent"] = s.consistent;  // false: the trace cannot lead to the file's final state
     json untrusted = json::array();
@@ -128,7 +129,7 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     json ooms = json::array();
     for (const auto& o : d.ooms) {
       ooms.push_back({{"event", o.oom.event},
-                      {"time_us", opt(o.oom.time_us)},
+                      {"time_us", optJson(o.oom.time_us)},
                       {"request_bytes", o.oom.request_bytes},
                       {"device_free_bytes", o.oom.device_free},
                       {"stream", o.oom.stream},
@@ -151,7 +152,7 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
       an.push_back({{"id", a.id},
                     {"severity", std::string(replay::severityName(a.severity))},
                     {"count", a.count},
-                    {"first_event", opt(a.first_event)},
+                    {"first_event", optJson(a.first_event)},
                     {"description", a.description}});
     }
     j["anomalies"] = an;
@@ -185,7 +186,7 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
   json jobs = json::array();
   for (const auto& f : r.job_findings) {
     json jf = findingJson(f);
-    jf["device"] = opt(f.device);
+    jf["device"] = optJson(f.device);
     jobs.push_back(std::move(jf));
   }
   doc["job_findings"] = std::move(jobs);
@@ -194,14 +195,14 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
   const analysis::Headline h = analysis::buildHeadline(r);
   json items = json::array();
   for (const auto& it : h.items) {
-    items.push_back({{"device", opt(it.device)},
+    items.push_back({{"device", optJson(it.device)},
                      {"kind", analysis::findingKindId(it.kind)},
                      {"severity", analysis::findingSeverityName(it.severity)},
                      {"title", it.title},
                      {"bytes", it.bytes},
                      {"where", framesJson(it.where)}});
   }
-  doc["headline"] = {{"focus_device", opt(h.focus_device)},
+  doc["headline"] = {{"focus_device", optJson(h.focus_device)},
                      {"focus_reason", h.focus_reason},
                      {"items", std::move(items)},
                      {"other_warnings", h.other_warnings}};

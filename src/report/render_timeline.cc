@@ -9,6 +9,7 @@
 
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
+#include "report/json_analysis.h"
 #include "report/render.h"
 
 namespace memforensics::report {
@@ -16,22 +17,11 @@ namespace memforensics::report {
 namespace {
 using nlohmann::json;
 
-json opt(int64_t v) {
-  return v < 0 ? json(nullptr) : json(v);
-}
-
-void peak(json& j, const char* name, const replay::Peak& p) {
-  std::string base = std::string("peak_") + name;
-  j[base + "_bytes"] = p.bytes;
-  j[base + "_event"] = opt(p.event);
-  j[base + "_time_us"] = opt(p.time_us);
-}
-
 json pointsJson(const std::vector<analysis::TimelinePoint>& pts) {
   json a = json::array();
   for (const auto& p : pts) {
-    a.push_back(json::array(
-        {p.event, opt(p.time_us), p.at.reserved, p.at.allocated, p.at.requested, p.at.pending}));
+    a.push_back(json::array({p.event, optJson(p.time_us), p.at.reserved, p.at.allocated,
+                             p.at.requested, p.at.pending}));
   }
   return a;
 }
@@ -43,10 +33,10 @@ json breakdownJson(const analysis::TimelineBreakdown& b, bool stream) {
   } else {
     j["pool"] = json::array({b.pool.first, b.pool.second});
   }
-  peak(j, "reserved", b.peak_reserved);
-  peak(j, "requested", b.peak_requested);
-  peak(j, "allocated", b.peak_allocated);
-  peak(j, "pending_free", b.peak_pending);
+  addPeakJson(j, "reserved", b.peak_reserved);
+  addPeakJson(j, "requested", b.peak_requested);
+  addPeakJson(j, "allocated", b.peak_allocated);
+  addPeakJson(j, "pending_free", b.peak_pending);
   j["points"] = pointsJson(b.points);
   return j;
 }
@@ -181,15 +171,15 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
     j["downsampled"] = d.downsampled;
     j["bucket_size"] = d.bucket_size;
     j["kept_points"] = d.points.size();
-    peak(j, "reserved", d.peak_reserved);
-    peak(j, "requested", d.peak_requested);
-    peak(j, "allocated", d.peak_allocated);
-    peak(j, "active", d.peak_active);
+    addPeakJson(j, "reserved", d.peak_reserved);
+    addPeakJson(j, "requested", d.peak_requested);
+    addPeakJson(j, "allocated", d.peak_allocated);
+    addPeakJson(j, "active", d.peak_active);
     j["peak_pending_free_bytes"] = d.peak_pending_bytes;
     json ooms = json::array();
     for (const auto& o : d.ooms) {
       ooms.push_back({{"event", o.event},
-                      {"time_us", opt(o.time_us)},
+                      {"time_us", optJson(o.time_us)},
                       {"request_bytes", o.request_bytes},
                       {"device_free_bytes", o.device_free}});
     }
@@ -208,17 +198,17 @@ void renderTimelineJson(const analysis::TimelineResult& r, std::ostream& out) {
                  {"source",
                   p.phase.source == analysis::PhaseSource::Annotation ? "annotation" : "detected"},
                  {"name", p.phase.name},
-                 {"iteration", p.phase.iteration < 0 ? json(nullptr) : json(p.phase.iteration)},
+                 {"iteration", optJson(p.phase.iteration)},
                  {"first_event", p.phase.first_event},
                  {"last_event", p.phase.last_event},
-                 {"start_us", opt(p.phase.start_us)},
-                 {"end_us", opt(p.phase.end_us)},
+                 {"start_us", optJson(p.phase.start_us)},
+                 {"end_us", optJson(p.phase.end_us)},
                  {"open", p.phase.open}};
       bool empty = p.peak_requested.event < 0;
       ph["peak_requested_bytes"] = empty ? json(nullptr) : json(p.peak_requested.bytes);
-      ph["peak_requested_event"] = opt(p.peak_requested.event);
+      ph["peak_requested_event"] = optJson(p.peak_requested.event);
       ph["peak_reserved_bytes"] = empty ? json(nullptr) : json(p.peak_reserved.bytes);
-      ph["peak_reserved_event"] = opt(p.peak_reserved.event);
+      ph["peak_reserved_event"] = optJson(p.peak_reserved.event);
       phases.push_back(std::move(ph));
     }
     j["phases"] = phases;

@@ -74,8 +74,7 @@ void wrapOne(std::string_view line, size_t width, std::string& out) {
 
 size_t countOf(std::string_view text, std::string_view what) {
   size_t n = 0;
-  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1))
-    ++n;
+  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
   return n;
 }
 
@@ -137,8 +136,7 @@ std::string stripPrefix(std::string_view text, std::string_view prefix) {
   std::string out;
   out.reserve(text.size());
   size_t from = 0;
-  for (size_t at = text.find(prefix); at != std::string_view::npos;
-       at = text.find(prefix, from)) {
+  for (size_t at = text.find(prefix); at != std::string_view::npos; at = text.find(prefix, from)) {
     out.append(text.substr(from, at - from));
     from = at + prefix.size();
   }
