@@ -78,7 +78,11 @@ void findingText(const analysis::Finding& f, const analysis::Headline& h, std::o
 void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h,
                   std::ostream& out) {
   if (r.devices.empty()) return;
-  out << "  headline: cuda:" << h.focus_device;
+  // export_memory_timeline names no device (it may be the CPU's): never called a GPU.
+  if (r.source_format == "profiler_memory_timeline")
+    out << "  headline: the timeline's device (the file does not say which: the CPU or a GPU)";
+  else
+    out << "  headline: cuda:" << h.focus_device;
   if (r.devices.size() > 1) out << " first (" << escapeText(h.focus_reason) << ")";
   out << "\n";
   for (const auto& it : h.items) {
@@ -171,7 +175,7 @@ std::vector<std::string> shownPaths(const analysis::AnalysisResult& r) {
   return paths;
 }
 
-void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline,
+void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline, bool unnamed,
                 std::ostream& out);
 
 }  // namespace
@@ -227,7 +231,7 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out_final,
       ++hidden;
       continue;
     }
-    deviceText(d, headline, out);
+    deviceText(d, headline, r.source_format == "profiler_memory_timeline", out);
   }
   if (hidden > 0) {
     out << "\n"
@@ -247,12 +251,12 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out_final,
 
 namespace {
 
-void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline,
+void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& headline, bool unnamed,
                 std::ostream& out) {
   {
     const auto& s = d.summary;
-    out << "\ndevice " << s.device << ": " << s.events << " events, " << d.segments
-        << " segments at the end";
+    out << "\ndevice " << s.device << (unnamed ? " (not named by the file: the CPU or a GPU)" : "")
+        << ": " << s.events << " events, " << d.segments << " segments at the end";
     if (s.first_time_us >= 0) {
       out << ", " << formatDurationUs(s.last_time_us - s.first_time_us) << " from "
           << formatTimeUs(s.first_time_us) << " to " << formatTimeUs(s.last_time_us);

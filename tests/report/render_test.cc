@@ -76,6 +76,25 @@ TEST(RenderText, AProfilerTraceIsWrittenByTorchProfiler) {
   EXPECT_EQ(out.str().find("PyTorch none"), std::string::npos);
 }
 
+// export_memory_timeline names no device, and may be the CPU's: the text never calls it a GPU
+// (issue 28 item 10).
+TEST(RenderText, AMemoryTimelineIsNotCalledAGpu) {
+  TSnapshot t;
+  t.traces.push_back({{"alloc", 0x1000000, 512, 0, 1}});
+  auto snap = buildSnapshot(t);
+  snap.source = format::SourceFormat::MemoryTimeline;
+  auto r = analysis::analyzeSnapshot(snap);
+  std::ostringstream out;
+  renderText(r, out, {.width = 0});
+  const std::string s = out.str();
+  EXPECT_NE(s.find("headline: the timeline's device (the file does not say which: the CPU or a "
+                   "GPU)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("device 0 (not named by the file: the CPU or a GPU):"), std::string::npos) << s;
+  EXPECT_EQ(s.find("cuda:"), std::string::npos) << s;
+}
+
 TEST(RenderText, MentionsPeaksOomsAndAnomalies) {
   TSnapshot t;
   t.segments.push_back({0, 0x1000000, 0, "large", {{20971520, 0, "inactive", {}}}});
