@@ -361,6 +361,19 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
       return readSnapshotPickle(bytes, po);
     }
     case Kind::Html: {
+      // PyTorch 2.0's trace_plot page embeds its processed plot, not the snapshot.
+      const std::string_view page(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      constexpr std::string_view kPlotData = "let alloc_data = ";
+      if (const size_t at = page.find(kPlotData);
+          at != std::string_view::npos && page.find("\"base64\"") == std::string_view::npos) {
+        const size_t begin = at + kPlotData.size();
+        const size_t end = page.find('\n', begin);  // json.dumps writes it on one line
+        auto snap = readMemoryVizPlotData(
+            page.substr(begin, end == std::string_view::npos ? end : end - begin));
+        if (!snap) return Error{"memory_viz page: " + snap.error().message, -1};
+        snap->input_bytes = bytes.size();
+        return snap;
+      }
       auto pk = extractHtmlPickle(bytes);
       if (!pk) return pk.error();
       // memory_viz pads the pickle with zero bytes to a multiple of 3; the reader stops at STOP.

@@ -56,6 +56,16 @@ struct ProfilerReadOptions {
   uint64_t max_decoded_bytes = 0;  // 0: gzipDecodedBudget(input size) (tests lower it)
 };
 
+// The plot data of a PyTorch 2.0 memory_viz page: before 2.1, torch.cuda._memory_viz.trace_plot
+// embedded its processed plot (`let alloc_data = {...}`: elements with a size and an interned
+// stack, actions in which an element's first appearance allocates it and the next frees it, the
+// elements alive at the start), not the snapshot. Read as one device's trace in order, with
+// synthesized addresses and no segment information, like a profiler trace. `json` is the object's
+// text, at most kMaxPlotDataBytes (its JSON tree is held: about 6x the text).
+inline constexpr uint64_t kMaxPlotDataBytes = uint64_t{64} << 20;
+inline constexpr int kMaxPlotDataDepth = 8;  // JSON nesting (the plot's own is 3)
+Expected<Snapshot> readMemoryVizPlotData(std::string_view json);
+
 Expected<Snapshot> readProfilerInput(std::span<const uint8_t> bytes,
                                      const ProfilerReadOptions& options = {});
 
