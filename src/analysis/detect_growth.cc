@@ -186,10 +186,23 @@ void detectLeak(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
 class BackwardEnds {
  public:
   explicit BackwardEnds(Ctx& c) : last_autograd_(c.iters.size(), -1) {
+    // A phase's iteration as AllocFact::iteration counts it: the position in c.iters of the step
+    // that holds its first event (Phase::iteration is the ProfilerStep number, which starts where
+    // the recording or the profiler's schedule did, not at 0).
+    auto stepOf = [&](int64_t event) -> int {
+      auto it = std::upper_bound(c.iters.begin(), c.iters.end(), event,
+                                 [](int64_t e, const Phase& p) { return e < p.first_event; });
+      if (it == c.iters.begin()) return -1;
+      --it;
+      return event <= it->last_event ? static_cast<int>(it - c.iters.begin()) : -1;
+    };
     for (const Phase& p : c.facts.phases) {
-      if (p.iteration < 0 || p.last_event < p.first_event) continue;
-      if (p.kind == PhaseKind::Backward) backward_.emplace_back(p.iteration, p.last_event);
-      if (p.kind == PhaseKind::Optimizer) optimizer_.emplace_back(p.iteration, p.first_event);
+      if (p.last_event < p.first_event) continue;
+      if (p.kind != PhaseKind::Backward && p.kind != PhaseKind::Optimizer) continue;
+      const int step = stepOf(p.first_event);
+      if (step < 0) continue;
+      if (p.kind == PhaseKind::Backward) backward_.emplace_back(step, p.last_event);
+      if (p.kind == PhaseKind::Optimizer) optimizer_.emplace_back(step, p.first_event);
     }
     std::sort(backward_.begin(), backward_.end());
     std::sort(optimizer_.begin(), optimizer_.end());

@@ -48,7 +48,7 @@ void findingText(const analysis::Finding& f, const analysis::Headline& h, std::o
                                     h.items[item].kind == f.kind && h.items[item].title == f.title))
     ++item;
   if (item < h.items.size()) {
-    out << analysis::findingKindId(f.kind) << ": the headline's item " << item + 1 << " above\n";
+    out << analysis::findingKindId(f.kind) << ": its title is the headline's above\n";
   } else {
     out << escapeText(f.title) << "\n";
   }
@@ -75,8 +75,9 @@ void findingText(const analysis::Finding& f, const analysis::Headline& h, std::o
 
 // The first screen: which device to look at and why, then one line per OOM, high finding or
 // history that cannot explain the file (analysis/headline.h), across devices.
+// `hidden_warnings`: warnings on devices whose detail is not printed (the table's only).
 void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h,
-                  std::ostream& out) {
+                  size_t hidden_warnings, std::ostream& out) {
   if (r.devices.empty()) return;
   // export_memory_timeline names no device (it may be the CPU's): never called a GPU.
   if (r.source_format == "profiler_memory_timeline")
@@ -102,15 +103,22 @@ void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h
     if (!it.where.empty()) out << " -- at " << escapeText(it.where.front().display());
     out << "\n";
   }
+  const size_t hidden = std::min(hidden_warnings, h.other_warnings);
+  const size_t below = h.other_warnings - hidden;
+  std::string counts;
+  if (below > 0)
+    counts = std::to_string(below) + (below == 1 ? " warning" : " warnings") + " below";
+  if (hidden > 0) {
+    counts += (counts.empty() ? "" : ", ") + std::to_string(hidden) +
+              (hidden == 1 ? " warning" : " warnings") +
+              " on devices listed only in the table: --all-devices";
+  }
   if (h.items.empty()) {
     out << "    no OOM and no high-severity finding";
-    if (h.other_warnings > 0)
-      out << " (" << h.other_warnings << (h.other_warnings == 1 ? " warning" : " warnings")
-          << " below)";
+    if (!counts.empty()) out << " (" << counts << ")";
     out << "\n";
-  } else if (h.other_warnings > 0) {
-    out << "    and " << h.other_warnings << (h.other_warnings == 1 ? " warning" : " warnings")
-        << " below\n";
+  } else if (!counts.empty()) {
+    out << "    and " << counts << "\n";
   }
 }
 
@@ -137,17 +145,23 @@ void deviceTable(const analysis::AnalysisResult& r, const std::vector<size_t>& o
       const size_t n = by[static_cast<size_t>(v) % 3];
       if (n > 0)
         fs += (fs.empty() ? "" : ", ") + std::to_string(n) + " " +
-              std::string(analysis::findingSeverityName(v));
+              std::string(analysis::findingSeverityName(v)) +
+              (v == analysis::FindingSeverity::Warning && n > 1 ? "s" : "");
     }
     out << "; findings: " << (fs.empty() ? std::string("none") : fs) << "\n";
   }
 }
 
 // Whether a device of a many-device file gets its detail without --all-devices.
+// (An OOM, a high finding, or a history that cannot explain it: what the headline lists.)
 bool matters(const analysis::DeviceAnalysis& d) {
   if (!d.ooms.empty()) return true;
-  for (const auto& f : d.findings)
+  for (const auto& f : d.findings) {
     if (f.severity == analysis::FindingSeverity::High) return true;
+    if (f.kind == analysis::FindingKind::IncompleteHistory &&
+        f.severity >= analysis::FindingSeverity::Warning)
+      return true;
+  }
   return false;
 }
 
@@ -187,7 +201,20 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out_final,
   std::ostringstream top, out;
   top << "memforensics analyze: " << escapeText(r.path) << "\n";
   const analysis::Headline headline = analysis::buildHeadline(r);
-  headlineText(r, headline, out);
+  // Which devices get their detail (a file of many devices: those that matter), decided first:
+  // the headline counts the warnings that are below and those only in the table.
+  const std::vector<size_t> order = analysis::deviceOrder(r, headline);
+  const bool all = opt.all_devices || r.devices.size() <= kDetailedDevices;
+  std::vector<bool> shown(order.size(), true);
+  size_t hidden_warnings = 0;
+  for (size_t k = 1; k < order.size() && !all; ++k) {
+    const auto& d = r.devices[order[k]];
+    if (matters(d)) continue;
+    shown[k] = false;
+    for (const auto& f : d.findings)
+      hidden_warnings += f.severity == analysis::FindingSeverity::Warning;
+  }
+  headlineText(r, headline, hidden_warnings, out);
   out << "  input: " << escapeText(r.source_format);
   if (r.pickle_protocol > 0) out << " (pickle protocol " << r.pickle_protocol << ")";
   out << ", " << formatBytes(r.input_bytes);
@@ -221,17 +248,14 @@ void renderText(const analysis::AnalysisResult& r, std::ostream& out_final,
     out << "\njob findings (across devices):\n";
     for (const auto& f : r.job_findings) findingText(f, headline, out);
   }
-  const std::vector<size_t> order = analysis::deviceOrder(r, headline);
   if (r.devices.size() > 1) deviceTable(r, order, out);
-  const bool all = opt.all_devices || r.devices.size() <= kDetailedDevices;
   size_t hidden = 0;
   for (size_t k = 0; k < order.size(); ++k) {
-    const auto& d = r.devices[order[k]];
-    if (!all && k > 0 && !matters(d)) {
+    if (!shown[k]) {
       ++hidden;
       continue;
     }
-    deviceText(d, headline, r.source_format == "profiler_memory_timeline", out);
+    deviceText(r.devices[order[k]], headline, r.source_format == "profiler_memory_timeline", out);
   }
   if (hidden > 0) {
     out << "\n"

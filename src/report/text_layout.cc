@@ -60,7 +60,9 @@ void wrapOne(std::string_view line, size_t width, std::string& out) {
       }
     }
     if (!first) out += pad;
-    out += rest.substr(0, cut);
+    std::string_view piece = rest.substr(0, cut);
+    while (!piece.empty() && piece.back() == ' ') piece.remove_suffix(1);
+    out += piece;
     out += '\n';
     rest.remove_prefix(cut);
     while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
@@ -72,9 +74,19 @@ void wrapOne(std::string_view line, size_t width, std::string& out) {
   }
 }
 
+// Whether `what` found at `at` of `text` starts a path: not the tail of a longer one
+// (/mnt/mirror/workspace/x.py holds /workspace/, which must stay).
+bool startsPath(std::string_view text, size_t at) {
+  if (at == 0) return true;
+  const auto c = static_cast<unsigned char>(text[at - 1]);
+  return !(std::isalnum(c) || c == '/' || c == '.' || c == '_' || c == '-' || c == '~' ||
+           c == '+' || c == '@' || c >= 0x80);
+}
+
 size_t countOf(std::string_view text, std::string_view what) {
   size_t n = 0;
-  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
+  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1))
+    n += startsPath(text, at);
   return n;
 }
 
@@ -101,10 +113,15 @@ std::string wrapLines(std::string_view text, size_t width) {
 
 std::string commonPathPrefix(std::string_view text, const std::vector<std::string>& paths) {
   // Candidate directories: every ancestor of every absolute path, with how many paths lie below.
+  // A hostile file's 40 KB path of 20,000 directories would make this quadratic: only the first
+  // kCommonPrefixMaxDepth directories of paths up to kCommonPrefixMaxPath bytes count.
   std::map<std::string, size_t> below;
   for (const std::string& p : paths) {
-    if (p.empty() || p.front() != '/') continue;
-    for (size_t slash = p.find('/', 1); slash != std::string::npos; slash = p.find('/', slash + 1))
+    if (p.empty() || p.front() != '/' || p.size() > kCommonPrefixMaxPath) continue;
+    size_t depth = 0;
+    for (size_t slash = p.find('/', 1);
+         slash != std::string::npos && ++depth <= kCommonPrefixMaxDepth;
+         slash = p.find('/', slash + 1))
       ++below[p.substr(0, slash + 1)];
   }
   // Each candidate is counted in the whole text: only the kCommonPrefixCandidates that would
@@ -136,7 +153,9 @@ std::string stripPrefix(std::string_view text, std::string_view prefix) {
   std::string out;
   out.reserve(text.size());
   size_t from = 0;
-  for (size_t at = text.find(prefix); at != std::string_view::npos; at = text.find(prefix, from)) {
+  for (size_t at = text.find(prefix); at != std::string_view::npos;
+       at = text.find(prefix, at + 1)) {
+    if (at < from || !startsPath(text, at)) continue;
     out.append(text.substr(from, at - from));
     from = at + prefix.size();
   }

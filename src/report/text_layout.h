@@ -25,9 +25,12 @@ std::string wrapLines(std::string_view text, size_t width);
 inline constexpr size_t kCommonPrefixMinUses = 4;
 inline constexpr size_t kCommonPrefixMinLength = 8;
 inline constexpr size_t kCommonPrefixCandidates = 64;
+inline constexpr size_t kCommonPrefixMaxDepth = 32;   // directories of a path considered
+inline constexpr size_t kCommonPrefixMaxPath = 4096;  // longer paths are not considered
 std::string commonPathPrefix(std::string_view text, const std::vector<std::string>& paths);
 
-// `text` with every occurrence of `prefix` removed ("" leaves it unchanged).
+// `text` with every occurrence of `prefix` that starts a path removed (not one inside a longer
+// path: /mnt/mirror/workspace/ keeps its /workspace/); "" leaves it unchanged.
 std::string stripPrefix(std::string_view text, std::string_view prefix);
 
 }  // namespace memforensics::report

@@ -148,6 +148,15 @@ TEST(TextLayout, TheCommonPrefixIsTheDirectoryThatSavesTheMost) {
   text += "at /usr/lib/python3/torch/nn/module.py:3\n";
   EXPECT_EQ(commonPathPrefix(text, paths), "/home/u/proj/");
   EXPECT_EQ(stripPrefix(text, "/home/u/proj/").find("/home/u/proj/"), std::string::npos);
+  // Only where a path starts: the same directory inside a longer path stays.
+  EXPECT_EQ(stripPrefix("at /mnt/mirror/home/u/proj/a.py and (/home/u/proj/b.py)", "/home/u/proj/"),
+            "at /mnt/mirror/home/u/proj/a.py and (b.py)");
+  // A hostile path of 20,000 directories: only its first kCommonPrefixMaxDepth count, and a path
+  // over kCommonPrefixMaxPath bytes none (the search stays linear; nothing wrong is left out).
+  std::string deep;
+  for (int i = 0; i < 20000; ++i) deep += "/d";
+  deep += "/x.py";
+  EXPECT_EQ(commonPathPrefix(deep + " " + deep + " " + deep + " " + deep, {deep}), "");
   // Three uses: below kCommonPrefixMinUses, nothing is left out.
   EXPECT_EQ(commonPathPrefix("/home/u/proj/a.py /home/u/proj/b.py /home/u/proj/c.py", paths), "");
 }
@@ -177,6 +186,10 @@ TEST(RenderText, ManyDevicesGetALineEachAndDetailWhereItMatters) {
   EXPECT_NE(s.find("\ndevice 3:"), std::string::npos) << "the OOM device's detail\n" << s;
   EXPECT_EQ(s.find("\ndevice 1:"), std::string::npos) << s;
   EXPECT_NE(s.find("5 more devices without an OOM"), std::string::npos) << s;
+  for (const auto& dev : r.devices) {
+    for (const auto& f : dev.findings)
+      ASSERT_NE(f.severity, analysis::FindingSeverity::Warning) << "a warning would be counted";
+  }
   TextOptions all;
   all.all_devices = true;
   std::ostringstream every;
