@@ -194,6 +194,7 @@ class Gen:
         self.model_text = True    # the header describes the training loop's model
         self.levels = []          # live requested bytes after each alloc and free, in order
         self.spans = {}           # fixture name -> (levels index of its alloc, of its free)
+        self.extra_devices = []   # Gens of devices 1.. whose lines follow this one's (replicas)
 
     # ---- text ------------------------------------------------------------------------------
     def stmt(self, line):
@@ -691,6 +692,13 @@ stack ls_loss    = {U}/model.py:62:forward ; @fwd
 stack gr_init    = {U}/train.py:40:main ; @top
 stack gr_buf     = {U}/train.py:64:collate ; {U}/train.py:71:train_step ; @top
 stack gr_tmp     = {U}/train.py:66:collate ; {U}/train.py:71:train_step ; @top
+""",
+    "ddp": """\
+stack dp_init    = {P}/nn/modules/module.py:1341:convert ; {P}/nn/modules/module.py:942:_apply ; {P}/nn/modules/module.py:1355:to ; {U}/train.py:41:main ; @top
+stack dp_mb      = {U}/train.py:66:train_step ; @loop
+stack dp_fc1     = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/encoder.py:44:forward ; @call ; {U}/train.py:67:train_step ; @loop
+stack dp_fc2     = {P}/nn/modules/linear.py:125:forward ; @call ; {U}/encoder.py:46:forward ; @call ; {U}/train.py:67:train_step ; @loop
+stack dp_loss    = {U}/train.py:68:train_step ; @loop
 """,
     "eval": """\
 stack ev_top     = {U}/train.py:90:main ; @top
@@ -1238,6 +1246,129 @@ def sc_layer_stack(name):
 
 GROW_STEPS = 12
 GROW_BUFFERS = 6
+
+
+# replicas_uneven: two DDP ranks of one encoder whose length-bucketing sampler gives them different
+# numbers of micro-batches of the same shape: every tensor is the same size on both ranks
+RP_MICRO = [8, 45]                 # micro-batches per step on rank 0 and rank 1
+RP_X = 2048 * 1024 * F32           # 8 MiB: one micro-batch's [2048 x 1024] fp32 input
+RP_H = 2048 * 4096 * F32           # 32 MiB: its fc1 output (ReLU in place: saved for backward)
+RP_OUT = 2048 * 1024 * F32         # 8 MiB: fc2's output, used by the loss only
+RP_W = 4096 * 1024 * F32           # 16 MiB: fc1.weight and fc2.weight
+RP_STEPS = 4
+
+
+def replica_rank(g, micro):
+    """One rank: the encoder's weights, then RP_STEPS steps of `loss = sum over micro-batches`
+    (train.py:66-68: each micro-batch's graph is kept until the one backward), backward,
+    Adam, zero_grad."""
+    params = [("fc1.weight", RP_W), ("fc2.weight", RP_W)]
+    for n, size in params:
+        g.adv(150, 400)
+        g.alloc(n, size, "dp_init", "param")
+    for k in range(RP_STEPS):
+        g.step = k
+        g.comment("")
+        g.comment("=== step %d: %d micro-batches ===" % (k, micro))
+        g.adv(18000, 24000)
+        g.annotate("ProfilerStep#%d" % k, "START")
+        for j in range(micro):
+            g.adv(30, 80)
+            g.alloc("x%d" % j, RP_X, "dp_mb", "act",
+                    note="x = next(micro_batches).to('cuda')" if k == 0 and j == 0 else None)
+            g.adv(30, 80)
+            g.alloc("h%d" % j, RP_H, "dp_fc1", "act",
+                    note="h = relu_(fc1(x)): saved for backward" if k == 0 and j == 0 else None)
+            g.adv(30, 80)
+            g.alloc("out%d" % j, RP_OUT, "dp_fc2", "tmp")
+            g.adv(20, 40)
+            g.alloc("loss%d" % j, 512, "dp_loss", "act")
+            g.adv(3, 8)
+            g.free("out%d" % j)
+            if j > 0:
+                g.adv(3, 8)
+                g.free("loss%d" % (j - 1))
+        g.comment("loss.backward(): one backward through every micro-batch's graph")
+        g.adv(250, 400)
+        for j in reversed(range(micro)):
+            g.adv(40, 120)
+            g.alloc("g_out%d" % j, RP_OUT, "bwd", "tmp")
+            if j == micro - 1:
+                g.adv(20, 40)
+                g.alloc("fc2.weight.grad", RP_W, "bwd", "grad")
+            g.adv(40, 120)
+            g.alloc("g_h%d" % j, RP_H, "bwd", "tmp")
+            g.adv(3, 8)
+            g.free("g_out%d" % j)
+            if j == micro - 1:
+                g.adv(20, 40)
+                g.alloc("fc1.weight.grad", RP_W, "bwd", "grad")
+            g.adv(20, 60)
+            g.free("g_h%d" % j)
+            g.adv(3, 8)
+            g.free("h%d" % j)
+            g.adv(3, 8)
+            g.free("x%d" % j)
+        g.adv(3, 8)
+        g.free("loss%d" % (micro - 1))
+        g.adv(60, 120)
+        g.annotate("Optimizer.step#Adam.step", "START")
+        for n, size in params:
+            if k == 0:
+                g.adv(15, 30)
+                g.alloc(n + ".exp_avg", size, "adam_exp_avg", "optstate")
+                g.adv(15, 30)
+                g.alloc(n + ".exp_avg_sq", size, "adam_exp_avg_sq", "optstate")
+            g.adv(10, 25)
+            g.alloc(n + ".denom", size, "adam_denom", "tmp")
+            g.adv(10, 25)
+            g.free(n + ".denom")
+        g.annotate("Optimizer.step#Adam.step", "END")
+        g.adv(30, 60)
+        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "START")
+        for n, _ in params:
+            g.adv(3, 6)
+            g.free(n + ".grad")
+        g.annotate("Optimizer.zero_grad#Adam.zero_grad", "END")
+        g.adv(10, 30)
+        g.annotate("ProfilerStep#%d" % k, "END")
+        g.step_end[k] = g.requested
+
+
+def sc_replicas(name):
+    ranks = []
+    for r, micro in enumerate(RP_MICRO):
+        g = Gen(name, "2.11", True, seed=40 + r)
+        g.model_text = False
+        begin(g, extra=["ddp"])
+        preamble = len(g.lines)
+        g.next_seg = SEG_BASE + r * (1 << 40)
+        replica_rank(g, micro)
+        ranks.append((g, preamble))
+    g0 = ranks[0][0]
+    for r, (g, preamble) in enumerate(ranks[1:], start=1):
+        g0.lines += ["", "# " + "=" * 30 + " rank %d (cuda:%d) " % (r, r) + "=" * 30,
+                     "device %d" % r] + g.lines[preamble:]
+    g0.extra_devices = [g for g, _ in ranks[1:]]
+    g1 = ranks[1][0]
+    p0, p1 = g0.peak["requested"], g1.peak["requested"]
+    g0.marks.update(rank_peaks_requested=[p0, p1], rank_micro_batches=RP_MICRO,
+                    peak_ratio=round(p1 / p0, 2))
+    assert p1 >= 1.5 * p0 and p1 - p0 >= GIB, (p0, p1)
+    desc = ("Two DistributedDataParallel ranks of one 2-layer encoder (fc1 1024->4096, ReLU in "
+            "place, fc2 4096->1024, fp32, Adam): each step sums the loss over its micro-batches "
+            "(train.py:66-68) and runs one backward, so every micro-batch's input (8 MiB) and fc1 "
+            "output (32 MiB, encoder.py:44) stay alive until then. A length-bucketing sampler "
+            "gives rank 0 %d micro-batches per step and rank 1 %d, all of the same shape: no "
+            "tensor is larger on either rank (the largest is 32 MiB), yet the requested peaks "
+            "are %d and %d bytes (%.2fx). device_imbalance must say so from the peaks (bytes: "
+            "the difference of encoder.py:44's bytes live at the two peaks), at warning (no "
+            "OOM), naming encoder.py:44." % (RP_MICRO[0], RP_MICRO[1], p0, p1, p1 / p0))
+    # the line that differs most: encoder.py:44 (fc1's outputs), all live at each rank's peak
+    line_delta = (RP_MICRO[1] - RP_MICRO[0]) * RP_H
+    return g0, desc, [dict(finding("device_imbalance", "warning", "encoder.py:44", line_delta,
+                                   lo=1.0, hi=1.0), device=1)], \
+        [k for k in ALL_KINDS if k not in ("device_imbalance", "activation_checkpointing")]
 
 
 def grow_buffer_bytes(k):
@@ -1873,6 +2004,9 @@ def build_dp(out_dir):
          # the cache flush before the OOM is evidence: oom.flushed_bytes, or an evidence line
          # about the flush (its text says flush/unmap/released) with these bytes
          "flushed": [int(info["flushed_bytes"] * 0.9), int(info["flushed_bytes"] * 1.1)],
+         # the smallest changes begin with the even split: the mean of what the 4 replicas
+         # needed fits cuda:1's card (cross_device.h EvenSplit)
+         "fix_contains": "the smallest changes: an even split of the batch across the 4 replicas",
          # live bytes by category at the OOM (the verdict's "live CATEGORY (inferred)"
          # evidence): the replicas are parameters, not gradients; the forward intermediates
          # are activations (the scattered inputs may count as activation or another category)
@@ -1968,6 +2102,7 @@ SCENARIOS = [
     ("late_start", sc_late_start),
     ("plateau_swap", sc_plateau),
     ("growing_batches", sc_growing),
+    ("replicas_uneven", sc_replicas),
 ]
 
 
@@ -2031,6 +2166,15 @@ def build_one(name, fn, out_dir):
     facts.update(g.marks)
     expected = {"scenario": name, "description": desc, "findings": findings,
                 "must_not_fire": must_not, "facts": facts}
+    if g.extra_devices:
+        # several devices: each device's own figures (the facts above are device 0's)
+        expected["device_facts"] = {
+            str(d): {"events": sum(1 for _ in obj["device_traces"][d]),
+                     "peak_requested_bytes": x.peak["requested"],
+                     "peak_reserved_bytes": x.peak_reserved,
+                     "final_requested_bytes": x.requested, "final_reserved_bytes": x.reserved,
+                     "iterations": len(x.step_end)}
+            for d, x in enumerate([g] + g.extra_devices)}
     with open(os.path.join(out_dir, name + ".fixture"), "w", encoding="utf-8") as f:
         f.write(text)
     with open(os.path.join(out_dir, name + ".pickle"), "wb") as f:

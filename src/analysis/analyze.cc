@@ -351,7 +351,10 @@ std::vector<DeviceAnalysis> analyzeDevices(const format::Snapshot& snap,
 
 void finishAnalysis(const format::Snapshot& snap, AnalysisResult& result,
                     const AnalyzeOptions& options) {
-  if (options.findings) result.job_findings = crossDeviceFindings(snap, result);
+  if (!options.findings) return;
+  JobFindings job = crossDeviceFindings(snap, result);
+  result.job_findings = std::move(job.findings);
+  if (job.even_split) addEvenSplit(*job.even_split, result);
 }
 
 AnalysisResult analysisHeader(const format::Snapshot& snap) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/format_bytes.h"
+#include "common/saturating.h"
 
 namespace memforensics::analysis {
 
@@ -25,6 +26,12 @@ struct SharedLine {
   const LineSizes* heaviest_line = nullptr;
   uint64_t max = 0, min = 0;
 };
+
+std::vector<const DeviceAnalysis*> replicasOf(const SharedLine& sl) {
+  std::vector<const DeviceAnalysis*> out;
+  for (const auto& [d, ls] : sl.on) out.push_back(d);
+  return out;
+}
 
 std::string ratioText(uint64_t max, uint64_t min) {
   if (min == 0) return "";
@@ -44,6 +51,74 @@ std::string peaksText(const AnalysisResult& r) {
   return "requested peaks: " + peaks;
 }
 
+// An OOM verdict whose live tensors fill the card: not fragmentation, and the request alone fits
+// the card.
+bool fillsTheCard(const Finding& f) {
+  if (f.kind != FindingKind::OomVerdict || !f.oom) return false;
+  const OomNumbers& o = *f.oom;
+  return !o.fragmentation && o.short_by_bytes > 0 && o.capacity_bytes > 0 &&
+         o.request_bytes <= o.capacity_bytes;
+}
+
+// The first verdict of `d` whose live tensors fill the card, or nullptr.
+const Finding* fillVerdict(const DeviceAnalysis& d) {
+  for (const Finding& f : d.findings)
+    if (fillsTheCard(f)) return &f;
+  return nullptr;
+}
+
+// See cross_device.h EvenSplit: nullopt when no replica ran out with live tensors filling the card,
+// when one that ran out has no figure for what it needed, or when the split would not fit.
+std::optional<EvenSplit> evenSplitOf(const std::vector<const DeviceAnalysis*>& replicas) {
+  EvenSplit split;
+  uint64_t total = 0;
+  for (const DeviceAnalysis* d : replicas) {
+    split.replicas.push_back(d->summary.device);
+    uint64_t need = d->summary.peak_reserved.bytes;
+    if (!d->summary.ooms.empty()) {
+      const Finding* v = fillVerdict(*d);
+      if (v == nullptr) return std::nullopt;
+      const OomNumbers& o = *v->oom;
+      need = std::max(need, o.smallest_capacity_bytes > 0
+                                ? o.smallest_capacity_bytes
+                                : addSat(o.capacity_bytes, o.short_by_bytes));
+      split.oom_devices.push_back(d->summary.device);
+      split.capacity_bytes = split.capacity_bytes == 0
+                                 ? o.capacity_bytes
+                                 : std::min(split.capacity_bytes, o.capacity_bytes);
+    }
+    total = addSat(total, need);
+  }
+  if (split.oom_devices.empty() || replicas.size() < 2) return std::nullopt;
+  split.each_bytes = total / replicas.size() + (total % replicas.size() != 0 ? 1 : 0);
+  if (static_cast<double>(split.each_bytes) >
+      kEvenSplitHeadroom * static_cast<double>(split.capacity_bytes))
+    return std::nullopt;
+  return split;
+}
+
+std::string evenSplitText(const EvenSplit& split) {
+  const bool one = split.oom_devices.size() == 1;
+  return "an even split of the batch across the " + std::to_string(split.replicas.size()) +
+         " replicas: about " + formatBytesShort(split.each_bytes) +
+         " each (an estimate: the mean of what they needed, " +
+         (one ? deviceName(split.oom_devices.front()) + "'s up to its OOM"
+              : std::string("the OOM devices' up to their OOMs")) +
+         "), within the " + formatBytesShort(split.capacity_bytes) + " " +
+         (one ? deviceName(split.oom_devices.front()) + " had"
+              : std::string("the smallest OOM device had"));
+}
+
+// The imbalance finding `f` over `replicas` proposes the even split when one fits (after its fix).
+std::optional<EvenSplit> proposeEvenSplit(Finding& f,
+                                          const std::vector<const DeviceAnalysis*>& replicas) {
+  std::optional<EvenSplit> split = evenSplitOf(replicas);
+  if (!split) return split;
+  f.evidence.push_back({evenSplitText(*split), -1, -1, split->each_bytes, {}});
+  f.fix += "; with " + evenSplitText(*split);
+  return split;
+}
+
 constexpr const char* kImbalanceFix =
     "give every replica the same share of the batch: a batch size divisible by the number of "
     "GPUs and inputs of the same shape on each (pad or bucket variable-length inputs before "
@@ -53,7 +128,7 @@ constexpr const char* kImbalanceFix =
 // another are compared by requested peak, and the shared line whose bytes live at the two devices'
 // peaks differ most is named.
 std::optional<Finding> peakImbalance(const std::map<std::string, SharedLine>& lines,
-                                     const AnalysisResult& r) {
+                                     const AnalysisResult& r, std::optional<EvenSplit>& split) {
   const DeviceAnalysis* hi = nullptr;
   const DeviceAnalysis* lo = nullptr;
   for (const auto& [key, sl] : lines) {
@@ -113,6 +188,7 @@ std::optional<Finding> peakImbalance(const std::map<std::string, SharedLine>& li
   }
   f.evidence.push_back({peaksText(r), -1, -1, 0, {}});
   f.fix = kImbalanceFix;
+  split = proposeEvenSplit(f, replicasOf(*top));
   f.basis =
       "cross-device: the requested peaks of the devices that share lines, and each line's bytes "
       "live at its device's peak (the " +
@@ -122,9 +198,10 @@ std::optional<Finding> peakImbalance(const std::map<std::string, SharedLine>& li
 
 }  // namespace
 
-std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const AnalysisResult& r) {
-  std::vector<Finding> out;
-  if (r.devices.size() < 2) return out;
+JobFindings crossDeviceFindings(const format::Snapshot&, const AnalysisResult& r) {
+  JobFindings job;
+  std::vector<Finding>& out = job.findings;
+  if (r.devices.size() < 2) return job;
   std::map<std::string, SharedLine> lines;
   for (const DeviceAnalysis& d : r.devices) {
     for (const LineSizes& ls : d.line_sizes) {
@@ -154,8 +231,8 @@ std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const Analysis
     uneven.push_back(sl);
   }
   if (uneven.empty()) {
-    if (auto f = peakImbalance(lines, r)) out.push_back(std::move(*f));
-    return out;
+    if (auto f = peakImbalance(lines, r, job.even_split)) out.push_back(std::move(*f));
+    return job;
   }
   std::stable_sort(uneven.begin(), uneven.end(), [](const SharedLine& a, const SharedLine& b) {
     return a.max - a.min > b.max - b.min;
@@ -206,12 +283,32 @@ std::vector<Finding> crossDeviceFindings(const format::Snapshot&, const Analysis
                           -1, -1, o.max, o.heaviest_line->frames});
   }
   f.fix = kImbalanceFix;
+  job.even_split = proposeEvenSplit(f, replicasOf(top));
   f.basis =
       "cross-device: the largest single allocation of each line on each device of this "
       "file (the " +
       std::to_string(kLineSizesPerDevice) + " heaviest lines per device)";
   out.push_back(std::move(f));
-  return out;
+  return job;
+}
+
+void addEvenSplit(const EvenSplit& split, AnalysisResult& r) {
+  for (DeviceAnalysis& d : r.devices) {
+    if (std::find(split.oom_devices.begin(), split.oom_devices.end(), d.summary.device) ==
+        split.oom_devices.end())
+      continue;
+    for (Finding& f : d.findings) {
+      if (!fillsTheCard(f)) continue;
+      f.oom->smallest_changes.insert(f.oom->smallest_changes.begin(),
+                                     evenSplitText(split) + " (see the device imbalance finding)");
+      f.fix = oomChangesFix(f.oom->smallest_changes);
+      f.evidence.push_back({"each replica's need with the batch split evenly (estimate)",
+                            -1,
+                            -1,
+                            split.each_bytes,
+                            {}});
+    }
+  }
 }
 
 }  // namespace memforensics::analysis

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -25,9 +26,35 @@ inline constexpr uint64_t kImbalancePeakMinBytes = uint64_t{1} << 30;
 // Lines named in one imbalance finding's evidence besides the one that differs most.
 inline constexpr size_t kImbalanceOtherLines = 3;
 
-// The job findings of `r` (AnalysisResult::job_findings), most severe first: at most one device
-// imbalance finding, which needs two devices that share a line (devices that do different work,
-// with no line in common, are not compared). Reads only r.devices (line_sizes, summaries, OOMs).
-std::vector<Finding> crossDeviceFindings(const format::Snapshot& snap, const AnalysisResult& r);
+// An even split of the batch is offered only when each replica would need at most this share of
+// the OOM device's capacity: the figure is an estimate (the mean of what the replicas needed, the
+// OOM device's only up to its OOM), so it must fit with room to spare.
+inline constexpr double kEvenSplitHeadroom = 0.9;
+
+// An uneven job with an OOM among its replicas: what each of them would need with the batch split
+// evenly (the mean of what they needed: a device without an OOM its peak reserved, one with an OOM
+// the smallest capacity a replay runs it in, else its capacity plus the short-by), when that fits
+// every OOM device among them within kEvenSplitHeadroom.
+struct EvenSplit {
+  std::vector<int64_t> replicas;     // the devices that share the line the finding names
+  std::vector<int64_t> oom_devices;  // those of them whose OOM verdict it answers
+  uint64_t each_bytes = 0;           // the estimate per replica
+  uint64_t capacity_bytes = 0;       // the smallest capacity among the OOM devices
+};
+
+struct JobFindings {
+  std::vector<Finding> findings;  // AnalysisResult::job_findings
+  std::optional<EvenSplit> even_split;
+};
+
+// The job findings of `r`, most severe first: at most one device imbalance finding, which needs
+// two devices that share a line (devices that do different work, with no line in common, are not
+// compared), and the even split it proposes. Reads only r.devices (line_sizes, summaries, OOMs and
+// their verdicts' OomNumbers).
+JobFindings crossDeviceFindings(const format::Snapshot& snap, const AnalysisResult& r);
+
+// The OOM verdicts of split.oom_devices whose live tensors fill the card name the even split among
+// their smallest changes (first: it removes the cause), and their fix says so.
+void addEvenSplit(const EvenSplit& split, AnalysisResult& r);
 
 }  // namespace memforensics::analysis

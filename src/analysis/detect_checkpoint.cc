@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <unordered_map>
+#include <utility>
 
 #include "analysis/findings_ctx.h"
 #include "analysis/stack_groups.h"
@@ -33,6 +34,7 @@ struct Held {
   StackId stack;
   uint64_t bytes;
   std::vector<FrameId> chain;  // the stack's `forward` frames, outermost first
+  size_t alloc = 0;            // its index in Ctx::allocs
 };
 
 // A repeated module call site: the frame, how many calls (instances) its activations show, the
@@ -71,9 +73,13 @@ struct Site {
 // Groups `items` (in allocation order) by their forward frame at `depth`. In a group, the calls
 // are counted by its first activation (each call of a module makes it once: the same stack and
 // size); a group whose first activation repeats is a site of that many calls. One call's input is
-// the previous call's output, i.e. the last activation the first call made. A group that does not
-// repeat is split at the next depth.
-void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<Site>& out) {
+// the previous call's output, i.e. the last activation the first call made; unless the caller made
+// an activation between the first two calls (a loop feeding each call its own input, as
+// micro-batches): then checkpointing keeps nothing the caller does not keep already, and the calls
+// are not a chain to cut in segments. A group that does not repeat is split at the next depth.
+// `by_caller[k]`: how many of the device's first k allocations the caller made.
+void findSites(const std::vector<const Held*>& items, size_t depth,
+               const std::vector<uint32_t>& by_caller, std::vector<Site>& out) {
   std::map<FrameId, std::vector<const Held*>> groups;
   for (const Held* h : items) {
     if (depth < h->chain.size()) groups[h->chain[depth]].push_back(h);
@@ -88,10 +94,11 @@ void findSites(const std::vector<const Held*>& items, size_t depth, std::vector<
       }
     }
     if (calls >= 2) {
-      out.push_back({frame, calls, held, g[second - 1]->bytes});
+      const bool fed = by_caller[g[second]->alloc] > by_caller[g[0]->alloc + 1];
+      out.push_back({frame, calls, held, fed ? 0 : g[second - 1]->bytes});
       out.back().chooseSegment();
     } else if (depth + 1 < kCheckpointMaxDepth) {
-      findSites(g, depth + 1, out);
+      findSites(g, depth + 1, by_caller, out);
     }
   }
 }
@@ -136,9 +143,32 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
   const StepEnds ends(c);
   std::vector<Held> held;
   uint64_t held_bytes = 0;
-  std::unordered_map<StackId, std::vector<FrameId>> chains;
-  for (const AllocFact& a : c.allocs) {
+  // Per stack: its `forward` frames (outermost first), and whether Python code outside every
+  // module's forward made it (the caller: a training loop).
+  std::unordered_map<StackId, std::pair<std::vector<FrameId>, bool>> chains;
+  auto chainOf = [&](StackId stack) -> const std::pair<std::vector<FrameId>, bool>& {
+    auto it = chains.find(stack);
+    if (it != chains.end()) return it->second;
+    std::vector<FrameId> chain;
+    bool python = false;
+    if (stack != format::kNoStack && stack != format::kEmptyStack) {
+      for (FrameId id : c.s.stacks.stack(stack)) {
+        const format::Frame& f = c.s.stacks.frame(id);
+        const bool py = isPythonFile(c.s.strings.get(f.filename));
+        python = python || py;
+        if (py && c.s.strings.get(f.name) == "forward") chain.push_back(id);
+      }
+      std::reverse(chain.begin(), chain.end());
+    }
+    const bool by_caller = python && chain.empty();
+    return chains.emplace(stack, std::make_pair(std::move(chain), by_caller)).first->second;
+  };
+  // by_caller[k]: how many of the first k allocations (to the peak) the caller made.
+  std::vector<uint32_t> by_caller(1, 0);
+  for (size_t k = 0; k < c.allocs.size(); ++k) {
+    const AllocFact& a = c.allocs[k];
     if (a.event > pk.event) break;
+    by_caller.push_back(by_caller.back() + (chainOf(a.stack).second ? 1 : 0));
     if (a.freed >= 0 && a.freed <= pk.event) continue;
     if (a.category != Category::Activation) continue;
     // Released without a backward: no_grad's finding, not checkpointing's (nothing to recompute).
@@ -147,20 +177,7 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
       const int64_t end = ends.of(a);
       if (a.freed < 0 || (end >= 0 && a.freed > end)) continue;
     }
-    auto it = chains.find(a.stack);
-    if (it == chains.end()) {
-      std::vector<FrameId> chain;
-      if (a.stack != format::kNoStack && a.stack != format::kEmptyStack) {
-        for (FrameId id : c.s.stacks.stack(a.stack)) {
-          const format::Frame& f = c.s.stacks.frame(id);
-          if (c.s.strings.get(f.name) == "forward" && isPythonFile(c.s.strings.get(f.filename)))
-            chain.push_back(id);
-        }
-        std::reverse(chain.begin(), chain.end());
-      }
-      it = chains.emplace(a.stack, std::move(chain)).first;
-    }
-    held.push_back({a.stack, a.requested, it->second});
+    held.push_back({a.stack, a.requested, chainOf(a.stack).first, k});
     held_bytes += a.requested;
   }
   if (static_cast<double>(held_bytes) < kCheckpointMinShare * static_cast<double>(pk.bytes)) return;
@@ -168,7 +185,7 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
   items.reserve(held.size());
   for (const Held& h : held) items.push_back(&h);
   std::vector<Site> sites;
-  findSites(items, 0, sites);
+  findSites(items, 0, by_caller, sites);
   // The estimate: checkpointing every repeated module (in its best segments) keeps only each
   // segment's input; backward recomputes one segment at a time, which holds its activations again.
   uint64_t keep_all = 0, recompute = 0;
@@ -218,6 +235,9 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
             (top.segment > 1
                  ? "estimate: each checkpointed segment of calls keeps its input (the previous "
                    "call's last activation), backward recomputes one segment at a time"
+             : top.input == 0
+                 ? "estimate: each call's input is made by its caller, who keeps it anyway; "
+                   "backward recomputes one call at a time"
                  : "estimate: each checkpointed call keeps its input (the previous call's last "
                    "activation), backward recomputes one call at a time");
   f.where = {frameText(c.s, top.frame)};
@@ -232,8 +252,9 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
     f.evidence.push_back(
         {std::to_string(s.calls) + " calls hold " + formatBytes(s.held) + "; checkpointed" +
              (s.segment > 1 ? " in segments of " + std::to_string(s.segment) : "") +
-             ", they would keep " + std::to_string(s.segments()) + " x " + formatBytes(s.input) +
-             " of inputs",
+             (s.input == 0 ? std::string(", each would keep only the input its caller made")
+                           : ", they would keep " + std::to_string(s.segments()) + " x " +
+                                 formatBytes(s.input) + " of inputs"),
          -1,
          -1,
          s.saving(),

@@ -98,21 +98,22 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
   return r;
 }
 
-// The fix of an OOM whose live tensors fill the card, as the smallest changes that let the request
-// through: `short_by` less from the largest holder (when it holds that much), and the smallest
+// The smallest changes that let the request of an OOM whose live tensors fill the card through
+// (into `num`): `short_by` less from the largest holder (when it holds that much), and the smallest
 // capacity a replay of the device's requests runs in without an OOM (whatif.h smallestCard; only
 // on a complete history, as the fragmentation fix's replays; searched once per device, in `card`).
 // The search's figure goes into `evidence` too.
-std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short_by,
-                              uint64_t capacity, const std::vector<LiveGroup>& groups,
-                              std::optional<SmallestCard>& card, std::vector<Evidence>& evidence) {
-  std::vector<std::string> changes;
+void smallestChanges(Ctx& c, const FindingsOptions& opt, OomNumbers& num,
+                     const std::vector<LiveGroup>& groups, std::optional<SmallestCard>& card,
+                     std::vector<Evidence>& evidence) {
+  const uint64_t short_by = num.short_by_bytes;
   if (!groups.empty() && short_by > 0 && groups.front().requested_bytes >= short_by) {
     const LiveGroup& g = groups.front();
     const std::string line = g.frames.empty() ? "one stack" : g.frames.front().display();
-    changes.push_back(line + " holds " + B(g.requested_bytes) + " at the OOM and the device was " +
-                      B(short_by) + " short, " + pct(short_by, g.requested_bytes) +
-                      " of that: a smaller batch or chunked computation there");
+    num.smallest_changes.push_back(line + " holds " + B(g.requested_bytes) +
+                                   " at the OOM and the device was " + B(short_by) + " short, " +
+                                   pct(short_by, g.requested_bytes) +
+                                   " of that: a smaller batch or chunked computation there");
   }
   const auto d = static_cast<size_t>(c.device);
   if (!card) {
@@ -123,11 +124,12 @@ std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short
       card = smallestCard(c.s, d, replay::allocConfOf(c.s), budget);
   }
   if (card->capacity != kWhatIfUnlimited) {
-    changes.push_back("an allocator capacity of " + B(card->capacity) + " (checked by replay" +
-                      (card->slack > 0 ? ", within " + B(card->slack) : std::string()) +
-                      "; this card gave it " +
-                      (capacity > 0 ? B(capacity) : std::string("an unknown amount")) +
-                      ", and a card also holds the CUDA context)");
+    num.smallest_capacity_bytes = card->capacity;
+    num.smallest_changes.push_back(
+        "an allocator capacity of " + B(card->capacity) + " (checked by replay" +
+        (card->slack > 0 ? ", within " + B(card->slack) : std::string()) + "; this card gave it " +
+        (num.capacity_bytes > 0 ? B(num.capacity_bytes) : std::string("an unknown amount")) +
+        ", and a card also holds the CUDA context)");
     evidence.push_back(
         {"the smallest capacity a replay of this device's requests runs in "
          "without an OOM (whatif --capacity)",
@@ -136,19 +138,6 @@ std::string smallestChangeFix(Ctx& c, const FindingsOptions& opt, uint64_t short
          card->capacity,
          {}});
   }
-  std::string fix;
-  if (!changes.empty()) {
-    fix = "the smallest changes: ";
-    for (size_t i = 0; i < changes.size(); ++i) fix += (i == 0 ? "" : "; or ") + changes[i];
-    fix +=
-        ". Otherwise reduce what is live at this point (batch size, activation checkpointing, "
-        "freeing tensors that are no longer needed)";
-  } else {
-    fix =
-        "reduce what is live at this point (batch size, activation checkpointing, freeing "
-        "tensors that are no longer needed) or the size of this request";
-  }
-  return fix;
 }
 
 // The recorded OOM `event` in a replay's list, or nullptr (past kWhatIfMaxOoms).
@@ -353,8 +342,8 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
             "this one request is larger than the card: split it (a smaller batch, chunked "
             "computation) or move it to a larger device";
       } else {
-        f.fix = smallestChangeFix(c, opt, num.short_by_bytes, num.capacity_bytes, groups, card,
-                                  replay_evidence);
+        smallestChanges(c, opt, num, groups, card, replay_evidence);
+        f.fix = oomChangesFix(num.smallest_changes);
       }
     } else {
       title += std::string(" though the device reported ") + B(oom.device_free) +
@@ -472,3 +461,19 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
 }
 
 }  // namespace memforensics::analysis::detail
+
+namespace memforensics::analysis {
+
+std::string oomChangesFix(const std::vector<std::string>& changes) {
+  if (changes.empty()) {
+    return "reduce what is live at this point (batch size, activation checkpointing, freeing "
+           "tensors that are no longer needed) or the size of this request";
+  }
+  std::string fix = "the smallest changes: ";
+  for (size_t i = 0; i < changes.size(); ++i) fix += (i == 0 ? "" : "; or ") + changes[i];
+  return fix +
+         ". Otherwise reduce what is live at this point (batch size, activation checkpointing, "
+         "freeing tensors that are no longer needed)";
+}
+
+}  // namespace memforensics::analysis

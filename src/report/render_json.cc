@@ -53,12 +53,18 @@ json findingJson(const analysis::Finding& f) {
   // The OOM verdict's figures (analysis::OomNumbers; keys documented in docs/findings.md).
   if (f.oom) {
     const analysis::OomNumbers& o = *f.oom;
-    j["oom"] = {
-        {"request_bytes", o.request_bytes},         {"short_by_bytes", o.short_by_bytes},
-        {"fragmentation", o.fragmentation},         {"live_bytes", o.live_bytes},
-        {"capacity_bytes", o.capacity_bytes},       {"reserved_bytes", o.reserved_bytes},
-        {"device_free_bytes", o.device_free_bytes}, {"cache_free_bytes", o.cache_free_bytes},
-        {"flushed_bytes", o.flushed_bytes},         {"exact", o.exact}};
+    j["oom"] = {{"request_bytes", o.request_bytes},
+                {"short_by_bytes", o.short_by_bytes},
+                {"fragmentation", o.fragmentation},
+                {"live_bytes", o.live_bytes},
+                {"capacity_bytes", o.capacity_bytes},
+                {"reserved_bytes", o.reserved_bytes},
+                {"device_free_bytes", o.device_free_bytes},
+                {"cache_free_bytes", o.cache_free_bytes},
+                {"flushed_bytes", o.flushed_bytes},
+                {"exact", o.exact},
+                {"smallest_capacity_bytes", o.smallest_capacity_bytes},
+                {"smallest_changes", o.smallest_changes}};
   }
   return j;
 }

@@ -365,6 +365,41 @@ TEST(Findings, ALayerStackIsCheckpointedInSegments) {
   EXPECT_EQ(find(fs, FindingKind::InferenceWithGrad), nullptr);
 }
 
+// The same 24 calls, each fed by the loop (micro-batches: the caller makes each call's 8 MiB input
+// outside every forward): the calls are no chain, each keeps only the input its caller made and
+// keeps anyway, so each is checkpointed on its own: 768 MiB held less one call recomputed (32 MiB)
+// = 736 MiB, not the chain's segments (before, `checkpoint_sequential` over independent calls).
+TEST(Findings, CallsFedByTheirCallerAreCheckpointedOneByOne) {
+  Sim s(4096 * MiB);
+  for (int i = 0; i < 20; ++i) s.alloc(8 * MiB, kParams);
+  const std::vector<TFrame> layer = {{"model.py", 30, "forward"},
+                                     {"/lib/torch/nn/modules/module.py", 1762, "_call_impl"},
+                                     {"model.py", 60, "forward"},
+                                     {"train.py", 67, "train_step"}};
+  const std::vector<TFrame> input = {{"train.py", 66, "train_step"}};
+  for (int k = 0; k < 3; ++k) {
+    s.step(k, [&] {
+      std::vector<uint64_t> kept;
+      for (int l = 0; l < 24; ++l) {
+        kept.push_back(s.alloc(8 * MiB, input));
+        kept.push_back(s.alloc(32 * MiB, layer));
+      }
+      for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
+      s.free(s.alloc(4096, kGrad));
+      for (auto it = kept.rbegin(); it != kept.rend(); ++it) s.free(*it);
+    });
+  }
+  auto fs = findFindings(s.build(), 0);
+  const Finding* f = find(fs, FindingKind::ActivationCheckpointing);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 736 * MiB);
+  EXPECT_NE(f->title.find("24 modules called at model.py:60 forward would lower"),
+            std::string::npos)
+      << f->title;
+  EXPECT_EQ(f->fix.find("checkpoint_sequential"), std::string::npos) << f->fix;
+  EXPECT_NE(f->basis.find("made by its caller"), std::string::npos) << f->basis;
+}
+
 // The same blocks with no backward (issue 28 item 3: a forward run with autograd on was told to
 // checkpoint 32 modules where no_grad saves everything). Under no_grad each activation lives
 // until the next allocation: at most two of them at once (64 + 32 MiB) beside the 64 MiB of

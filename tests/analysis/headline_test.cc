@@ -197,6 +197,65 @@ TEST(DeviceImbalance, ReplicasOfSmallTensorsWhosePeaksDiffer) {
   EXPECT_EQ(findKind(job(48, 32).job_findings, FindingKind::DeviceImbalance), nullptr);
 }
 
+// A job whose cuda:1 got most of the batch and ran out with live tensors filling its card: the
+// imbalance proposes an even split with what each replica would need (the mean of their needs:
+// cuda:1's the smallest capacity a replay runs it in), and cuda:1's verdict names it first among
+// its smallest changes. Where the mean would not fit the card, neither says it.
+TEST(DeviceImbalance, AnEvenSplitIsProposedWhereItFitsTheOomDevice) {
+  // cuda:1 holds two tensors of `heavy` and asks for one more; the others hold two of `light`.
+  auto job = [](uint64_t heavy, uint64_t light, int64_t devices) {
+    ModelBuilder b;
+    for (int64_t d = 0; d < devices; ++d) {
+      const uint64_t t = d == 1 ? heavy : light;
+      const uint64_t base = kBase + static_cast<uint64_t>(d) * (uint64_t{1} << 40);
+      const uint64_t seg = 2 * t + 2 * kMiB;
+      const int64_t at = 100 * d;
+      b.device(d)
+          .segment(base, {.size = seg})
+          .segmentAlloc(base, seg, {.time_us = at + 1})
+          .alloc(base, t, {.time_us = at + 2, .frames = kLayer})
+          .alloc(base + t, t, {.time_us = at + 3, .frames = kLayer});
+      if (d == 1) b.oom(t, /*device_free=*/kMiB, {.time_us = at + 4, .frames = kLayer});
+      b.free(base, t, {.time_us = at + 5}).free(base + t, t, {.time_us = at + 6});
+    }
+    return analyzeSnapshot(b.build());
+  };
+  const auto r = job(4096 * kMiB, 512 * kMiB, 3);
+  const Finding* imb = findKind(r.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(imb, nullptr);
+  ASSERT_EQ(r.devices.size(), 3u);
+  const Finding* verdict = findKind(r.devices[1].findings, FindingKind::OomVerdict);
+  ASSERT_NE(verdict, nullptr);
+  ASSERT_TRUE(verdict->oom.has_value());
+  // The replay serves each 4 GiB request from a segment of its own: three of them.
+  EXPECT_EQ(verdict->oom->smallest_capacity_bytes, 3 * 4096 * kMiB);
+  // cuda:0 and cuda:2 reserved their 1026 MiB segment; the mean is rounded up.
+  const uint64_t each = (2 * 1026 * kMiB + 3 * 4096 * kMiB + 2) / 3;
+  const auto split = std::find_if(imb->evidence.begin(), imb->evidence.end(), [](const auto& e) {
+    return e.text.find("an even split of the batch across the 3 replicas") != std::string::npos;
+  });
+  ASSERT_NE(split, imb->evidence.end());
+  EXPECT_EQ(split->bytes, each);
+  EXPECT_NE(imb->fix.find("within the 8.00 GiB cuda:1 had"), std::string::npos) << imb->fix;
+  ASSERT_FALSE(verdict->oom->smallest_changes.empty());
+  EXPECT_EQ(verdict->oom->smallest_changes.front().rfind("an even split of the batch", 0), 0u);
+  EXPECT_EQ(verdict->fix.rfind("the smallest changes: an even split of the batch across the 3 "
+                               "replicas: about 4.67 GiB each",
+                               0),
+            0u)
+      << verdict->fix;
+  // Two devices, 4 GiB tensors against 2 GiB: uneven, but the mean (4.00 + 12.00 GiB) / 2 is
+  // over 90% of cuda:1's 8.00 GiB: no split is proposed, and the verdict keeps its own changes.
+  const auto tight = job(4096 * kMiB, 2048 * kMiB, 2);
+  const Finding* imb2 = findKind(tight.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(imb2, nullptr);
+  EXPECT_EQ(imb2->fix.find("even split"), std::string::npos) << imb2->fix;
+  const Finding* verdict2 = findKind(tight.devices[1].findings, FindingKind::OomVerdict);
+  ASSERT_NE(verdict2, nullptr);
+  EXPECT_EQ(verdict2->fix.find("even split"), std::string::npos) << verdict2->fix;
+  EXPECT_NE(verdict2->fix.find("the smallest changes: "), std::string::npos) << verdict2->fix;
+}
+
 // A device of the file with nothing recorded (an empty trace between two others, no segments)
 // is listed as such in the text and the JSON, not left out without a word.
 TEST(Devices, AnEmptyDeviceIsListedAsNothingRecorded) {
