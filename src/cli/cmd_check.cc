@@ -22,7 +22,8 @@ namespace {
 
 struct CheckArgs {
   std::vector<std::string> files;
-  std::string max_peak_reserved, max_peak_requested, max_growth;
+  // An empty value is refused, not taken for "not given" (a gate must not drop a limit silently).
+  std::optional<std::string> max_peak_reserved, max_peak_requested, max_growth;
   std::string fail_on;
   std::string baseline;
   std::optional<double> max_increase;
@@ -32,10 +33,11 @@ struct CheckArgs {
 };
 CheckArgs g_args;
 
-// "" = not given; otherwise the size or a usage error.
-bool sizeArg(const std::string& flag, const std::string& text, std::optional<uint64_t>& out) {
-  if (text.empty()) return true;
-  SizeParse p = parseSize(text);
+// Not given, or the size; anything else (an empty value included) is a usage error.
+bool sizeArg(const std::string& flag, const std::optional<std::string>& text,
+             std::optional<uint64_t>& out) {
+  if (!text) return true;
+  SizeParse p = parseSize(*text);
   if (!p.ok) {
     printError(flag + ": " + p.error);
     return false;
@@ -69,7 +71,7 @@ CLI::App* addCheckCommand(CLI::App& app) {
   auto* inc = c->add_option("--max-increase", g_args.max_increase,
                             "PCT: the most a peak (reserved, requested, allocated) may exceed the "
                             "baseline's, in percent")
-                  ->check(CLI::Range(0.0, 1e6));
+                  ->check(percentOption(1e6));
   inc->needs(base);
   base->needs(inc);
   c->add_option("--device", g_args.device, "only this CUDA device ordinal")->check(kInt64Option);
@@ -106,16 +108,21 @@ int runCheckCommand() {
       printError("baseline: " + b.error().describe());
       return kExitError;
     }
+    if (missingDevice(*b, g_args.device)) return kExitUsage;
     baseline = std::move(*b);
   }
   std::vector<report::CheckFile> files;
   analysis::CheckReport all;
+  bool missing = false;  // a file without the --device: no pass over nothing
   for (const auto& path : g_args.files) {
     report::CheckFile f{path, ""};
     auto p = loadProfile(path, g_args.device, g_args.salvage);
     if (!p) {
       f.error = p.error().describe();
       printError(f.error);
+    } else if (missingDevice(*p, g_args.device)) {
+      f.error = path + " has no device " + std::to_string(*g_args.device);
+      missing = true;
     } else {
       setActivity("checking " + path);
       auto r = analysis::checkProfile(*p, limits, baseline ? &*baseline : nullptr);
@@ -130,6 +137,7 @@ int runCheckCommand() {
   } else {
     report::renderCheckText(files, all, std::cout);
   }
+  if (missing) return kExitUsage;
   for (const auto& f : files) {
     if (!f.error.empty()) return kExitError;
   }

@@ -34,8 +34,13 @@ Expected<analysis::RunProfile> loadProfile(const std::string& path, std::optiona
   opt.device = device;
   analysis::RunProfile p = analysis::profileSnapshotOn(*snap, opt, analysisThreads());
   p.path = path;
-  if (device && p.devices.empty()) printWarning(path + " has no device " + std::to_string(*device));
   return p;
+}
+
+bool missingDevice(const analysis::RunProfile& p, std::optional<int64_t> device) {
+  if (!device || !p.devices.empty()) return false;
+  printError(p.path + " has no device " + std::to_string(*device));
+  return true;
 }
 
 CLI::App* addDiffCommand(CLI::App& app) {
@@ -66,6 +71,7 @@ int runDiffCommand() {
     printError(neu.error().describe());
     return kExitError;
   }
+  if (missingDevice(*base, g_args.device) | missingDevice(*neu, g_args.device)) return kExitUsage;
   analysis::DiffOptions opt;
   opt.top = g_args.top;
   setActivity("comparing " + g_args.base + " with " + g_args.neu);

@@ -18,5 +18,8 @@ int runDiffCommand();
 // (analysis::profileSnapshot); the Snapshot is dropped before returning. Shared with `check`.
 Expected<analysis::RunProfile> loadProfile(const std::string& path, std::optional<int64_t> device,
                                            bool salvage);
+// A --device the profile of `path` lacks: printed as an error, and the command exits 1 (bad usage,
+// as `analyze --device`), never a comparison or a gate over nothing. True when it is missing.
+bool missingDevice(const analysis::RunProfile& p, std::optional<int64_t> device);
 
 }  // namespace memforensics::cli

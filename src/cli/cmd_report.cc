@@ -180,6 +180,7 @@ int runReportCommand() {
       printError("--baseline: " + base.error().describe());
       return kExitError;
     }
+    if (missingDevice(*base, g_args.device)) return kExitUsage;
     setActivity("comparing " + g_args.file + " with " + g_args.baseline);
     analysis::ProfileOptions popt;
     popt.device = g_args.device;

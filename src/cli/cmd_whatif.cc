@@ -113,6 +113,8 @@ CLI::App* addWhatIfCommand(CLI::App& app) {
   return c;
 }
 
+constexpr uint64_t kMaxCapacity = uint64_t{1} << 50;
+
 int runWhatIfCommand() {
   analysis::WhatIfOptions opt;
   opt.device = g_args.device;
@@ -128,6 +130,11 @@ int runWhatIfCommand() {
     SizeParse p = parseSize(*g_args.capacity);
     if (!p.ok) {
       printError("--capacity: " + p.error);
+      return kExitUsage;
+    }
+    // No card holds nothing, and none holds a pebibyte (2^64 - 1 is the replay's "unlimited").
+    if (p.bytes == 0 || p.bytes > kMaxCapacity) {
+      printError("--capacity: " + *g_args.capacity + " is not the size of a card (1 B to 1 PiB)");
       return kExitUsage;
     }
     opt.capacity = p.bytes;

@@ -172,6 +172,13 @@ int convert(const ConvertArgs& a) {
                    : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)");
     return kExitUsage;
   }
+  if (a.device && (*target == Target::Native || *target == Target::Pickle)) {
+    // Not silently ignored: the output would hold every device the command line excluded.
+    printError(
+        "--device applies to perfetto and collapsed output; a native trace or a pickle keeps "
+        "every device of the input");
+    return kExitUsage;
+  }
   if (auto same = mf::cli::checkNotAnInput(a.out, {a.in}); !same.ok()) {
     printError(same.error().describe());
     return kExitError;
@@ -324,6 +331,19 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     (void)app.exit(e);
     return kExitUsage;
+  }
+  // Standard output opened on an input (`analyze in.pickle 1<>in.pickle`) would overwrite it as
+  // the command writes: refused before anything is read, for every command.
+  for (const CLI::App* sub : app.get_subcommands()) {
+    std::vector<std::string> inputs;
+    for (const CLI::Option* o : sub->get_options()) {
+      if (o->get_positional() || o->check_lname("baseline"))
+        for (const std::string& r : o->results()) inputs.push_back(r);
+    }
+    if (auto same = mf::cli::checkNotAnInput("-", inputs); !same.ok()) {
+      printError(same.error().describe());
+      return kExitError;
+    }
   }
   if (an->parsed()) {
     mf::report::TextOptions text;

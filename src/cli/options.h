@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -23,5 +24,21 @@ inline const CLI::Validator kInt64Option(
       return {};
     },
     "INT64");
+
+// A finite decimal number from 0 to `max` (CLI::Range lets NaN through: every comparison with it is
+// false, so `check --max-increase nan` was a gate that never failed).
+inline CLI::Validator percentOption(double max) {
+  return CLI::Validator(
+      [max](std::string& s) -> std::string {
+        double v = 0;
+        const char* end = s.data() + s.size();
+        auto [p, ec] = std::from_chars(s.data(), end, v);
+        if (s.empty() || ec != std::errc() || p != end || !std::isfinite(v) || v < 0 || v > max)
+          return "'" + s + "' is not a number from 0 to " +
+                 std::to_string(static_cast<int64_t>(max));
+        return {};
+      },
+      "PCT");
+}
 
 }  // namespace memforensics::cli

@@ -172,13 +172,17 @@ int finishStdout(int rc) {
 }
 
 Status checkNotAnInput(const std::string& out, const std::vector<std::string>& inputs) {
-  if (out == "-") return Status::Ok();
   struct stat o {};
-  if (::stat(out.c_str(), &o) != 0 || !S_ISREG(o.st_mode)) return Status::Ok();
+  // "-": whatever standard output was opened on (`1<>in.pickle` opens the input itself).
+  const bool is_stdout = out == "-";
+  if ((is_stdout ? ::fstat(1, &o) : ::stat(out.c_str(), &o)) != 0 || !S_ISREG(o.st_mode))
+    return Status::Ok();
   for (const auto& in : inputs) {
     struct stat i {};
+    if (in.empty() || in == "-") continue;
     if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-      return Error{"the output " + out + " is the input " + in +
+      return Error{(is_stdout ? std::string("standard output") : "the output " + out) +
+                       " is the input " + in +
                        ": refusing to overwrite it (choose another output name)",
                    -1};
     }

@@ -32,8 +32,9 @@ Status flushStdout();
 // standard output failed (unless writeOutput already reported that failure).
 int finishStdout(int rc);
 
-// Refuses `out` when it is the same file (device and inode) as one of `inputs`. "-" and paths that
-// do not exist pass.
+// Refuses `out` when it is the same file (device and inode) as one of `inputs`; "-" stands for
+// the file standard output was opened on, whatever path or descriptor led there. Paths that do not
+// exist, and outputs that are not regular files (a terminal, a pipe), pass.
 Status checkNotAnInput(const std::string& out, const std::vector<std::string>& inputs);
 
 // Writes `body` to `path` as above ("-" = standard output). The error names the path.

@@ -451,6 +451,21 @@ with tempfile.TemporaryDirectory() as tmp:
             intact = a.read() == sample_bytes and b.read() == sample_bytes
         check(f"{' '.join(args)}: the output is the input, refused (exit 2), input intact",
               r.returncode == 2 and b"is the input" in r.stderr and intact, f"rc={r.returncode} {r.stderr}")
+    # Standard output opened on the input itself (`1<>in.pickle`): refused before anything is
+    # written, whatever the command (issue 30: `report in.pickle -o -` overwrote the input).
+    for args in (["report", inp, "-o", "-"], ["analyze", inp], ["convert", inp, "-o", "-", "--to",
+                                                                "native"],
+                 ["diff", os.path.join(ROOT, "snapshots", "sample_training.pickle"), inp]):
+        fd = os.open(inp, os.O_RDWR)
+        try:
+            r = subprocess.run([BIN, *args], stdout=fd, stderr=subprocess.PIPE)
+        finally:
+            os.close(fd)
+        with open(inp, "rb") as a:
+            intact = a.read() == sample_bytes
+        check(f"{' '.join(args[:1])} with standard output on the input: refused (exit 2), intact",
+              r.returncode == 2 and b"standard output is the input" in r.stderr and intact,
+              f"rc={r.returncode} {r.stderr}")
     # A symlink as output: the file it points at is replaced (permissions kept), the link stays.
     target = os.path.join(tmp, "target.pickle")
     with open(target, "wb") as f:
@@ -657,6 +672,12 @@ for args in (["analyze", sample, "--device", "18446744073709551616"], ["analyze"
              ["timeline", sample, "--max-points", "18446744073709551617"]):
     r = runb(*args)
     check(f"{args[0]} {' '.join(args[2:])}: out of range, exit 1", r.returncode == 1 and not r.stdout, f"rc={r.returncode}")
+
+# convert --device to a format that keeps every device is refused, not ignored (issue 30).
+for to in ("native", "pickle"):
+    r = runb("convert", sample, "-o", "-", "--to", to, "--device", "0")
+    check(f"convert --to {to} --device: usage error", r.returncode == 1 and not r.stdout
+          and b"--device applies to perfetto and collapsed" in r.stderr, f"rc={r.returncode}")
 
 # Every command that analyses devices on threads (--threads / MEMF_THREADS) prints the same bytes
 # on 1, 2, 3 and 4 threads: a dropped or reordered device, or a figure of another device, differs.

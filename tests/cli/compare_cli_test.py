@@ -152,6 +152,27 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 1, "--max-increase without --baseline is a usage error")
     rc, out, err = run("check", bad, "--max-peak-reserved", "1GiB")
     check(rc == 2, f"check of an unreadable file exits 2 (got {rc})")
+    # Gates fail closed (issue 30): no limit that checks nothing, no pass over a missing device.
+    for pct in ("nan", "NaN", "inf", "-1", "", "1e7", "5%"):
+        rc, out, err = run("check", sc("leak_list_append"), "--baseline", sc("clean_adam"),
+                           "--max-increase", pct)
+        check(rc == 1 and "PASS" not in out, f"--max-increase {pct!r} is a usage error (got {rc})")
+    for flag in ("--max-peak-reserved", "--max-peak-requested", "--max-growth-per-step"):
+        rc, out, err = run("check", sc("leak_list_append"), flag, "", "--fail-on", "high")
+        check(rc == 1 and "PASS" not in out and flag in err,
+              f"an empty {flag} is a usage error, not dropped (got {rc}: {err})")
+    rc, out, err = run("check", "--json", sc("clean_adam"), "--device", "7",
+                       "--max-peak-reserved", "1TiB")
+    check(rc == 1 and "has no device 7" in err and json.loads(out)["passed"] is False,
+          f"check --device of a device the file lacks fails (got {rc}: {out})")
+    rc, out, err = run("check", sc("clean_adam"), "--device", "7", "--baseline", sc("clean_adam"),
+                       "--max-increase", "10")
+    check(rc == 1 and "has no device 7" in err, f"a baseline without the device fails (got {rc})")
+    rc, out, err = run("diff", sc("clean_adam"), sc("leak_list_append"), "--device", "3")
+    check(rc == 1 and "has no device 3" in err, f"diff --device of a missing device (got {rc})")
+    rc, out, err = run("check", sc("replicas_uneven"), "--device", "1", "--max-peak-reserved",
+                       "1TiB")
+    check(rc == 0 and "PASS" in out, f"check --device of a device the file has (got {rc}: {err})")
 
 if failures:
     print(f"{len(failures)} failure(s)")

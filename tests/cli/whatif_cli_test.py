@@ -231,7 +231,7 @@ for text, want in (("20GiB", 20 * GIB), ("40GB", 40 * 10**9), ("150MiB", 150 * M
         check(got == want, f"--capacity {text} = {want} (got {got})")
         check(doc["devices"][0]["baseline"]["capacity_bytes"] == 150 * MIB,
               f"--capacity {text}: the baseline keeps the implied card")
-for text in ("abc", "-5GiB", "12XB", ""):
+for text in ("abc", "-5GiB", "12XB", "", "0", "0B", "18446744073709551615", "2PiB"):
     rc, out, err = run("whatif", frag, "--capacity", text)
     check(rc == 1 and "--capacity" in err, f"--capacity '{text}' is a usage error (got {rc})")
 doc = whatif(frag, "--set", "roundup_power2_divisions=[256:1,512:2,>:4]")

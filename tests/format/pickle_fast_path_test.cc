@@ -134,7 +134,8 @@ TEST(PickleFastPath, SameSnapshotOnEveryRealScenarioAndSampleFile) {
     ++files;
   }
   EXPECT_GT(files, 10u);
-  EXPECT_GT(fast_entries, 100000u);
+  // The real snapshots hold most entries; without ../shared only the sample and the scenarios.
+  EXPECT_GT(fast_entries, testing::realSnapshotPaths().empty() ? 10000u : 100000u);
 }
 
 TEST(PickleFastPath, SameResultOnTheCommittedFuzzCorpus) {

@@ -428,6 +428,9 @@ def main():
     for f in sorted(os.listdir(scen)):
         if f.endswith(".pickle"):
             inputs.append(("scenario_" + f[:-7], os.path.join(scen, f)))
+    if args.real_dir and not os.path.isdir(args.real_dir):
+        print(f"skip the real snapshots: {args.real_dir} is not there (../shared beside the clone)",
+              flush=True)
     if args.real_dir and os.path.isdir(args.real_dir):
         for f in sorted(os.listdir(args.real_dir)):
             if f.endswith(".pickle"):
@@ -438,6 +441,11 @@ def main():
     hostile_snapshot(hostile)
     inputs.append(("hostile_markup", hostile))
     for extra in args.input:
+        if not os.path.exists(extra):
+            # a clone without ../shared beside it: the real inputs are skipped, and said so
+            print(f"skip {extra}: not there (the real files live in ../shared beside the clone)",
+                  flush=True)
+            continue
         inputs.append(("input_" + os.path.basename(extra).rsplit(".", 1)[0], extra))
     if args.only:
         inputs = [x for x in inputs if args.only in x[0]]
