@@ -12,6 +12,7 @@
 #include "analysis/timeline.h"
 #include "common/parallel.h"
 #include "common/saturating.h"
+#include "replay/alloc_conf.h"
 
 namespace memforensics::analysis {
 
@@ -377,6 +378,10 @@ AnalysisResult analysisHeader(const format::Snapshot& snap) {
   res.origin = snap.origin;
   res.live_capture = snap.live_capture;
   res.warnings = snap.load_warnings;
+  for (const std::string& m : replay::refusedFileSettings(snap.settings))
+    res.warnings.push_back("allocator_settings " + m +
+                           ": impossible, ignored (the default "
+                           "stands in for it in every replay)");
   return res;
 }
 

@@ -7,9 +7,13 @@
 // however many files. Rows land in input order, so the output does not depend on scheduling.
 #include "cli/cmd_ranks.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iostream>
-#include <iterator>
 #include <new>
 #include <optional>
 #include <sstream>
@@ -91,28 +95,54 @@ std::vector<FileResult> rankFiles(const std::vector<std::string>& files) {
                                  [&](size_t i) { return rankFile(files[i]); });
 }
 
+// A shard's text: a regular file of at most kMaxMergeShardBytes, read to its end (which may come
+// sooner or later than its size said), or why not. A shard is a saved `ranks --json`: anything
+// that is not a regular file (a directory, /dev/zero, a FIFO that may never be written) is refused
+// before a byte is read, never read without bound or waited on.
+Expected<std::string> readShard(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return Error{"cannot open " + path + ": " + std::strerror(errno), -1};
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Error{"cannot read " + path + ": " + std::strerror(errno), -1};
+  if (S_ISDIR(st.st_mode)) return Error{path + " is a directory, not a ranks --json shard", -1};
+  if (!S_ISREG(st.st_mode))
+    return Error{path + " is not a regular file: a shard is a saved `ranks --json` document", -1};
+  if (static_cast<uint64_t>(st.st_size) > kMaxMergeShardBytes)
+    return Error{path + ": shard larger than " + std::to_string(kMaxMergeShardBytes) + " bytes",
+                 -1};
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  for (;;) {
+    if (got == text.size()) {
+      if (text.size() > kMaxMergeShardBytes)
+        return Error{path + ": shard larger than " + std::to_string(kMaxMergeShardBytes) +
+                         " bytes (it grew while read)",
+                     -1};
+      text.resize(text.size() + 65536);  // it may have grown since fstat
+    }
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error{"cannot read " + path + ": " + std::strerror(errno), -1};
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
 std::vector<FileResult> mergeShards(const std::vector<std::string>& shards) {
   std::vector<FileResult> results;
   for (const auto& path : shards) {
     FileResult fr;
-    std::ifstream in(path, std::ios::binary);
-    std::string text;
-    if (in) {
-      in.seekg(0, std::ios::end);
-      const auto size = in.tellg();
-      in.seekg(0);
-      if (size >= 0 && static_cast<uint64_t>(size) > kMaxMergeShardBytes) {
-        fr.rows.push_back(analysis::failedRankRow(
-            path, path + ": shard larger than " + std::to_string(kMaxMergeShardBytes) + " bytes"));
-        results.push_back(std::move(fr));
-        continue;
-      }
-      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    if (!in && !in.eof()) {
-      fr.rows.push_back(analysis::failedRankRow(path, "cannot read " + path));
+    auto text = readShard(path);
+    if (!text) {
+      fr.rows.push_back(analysis::failedRankRow(path, text.error().describe()));
     } else {
-      auto rows = report::parseRanksJson(text, path);
+      auto rows = report::parseRanksJson(*text, path);
       if (!rows) {
         fr.rows.push_back(analysis::failedRankRow(path, rows.error().describe()));
       } else {

@@ -13,6 +13,7 @@
 // 127 not found, 126 not executable, 2 when its output cannot be created.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -369,6 +370,10 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
+  // A file-size limit (ulimit -f) must not kill the process mid-write with SIGXFSZ, leaving a
+  // *.tmp-XXXXXX behind: ignored, the write fails with EFBIG, and the output code reports it
+  // (exit 2) and removes its temporary file.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Before anything allocates much: freed memory is reused, not unmapped (common/memory.h).
   mf::configureAllocator();
   mf::cli::installStdout();

@@ -111,15 +111,50 @@ std::vector<AllocConfEntry> splitAllocConf(std::string_view conf) {
   return out;
 }
 
+namespace {
+
+bool splitSizeOk(int64_t v) {
+  return v <= 0 || (v > static_cast<int64_t>(alloc::kLargeBuffer) && v % 1048576 == 0);
+}
+bool gcThresholdOk(double v) {
+  return v == 0.0 || (v > 0.0 && v < 1.0);  // NaN fails both
+}
+bool divisionsOk(const format::AllocatorSettings& a) {
+  return !a.has_roundup ||
+         std::all_of(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions),
+                     [](uint32_t d) { return divisionOk(d); });
+}
+
+}  // namespace
+
+std::vector<std::string> refusedFileSettings(const format::AllocatorSettings& a) {
+  std::vector<std::string> out;
+  if (!splitSizeOk(a.max_split_size))
+    out.push_back("max_split_size: " + std::to_string(a.max_split_size) +
+                  " B, where PyTorch takes whole MiB above 20 MiB (or unlimited)");
+  if (!gcThresholdOk(a.garbage_collection_threshold)) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%g", a.garbage_collection_threshold);
+    out.push_back(std::string("garbage_collection_threshold: ") + buf +
+                  ", where PyTorch takes a number strictly between 0 and 1 (0: off)");
+  }
+  if (!divisionsOk(a))
+    out.push_back("roundup_power2_divisions: a division that is not a power of two up to " +
+                  std::to_string(kMaxRoundupDivisions) + " (0: off)");
+  return out;
+}
+
 AllocConf allocConfOf(const format::Snapshot& snap) {
   AllocConf s;
   const auto& a = snap.settings;
-  if (a.max_split_size > 0) s.max_split_size = static_cast<uint64_t>(a.max_split_size);
+  if (a.max_split_size > 0 && splitSizeOk(a.max_split_size))
+    s.max_split_size = static_cast<uint64_t>(a.max_split_size);
   s.expandable_segments = a.expandable_segments;
-  if (a.has_roundup)
+  if (a.has_roundup && divisionsOk(a))
     std::copy(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions),
               s.divisions);
-  s.gc_threshold = a.garbage_collection_threshold;
+  if (gcThresholdOk(a.garbage_collection_threshold))
+    s.gc_threshold = a.garbage_collection_threshold;
   for (const AllocConfEntry& e : splitAllocConf(a.conf)) {
     // Not recorded in allocator_settings in any version; only the config string can tell.
     uint64_t mb = 0;

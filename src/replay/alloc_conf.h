@@ -29,8 +29,15 @@ struct AllocConf {
 
 // The settings a file was recorded under: its allocator_settings, and for the keys no version
 // records there (max_non_split_rounding_mb; expandable_segments before 2.3) its
-// PYTORCH_CUDA_ALLOC_CONF string, read with parseAllocConf().
+// PYTORCH_CUDA_ALLOC_CONF string, read with parseAllocConf(). Values no PyTorch accepts
+// (refusedFileSettings) are ignored: the default stands in for them.
 AllocConf allocConfOf(const format::Snapshot& snap);
+
+// The allocator_settings values of a file that PyTorch's own parser would refuse, each as "KEY:
+// what it is, what PyTorch takes" (max_split_size of 20 MiB or less or not whole MiB; a
+// garbage_collection_threshold outside (0, 1), NaN and infinities included; a roundup division
+// that is not a power of two up to 16384). A hostile or damaged file; analyze names them.
+std::vector<std::string> refusedFileSettings(const format::AllocatorSettings& a);
 
 // Applies one KEY=VALUE in PYTORCH_CUDA_ALLOC_CONF spelling; "" when accepted, else why not.
 std::string applyAllocSetting(AllocConf& s, const std::string& key, const std::string& value);

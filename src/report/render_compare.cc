@@ -19,8 +19,10 @@ using analysis::kPeakKinds;
 using analysis::PeakKind;
 using nlohmann::json;
 
+// `s` then spaces to `w` columns, and at least one space: a value wider than its column (a
+// hostile shard's 2^64 - 1 OOMs) does not run into the next.
 std::string pad(std::string s, size_t w) {
-  if (s.size() < w) s.append(w - s.size(), ' ');
+  s.append(s.size() < w ? w - s.size() : 1, ' ');
   return s;
 }
 
@@ -447,6 +449,10 @@ Expected<std::vector<analysis::RankRow>> parseRanksDoc(std::string_view text,
       return fail(at + " lacks device or a figure (non-negative integers)");
     }
     r.device = j["device"].get<int64_t>();
+    // A CUDA ordinal, as the readers bound it (format::kMaxDevice); -2^63 is no device.
+    if (r.device < 0 || r.device >= int64_t{1} << 20)
+      return fail(at + " has device " + std::to_string(r.device) +
+                  ", not a CUDA ordinal (0 to 1048575)");
     r.ooms = static_cast<size_t>(ooms);
     r.high_findings = static_cast<size_t>(high);
     if (j.contains("largest_holder") && j["largest_holder"].is_object()) {

@@ -673,6 +673,22 @@ for args in (["analyze", sample, "--device", "18446744073709551616"], ["analyze"
     r = runb(*args)
     check(f"{args[0]} {' '.join(args[2:])}: out of range, exit 1", r.returncode == 1 and not r.stdout, f"rc={r.returncode}")
 
+# A file-size limit (ulimit -f) is a write error (exit 2, the reason), not SIGXFSZ, and leaves no
+# temporary file behind (issue 30).
+def small_fsize():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for args in (["convert", sample, "-o", os.path.join(tmp, "out.pickle")],
+                 ["convert", sample, "-o", os.path.join(tmp, "out.bin")],
+                 ["report", sample, "-o", os.path.join(tmp, "out.html")]):
+        r = runb(*args, preexec_fn=small_fsize)
+        left = sorted(os.listdir(tmp))
+        check(f"{args[0]} {os.path.basename(args[-1])} past ulimit -f: exit 2, nothing left",
+              r.returncode == 2 and b"error" in r.stderr and not left,
+              f"rc={r.returncode} left={left} {r.stderr[-200:]}")
+
 # convert --device to a format that keeps every device is refused, not ignored (issue 30).
 for to in ("native", "pickle"):
     r = runb("convert", sample, "-o", "-", "--to", to, "--device", "0")

@@ -124,6 +124,33 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 0 and json.loads(merged2) == json.loads(whole), "a JSON Lines shard merges the same")
     rc, out, err = run("ranks", "--merge", s1, bad)
     check(rc == 2, f"merge with a bad shard exits 2 (got {rc})")
+    # Shards that are not regular files are refused before a byte is read (issue 30: /dev/zero
+    # was read to 2 GB, a FIFO with no writer blocked forever, a directory was "larger than").
+    fifo = os.path.join(tmp, "fifo.json")
+    os.mkfifo(fifo)
+    for shard, why in (("/dev/zero", "not a regular file"), (fifo, "not a regular file"),
+                       (tmp, "is a directory")):
+        p = subprocess.run([BIN, "ranks", "--json", "--merge", s1, shard], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 2 and why in p.stdout,
+              f"merge of {shard}: exit 2, '{why}' (got {p.returncode}: {p.stdout[-300:]})")
+    # Hostile figures: a device that is no CUDA ordinal is refused; a huge OOM count keeps its
+    # column apart from the next.
+    doc = json.loads(open(s1).read())
+    doc["ranks"][0]["device"] = -2**63
+    neg = os.path.join(tmp, "neg.json")
+    with open(neg, "w") as f:
+        json.dump(doc, f)
+    rc, out, err = run("ranks", "--merge", neg)
+    check(rc == 2 and "not a CUDA ordinal" in out, f"device -2^63 refused (got {rc}: {out[-200:]})")
+    doc["ranks"][0]["device"] = 0
+    doc["ranks"][0]["ooms"] = 2**64 - 1
+    many = os.path.join(tmp, "many.json")
+    with open(many, "w") as f:
+        json.dump(doc, f)
+    rc, out, err = run("ranks", "--merge", many)
+    check(rc == 0 and " 18446744073709551615 " in out,
+          f"2^64 - 1 OOMs: a column of its own (got {rc}: {out[-300:]})")
 
     # ---- check ----
     rc, out, err = run("check", sc("clean_adam"), "--max-peak-reserved", "500MiB",

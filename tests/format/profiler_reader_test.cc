@@ -321,6 +321,17 @@ TEST(ProfilerTrace, SeveralDevicesAndCpuEvents) {
   EXPECT_TRUE(hasWarning(*snap, "reserved is absent"));
 }
 
+// A deviceProperties entry without a name is not given the previous entry's (issue 30).
+TEST(ProfilerTrace, ADevicePropertyWithoutANameHasNone) {
+  std::string t = kineto({mem(1, 1024, 100, 0), mem(2, 4096, 200, 1)},
+                         "\"deviceProperties\": [{\"id\": 0, \"name\": \"NVIDIA H100\", "
+                         "\"totalGlobalMem\": 1000}, {\"id\": 1, \"totalGlobalMem\": 2000}], ");
+  auto snap = loadSnapshotBytes(bytesOf(t));
+  ASSERT_TRUE(snap) << snap.error().describe();
+  EXPECT_NE(snap->origin.find("device 0: NVIDIA H100, 1000 B"), std::string::npos) << snap->origin;
+  EXPECT_EQ(snap->origin.find("device 1: NVIDIA H100"), std::string::npos) << snap->origin;
+}
+
 // Rules about the cache (cache bloat) read Snapshot::reserved_recorded: false when some device's
 // reserved bytes were synthesized (no Total Reserved) or the file is a memory timeline, and it
 // stays false in the native trace `convert` writes (the reader's note travels in its warnings).
@@ -528,6 +539,31 @@ TEST(ProfilerHostile, SniffingKeepsSnapshotJsonAndRefusesNonTraces) {
   auto g = loadSnapshotBytes(gz);
   ASSERT_FALSE(g);
   EXPECT_NE(g.error().message.find("invalid JSON"), std::string::npos) << g.error().message;
+}
+
+// A snapshot's JSON gzipped ("segments" its first key) is read as the same snapshot, not refused
+// as a trace without traceEvents (issue 30); past the gzip budget it is refused.
+TEST(ProfilerHostile, AGzippedSnapshotJsonIsTheSnapshot) {
+  const std::string json =
+      "{\"segments\": [{\"device\": 0, \"address\": 1048576, \"total_size\": 2097152, "
+      "\"stream\": 0, \"segment_type\": \"small\", \"allocated_size\": 512, "
+      "\"active_size\": 512, \"requested_size\": 512, \"blocks\": [{\"size\": 512, "
+      "\"requested_size\": 512, \"state\": \"active_allocated\", \"address\": 1048576}, "
+      "{\"size\": 2096640, \"state\": \"inactive\", \"address\": 1049088}]}], "
+      "\"device_traces\": [[]]}";
+  auto plain = loadSnapshotBytes(bytesOf(json));
+  ASSERT_TRUE(plain) << plain.error().describe();
+  const auto gz = gzipOf(bytesOf(json));
+  EXPECT_EQ(sniffProfiler(gz), ProfilerKind::NotProfiler);
+  auto snap = loadSnapshotBytes(gz);
+  ASSERT_TRUE(snap) << snap.error().describe();
+  EXPECT_EQ(snap->input_bytes, gz.size());
+  ASSERT_EQ(snap->segments.size(), plain->segments.size());
+  EXPECT_EQ(snap->segments[0].total_size, 2097152u);
+  auto small = gunzipBounded(gz, 64);
+  ASSERT_FALSE(small);
+  EXPECT_NE(small.error().message.find("decompresses to more than 64"), std::string::npos)
+      << small.error().message;
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "fixtures/snapshot_builder.h"
 #include "replay/alloc_conf.h"
 
@@ -244,6 +246,41 @@ TEST(AllocConf, RefusedValuesSayWhy) {
             std::string::npos);
   EXPECT_NE(applyAllocSetting(c, "garbage_collection_threshold", "1.0"), "");
   EXPECT_EQ(c.gc_threshold, 0.0);
+}
+
+// A file's impossible settings (issue 30: a gc threshold of inf or 1e18 went through an undefined
+// float-to-integer conversion; max_split_size 1 B printed as max_split_size_mb=0) are named and
+// ignored, as --set refuses them; the possible ones stay.
+TEST(AllocConf, AFilesImpossibleSettingsAreNamedAndIgnored) {
+  testing::TSnapshot t;
+  t.traces.push_back({{"alloc", kBase, 512, 0}});
+  format::Snapshot snap = testing::buildSnapshot(t);
+  snap.settings.present = true;
+  EXPECT_TRUE(refusedFileSettings(snap.settings).empty());
+  for (double gc : {1e18, std::numeric_limits<double>::infinity(),
+                    std::numeric_limits<double>::quiet_NaN(), 1.0, -0.5}) {
+    snap.settings.garbage_collection_threshold = gc;
+    const auto refused = refusedFileSettings(snap.settings);
+    ASSERT_EQ(refused.size(), 1u) << gc;
+    EXPECT_EQ(refused[0].rfind("garbage_collection_threshold: ", 0), 0u) << refused[0];
+    EXPECT_EQ(allocConfOf(snap).gc_threshold, 0.0) << gc;
+  }
+  snap.settings.garbage_collection_threshold = 0.8;
+  for (int64_t split : {int64_t{1}, int64_t{20} * 1048576, int64_t{64} * 1048576 + 1}) {
+    snap.settings.max_split_size = split;
+    ASSERT_EQ(refusedFileSettings(snap.settings).size(), 1u) << split;
+    EXPECT_EQ(allocConfOf(snap).max_split_size, ~uint64_t{0}) << split;
+    EXPECT_DOUBLE_EQ(allocConfOf(snap).gc_threshold, 0.8) << "the possible ones stay";
+  }
+  snap.settings.max_split_size = 21 * 1048576;
+  EXPECT_EQ(allocConfOf(snap).max_split_size, 21 * kMiB);
+  snap.settings.has_roundup = true;
+  snap.settings.roundup_power2_divisions[3] = 3;
+  ASSERT_EQ(refusedFileSettings(snap.settings).size(), 1u);
+  EXPECT_EQ(describeDivisions(allocConfOf(snap).divisions), "0");
+  snap.settings.roundup_power2_divisions[3] = 4;
+  EXPECT_TRUE(refusedFileSettings(snap.settings).empty());
+  EXPECT_EQ(allocConfOf(snap).divisions[3], 4u);
 }
 
 // What a failed request needed, and the short-by: one home for the OOM verdict and blocks.

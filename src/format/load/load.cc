@@ -392,6 +392,14 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
         return readSnapshotJson(bytes, options);
       [[fallthrough]];
     case Kind::Gzip: {
+      if (looksLikeGzip(bytes) && sniffProfiler(bytes) == ProfilerKind::NotProfiler) {
+        // A snapshot's JSON, gzipped: decompressed within the gzip budget, then read as JSON.
+        auto text = gunzipBounded(bytes, gzipDecodedBudget(bytes.size()));
+        if (!text) return Error{"gzip input: " + text.error().message, -1};
+        auto snap = readSnapshotJson(*text, options);
+        if (snap) snap->input_bytes = bytes.size();
+        return snap;
+      }
       ProfilerReadOptions po;
       po.progress = options.progress;
       return readProfilerInput(bytes, po);

@@ -332,9 +332,10 @@ struct BuildResult {
 // `baseline_alloc` >= 0: the bytes allocated before the first op (from Total Allocated); what of
 // it the pre-history frees do not explain becomes one block "allocated before the profile".
 // Reserved follows the ops' total_reserved when `have_reserved`, else the allocated (512-rounded)
-// high-water mark.
+// high-water mark. `history` names what the ops are in the notes ("the profile", "the plot").
 BuildResult buildDevice(std::vector<Op>& ops, int64_t baseline_alloc, bool have_reserved,
-                        bool key_is_address, const std::string& dev, StackId before_stack) {
+                        bool key_is_address, const std::string& dev, StackId before_stack,
+                        const std::string& history = "the profile") {
   BuildResult out;
   const size_t n = ops.size();
   // Pass 1: match. block_of[i] = the block an op allocates or frees.
@@ -510,18 +511,18 @@ BuildResult buildDevice(std::vector<Op>& ops, int64_t baseline_alloc, bool have_
   }
   if (pre_count > 0) {
     out.notes.push_back(dev + ": " + std::to_string(pre_count) +
-                        " frees of blocks allocated before the profile started (" +
+                        " frees of blocks allocated before " + history + " started (" +
                         std::to_string(pre_bytes) +
                         " B; no alloc to match them): counted as live from the start");
   }
   if (filler > 0) {
-    out.notes.push_back(dev + ": " + std::to_string(filler) +
-                        " B allocated before the profile started and not freed in it (from Total "
+    out.notes.push_back(dev + ": " + std::to_string(filler) + " B allocated before " + history +
+                        " started and not freed in it (from Total "
                         "Allocated at the first event): one block '[before the profile]'");
   }
   if (never_freed > 0) {
     out.notes.push_back(dev + ": " + std::to_string(never_freed) +
-                        " allocations not freed within the profile");
+                        " allocations not freed within " + history);
   }
   if (double_key > 0) {
     out.notes.push_back(dev + ": " + std::to_string(double_key) +
@@ -689,6 +690,7 @@ class KinetoSax {
     if (depth_ == 3 && top_ == Top::DeviceProps) {
       prop_id_ = -1;
       prop_mem_ = 0;
+      prop_name_.clear();  // an entry without a name has none, not the previous entry's
     }
     return true;
   }
@@ -1684,7 +1686,7 @@ Expected<Snapshot> readMemoryVizPlotData(std::string_view text) {
     live[k] ^= 1;
   }
   std::vector<std::vector<Event>> per_device(1);
-  BuildResult r = buildDevice(ops, -1, false, true, "device 0", kNoStack);
+  BuildResult r = buildDevice(ops, -1, false, true, "device 0", kNoStack, "the plot");
   per_device[0] = std::move(r.events);
   addFinalState(snap, 0, r);
   finishTraces(snap, per_device);
@@ -1696,12 +1698,7 @@ Expected<Snapshot> readMemoryVizPlotData(std::string_view text) {
       "a PyTorch 2.0 memory_viz page holds the plot of one device's allocations (which device is "
       "not recorded: shown as device 0), in order without times, and no segments; reserved "
       "bytes are absent");
-  for (auto& n : r.notes) {
-    // buildDevice speaks of a profile; here the plot began.
-    if (const size_t at = n.find("the profile started"); at != std::string::npos)
-      n.replace(at, std::string_view("the profile started").size(), "the plot began");
-    w.push_back(std::move(n));
-  }
+  for (auto& n : r.notes) w.push_back(std::move(n));
   w.push_back(
       "no segment information in a memory_viz plot: block addresses are synthesized, so there is "
       "no block layout (blocks and what needs one are not available)");
@@ -1758,15 +1755,24 @@ ProfilerKind sniffProfiler(std::span<const uint8_t> bytes) {
       size_t e = t.find('"', i + 1);
       std::string_view k = e == std::string::npos ? std::string_view()
                                                   : std::string_view(t).substr(i + 1, e - i - 1);
+      // A snapshot's JSON, gzip or not (gzipped, it was refused as a trace without traceEvents).
       for (std::string_view snapshot_key :
            {"segments", "device_traces", "allocator_settings", "external_annotations"}) {
-        if (k == snapshot_key) return gz ? ProfilerKind::KinetoTrace : ProfilerKind::NotProfiler;
+        if (k == snapshot_key) return ProfilerKind::NotProfiler;
       }
       return ProfilerKind::KinetoTrace;
     }
     return gz ? ProfilerKind::KinetoTrace : ProfilerKind::NotProfiler;
   }
   return gz ? ProfilerKind::KinetoTrace : ProfilerKind::NotProfiler;
+}
+
+Expected<std::vector<uint8_t>> gunzipBounded(std::span<const uint8_t> bytes, uint64_t budget) {
+  ByteSource src(bytes, true, budget, nullptr);
+  std::vector<uint8_t> out;
+  for (int ch; (ch = src.next()) >= 0;) out.push_back(static_cast<uint8_t>(ch));
+  if (!src.error().empty()) return Error{src.error(), -1};
+  return out;
 }
 
 Expected<Snapshot> readProfilerInput(std::span<const uint8_t> bytes,

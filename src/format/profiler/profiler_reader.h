@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "format/model/snapshot.h"
@@ -48,8 +49,11 @@ enum class ProfilerKind : uint8_t { NotProfiler, KinetoTrace, MemoryTimeline };
 bool looksLikeGzip(std::span<const uint8_t> bytes);
 // From the first bytes (a gzip input's first decompressed bytes): a JSON object whose first key
 // is not a memory snapshot's is a Kineto trace; a JSON array of arrays is a memory timeline.
-// A gzip input is always one of the two (the reader then says what is wrong with it).
+// A gzip input is one of the two (the reader then says what is wrong with it) unless its first
+// key is a memory snapshot's: a gzipped snapshot JSON (gunzipBounded, then the JSON reader).
 ProfilerKind sniffProfiler(std::span<const uint8_t> bytes);
+// The whole decompressed text of a gzip input, refused past `budget` bytes (gzipDecodedBudget).
+Expected<std::vector<uint8_t>> gunzipBounded(std::span<const uint8_t> bytes, uint64_t budget);
 
 struct ProfilerReadOptions {
   ProgressFn progress;             // optional: compressed (input) bytes consumed / total
