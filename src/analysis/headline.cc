@@ -15,6 +15,12 @@ std::string deviceName(int64_t d) {
 
 }  // namespace
 
+bool isHeadlineItem(const Finding& f) {
+  const bool history =
+      f.kind == FindingKind::IncompleteHistory && f.severity >= FindingSeverity::Warning;
+  return f.kind == FindingKind::OomVerdict || history || f.severity == FindingSeverity::High;
+}
+
 Headline buildHeadline(const AnalysisResult& result) {
   Headline h;
   if (result.devices.empty()) return h;
@@ -62,9 +68,7 @@ Headline buildHeadline(const AnalysisResult& result) {
     }
   }
   auto add = [&](const Finding& f) {
-    const bool history =
-        f.kind == FindingKind::IncompleteHistory && f.severity >= FindingSeverity::Warning;
-    if (f.kind != FindingKind::OomVerdict && !history && f.severity != FindingSeverity::High) {
+    if (!isHeadlineItem(f)) {
       if (f.severity == FindingSeverity::Warning) ++h.other_warnings;
       return;
     }

@@ -37,6 +37,9 @@ struct Headline {
 // severity, then bytes; ties keep device order. `warnings`: the other warnings, counted.
 Headline buildHeadline(const AnalysisResult& result);
 
+// Whether `f` is a headline item: an OOM verdict, a high finding, an incomplete-history warning.
+bool isHeadlineItem(const Finding& f);
+
 // The devices of `result` in the order a report lists them: the focus device first, the others
 // in their order (indices into result.devices).
 std::vector<size_t> deviceOrder(const AnalysisResult& result, const Headline& headline);

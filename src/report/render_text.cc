@@ -1,4 +1,5 @@
 // render_text.cc: the terminal report of `memforensics analyze`.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <sstream>
@@ -152,17 +153,11 @@ void deviceTable(const analysis::AnalysisResult& r, const std::vector<size_t>& o
   }
 }
 
-// Whether a device of a many-device file gets its detail without --all-devices.
-// (An OOM, a high finding, or a history that cannot explain it: what the headline lists.)
+// Whether a device of a many-device file gets its detail without --all-devices: an OOM, or a
+// finding the headline lists (analysis::isHeadlineItem).
 bool matters(const analysis::DeviceAnalysis& d) {
-  if (!d.ooms.empty()) return true;
-  for (const auto& f : d.findings) {
-    if (f.severity == analysis::FindingSeverity::High) return true;
-    if (f.kind == analysis::FindingKind::IncompleteHistory &&
-        f.severity >= analysis::FindingSeverity::Warning)
-      return true;
-  }
-  return false;
+  return !d.ooms.empty() || std::any_of(d.findings.begin(), d.findings.end(),
+                                        [](const auto& f) { return analysis::isHeadlineItem(f); });
 }
 
 void addFrames(const std::vector<analysis::FrameText>& frames, std::vector<std::string>& paths) {
