@@ -189,6 +189,14 @@ int convert(const ConvertArgs& a) {
     printError(snap.error().describe());
     return kExitError;
   }
+  if (a.device) {
+    const std::vector<int64_t> ds = snap->devices();
+    if (std::find(ds.begin(), ds.end(), *a.device) == ds.end()) {
+      // Bad usage, as analyze, blocks, timeline, report, whatif, diff and check say it.
+      printError(a.in + " has no device " + std::to_string(*a.device));
+      return kExitUsage;
+    }
+  }
   mf::cli::setActivity("converting " + a.in + " to " + a.out);
   mf::Status s;
   switch (*target) {

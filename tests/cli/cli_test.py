@@ -694,6 +694,11 @@ for to in ("native", "pickle"):
     r = runb("convert", sample, "-o", "-", "--to", to, "--device", "0")
     check(f"convert --to {to} --device: usage error", r.returncode == 1 and not r.stdout
           and b"--device applies to perfetto and collapsed" in r.stderr, f"rc={r.returncode}")
+# A device the file lacks is bad usage (exit 1), as every other command says it (it was exit 2).
+for to in ("collapsed", "perfetto"):
+    r = runb("convert", sample, "-o", "-", "--to", to, "--device", "7")
+    check(f"convert --to {to} --device 7: usage error", r.returncode == 1 and not r.stdout
+          and b"has no device 7" in r.stderr, f"rc={r.returncode} {r.stderr[-200:]}")
 
 # Every command that analyses devices on threads (--threads / MEMF_THREADS) prints the same bytes
 # on 1, 2, 3 and 4 threads: a dropped or reordered device, or a figure of another device, differs.
