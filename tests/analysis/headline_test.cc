@@ -31,9 +31,10 @@ const Frames kLayer = {{"/home/u/graphqa/models.py", 174, "forward"},
 const Frames kOther = {{"/home/u/aux/embed.py", 12, "encode"}};
 
 // One device of a job: a segment holding two tensors of `tensor` bytes from `frames`, both freed
-// again, an OOM (a request of twice the segment) before the frees when `oom`.
+// again, an OOM before the frees when `oom`: a request of `oom_request` bytes, by default twice the
+// segment (more than the card).
 void addDevice(ModelBuilder& b, int64_t device, uint64_t tensor, const Frames& frames,
-               bool oom = false) {
+               bool oom = false, uint64_t oom_request = 0) {
   const uint64_t base = kBase + static_cast<uint64_t>(device) * (uint64_t{1} << 40);
   const uint64_t seg = 2 * tensor + 2 * kMiB;
   const int64_t t = 100 * device;
@@ -42,7 +43,9 @@ void addDevice(ModelBuilder& b, int64_t device, uint64_t tensor, const Frames& f
       .segmentAlloc(base, seg, {.time_us = t + 1})
       .alloc(base, tensor, {.time_us = t + 2, .frames = frames})
       .alloc(base + tensor, tensor, {.time_us = t + 3, .frames = frames});
-  if (oom) b.oom(2 * seg, /*device_free=*/kMiB, {.time_us = t + 4, .frames = frames});
+  if (oom)
+    b.oom(oom_request != 0 ? oom_request : 2 * seg, /*device_free=*/kMiB,
+          {.time_us = t + 4, .frames = frames});
   b.free(base, tensor, {.time_us = t + 5}).free(base + tensor, tensor, {.time_us = t + 6});
 }
 
@@ -205,19 +208,8 @@ TEST(DeviceImbalance, AnEvenSplitIsProposedWhereItFitsTheOomDevice) {
   // cuda:1 holds two tensors of `heavy` and asks for one more; the others hold two of `light`.
   auto job = [](uint64_t heavy, uint64_t light, int64_t devices) {
     ModelBuilder b;
-    for (int64_t d = 0; d < devices; ++d) {
-      const uint64_t t = d == 1 ? heavy : light;
-      const uint64_t base = kBase + static_cast<uint64_t>(d) * (uint64_t{1} << 40);
-      const uint64_t seg = 2 * t + 2 * kMiB;
-      const int64_t at = 100 * d;
-      b.device(d)
-          .segment(base, {.size = seg})
-          .segmentAlloc(base, seg, {.time_us = at + 1})
-          .alloc(base, t, {.time_us = at + 2, .frames = kLayer})
-          .alloc(base + t, t, {.time_us = at + 3, .frames = kLayer});
-      if (d == 1) b.oom(t, /*device_free=*/kMiB, {.time_us = at + 4, .frames = kLayer});
-      b.free(base, t, {.time_us = at + 5}).free(base + t, t, {.time_us = at + 6});
-    }
+    for (int64_t d = 0; d < devices; ++d)
+      addDevice(b, d, d == 1 ? heavy : light, kLayer, /*oom=*/d == 1, /*oom_request=*/heavy);
     return analyzeSnapshot(b.build());
   };
   const auto r = job(4096 * kMiB, 512 * kMiB, 3);
