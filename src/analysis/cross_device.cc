@@ -51,13 +51,11 @@ std::string peaksText(const AnalysisResult& r) {
   return "requested peaks: " + peaks;
 }
 
-// An OOM verdict whose live tensors fill the card: not fragmentation, and the request alone fits
-// the card.
+// An OOM verdict whose conclusion is that live tensors fill the card (detect_oom.cc decides it;
+// a known capacity is needed to compare the split with).
 bool fillsTheCard(const Finding& f) {
-  if (f.kind != FindingKind::OomVerdict || !f.oom) return false;
-  const OomNumbers& o = *f.oom;
-  return !o.fragmentation && o.short_by_bytes > 0 && o.capacity_bytes > 0 &&
-         o.request_bytes <= o.capacity_bytes;
+  return f.kind == FindingKind::OomVerdict && f.oom && f.oom->fills_card &&
+         f.oom->capacity_bytes > 0;
 }
 
 // The first verdict of `d` whose live tensors fill the card, or nullptr.

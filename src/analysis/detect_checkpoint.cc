@@ -74,10 +74,10 @@ struct Site {
 // are counted by its first activation (each call of a module makes it once: the same stack and
 // size); a group whose first activation repeats is a site of that many calls. One call's input is
 // the previous call's output, i.e. the last activation the first call made; unless the caller made
-// an activation between the first two calls (a loop feeding each call its own input, as
-// micro-batches): then checkpointing keeps nothing the caller does not keep already, and the calls
-// are not a chain to cut in segments. A group that does not repeat is split at the next depth.
-// `by_caller[k]`: how many of the device's first k allocations the caller made.
+// an allocation between the first two calls that it still holds at the peak (a loop feeding each
+// call its own input, as micro-batches): then checkpointing keeps nothing the caller does not keep
+// already, and the calls are not a chain to cut in segments. A group that does not repeat is split
+// at the next depth. `by_caller[k]`: how many of the device's first k allocations are such.
 void findSites(const std::vector<const Held*>& items, size_t depth,
                const std::vector<uint32_t>& by_caller, std::vector<Site>& out) {
   std::map<FrameId, std::vector<const Held*>> groups;
@@ -163,13 +163,15 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
     const bool by_caller = python && chain.empty();
     return chains.emplace(stack, std::make_pair(std::move(chain), by_caller)).first->second;
   };
-  // by_caller[k]: how many of the first k allocations (to the peak) the caller made.
+  // by_caller[k]: how many of the first k allocations (to the peak) the caller made and still
+  // holds at the peak (a call's input; a temporary of the loop or of another thread is none).
   std::vector<uint32_t> by_caller(1, 0);
   for (size_t k = 0; k < c.allocs.size(); ++k) {
     const AllocFact& a = c.allocs[k];
     if (a.event > pk.event) break;
-    by_caller.push_back(by_caller.back() + (chainOf(a.stack).second ? 1 : 0));
-    if (a.freed >= 0 && a.freed <= pk.event) continue;
+    const bool alive = a.freed < 0 || a.freed > pk.event;
+    by_caller.push_back(by_caller.back() + (alive && chainOf(a.stack).second ? 1 : 0));
+    if (!alive) continue;
     if (a.category != Category::Activation) continue;
     // Released without a backward: no_grad's finding, not checkpointing's (nothing to recompute).
     if (releases.withoutBackward(a)) continue;
@@ -252,7 +254,8 @@ void checkpointing(Ctx& c, const Releases& releases, std::vector<Finding>& out,
     f.evidence.push_back(
         {std::to_string(s.calls) + " calls hold " + formatBytes(s.held) + "; checkpointed" +
              (s.segment > 1 ? " in segments of " + std::to_string(s.segment) : "") +
-             (s.input == 0 ? std::string(", each would keep only the input its caller made")
+             (s.input == 0 ? std::string(" one by one (their inputs are the caller's, kept "
+                                         "anyway), they would give back")
                            : ", they would keep " + std::to_string(s.segments()) + " x " +
                                  formatBytes(s.input) + " of inputs"),
          -1,

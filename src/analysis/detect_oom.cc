@@ -342,6 +342,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
             "this one request is larger than the card: split it (a smaller batch, chunked "
             "computation) or move it to a larger device";
       } else {
+        num.fills_card = true;
         smallestChanges(c, opt, num, groups, card, replay_evidence);
         f.fix = oomChangesFix(num.smallest_changes);
       }

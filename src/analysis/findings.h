@@ -61,9 +61,12 @@ struct OomNumbers {
   uint64_t cache_free_bytes = 0;  // reserved but not allocated
   uint64_t flushed_bytes = 0;     // released by the allocator's retry just before the OOM
   bool exact = false;             // figures from an exact layout; else an estimate (basis says why)
-  // Live tensors fill the card: the smallest capacity a replay of the device's requests runs in
-  // without an OOM (0: not searched or not found), and the smallest changes the fix names, in
-  // order (oomChangesFix); the job's findings may add one (cross_device.cc: an even split).
+  // The verdict's conclusion is "live tensors fill the card" (not fragmentation, not a request
+  // larger than the card alone, not a limit elsewhere): the fix is its smallest changes.
+  bool fills_card = false;
+  // Then: the smallest capacity a replay of the device's requests runs in without an OOM (0: not
+  // searched or not found), and the smallest changes the fix names, in order (oomChangesFix); the
+  // job's findings may add one (cross_device.cc: an even split).
   uint64_t smallest_capacity_bytes = 0;
   std::vector<std::string> smallest_changes;
 };

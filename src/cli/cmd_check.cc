@@ -113,13 +113,15 @@ int runCheckCommand() {
   }
   std::vector<report::CheckFile> files;
   analysis::CheckReport all;
-  bool missing = false;  // a file without the --device: no pass over nothing
+  bool missing = false;     // a file without the --device: no pass over nothing
+  bool unreadable = false;  // a file that could not be read
   for (const auto& path : g_args.files) {
     report::CheckFile f{path, ""};
     auto p = loadProfile(path, g_args.device, g_args.salvage);
     if (!p) {
       f.error = p.error().describe();
       printError(f.error);
+      unreadable = true;
     } else if (missingDevice(*p, g_args.device)) {
       f.error = path + " has no device " + std::to_string(*g_args.device);
       missing = true;
@@ -137,10 +139,9 @@ int runCheckCommand() {
   } else {
     report::renderCheckText(files, all, std::cout);
   }
+  // An unreadable input (exit 2) says more than a device it lacks (exit 1).
+  if (unreadable) return kExitError;
   if (missing) return kExitUsage;
-  for (const auto& f : files) {
-    if (!f.error.empty()) return kExitError;
-  }
   return all.violations.empty() ? kExitOk : kExitCheckFailed;
 }
 

@@ -342,8 +342,10 @@ int run(int argc, char** argv) {
     return kExitUsage;
   }
   // Standard output opened on an input (`analyze in.pickle 1<>in.pickle`) would overwrite it as
-  // the command writes: refused before anything is read, for every command.
+  // the command writes: refused before anything is read, for every command that reads files
+  // (record's words are a command line to run, not inputs).
   for (const CLI::App* sub : app.get_subcommands()) {
+    if (sub == rec) continue;
     std::vector<std::string> inputs;
     for (const CLI::Option* o : sub->get_options()) {
       if (o->get_positional() || o->check_lname("baseline"))

@@ -181,9 +181,10 @@ Status checkNotAnInput(const std::string& out, const std::vector<std::string>& i
     struct stat i {};
     if (in.empty() || in == "-") continue;
     if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
-      return Error{(is_stdout ? std::string("standard output") : "the output " + out) +
-                       " is the input " + in +
-                       ": refusing to overwrite it (choose another output name)",
+      return Error{is_stdout ? "standard output is the input " + in +
+                                   ": refusing to overwrite it (send standard output elsewhere)"
+                             : "the output " + out + " is the input " + in +
+                                   ": refusing to overwrite it (choose another output name)",
                    -1};
     }
   }

@@ -113,16 +113,19 @@ std::vector<AllocConfEntry> splitAllocConf(std::string_view conf) {
 
 namespace {
 
+// What PyTorch itself can have recorded: whole MiB from 20 (parseMaxSplitSize takes >= 20 since
+// 2.9; older releases > 20), or unlimited.
 bool splitSizeOk(int64_t v) {
-  return v <= 0 || (v > static_cast<int64_t>(alloc::kLargeBuffer) && v % 1048576 == 0);
+  return v <= 0 || (v >= static_cast<int64_t>(alloc::kLargeBuffer) && v % 1048576 == 0);
 }
 bool gcThresholdOk(double v) {
   return v == 0.0 || (v > 0.0 && v < 1.0);  // NaN fails both
 }
+// CCA takes any power of two (kMaxRoundupDivisions bounds only what --set offers).
 bool divisionsOk(const format::AllocatorSettings& a) {
   return !a.has_roundup ||
          std::all_of(std::begin(a.roundup_power2_divisions), std::end(a.roundup_power2_divisions),
-                     [](uint32_t d) { return divisionOk(d); });
+                     [](uint32_t d) { return (d & (d - 1)) == 0; });
 }
 
 }  // namespace
@@ -131,7 +134,7 @@ std::vector<std::string> refusedFileSettings(const format::AllocatorSettings& a)
   std::vector<std::string> out;
   if (!splitSizeOk(a.max_split_size))
     out.push_back("max_split_size: " + std::to_string(a.max_split_size) +
-                  " B, where PyTorch takes whole MiB above 20 MiB (or unlimited)");
+                  " B, where PyTorch takes whole MiB from 20 MiB (or unlimited)");
   if (!gcThresholdOk(a.garbage_collection_threshold)) {
     char buf[40];
     std::snprintf(buf, sizeof buf, "%g", a.garbage_collection_threshold);
@@ -139,8 +142,7 @@ std::vector<std::string> refusedFileSettings(const format::AllocatorSettings& a)
                   ", where PyTorch takes a number strictly between 0 and 1 (0: off)");
   }
   if (!divisionsOk(a))
-    out.push_back("roundup_power2_divisions: a division that is not a power of two up to " +
-                  std::to_string(kMaxRoundupDivisions) + " (0: off)");
+    out.push_back("roundup_power2_divisions: a division that is not a power of two (0: off)");
   return out;
 }
 

@@ -34,9 +34,9 @@ struct AllocConf {
 AllocConf allocConfOf(const format::Snapshot& snap);
 
 // The allocator_settings values of a file that PyTorch's own parser would refuse, each as "KEY:
-// what it is, what PyTorch takes" (max_split_size of 20 MiB or less or not whole MiB; a
+// what it is, what PyTorch takes" (max_split_size below 20 MiB or not whole MiB; a
 // garbage_collection_threshold outside (0, 1), NaN and infinities included; a roundup division
-// that is not a power of two up to 16384). A hostile or damaged file; analyze names them.
+// that is not a power of two). A hostile or damaged file; analyze names them.
 std::vector<std::string> refusedFileSettings(const format::AllocatorSettings& a);
 
 // Applies one KEY=VALUE in PYTORCH_CUDA_ALLOC_CONF spelling; "" when accepted, else why not.

@@ -6,6 +6,7 @@
 
 #include "common/allocator_constants.h"
 #include "common/saturating.h"
+#include "replay/alloc_conf.h"
 #include "replay/pass_stats.h"
 
 namespace memforensics::replay {
@@ -161,10 +162,9 @@ FinalState validateFinalState(const Snapshot& snap, int64_t device) {
 DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
     : snap_(snap), device_(device) {
   if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
-  if (snap.settings.has_roundup) {
-    std::copy(std::begin(snap.settings.roundup_power2_divisions),
-              std::end(snap.settings.roundup_power2_divisions), divisions_);
-  }
+  // The file's divisions as every replay reads them (impossible ones ignored: alloc_conf.h).
+  const AllocConf conf = allocConfOf(snap);
+  std::copy(std::begin(conf.divisions), std::end(conf.divisions), divisions_);
   uint64_t n_req = 0, n_comp = 0;
   for (const Event& e : events_) {
     n_req += e.action == Action::FreeRequested;

@@ -7,6 +7,7 @@
 
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
+#include "format/trace/trace_format.h"
 #include "report/json_analysis.h"
 #include "report/render.h"
 
@@ -449,10 +450,10 @@ Expected<std::vector<analysis::RankRow>> parseRanksDoc(std::string_view text,
       return fail(at + " lacks device or a figure (non-negative integers)");
     }
     r.device = j["device"].get<int64_t>();
-    // A CUDA ordinal, as the readers bound it (format::kMaxDevice); -2^63 is no device.
-    if (r.device < 0 || r.device >= int64_t{1} << 20)
-      return fail(at + " has device " + std::to_string(r.device) +
-                  ", not a CUDA ordinal (0 to 1048575)");
+    // A CUDA ordinal, as the readers bound it; -2^63 is no device.
+    if (r.device < 0 || r.device >= static_cast<int64_t>(format::trace::kMaxDevice))
+      return fail(at + " has device " + std::to_string(r.device) + ", not a CUDA ordinal (0 to " +
+                  std::to_string(format::trace::kMaxDevice - 1) + ")");
     r.ooms = static_cast<size_t>(ooms);
     r.high_findings = static_cast<size_t>(high);
     if (j.contains("largest_holder") && j["largest_holder"].is_object()) {

@@ -63,6 +63,7 @@ json findingJson(const analysis::Finding& f) {
                 {"cache_free_bytes", o.cache_free_bytes},
                 {"flushed_bytes", o.flushed_bytes},
                 {"exact", o.exact},
+                {"fills_card", o.fills_card},
                 {"smallest_capacity_bytes", o.smallest_capacity_bytes},
                 {"smallest_changes", o.smallest_changes}};
   }

@@ -400,6 +400,35 @@ TEST(Findings, CallsFedByTheirCallerAreCheckpointedOneByOne) {
   EXPECT_NE(f->basis.find("made by its caller"), std::string::npos) << f->basis;
 }
 
+// A chain stays a chain when the caller's allocations between its calls are gone by the peak (a
+// loop's or another thread's temporaries): the layer stack keeps its segments of 4, 448 MiB.
+TEST(Findings, ACallersTemporaryBetweenCallsDoesNotBreakAChain) {
+  Sim s(4096 * MiB);
+  for (int i = 0; i < 20; ++i) s.alloc(8 * MiB, kParams);
+  const std::vector<TFrame> layer = {{"model.py", 30, "forward"},
+                                     {"/lib/torch/nn/modules/module.py", 1762, "_call_impl"},
+                                     {"model.py", 60, "forward"},
+                                     {"train.py", 41, "train_step"}};
+  const std::vector<TFrame> prefetch = {{"data.py", 12, "_prefetch"}};
+  for (int k = 0; k < 3; ++k) {
+    s.step(k, [&] {
+      std::vector<uint64_t> outs;
+      for (int l = 0; l < 24; ++l) {
+        outs.push_back(s.alloc(32 * MiB, layer));
+        if (l == 0) s.free(s.alloc(512, prefetch));
+      }
+      for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
+      s.free(s.alloc(4096, kGrad));
+      for (auto it = outs.rbegin(); it != outs.rend(); ++it) s.free(*it);
+    });
+  }
+  auto fs = findFindings(s.build(), 0);
+  const Finding* f = find(fs, FindingKind::ActivationCheckpointing);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 448 * MiB);
+  EXPECT_NE(f->fix.find("checkpoint_sequential(modules, 6"), std::string::npos) << f->fix;
+}
+
 // The same blocks with no backward (issue 28 item 3: a forward run with autograd on was told to
 // checkpoint 32 modules where no_grad saves everything). Under no_grad each activation lives
 // until the next allocation: at most two of them at once (64 + 32 MiB) beside the 64 MiB of

@@ -219,6 +219,7 @@ TEST(DeviceImbalance, AnEvenSplitIsProposedWhereItFitsTheOomDevice) {
   const Finding* verdict = findKind(r.devices[1].findings, FindingKind::OomVerdict);
   ASSERT_NE(verdict, nullptr);
   ASSERT_TRUE(verdict->oom.has_value());
+  EXPECT_TRUE(verdict->oom->fills_card);
   // The replay serves each 4 GiB request from a segment of its own: three of them.
   EXPECT_EQ(verdict->oom->smallest_capacity_bytes, 3 * 4096 * kMiB);
   // cuda:0 and cuda:2 reserved their 1026 MiB segment; the mean is rounded up.
@@ -246,6 +247,20 @@ TEST(DeviceImbalance, AnEvenSplitIsProposedWhereItFitsTheOomDevice) {
   ASSERT_NE(verdict2, nullptr);
   EXPECT_EQ(verdict2->fix.find("even split"), std::string::npos) << verdict2->fix;
   EXPECT_NE(verdict2->fix.find("the smallest changes: "), std::string::npos) << verdict2->fix;
+  // cuda:1's request alone is larger than its card (twice its segment): its verdict says to split
+  // that request, and no even split stands in for it (the mean would come from a guess).
+  ModelBuilder b;
+  for (int64_t d = 0; d < 3; ++d)
+    addDevice(b, d, d == 1 ? 4096 * kMiB : 512 * kMiB, kLayer, /*oom=*/d == 1);
+  const auto alone = analyzeSnapshot(b.build());
+  const Finding* v3 = findKind(alone.devices[1].findings, FindingKind::OomVerdict);
+  ASSERT_NE(v3, nullptr);
+  ASSERT_TRUE(v3->oom.has_value());
+  EXPECT_FALSE(v3->oom->fills_card);
+  EXPECT_EQ(v3->fix.find("even split"), std::string::npos) << v3->fix;
+  const Finding* imb3 = findKind(alone.job_findings, FindingKind::DeviceImbalance);
+  ASSERT_NE(imb3, nullptr);
+  EXPECT_EQ(imb3->fix.find("even split"), std::string::npos) << imb3->fix;
 }
 
 // A device of the file with nothing recorded (an empty trace between two others, no segments)

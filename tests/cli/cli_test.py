@@ -466,6 +466,16 @@ with tempfile.TemporaryDirectory() as tmp:
         check(f"{' '.join(args[:1])} with standard output on the input: refused (exit 2), intact",
               r.returncode == 2 and b"standard output is the input" in r.stderr and intact,
               f"rc={r.returncode} {r.stderr}")
+    # What must pass: an unrelated file as standard output, and record, whose words are a command
+    # line, not inputs (the recorded command may append to a file it names).
+    other = os.path.join(tmp, "other.txt")
+    with open(other, "w") as f:
+        r = subprocess.run([BIN, "analyze", inp], stdout=f, stderr=subprocess.PIPE)
+    check("analyze with standard output on an unrelated file", r.returncode == 0, r.stderr[-200:])
+    with open(other, "a") as f:
+        r = subprocess.run([BIN, "record", "--", "true", other], stdout=f, stderr=subprocess.PIPE)
+    check("record whose command names its standard output's file is not refused",
+          b"standard output is the input" not in r.stderr, r.stderr[-200:])
     # A symlink as output: the file it points at is replaced (permissions kept), the link stays.
     target = os.path.join(tmp, "target.pickle")
     with open(target, "wb") as f:

@@ -195,6 +195,8 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = run("check", sc("clean_adam"), "--device", "7", "--baseline", sc("clean_adam"),
                        "--max-increase", "10")
     check(rc == 1 and "has no device 7" in err, f"a baseline without the device fails (got {rc})")
+    rc, out, err = run("check", sc("clean_adam"), bad, "--device", "7", "--max-peak-reserved", "1TiB")
+    check(rc == 2, f"an unreadable file outranks a missing device: exit 2 (got {rc})")
     rc, out, err = run("diff", sc("clean_adam"), sc("leak_list_append"), "--device", "3")
     check(rc == 1 and "has no device 3" in err, f"diff --device of a missing device (got {rc})")
     rc, out, err = run("check", sc("replicas_uneven"), "--device", "1", "--max-peak-reserved",

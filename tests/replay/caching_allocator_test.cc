@@ -266,21 +266,24 @@ TEST(AllocConf, AFilesImpossibleSettingsAreNamedAndIgnored) {
     EXPECT_EQ(allocConfOf(snap).gc_threshold, 0.0) << gc;
   }
   snap.settings.garbage_collection_threshold = 0.8;
-  for (int64_t split : {int64_t{1}, int64_t{20} * 1048576, int64_t{64} * 1048576 + 1}) {
+  for (int64_t split : {int64_t{1}, int64_t{19} * 1048576, int64_t{64} * 1048576 + 1}) {
     snap.settings.max_split_size = split;
     ASSERT_EQ(refusedFileSettings(snap.settings).size(), 1u) << split;
     EXPECT_EQ(allocConfOf(snap).max_split_size, ~uint64_t{0}) << split;
     EXPECT_DOUBLE_EQ(allocConfOf(snap).gc_threshold, 0.8) << "the possible ones stay";
   }
-  snap.settings.max_split_size = 21 * 1048576;
-  EXPECT_EQ(allocConfOf(snap).max_split_size, 21 * kMiB);
+  // 20 MiB: PyTorch 2.9+ takes it (>= 20).
+  snap.settings.max_split_size = 20 * 1048576;
+  EXPECT_TRUE(refusedFileSettings(snap.settings).empty());
+  EXPECT_EQ(allocConfOf(snap).max_split_size, 20 * kMiB);
   snap.settings.has_roundup = true;
   snap.settings.roundup_power2_divisions[3] = 3;
   ASSERT_EQ(refusedFileSettings(snap.settings).size(), 1u);
   EXPECT_EQ(describeDivisions(allocConfOf(snap).divisions), "0");
-  snap.settings.roundup_power2_divisions[3] = 4;
+  // Any power of two, beyond what --set offers (kMaxRoundupDivisions).
+  snap.settings.roundup_power2_divisions[3] = 128;
   EXPECT_TRUE(refusedFileSettings(snap.settings).empty());
-  EXPECT_EQ(allocConfOf(snap).divisions[3], 4u);
+  EXPECT_EQ(allocConfOf(snap).divisions[3], 128u);
 }
 
 // What a failed request needed, and the short-by: one home for the OOM verdict and blocks.

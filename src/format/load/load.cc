@@ -393,8 +393,8 @@ Expected<Snapshot> loadSnapshotBytes(std::span<const uint8_t> bytes, const LoadO
       [[fallthrough]];
     case Kind::Gzip: {
       if (looksLikeGzip(bytes) && sniffProfiler(bytes) == ProfilerKind::NotProfiler) {
-        // A snapshot's JSON, gzipped: decompressed within the gzip budget, then read as JSON.
-        auto text = gunzipBounded(bytes, gzipDecodedBudget(bytes.size()));
+        // A snapshot's JSON, gzipped: decompressed within its budget, then read as JSON.
+        auto text = gunzipBounded(bytes, gzipSnapshotJsonBudget(bytes.size()));
         if (!text) return Error{"gzip input: " + text.error().message, -1};
         auto snap = readSnapshotJson(*text, options);
         if (snap) snap->input_bytes = bytes.size();

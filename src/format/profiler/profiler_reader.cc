@@ -25,6 +25,12 @@ uint64_t gzipDecodedBudget(uint64_t compressed_bytes) {
   return std::max(b, kGzipDecodedFloor);
 }
 
+uint64_t gzipSnapshotJsonBudget(uint64_t compressed_bytes) {
+  uint64_t b;
+  if (__builtin_mul_overflow(compressed_bytes, kGzipSnapshotJsonExpansion, &b)) b = ~uint64_t{0};
+  return std::max(b, kGzipDecodedFloor);
+}
+
 bool looksLikeGzip(std::span<const uint8_t> b) {
   return b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b;
 }

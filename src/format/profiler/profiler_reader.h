@@ -34,6 +34,10 @@ namespace memforensics::format {
 inline constexpr uint64_t kGzipExpansionPerInputByte = 64;
 inline constexpr uint64_t kGzipDecodedFloor = uint64_t{256} << 20;
 uint64_t gzipDecodedBudget(uint64_t compressed_bytes);
+// A gzipped snapshot JSON compresses further than a trace (its history repeats the same frames:
+// 52x and 92x on real files): up to kGzipSnapshotJsonExpansion x its size, from the same floor.
+inline constexpr uint64_t kGzipSnapshotJsonExpansion = 256;
+uint64_t gzipSnapshotJsonBudget(uint64_t compressed_bytes);
 // JSON nesting of a profiler input (a Kineto trace is 6 deep: args' "Input Dims" lists of lists).
 inline constexpr int kMaxProfilerJsonDepth = 64;
 // Frames kept per stack (the innermost ones): an event nested deeper is cut, with a warning.
