@@ -331,28 +331,45 @@ TEST(Findings, ActivationCheckpointingEstimate) {
   EXPECT_EQ(find(fs, FindingKind::InferenceWithGrad), nullptr) << "a backward frees them";
 }
 
-// A stack of 24 layers that each keep only their 32 MiB output (the next layer's input), with a
-// backward (issue 28 item 3: per-layer checkpointing keeps every input, which is all they hold, so
-// this got no advice). In segments of k layers: ceil(24 / k) inputs kept plus one segment
-// recomputed, least at k = 4 (6 + 4 outputs of 32 MiB): 768 - 192 - 128 = 448 MiB less, above the
-// 256 MiB floor of a 928 MiB peak.
-TEST(Findings, ALayerStackIsCheckpointedInSegments) {
+// What the training loop (the caller, outside every forward) allocates between the layers of
+// layerStack: nothing; each layer's own 8 MiB input, kept until backward (micro-batches); or one
+// 512 B temporary after the first layer, freed at once (a prefetch thread's).
+enum class Between { Nothing, CallerInput, CallerTemporary };
+
+// 160 MiB of parameters, then 3 steps of 24 layers that each keep a 32 MiB output (model.py:60,
+// `for layer in self.layers: x = layer(x)`), a backward, and everything freed in reverse order.
+format::Snapshot layerStack(Between between) {
   Sim s(4096 * MiB);
   for (int i = 0; i < 20; ++i) s.alloc(8 * MiB, kParams);
   const std::vector<TFrame> layer = {{"model.py", 30, "forward"},
                                      {"/lib/torch/nn/modules/module.py", 1762, "_call_impl"},
                                      {"model.py", 60, "forward"},
                                      {"train.py", 41, "train_step"}};
+  const std::vector<TFrame> input = {{"train.py", 40, "train_step"}};
+  const std::vector<TFrame> prefetch = {{"data.py", 12, "_prefetch"}};
   for (int k = 0; k < 3; ++k) {
     s.step(k, [&] {
-      std::vector<uint64_t> outs;
-      for (int l = 0; l < 24; ++l) outs.push_back(s.alloc(32 * MiB, layer));
+      std::vector<uint64_t> kept;
+      for (int l = 0; l < 24; ++l) {
+        if (between == Between::CallerInput) kept.push_back(s.alloc(8 * MiB, input));
+        kept.push_back(s.alloc(32 * MiB, layer));
+        if (between == Between::CallerTemporary && l == 0) s.free(s.alloc(512, prefetch));
+      }
       for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
       s.free(s.alloc(4096, kGrad));
-      for (auto it = outs.rbegin(); it != outs.rend(); ++it) s.free(*it);
+      for (auto it = kept.rbegin(); it != kept.rend(); ++it) s.free(*it);
     });
   }
-  auto fs = findFindings(s.build(), 0);
+  return s.build();
+}
+
+// A stack of 24 layers that each keep only their 32 MiB output (the next layer's input), with a
+// backward (issue 28 item 3: per-layer checkpointing keeps every input, which is all they hold, so
+// this got no advice). In segments of k layers: ceil(24 / k) inputs kept plus one segment
+// recomputed, least at k = 4 (6 + 4 outputs of 32 MiB): 768 - 192 - 128 = 448 MiB less, above the
+// 256 MiB floor of a 928 MiB peak.
+TEST(Findings, ALayerStackIsCheckpointedInSegments) {
+  auto fs = findFindings(layerStack(Between::Nothing), 0);
   const Finding* f = find(fs, FindingKind::ActivationCheckpointing);
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->bytes, 448 * MiB);
@@ -370,26 +387,7 @@ TEST(Findings, ALayerStackIsCheckpointedInSegments) {
 // keeps anyway, so each is checkpointed on its own: 768 MiB held less one call recomputed (32 MiB)
 // = 736 MiB, not the chain's segments (before, `checkpoint_sequential` over independent calls).
 TEST(Findings, CallsFedByTheirCallerAreCheckpointedOneByOne) {
-  Sim s(4096 * MiB);
-  for (int i = 0; i < 20; ++i) s.alloc(8 * MiB, kParams);
-  const std::vector<TFrame> layer = {{"model.py", 30, "forward"},
-                                     {"/lib/torch/nn/modules/module.py", 1762, "_call_impl"},
-                                     {"model.py", 60, "forward"},
-                                     {"train.py", 67, "train_step"}};
-  const std::vector<TFrame> input = {{"train.py", 66, "train_step"}};
-  for (int k = 0; k < 3; ++k) {
-    s.step(k, [&] {
-      std::vector<uint64_t> kept;
-      for (int l = 0; l < 24; ++l) {
-        kept.push_back(s.alloc(8 * MiB, input));
-        kept.push_back(s.alloc(32 * MiB, layer));
-      }
-      for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
-      s.free(s.alloc(4096, kGrad));
-      for (auto it = kept.rbegin(); it != kept.rend(); ++it) s.free(*it);
-    });
-  }
-  auto fs = findFindings(s.build(), 0);
+  auto fs = findFindings(layerStack(Between::CallerInput), 0);
   const Finding* f = find(fs, FindingKind::ActivationCheckpointing);
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->bytes, 736 * MiB);
@@ -403,26 +401,7 @@ TEST(Findings, CallsFedByTheirCallerAreCheckpointedOneByOne) {
 // A chain stays a chain when the caller's allocations between its calls are gone by the peak (a
 // loop's or another thread's temporaries): the layer stack keeps its segments of 4, 448 MiB.
 TEST(Findings, ACallersTemporaryBetweenCallsDoesNotBreakAChain) {
-  Sim s(4096 * MiB);
-  for (int i = 0; i < 20; ++i) s.alloc(8 * MiB, kParams);
-  const std::vector<TFrame> layer = {{"model.py", 30, "forward"},
-                                     {"/lib/torch/nn/modules/module.py", 1762, "_call_impl"},
-                                     {"model.py", 60, "forward"},
-                                     {"train.py", 41, "train_step"}};
-  const std::vector<TFrame> prefetch = {{"data.py", 12, "_prefetch"}};
-  for (int k = 0; k < 3; ++k) {
-    s.step(k, [&] {
-      std::vector<uint64_t> outs;
-      for (int l = 0; l < 24; ++l) {
-        outs.push_back(s.alloc(32 * MiB, layer));
-        if (l == 0) s.free(s.alloc(512, prefetch));
-      }
-      for (int i = 0; i < 24; ++i) s.free(s.alloc(4096, kLeak));
-      s.free(s.alloc(4096, kGrad));
-      for (auto it = outs.rbegin(); it != outs.rend(); ++it) s.free(*it);
-    });
-  }
-  auto fs = findFindings(s.build(), 0);
+  auto fs = findFindings(layerStack(Between::CallerTemporary), 0);
   const Finding* f = find(fs, FindingKind::ActivationCheckpointing);
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->bytes, 448 * MiB);
