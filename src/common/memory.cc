@@ -1,11 +1,10 @@
 // memory.cc: see memory.h.
 #include "common/memory.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #if defined(__linux__)
@@ -13,6 +12,8 @@
 #endif
 #if defined(__GLIBC__)
 #include <malloc.h>
+#endif
+#if defined(__unix__)
 #include <unistd.h>
 #endif
 
@@ -24,46 +25,9 @@ std::atomic<bool> g_heap_huge{false};
 // Whether configureAllocator's settings were taken: the arenas are glibc's (not a sanitizer's or
 // a preloaded allocator's, which ignore mallopt or keep their memory elsewhere).
 std::atomic<bool> g_glibc_arenas{false};
+// The heap's end when configureAllocator ran: where the advised range begins.
+std::atomic<uintptr_t> g_heap_begin{0};
 std::mutex g_heap_mu;
-
-#if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
-struct Range {
-  uintptr_t begin = 0, end = 0;
-  bool found = false;
-};
-
-// One walk of /proc/self/maps: the process's brk heap (the main arena: one mapping or, once
-// advised in part, several adjacent ones) and the mapping that holds `addr` (0: none asked for).
-bool readMaps(uintptr_t addr, Range& heap, Range& holder) {
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (f == nullptr) return false;
-  char line[512];
-  bool heap_done = false;
-  while ((!heap_done || (addr != 0 && !holder.found)) &&
-         std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long b = 0, e = 0;
-    if (std::sscanf(line, "%llx-%llx", &b, &e) != 2 || e <= b) continue;
-    if (addr != 0 && !holder.found && addr >= b && addr < e)
-      holder = {static_cast<uintptr_t>(b), static_cast<uintptr_t>(e), true};
-    if (heap_done) continue;
-    if (std::strstr(line, "[heap]") == nullptr) {
-      heap_done = heap.found;
-      continue;
-    }
-    if (heap.found && static_cast<uintptr_t>(b) != heap.end) {
-      heap_done = true;
-      continue;
-    }
-    if (!heap.found) heap.begin = static_cast<uintptr_t>(b);
-    heap.end = static_cast<uintptr_t>(e);
-    heap.found = true;
-  }
-  std::fclose(f);
-  return true;
-}
-
-std::atomic<void*> g_sink{nullptr};  // keeps the compiler from eliding the probing malloc
-#endif
 
 }  // namespace
 
@@ -78,46 +42,18 @@ size_t enableHeapHugePages() {
   if (!g_glibc_arenas.load(std::memory_order_relaxed)) return 0;
   std::lock_guard<std::mutex> lock(g_heap_mu);
   g_heap_huge.store(true, std::memory_order_relaxed);
-  // The brk heap as far as it has grown (with configureAllocator's 64 MiB top pad, it grows in
-  // steps of at least that). It is not grown ahead: blocks that grew it by 30 MiB before advising
+  // The heap as far as it has grown (with configureAllocator's 64 MiB top pad, it grows in steps
+  // of at least that). It is not grown ahead: blocks that grew it by 30 MiB before advising
   // (malloc'd and freed at once) raised the 498 MB pickle's peak RSS from 430-450 MB to 515-532
   // MB and its page faults from about 13,000 to 24,000, with no gain in time.
-  Range heap, unused;
-  if (!readMaps(0, heap, unused) || !heap.found) return 0;
+  void* top = ::sbrk(0);
+  if (top == reinterpret_cast<void*>(-1)) return 0;
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  uintptr_t b = (heap.begin + kHuge - 1) & ~(kHuge - 1);
-  uintptr_t e = heap.end & ~(kHuge - 1);
-  if (e <= b) return 0;
+  uintptr_t b = (g_heap_begin.load(std::memory_order_relaxed) + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t e = reinterpret_cast<uintptr_t>(top) & ~(kHuge - 1);
+  if (b == 0 || e <= b) return 0;
   if (::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE) != 0) return 0;
   return e - b;
-#else
-  return 0;
-#endif
-}
-
-size_t adviseThreadHeapHugePages() {
-#if defined(__linux__) && defined(__GLIBC__) && defined(MADV_HUGEPAGE)
-  if (!heapHugePagesOn()) return 0;
-  constexpr uintptr_t kHeapMax = uintptr_t{64} << 20;  // glibc's HEAP_MAX_SIZE on 64-bit
-  void* probe = std::malloc(64);
-  if (probe == nullptr) return 0;
-  g_sink.store(probe, std::memory_order_relaxed);
-  auto at = reinterpret_cast<uintptr_t>(probe);
-  std::free(probe);
-  Range heap, holder;
-  {
-    std::lock_guard<std::mutex> lock(g_heap_mu);
-    if (!readMaps(at, heap, holder) || !heap.found) return 0;
-  }
-  if (at >= heap.begin && at < heap.end)
-    return 0;  // the main arena: enableHeapHugePages advised it
-  uintptr_t base = at & ~(kHeapMax - 1);
-  // A glibc thread heap's writable part is one mapping from the aligned base, within the
-  // reservation; anything else (a mapping the allocator fell back to) is left alone.
-  if (!holder.found || holder.begin != base || holder.end - holder.begin > kHeapMax) return 0;
-  // The whole reservation (its part not yet writable too: mprotect keeps the advice).
-  if (::madvise(reinterpret_cast<void*>(base), kHeapMax, MADV_HUGEPAGE) != 0) return 0;
-  return kHeapMax;
 #else
   return 0;
 #endif
@@ -126,7 +62,7 @@ size_t adviseThreadHeapHugePages() {
 void adviseHugePages(void* p, size_t bytes) {
   // A large array: the input is large, so the heap gets huge pages too (and is advised again as
   // far as it has grown since the last large array).
-  if (bytes >= (size_t{8} << 20)) enableHeapHugePages();
+  if (bytes >= kLargeArrayBytes) enableHeapHugePages();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
@@ -162,8 +98,92 @@ AllocatorSettings configureAllocator(const AllocatorSettings& settings) {
   ok = set(M_TOP_PAD, settings.top_pad) && ok;
   out.applied = ok;
   g_glibc_arenas.store(ok, std::memory_order_relaxed);
+  if (ok && g_heap_begin.load(std::memory_order_relaxed) == 0) {
+    void* at = ::sbrk(0);
+    if (at != reinterpret_cast<void*>(-1))
+      g_heap_begin.store(reinterpret_cast<uintptr_t>(at), std::memory_order_relaxed);
+  }
 #endif
   return out;
+}
+
+void releaseMappedPages(const void* p, size_t bytes) {
+#if defined(__linux__)
+  if (bytes != 0) ::madvise(const_cast<void*>(p), bytes, MADV_DONTNEED);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+InputPrefetcher::InputPrefetcher(const uint8_t* begin, const uint8_t* end)
+    : begin_(reinterpret_cast<uintptr_t>(begin)), end_(reinterpret_cast<uintptr_t>(end)) {
+#if defined(__linux__)
+  if (end_ - begin_ < kMinBytes) return;
+  pos_.store(begin_, std::memory_order_relaxed);
+  // The thread is only a speed-up: when it cannot start, the reader faults the pages in.
+  try {
+    thread_ = std::thread([this] { loop(); });
+  } catch (...) {
+  }
+#endif
+}
+
+InputPrefetcher::~InputPrefetcher() {
+  stop();
+}
+
+void InputPrefetcher::advance(const uint8_t* p) {
+  if (!thread_.joinable()) return;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  pos_.store(at, std::memory_order_relaxed);
+  if (waiting_.load(std::memory_order_relaxed) &&
+      at + kWindow / 2 >= done_seen_.load(std::memory_order_relaxed)) {
+    std::lock_guard lk(mu_);
+    wake_.notify_one();
+  }
+}
+
+void InputPrefetcher::stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lk(mu_);
+    quit_.store(true, std::memory_order_relaxed);
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void InputPrefetcher::loop() {
+#if defined(__linux__)
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+  constexpr uintptr_t kChunk = uintptr_t{512} << 10;
+  constexpr uintptr_t kPage = 4096;
+  uintptr_t done = begin_ & ~(kPage - 1);
+  for (;;) {
+    const uintptr_t pos = pos_.load(std::memory_order_relaxed);
+    done = std::max(done, pos & ~(kPage - 1));  // never behind the reader
+    const uintptr_t target = std::min(end_, pos + kWindow);
+    if (done >= end_) return;
+    if (done >= target) {
+      std::unique_lock lk(mu_);
+      if (quit_.load(std::memory_order_relaxed)) return;
+      done_seen_.store(done, std::memory_order_relaxed);
+      waiting_.store(true, std::memory_order_relaxed);
+      wake_.wait_for(lk, std::chrono::milliseconds(2));
+      waiting_.store(false, std::memory_order_relaxed);
+      continue;
+    }
+    if (quit_.load(std::memory_order_relaxed)) return;
+    uintptr_t to = std::min(target, done + kChunk);
+    to = (to + kPage - 1) & ~(kPage - 1);  // the page holding the last byte is in the mapping
+    if (::madvise(reinterpret_cast<void*>(done), to - done, MADV_POPULATE_READ) != 0) return;
+    populated_.fetch_add(to - done, std::memory_order_relaxed);
+    done = to;
+  }
+#endif
 }
 
 }  // namespace memforensics

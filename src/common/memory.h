@@ -1,14 +1,22 @@
-// memory.h: page-level hints for the few very large arrays a snapshot load builds.
+// memory.h: page-level hints for the few very large arrays a snapshot load builds, and for its
+// mapped input. Every platform-specific call the loaders make for speed (madvise, mallopt) lives
+// in memory.cc; each stayed because a same-run A/B showed it pays (docs/performance.md, issue 27
+// part 2), and each is a hint that changes nothing where it is unsupported.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <vector>
 
-#include "common/prefault.h"
-
 namespace memforensics {
+
+// Arrays of at least this many bytes get the huge-page hint (and turn on the heap's mode below).
+inline constexpr size_t kLargeArrayBytes = size_t{8} << 20;
 
 // Asks the kernel to back [p, p + bytes) with transparent huge pages (Linux, THP in "madvise"
 // mode, the common default). Filling a freshly reserved 100 MB array then takes ~50 page faults
@@ -41,35 +49,73 @@ AllocatorSettings defaultAllocatorSettings();
 AllocatorSettings configureAllocator(
     const AllocatorSettings& settings = defaultAllocatorSettings());
 
-// Transparent huge pages for the allocator's arenas (what glibc's GLIBC_TUNABLES
+// Transparent huge pages for the main arena's heap (what glibc's GLIBC_TUNABLES
 // glibc.malloc.hugetlb=1 does, which users do not set): a first touch of fresh heap memory then
 // costs one fault per 2 MB instead of one per 4 KB. Off until the process handles a large input:
 // the first adviseHugePages of at least 8 MiB (a loader reserving a large array) turns it on, so a
-// small file's heap stays in 4 KB pages (its RSS would grow by a few partly used huge pages).
-// Once on: the main arena's heap is advised as far as it has grown, and again at each large
-// array; each pool thread advises its own arena's heap when it starts
-// (adviseThreadHeapHugePages, called by common/parallel.cc). Hints: nothing changes where they
-// are unsupported; nothing is advised unless configureAllocator's settings were applied (glibc's
-// own arenas: not under a sanitizer's or a preloaded allocator), and a thread's heap only when it
-// is the aligned mapping glibc makes for one.
+// small file's heap stays in 4 KB pages. Once on, the heap is advised from where it was when
+// configureAllocator ran to where it has grown, at each large array. Nothing is advised unless
+// configureAllocator's settings were applied (glibc's own arenas: not under a sanitizer's or a
+// preloaded allocator). Measured (docs/performance.md, issue 27 part 2): the native trace's
+// analysis 17% faster; the other arenas' heaps (pool threads) gained nothing and are left alone.
 
-// Whether the arenas' huge-page mode is on (see above).
+// Whether the heap's huge-page mode is on (see above).
 bool heapHugePagesOn();
 
-// Turns the mode on (once; later calls re-advise the main heap as it has grown since) and
-// returns the bytes of the main arena's heap advised, 0 where nothing could be (the mode stays
-// off where configureAllocator was not applied).
+// Turns the mode on (once; later calls re-advise the heap as it has grown since) and returns the
+// bytes of the heap advised, 0 where nothing could be (the mode stays off where
+// configureAllocator was not applied).
 size_t enableHeapHugePages();
 
-// With the mode on, advises the heap of the calling thread's arena (a glibc arena other than the
-// main one is one 64 MiB reservation, aligned to its size); returns the bytes advised (0 when the
-// mode is off, the thread uses the main arena, or nothing could be).
-size_t adviseThreadHeapHugePages();
+// Gives the pages of [p, p + bytes) of a read-only file mapping back (they are read again from
+// the page cache if touched): a loader drops the input it has passed.
+void releaseMappedPages(const void* p, size_t bytes);
+
+// The pages of a read-only file mapping [begin, end), mapped on a thread of its own a bounded
+// distance ahead of a reader that reads it front to back. Each page a parse reads first costs a
+// fault that maps it (16 pages per fault with the kernel's fault-around); madvise
+// MADV_POPULATE_READ (Linux 5.14 and later) maps them without the faults, off the parse thread.
+// It never changes a byte. It stays at most kWindow bytes ahead of the position the reader
+// reported (advance) and never behind it, so pages the reader releases behind itself
+// (releaseMappedPages) stay released and resident memory grows by at most the window. Where the
+// kernel refuses, or the input is under kMinBytes, it does nothing and the reader faults the pages
+// in itself. Measured on the 323 MB pickle: 5% of the load (docs/performance.md, issue 27 part 2).
+class InputPrefetcher {
+ public:
+  static constexpr size_t kMinBytes = size_t{16} << 20;
+  static constexpr uintptr_t kWindow = uintptr_t{8} << 20;
+
+  InputPrefetcher(const uint8_t* begin, const uint8_t* end);
+  ~InputPrefetcher();
+  InputPrefetcher(const InputPrefetcher&) = delete;
+  InputPrefetcher& operator=(const InputPrefetcher&) = delete;
+
+  // The reader has read up to p.
+  void advance(const uint8_t* p);
+  // Returns once the thread has ended: before the input may be unmapped.
+  void stop();
+  // Bytes mapped ahead so far.
+  uint64_t populatedBytes() const { return populated_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop();
+
+  const uintptr_t begin_;
+  const uintptr_t end_;
+  std::atomic<uintptr_t> pos_{0};
+  std::atomic<bool> waiting_{false};
+  std::atomic<uint64_t> populated_{0};
+  std::atomic<uintptr_t> done_seen_{0};  // where the thread stopped to wait (a hint)
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::atomic<bool> quit_{false};
+  std::thread thread_;
+};
 
 template <typename T>
 void reserveHuge(std::vector<T>& v, size_t n) {
   v.reserve(n);
-  if (v.capacity() * sizeof(T) >= (size_t{8} << 20))
+  if (v.capacity() * sizeof(T) >= kLargeArrayBytes)
     adviseHugePages(v.data(), v.capacity() * sizeof(T));
 }
 
@@ -81,14 +127,11 @@ void reserveHuge(std::vector<T>& v, size_t n) {
 // three or four steps and its last copy is small (the copy of a doubling array at the end is what
 // set a large load's peak memory: 676 -> 556 MB on a 4.8 M-event pickle, docs/performance.md); a
 // forged or padded input gets at most 16 times what it filled, as address space that is never
-// touched. The new buffer gets the huge-page hint before the old elements are copied in. With a
-// Prefaulter, the new buffer is tracked in `slot` (its pages populated on the prefaulter's thread
-// ahead of the writer, prefault.h) before the old one is freed.
+// touched. The new buffer gets the huge-page hint before the old elements are copied in.
 inline constexpr size_t kMaxGrowthFactor = 16;
 
 template <typename T>
-void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most,
-             Prefaulter* prefaulter = nullptr, size_t slot = 0) {
+void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most) {
   if (v.capacity() - v.size() >= need) return;
   size_t cap = std::max(v.capacity() * 2, std::max<size_t>(v.size() + need, 4096));
   if (predicted > cap) {
@@ -96,23 +139,12 @@ void growFor(std::vector<T>& v, size_t need, size_t predicted, size_t most,
   }
   std::vector<T> bigger;
   bigger.reserve(cap);
-  if (bigger.capacity() * sizeof(T) >= (size_t{8} << 20)) {
+  if (bigger.capacity() * sizeof(T) >= kLargeArrayBytes) {
     adviseHugePages(bigger.data(), bigger.capacity() * sizeof(T));
   }
-  if (prefaulter != nullptr) {
-    // The copy's second half is populated on the prefaulter's thread while this one copies (and
-    // faults in) the first.
-    size_t half = v.size() / 2;
-    prefaulter->track(slot, bigger.data(), bigger.capacity() * sizeof(T), half * sizeof(T),
-                      v.size() * sizeof(T));
-    bigger.insert(bigger.end(), v.begin(), v.begin() + static_cast<ptrdiff_t>(half));
-    bigger.insert(bigger.end(), v.begin() + static_cast<ptrdiff_t>(half), v.end());
-  } else {
-    bigger.insert(bigger.end(), v.begin(), v.end());
-  }
+  bigger.insert(bigger.end(), v.begin(), v.end());
   v.swap(bigger);
 }
-
 // have * total / done, plus 1/8: what an array of `have` elements after `done` of `total` input
 // bytes is heading for (0 when nothing was read yet).
 inline size_t predictedSize(size_t have, uint64_t done, uint64_t total) {

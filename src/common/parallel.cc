@@ -5,11 +5,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
-
-#include "common/memory.h"
 
 namespace memforensics {
 
@@ -51,10 +50,7 @@ void parallelFor(size_t count, size_t threads, const std::function<void(size_t)>
   pool.reserve(workers - 1);
   for (size_t t = 1; t < workers; ++t) {
     try {
-      pool.emplace_back([&work] {
-        adviseThreadHeapHugePages();
-        work();
-      });
+      pool.emplace_back(std::ref(work));
     } catch (...) {
       // No more threads (system_error, or bad_alloc for the thread's state): the ones started
       // and the caller do the rest; letting it escape would destroy joinable threads (abort).
@@ -129,10 +125,7 @@ void parallelForTwoRounds(size_t count, size_t threads, const std::function<void
   pool.reserve(workers - 1);
   for (size_t t = 1; t < workers; ++t) {
     try {
-      pool.emplace_back([&helper] {
-        adviseThreadHeapHugePages();
-        helper();
-      });
+      pool.emplace_back(std::ref(helper));
     } catch (...) {
       break;  // as in parallelFor: the threads started and the caller do the rest
     }

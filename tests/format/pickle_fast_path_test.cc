@@ -934,10 +934,9 @@ TEST(PickleFastPath, InputPrefetchStaysWithinItsWindowAndChangesNothing) {
 }
 
 // The generic containers' items come from the reader's arena (ItemArena): 40,000 segments of 3
-// blocks (160,000 small dicts and lists, past the arena's first chunks and into the 8 MiB ones the
-// prefaulter populates) and one segment of 150,000 blocks (a list appended to in batches of 1,000,
-// whose vector grows in the arena and then outgrows it), in protocols 2 and 4: the snapshot the
-// builder describes.
+// blocks (160,000 small dicts and lists, past the arena's first chunks and into the 8 MiB ones) and
+// one segment of 150,000 blocks (a list appended to in batches of 1,000, whose vector grows in the
+// arena and then outgrows it), in protocols 2 and 4: the snapshot the builder describes.
 TEST(PickleFastPath, ManyGenericContainersReadFromTheArena) {
   for (int protocol : {2, 4}) {
     TSnapshot t;

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/memory.h"
 #include "format/load/snapshot_trace.h"
 #include "format/pickle/pickle_writer.h"
 #include "format/profiler/profiler_reader.h"
@@ -450,7 +451,6 @@ Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& 
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) return Error{"cannot map '" + path + "': " + std::strerror(errno), -1};
-  ::madvise(base, size, MADV_SEQUENTIAL);
   // Drop pages the reader has passed, so resident memory stays near what the model needs
   // rather than model + whole file. The reader never looks back at consumed bytes.
   const long page = ::sysconf(_SC_PAGESIZE);
@@ -459,7 +459,7 @@ Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& 
   wrapped.progress = [&](uint64_t consumed, uint64_t total) {
     uint64_t upto = consumed > (1u << 20) ? (consumed - (1u << 20)) / page * page : 0;
     if (upto > released) {
-      ::madvise(static_cast<char*>(base) + released, upto - released, MADV_DONTNEED);
+      releaseMappedPages(static_cast<char*>(base) + released, upto - released);
       released = upto;
     }
     if (options.progress) options.progress(consumed, total);

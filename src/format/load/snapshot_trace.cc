@@ -1,7 +1,6 @@
 // snapshot_trace.cc: see snapshot_trace.h.
 #include "format/load/snapshot_trace.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -394,47 +393,6 @@ uint64_t tableBound(const std::vector<trace::PreparedChunk>& prepared,
   return bound;
 }
 
-// The kernel zeroes a fresh page on the thread that first touches it (on the project machine at
-// 1-1.5 GB/s: most of a large load). The events array is populated in pieces of this size on the
-// other loading threads (madvise MADV_POPULATE_WRITE, Linux 5.14 and later; a no-op elsewhere),
-// from its end down, while one thread constructs its elements from the start (resize: it faults
-// in itself what is not populated yet): the same zeroed pages, installed in parallel, and the
-// construction's writes in parallel with the zeroing instead of after it.
-constexpr size_t kPopulateBytes = size_t{8} << 20;
-
-void resizePopulating(std::vector<Event>& events, size_t count, unsigned threads) {
-#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-  const size_t bytes = count * sizeof(Event);
-  if (threads <= 1 || bytes < 2 * kPopulateBytes || count > events.capacity()) {
-    events.resize(count);  // the writer's own faults do as well
-    return;
-  }
-  constexpr uintptr_t kPage = 4096;
-  // The storage of the reserved capacity; resize within it does not move it.
-  char* const data = reinterpret_cast<char*>(events.data());
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kPage - 1) & ~(kPage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kPage - 1);
-  const size_t pieces = end > begin ? (end - begin + kPopulateBytes - 1) / kPopulateBytes : 0;
-  std::atomic<bool> unsupported{false};
-  // Task 0 constructs; tasks 1..pieces populate the pieces from the last one down (madvise only
-  // installs zeroed pages where none is yet: it leaves the constructed elements as they are).
-  parallelFor(pieces + 1, threads, [&](size_t k) {
-    if (k == 0) {
-      events.resize(count);
-      return;
-    }
-    if (unsupported.load(std::memory_order_relaxed)) return;
-    const uintptr_t a = begin + (pieces - k) * kPopulateBytes;
-    const uintptr_t b = std::min<uintptr_t>(end, a + kPopulateBytes);
-    if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0)
-      unsupported.store(true, std::memory_order_relaxed);
-  });
-#else
-  (void)threads;
-  events.resize(count);
-#endif
-}
-
 }  // namespace
 
 unsigned traceLoadThreads(int threads, size_t chunks) {
@@ -660,7 +618,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     // only a whole aligned 2 MiB range: an unaligned start and end were ~600 page faults of 4 KiB
     // on a 43 MB buffer).
     constexpr uint64_t kHuge = uint64_t{2} << 20;
-    const bool huge = payload_bytes >= kPopulateBytes;
+    const bool huge = payload_bytes >= kLargeArrayBytes;
     const uint64_t payload_alloc = huge ? (payload_bytes + kHuge - 1) / kHuge * kHuge + kHuge
                                         : std::max<uint64_t>(payload_bytes, 1);
     payloads.reset(new uint8_t[payload_alloc]);
@@ -698,7 +656,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     }
     if (!defer) {
       reserveHuge(snap.events, static_cast<size_t>(slots));
-      resizePopulating(snap.events, static_cast<size_t>(slots), threads);
+      snap.events.resize(static_cast<size_t>(slots));
     }
     refs.resize(n);
     // The first Segments chunk (a second one is refused by the reader) is decoded ahead with the

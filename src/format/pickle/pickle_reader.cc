@@ -10,28 +10,19 @@
 #include "format/pickle/pickle_reader.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <unordered_set>
 #include <vector>
 
 #include "common/flat_map.h"
 #include "common/memory.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace memforensics::format {
 
@@ -117,12 +108,12 @@ struct EventRun {
 };
 // The generic containers' items (blocks, segments, settings: 100,000 small dicts in a 200-device
 // snapshot) come from an ItemArena: bump-allocated from a few chunks instead of one malloc each,
-// the chunks from 2 MiB on with the huge-page hint and from 8 MiB on populated on the prefaulter's
-// thread ahead of use. The parse thread thus no longer faults in the malloc heap page by page
-// (5,500 of its 8,600 page faults on zid_x207.pickle, ~13 us each on the project machine). Freed
-// buffers (a vector that grew) are not reused unless they were the last one handed out, so the
-// arena holds at most what the containers hold plus their vectors' earlier, smaller copies (at
-// most as much again) and one chunk. Buffers of kLargeBytes and more are plain heap blocks.
+// the chunks from 2 MiB on with the huge-page hint. The parse thread thus no longer faults in the
+// malloc heap page by page (5,500 of its 8,600 page faults on zid_x207.pickle, ~13 us each on the
+// project machine). Freed buffers (a vector that grew) are not reused unless they were the last one
+// handed out, so the arena holds at most what the containers hold plus their vectors' earlier,
+// smaller copies (at most as much again) and one chunk. Buffers of kLargeBytes and more are plain
+// heap blocks.
 class ItemArena {
  public:
   static constexpr size_t kLargeBytes = size_t{64} << 10;
@@ -134,9 +125,6 @@ class ItemArena {
   ItemArena() = default;
   ItemArena(const ItemArena&) = delete;
   ItemArena& operator=(const ItemArena&) = delete;
-
-  // Called with each new chunk (to have it populated ahead of use), when set.
-  std::function<void(void* base, size_t bytes)> on_chunk;
 
   void* allocate(size_t bytes) {
     if (bytes >= kLargeBytes) return ::operator new(bytes);
@@ -154,8 +142,6 @@ class ItemArena {
     bytes = (bytes + kAlign - 1) & ~(kAlign - 1);
     if (static_cast<uint8_t*>(p) + bytes == top_) top_ = static_cast<uint8_t*>(p);
   }
-  // Bytes of the current chunk handed out (the prefaulter's position in it).
-  size_t usedInChunk() const { return chunks_.empty() ? 0 : static_cast<size_t>(top_ - base_); }
 
  private:
   struct FreeChunk {
@@ -169,7 +155,6 @@ class ItemArena {
     if (bytes >= kHugeFrom) adviseHugePages(p, bytes);
     base_ = top_ = p;
     end_ = p + bytes;
-    if (on_chunk) on_chunk(p, bytes);
   }
   std::vector<std::unique_ptr<uint8_t, FreeChunk>> chunks_;
   size_t chunk_bytes_ = 0;
@@ -449,109 +434,6 @@ struct Keys {
         inactive(t.intern("inactive")) {}
 };
 
-// The input's page-table entries, set up on a thread of its own a bounded distance ahead of the
-// parse. A mapped file's pages are in the page cache, but each one the parse reads first costs a
-// fault that maps it (16 pages per fault with the kernel's fault-around): on the project machine
-// mapping 498 MB took 0.26 s of faults on the parse thread (docs/performance.md, issue 16).
-// madvise(MADV_POPULATE_READ) (Linux 5.14 and later) maps them without the faults, here off the
-// parse thread. It never changes a byte: it only reads. It stays at most kWindow bytes ahead of
-// the position the parse reported and never behind it, so the pages the loader releases behind
-// the parse (load.cc) stay released and resident memory grows by at most the window. Where the
-// kernel refuses (EINVAL before 5.14, EFAULT / ENOMEM for memory that is not a mapping) it stops
-// and the parse faults the pages in itself, as it would without it.
-class InputPrefetcher {
- public:
-  static constexpr size_t kMinBytes = size_t{16} << 20;  // smaller inputs: not worth a thread
-  static constexpr uintptr_t kWindow = uintptr_t{8} << 20;
-  static constexpr uintptr_t kChunk = uintptr_t{512} << 10;
-  static constexpr uintptr_t kPage = 4096;
-
-  InputPrefetcher(const uint8_t* begin, const uint8_t* end)
-      : begin_(reinterpret_cast<uintptr_t>(begin)), end_(reinterpret_cast<uintptr_t>(end)) {
-#if defined(__linux__)
-    if (end_ - begin_ < kMinBytes) return;
-    pos_.store(begin_, std::memory_order_relaxed);
-    // The thread is only a speed-up: when it cannot start, the parse faults the pages in.
-    try {
-      thread_ = std::thread([this] { loop(); });
-    } catch (...) {
-    }
-#endif
-  }
-  ~InputPrefetcher() {
-    stop();
-  }
-  InputPrefetcher(const InputPrefetcher&) = delete;
-  InputPrefetcher& operator=(const InputPrefetcher&) = delete;
-
-  // The parse has read up to p.
-  void advance(const uint8_t* p) {
-    if (!thread_.joinable()) return;
-    const auto at = reinterpret_cast<uintptr_t>(p);
-    pos_.store(at, std::memory_order_relaxed);
-    if (waiting_.load(std::memory_order_relaxed) &&
-        at + kWindow / 2 >= done_seen_.load(std::memory_order_relaxed)) {
-      std::lock_guard lk(mu_);
-      wake_.notify_one();
-    }
-  }
-  // Returns once the thread has ended: before the input may be unmapped.
-  void stop() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lk(mu_);
-      quit_.store(true, std::memory_order_relaxed);
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-  uint64_t populatedBytes() const {
-    return populated_.load(std::memory_order_relaxed);
-  }
-
- private:
-  void loop() {
-#if defined(__linux__)
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-    uintptr_t done = begin_ & ~(kPage - 1);
-    for (;;) {
-      const uintptr_t pos = pos_.load(std::memory_order_relaxed);
-      done = std::max(done, pos & ~(kPage - 1));  // never behind the parse
-      const uintptr_t target = std::min(end_, pos + kWindow);
-      if (done >= end_) return;
-      if (done >= target) {
-        std::unique_lock lk(mu_);
-        if (quit_.load(std::memory_order_relaxed)) return;
-        done_seen_.store(done, std::memory_order_relaxed);
-        waiting_.store(true, std::memory_order_relaxed);
-        wake_.wait_for(lk, std::chrono::milliseconds(2));
-        waiting_.store(false, std::memory_order_relaxed);
-        continue;
-      }
-      if (quit_.load(std::memory_order_relaxed)) return;
-      uintptr_t to = std::min(target, done + kChunk);
-      to = (to + kPage - 1) & ~(kPage - 1);  // the page holding the last byte is in the mapping
-      if (::madvise(reinterpret_cast<void*>(done), to - done, MADV_POPULATE_READ) != 0) return;
-      populated_.fetch_add(to - done, std::memory_order_relaxed);
-      done = to;
-    }
-#endif
-  }
-
-  const uintptr_t begin_;
-  const uintptr_t end_;
-  std::atomic<uintptr_t> pos_{0};
-  std::atomic<bool> waiting_{false};
-  std::atomic<uint64_t> populated_{0};
-  std::atomic<uintptr_t> done_seen_{0};  // where the thread stopped to wait (a hint)
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::atomic<bool> quit_{false};
-  std::thread thread_;
-};
-
 // ---------------------------------------------------------------------------------------------
 // 2. The machine
 
@@ -562,11 +444,7 @@ class Machine {
         begin_(data.data()),
         end_(data.data() + data.size()),
         opt_(opt),
-        keys_(snap_.strings) {
-    arena_.on_chunk = [this](void* base, size_t bytes) {
-      prefault_.track(kSlotItems, base, bytes, 0);
-    };
-  }
+        keys_(snap_.strings) {}
 
   Expected<Snapshot> run();
 
@@ -595,7 +473,7 @@ class Machine {
     return m;
   }
   uint32_t newNode(NK kind) {
-    grow(nodes_, 1, kSlotNodes);
+    grow(nodes_, 1);
     nodes_.push_back(Node{kNoStore, kind});
     return static_cast<uint32_t>(nodes_.size() - 1);
   }
@@ -644,7 +522,6 @@ class Machine {
   }
   void memoWiden(uint64_t enc) {
     if (memo_wide_ || (enc & 0xffffffffu) <= kNarrowPayload) return;
-    prefault_.untrack(kSlotMemo);  // memo32_ is freed below
     memo64_.reserve(memo32_.capacity());
     for (size_t i = 0; i < memo32_.size(); ++i) memo64_.push_back(memoAt(i));
     std::vector<uint32_t>().swap(memo32_);
@@ -653,10 +530,10 @@ class Machine {
   void memoPush(uint64_t enc) {
     memoWiden(enc);
     if (memo_wide_) {
-      grow(memo64_, 1, kSlotMemo);
+      grow(memo64_, 1);
       memo64_.push_back(enc);
     } else {
-      grow(memo32_, 1, kSlotMemo);
+      grow(memo32_, 1);
       memo32_.push_back(narrow(enc));
     }
   }
@@ -669,10 +546,10 @@ class Machine {
   }
   void memoExtend(size_t n) {  // unset entries up to n
     if (memo_wide_) {
-      grow(memo64_, n - memo64_.size(), kSlotMemo);
+      grow(memo64_, n - memo64_.size());
       memo64_.resize(n, 0);
     } else {
-      grow(memo32_, n - memo32_.size(), kSlotMemo);
+      grow(memo32_, n - memo32_.size());
       memo32_.resize(n, 0);
     }
   }
@@ -726,20 +603,14 @@ class Machine {
 
   // Room for `need` more elements in one of the big arrays (nodes, memo, events, a trace list's
   // items), grown to what the input read so far predicts (common/memory.h), at most to as many
-  // elements as the input has bytes: never reserved from the input's size up front. The events,
-  // the memo and the nodes (`slot` below kSlotNone) have their pages populated on prefault_'s
-  // thread ahead of the parse (common/prefault.h).
-  static constexpr size_t kSlotEvents = 0, kSlotMemo = 1, kSlotNodes = 2, kSlotNone = 3;
-  // The current chunk of arena_ (not a grow() slot: prefault_ has kSlots = 4).
-  static constexpr size_t kSlotItems = 3;
-  static_assert(kSlotItems < Prefaulter::kSlots);
+  // elements as the input has bytes: never reserved from the input's size up front.
   template <typename T>
-  void grow(std::vector<T>& v, size_t need = 1, size_t slot = kSlotNone) {
+  void grow(std::vector<T>& v, size_t need = 1) {
     if (v.capacity() - v.size() < need) {
       auto done = static_cast<uint64_t>(p_ - begin_);
       auto total = static_cast<uint64_t>(end_ - begin_);
-      growFor(v, need, predictedSize(v.size(), done, total), static_cast<size_t>(total) / sizeof(T),
-              slot < kSlotNone ? &prefault_ : nullptr, slot);
+      growFor(v, need, predictedSize(v.size(), done, total),
+              static_cast<size_t>(total) / sizeof(T));
     }
   }
   // grow() for a generic container's items: growFor's sizes (common/memory.h), in an Items.
@@ -755,24 +626,14 @@ class Machine {
     }
     Items bigger(v.get_allocator());
     bigger.reserve(cap);
-    if (bigger.capacity() * sizeof(Value) >= (size_t{8} << 20)) {
+    if (bigger.capacity() * sizeof(Value) >= kLargeArrayBytes) {
       adviseHugePages(bigger.data(), bigger.capacity() * sizeof(Value));
     }
     bigger.insert(bigger.end(), v.begin(), v.end());
     v.swap(bigger);
   }
-  // Tells prefault_ how far the parse has filled its arrays; every kPrefaultEveryDicts dicts.
-  static constexpr uint32_t kPrefaultEveryDicts = 1024;
-  void reportFill() {
-    input_prefetch_.advance(p_);
-    prefault_.advance(kSlotEvents, events_.size() * sizeof(Event));
-    if (memo_wide_)
-      prefault_.advance(kSlotMemo, memo64_.size() * sizeof(uint64_t));
-    else
-      prefault_.advance(kSlotMemo, memo32_.size() * sizeof(uint32_t));
-    prefault_.advance(kSlotNodes, nodes_.size() * sizeof(Node));
-    prefault_.advance(kSlotItems, arena_.usedInChunk());
-  }
+  // Tells input_prefetch_ how far the parse has read; every kPrefetchEveryDicts dicts.
+  static constexpr uint32_t kPrefetchEveryDicts = 1024;
 
   // -- the trace-entry fast path (section 2b)
   bool fastEntry();
@@ -947,7 +808,7 @@ class Machine {
   bool memo_wide_ = false;
   std::vector<Value> memo_other_;
   std::vector<Node> nodes_;
-  // Before store_ and prefault_: destroyed after both.
+  // Before store_: destroyed after it.
   ItemArena arena_;
   // A deque: materialize() adds stores during the conversion, while it holds pointers to others.
   std::deque<Items> store_;
@@ -967,7 +828,7 @@ class Machine {
   PickleReadStats stats_;
   int64_t op_offset_ = 0;
   uint8_t op_ = 0;
-  uint32_t dicts_to_report_ = kPrefaultEveryDicts;
+  uint32_t dicts_to_report_ = kPrefetchEveryDicts;
   // The fast path's frames runs (fastFrames): the bytes between a frames list's MARK and APPENDS,
   // when they are only memo fetches, by hash -> the stack they were interned as. Valid while no
   // memo slot is rebound (memoPut clears it): the slots hold frame nodes, which never change, and
@@ -1029,8 +890,7 @@ class Machine {
   StrId shape_key_[kShapeKeys] = {};
   Field shape_field_[kShapeKeys] = {};
   bool shape_time_us_ = false, shape_compile_context_ = false, shape_user_metadata_ = false;
-  // Last: destroyed first, so its thread has stopped before the arrays it populates are freed.
-  Prefaulter prefault_;
+  // Last: destroyed first, so its thread has stopped before the input may be unmapped.
   InputPrefetcher input_prefetch_{begin_, end_};
 };
 
@@ -1329,7 +1189,7 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
   e.notes = snap_.event_notes.intern(notes);
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
-  grow(events_, 1, kSlotEvents);
+  grow(events_, 1);
   events_.push_back(e);
   return Status::Ok();
 }
@@ -1860,7 +1720,7 @@ bool Machine::fastShaped() {
   e.notes = snap_.event_notes.intern(notes);
   nodes_[n].kind = NK::Event;
   nodes_[n].ref = static_cast<uint32_t>(events_.size());
-  grow(events_, 1, kSlotEvents);
+  grow(events_, 1);
   events_.push_back(e);
   ++stats_.fast_entries;
   ++stats_.fast_shaped;
@@ -1943,7 +1803,7 @@ Expected<Snapshot> Machine::run() {
     op_offset_ = p_ - begin_;
     if (opt_.progress && static_cast<uint64_t>(op_offset_) >= next_progress) {
       // The prefetcher learns the position first: the callback may release the pages behind it
-      // (load.cc), which a prefetcher that last heard of the parse 1024 dicts ago (reportFill)
+      // (load.cc), which a prefetcher that last heard of the parse 1024 dicts ago (EMPTY_DICT)
       // could otherwise map again.
       input_prefetch_.advance(p_);
       opt_.progress(static_cast<uint64_t>(op_offset_), snap_.input_bytes);
@@ -2066,8 +1926,8 @@ Expected<Snapshot> Machine::run() {
         break;
       case EMPTY_DICT:
         if (--dicts_to_report_ == 0) {
-          dicts_to_report_ = kPrefaultEveryDicts;
-          reportFill();
+          dicts_to_report_ = kPrefetchEveryDicts;
+          input_prefetch_.advance(p_);
         }
         if (opt_.fast_path && ((opt_.shaped_path && fastShaped()) || fastEntry())) break;
         stack_.push_back(Value::node(newNode(NK::Dict)));
@@ -2209,7 +2069,6 @@ Expected<Snapshot> Machine::run() {
                (stack_.size() == 1 ? " object" : " objects") +
                " on the stack (expected exactly 1)");
   }
-  prefault_.stop();  // before the memo is freed
   input_prefetch_.stop();
   stats_.input_prefetched_bytes = input_prefetch_.populatedBytes();
   if (opt_.progress) opt_.progress(snap_.input_bytes, snap_.input_bytes);

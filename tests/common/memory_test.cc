@@ -1,5 +1,5 @@
-// memory_prefault_test.cc: common/prefault.h populates ahead of the writer, within its window, and
-// never changes what the buffer holds.
+// memory_test.cc: common/memory.h: the growth of the loaders' large arrays, glibc's settings, the
+// heap's huge-page mode, the input prefetcher and pages released behind a reader.
 #include <gtest/gtest.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -14,95 +14,111 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <chrono>
 #include <vector>
 
 #include "common/memory.h"
-#include "common/prefault.h"
 
 namespace memforensics {
 namespace {
 
-// Resident pages of [p + from, p + to), counted with mincore.
-size_t residentPages(const uint8_t* p, size_t from, size_t to) {
-  size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> vec((to - from + page - 1) / page);
-  if (::mincore(const_cast<uint8_t*>(p + from), to - from, vec.data()) != 0) return ~size_t{0};
-  size_t n = 0;
-  for (unsigned char c : vec) n += c & 1;
-  return n;
+// The resident kB of the mapping that holds `addr` (its Rss line in /proc/self/smaps; -1: none).
+long rssKbAt(uintptr_t addr) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    unsigned long long b = 0, e = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (line.rfind("Rss:", 0) == 0) {
+      if (inside) return std::stol(line.substr(4));
+      continue;
+    }
+    if (head >> std::hex >> b >> dash >> e && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = addr >= b && addr < e;
+    }
+  }
+  return -1;
 }
 
-struct Mapping {
-  explicit Mapping(size_t n) : bytes(n) {
-    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    p = m == MAP_FAILED ? nullptr : static_cast<uint8_t*>(m);
+// A read-only mapping of a fresh file of `bytes` bytes (1 in each byte).
+struct FileMapping {
+  explicit FileMapping(size_t n) : bytes(n) {
+    char name[] = "/tmp/memf_memory_test_XXXXXX";
+    int fd = ::mkstemp(name);
+    if (fd < 0) return;
+    ::unlink(name);
+    std::vector<uint8_t> ones(size_t{1} << 20, 1);
+    bool ok = true;
+    for (size_t done = 0; done < n && ok; done += ones.size())
+      ok = ::write(fd, ones.data(), ones.size()) == static_cast<ssize_t>(ones.size());
+    void* m = ok ? ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    ::close(fd);
+    p = m == MAP_FAILED ? nullptr : static_cast<const uint8_t*>(m);
   }
-  ~Mapping() {
-    if (p) ::munmap(p, bytes);
+  ~FileMapping() {
+    if (p) ::munmap(const_cast<uint8_t*>(p), bytes);
   }
-  uint8_t* p = nullptr;
+  const uint8_t* p = nullptr;
   size_t bytes;
 };
 
-TEST(MemoryPrefault, PopulatesAWindowAheadOfTheWriterAndKeepsTheContents) {
-  const size_t kBytes = size_t{64} << 20;
-  const size_t kUsed = size_t{20} << 20;
-  Mapping m(kBytes);
-  ASSERT_NE(m.p, nullptr);
-  for (size_t i = 0; i < kUsed; ++i) m.p[i] = static_cast<uint8_t>(i * 131 + 7);
-  Prefaulter pf;
-  pf.track(0, m.p, kBytes, kUsed);
-  pf.waitIdle();
-  size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  size_t ahead = residentPages(m.p, kUsed, kUsed + kPrefaultWindowBytes);
-  // Populated unless this kernel lacks MADV_POPULATE_WRITE (then nothing is, and nothing breaks).
-  if (ahead != 0) EXPECT_EQ(ahead, kPrefaultWindowBytes / page);
-  // Nothing past the window (plus the huge page the window ends in).
-  size_t past = kUsed + kPrefaultWindowBytes + (size_t{2} << 20);
-  EXPECT_EQ(residentPages(m.p, past, kBytes), 0u);
-  // The writer moves on: the window moves with it.
-  pf.advance(0, size_t{40} << 20);
-  pf.waitIdle();
-  if (ahead != 0) {
-    EXPECT_EQ(residentPages(m.p, size_t{40} << 20, (size_t{40} << 20) + kPrefaultWindowBytes),
-              kPrefaultWindowBytes / page);
-  }
-  pf.stop();
-  for (size_t i = 0; i < kUsed; ++i) {
-    if (m.p[i] != static_cast<uint8_t>(i * 131 + 7)) FAIL() << "byte " << i << " changed";
-  }
-  for (size_t i = kUsed; i < kBytes; i += 4096) ASSERT_EQ(m.p[i], 0) << i;
-}
-
-TEST(MemoryPrefault, UntrackedBuffersMayBeFreedAndSmallOnesAreLeftAlone) {
-  Prefaulter pf;
+// The prefetcher maps the window ahead of the reader's position and no more; released pages
+// leave the mapping's resident set and read back unchanged.
+TEST(MemoryInput, PrefetchMapsOneWindowAheadAndReleasedPagesReadBackTheSame) {
+  constexpr size_t kBytes = size_t{48} << 20;
+  FileMapping f(kBytes);
+  ASSERT_NE(f.p, nullptr);
+  const auto at = reinterpret_cast<uintptr_t>(f.p);
   {
-    Mapping m(size_t{32} << 20);
-    ASSERT_NE(m.p, nullptr);
-    pf.track(1, m.p, m.bytes, 0);
-    pf.untrack(1);  // returns once no populate of it is in flight: freeing it is safe
+    InputPrefetcher pf(f.p, f.p + kBytes);
+    pf.advance(f.p + (size_t{16} << 20));
+    // Waits (bounded) for the thread to map the window; a kernel without MADV_POPULATE_READ
+    // maps nothing.
+    for (int i = 0; i < 5000 && pf.populatedBytes() < InputPrefetcher::kWindow; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    pf.stop();
+    if (pf.populatedBytes() == 0) GTEST_SKIP() << "no MADV_POPULATE_READ here";
+    EXPECT_EQ(pf.populatedBytes(), InputPrefetcher::kWindow);
+    long kb = rssKbAt(at);
+    EXPECT_GE(kb, static_cast<long>(InputPrefetcher::kWindow >> 10));
+    EXPECT_LE(kb, static_cast<long>((InputPrefetcher::kWindow >> 10) + 1024));
   }
-  Mapping small(kPrefaultMinBytes / 2);
-  ASSERT_NE(small.p, nullptr);
-  pf.track(2, small.p, small.bytes, 0);
-  pf.waitIdle();
-  EXPECT_EQ(residentPages(small.p, 0, small.bytes), 0u);
-  pf.stop();
-  pf.track(0, small.p, small.bytes, 0);  // after stop: nothing
-  pf.advance(0, 1);
-  pf.stop();
+  releaseMappedPages(f.p + (size_t{16} << 20), InputPrefetcher::kWindow);
+  EXPECT_LE(rssKbAt(at), 1024);
+  size_t sum = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) sum += f.p[i];
+  EXPECT_EQ(sum, kBytes / 4096);
+  // A small input gets no thread.
+  InputPrefetcher small(f.p, f.p + (size_t{1} << 20));
+  small.advance(f.p);
+  small.stop();
+  EXPECT_EQ(small.populatedBytes(), 0u);
 }
 
-TEST(MemoryPrefault, GrowForTracksTheNewBufferAndKeepsTheElements) {
-  Prefaulter pf;
+// growFor: the elements survive every step, and an array of 3 M elements reaches its size in a
+// few steps when the prediction says so (at most kMaxGrowthFactor at a time).
+TEST(MemoryGrowth, GrowForKeepsTheElementsAndFollowsThePrediction) {
   std::vector<uint64_t> v;
+  size_t grows = 0;
   for (uint64_t i = 0; i < 3'000'000; ++i) {
-    growFor(v, 1, 0, size_t{1} << 30, &pf, 0);
+    size_t cap = v.capacity();
+    growFor(v, 1, v.size() < 4096 ? 0 : 3'000'000, size_t{1} << 30);
+    if (v.capacity() != cap) {
+      ++grows;
+      if (cap != 0) {
+        EXPECT_LE(v.capacity(), cap * kMaxGrowthFactor);
+      }
+    }
     v.push_back(i * 3);
-    if (i % 65536 == 0) pf.advance(0, v.size() * sizeof(uint64_t));
   }
-  pf.stop();
   for (uint64_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], i * 3);
+  EXPECT_LE(grows, 5u);
+  // Never past `most` in one step.
+  std::vector<uint32_t> w(4096);
+  growFor(w, 1, size_t{1} << 40, 10'000);
+  EXPECT_EQ(w.capacity(), 10'000u);
 }
 
 // A sanitizer's allocator replaces glibc's malloc and ignores mallopt (ASan's returns 0), so
@@ -196,9 +212,8 @@ bool hugePageAdvised(uintptr_t addr) {
   return flags.find(" hg") != std::string::npos;
 }
 
-// A large array turns the arenas' huge-page mode on: the main arena's heap is advised (as far as
-// it has grown), and a pool thread's arena heap is advised when the thread asks.
-// Where the allocator is not glibc's (configureAllocator not applied), the mode stays off and
+// A large array turns the heap's huge-page mode on: the main arena's heap is advised (as far as
+// it has grown). Where the allocator is not glibc's (configureAllocator not applied), the mode stays off and
 // nothing is advised.
 TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
   const bool glibc = configureAllocator().applied;
@@ -211,7 +226,6 @@ TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
     EXPECT_FALSE(kGlibcMalloc);
 #endif
     EXPECT_EQ(enableHeapHugePages(), 0u);
-    EXPECT_EQ(adviseThreadHeapHugePages(), 0u);
     return;
   }
 #if defined(__linux__) && defined(__GLIBC__)
@@ -242,22 +256,6 @@ TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
   auto last = reinterpret_cast<uintptr_t>(small) + kTopBlock - 1;
   EXPECT_TRUE(hugePageAdvised(last)) << vmFlagsAt(last);
   std::free(small);
-  size_t thread_advised = 0;
-  bool thread_flag = false;
-  std::thread t([&] {
-    thread_advised = adviseThreadHeapHugePages();
-    auto* q = static_cast<uint8_t*>(std::malloc(size_t{1} << 20));
-    if (q != nullptr) {
-      q[0] = 1;
-      thread_flag = hugePageAdvised(reinterpret_cast<uintptr_t>(q));
-    }
-    std::free(q);
-  });
-  t.join();
-  // A new thread gets an arena of its own (or the main one, advised above, where glibc capped
-  // the arenas): either way its blocks lie in advised memory.
-  EXPECT_TRUE(thread_advised == size_t{64} << 20 || thread_advised == 0);
-  EXPECT_TRUE(thread_flag);
 #endif
 }
 
