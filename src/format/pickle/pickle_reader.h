@@ -15,17 +15,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "format/model/snapshot.h"
 
 namespace memforensics::format {
-
-// Called now and then with the number of input bytes consumed so far; lets the caller draw a
-// progress bar and release pages of a mapped file that were already read.
-using ProgressFn = std::function<void(uint64_t consumed, uint64_t total)>;
 
 // Budgets: what one input can make the reader build, each bounded by the input's own size (checked
 // before anything is allocated), so memory and time stay proportional to the file whatever it

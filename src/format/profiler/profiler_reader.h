@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/progress.h"
 #include "common/status.h"
 #include "format/model/snapshot.h"
-#include "format/pickle/pickle_reader.h"
 
 namespace memforensics::format {
 
@@ -45,8 +45,10 @@ inline constexpr size_t kMaxProfilerStackFrames = 256;
 // CUDA `Device Id`s accepted: [0, kMaxProfilerDevice); events on others are counted and dropped.
 inline constexpr int64_t kMaxProfilerDevice = 1024;
 // Records kept (memory events, ops, timeline rows): at most one per this many bytes of JSON text,
-// + kBudgetSlack. The smallest record a trace can hold is longer, so only a broken reader trips it.
+// + kProfilerRecordSlack. The smallest record a trace can hold is longer, so only a broken reader
+// trips it.
 inline constexpr uint64_t kProfilerTextBytesPerRecord = 8;
+inline constexpr uint64_t kProfilerRecordSlack = 1u << 16;
 
 // What a byte prefix holds, as far as this reader is concerned.
 enum class ProfilerKind : uint8_t { NotProfiler, KinetoTrace, MemoryTimeline };
