@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +15,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <chrono>
 #include <vector>
 
 #include "common/memory.h"
@@ -213,8 +213,8 @@ bool hugePageAdvised(uintptr_t addr) {
 }
 
 // A large array turns the heap's huge-page mode on: the main arena's heap is advised (as far as
-// it has grown). Where the allocator is not glibc's (configureAllocator not applied), the mode stays off and
-// nothing is advised.
+// it has grown). Where the allocator is not glibc's (configureAllocator not applied), the mode
+// stays off and nothing is advised.
 TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
   const bool glibc = configureAllocator().applied;
   std::vector<uint64_t> big;

@@ -21,7 +21,6 @@ bool looksLikeGzip(std::span<const uint8_t> b) {
   return b.size() >= 2 && b[0] == 0x1f && b[1] == 0x8b;
 }
 
-
 Expected<std::vector<uint8_t>> gunzipBounded(std::span<const uint8_t> bytes, uint64_t budget) {
   profiler_detail::ByteSource src(bytes, true, budget, nullptr);
   std::vector<uint8_t> out;
