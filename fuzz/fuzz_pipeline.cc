@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "analysis/blocks.h"
-#include "analysis/timeline.h"
+#include "analysis/session/blocks.h"
+#include "analysis/session/timeline.h"
 #include "cli/at_option.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"

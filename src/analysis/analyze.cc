@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "analysis/compare.h"
-#include "analysis/cross_device.h"
-#include "analysis/frame_class.h"
-#include "analysis/stack_groups.h"
-#include "analysis/timeline.h"
+#include "analysis/compare/compare.h"
+#include "analysis/findings/cross_device.h"
+#include "analysis/frames/frame_class.h"
+#include "analysis/frames/stack_groups.h"
+#include "analysis/session/timeline.h"
 #include "common/parallel.h"
 #include "common/saturating.h"
 #include "replay/alloc_conf.h"

@@ -2,7 +2,8 @@
 //
 // A pure function from a Snapshot to a self-contained result struct: everything a renderer needs,
 // frames included as text, so report/ never looks at the snapshot or replays anything. Per device
-// one DeviceSession (analysis/session.h) walks the history; everything here reads its facts.
+// one DeviceSession (analysis/session/session.h) walks the history; everything here reads its
+// facts.
 #pragma once
 
 #include <functional>
@@ -11,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "analysis/callgraph.h"
-#include "analysis/findings.h"
-#include "analysis/frames.h"
-#include "analysis/session.h"
+#include "analysis/findings/findings.h"
+#include "analysis/frames/callgraph.h"
+#include "analysis/frames/frames.h"
+#include "analysis/session/session.h"
 #include "format/model/snapshot.h"
 #include "replay/replay.h"
 

@@ -1,14 +1,14 @@
 // at_option.h: the `--at` argument of `blocks` (peak | oom | EVENT_INDEX | tTIME_US).
 //
-// Parsing is the CLI's business; analysis/blocks.h receives the parsed BlocksAt and resolves it on
-// a device (resolveBlocksAt). Header-only, so the fuzz targets parse the same way.
+// Parsing is the CLI's business; analysis/session/blocks.h receives the parsed BlocksAt and
+// resolves it on a device (resolveBlocksAt). Header-only, so the fuzz targets parse the same way.
 #pragma once
 
 #include <charconv>
 #include <string>
 #include <string_view>
 
-#include "analysis/blocks.h"
+#include "analysis/session/blocks.h"
 #include "common/status.h"
 
 namespace memforensics::cli {

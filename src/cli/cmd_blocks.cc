@@ -7,8 +7,8 @@
 #include <sstream>
 #include <string>
 
-#include "analysis/blocks.h"
-#include "analysis/headline.h"
+#include "analysis/findings/headline.h"
+#include "analysis/session/blocks.h"
 #include "cli/at_option.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
@@ -70,8 +70,9 @@ int runBlocksCommand() {
   }
   setActivity("computing the block layout of " + g_args.file);
   replay::resetPassStats();
-  // OOM first (analysis/headline.h): without --device, the device whose trace holds the earliest
-  // OOM, else blocksDevice's default. Said in the text output when the file has several devices.
+  // OOM first (analysis/findings/headline.h): without --device, the device whose trace holds the
+  // earliest OOM, else blocksDevice's default. Said in the text output when the file has several
+  // devices.
   std::optional<int64_t> device = g_args.device;
   std::string focus_note;
   if (!device) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/compare.h"
+#include "analysis/compare/compare.h"
 #include "cli/cmd_diff.h"
 #include "cli/diagnostics.h"
 #include "cli/options.h"

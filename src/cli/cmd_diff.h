@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "analysis/compare.h"
+#include "analysis/compare/compare.h"
 #include "common/status.h"
 
 namespace memforensics::cli {

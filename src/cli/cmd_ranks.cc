@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "analysis/compare.h"
+#include "analysis/compare/compare.h"
 #include "cli/diagnostics.h"
 #include "cli/options.h"
 #include "common/parallel.h"

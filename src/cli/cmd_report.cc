@@ -11,9 +11,9 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/compare.h"
-#include "analysis/headline.h"
-#include "analysis/session.h"
+#include "analysis/compare/compare.h"
+#include "analysis/findings/headline.h"
+#include "analysis/session/session.h"
 #include "cli/cmd_diff.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"

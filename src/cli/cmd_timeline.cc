@@ -8,8 +8,8 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/headline.h"
-#include "analysis/timeline.h"
+#include "analysis/findings/headline.h"
+#include "analysis/session/timeline.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"
@@ -84,8 +84,8 @@ int runTimelineCommand() {
   } else if (g_args.device || result.devices.size() < 2 || !analysis::oomFocusDevice(*snap)) {
     report::renderTimelineText(result, std::cout);
   } else {
-    // OOM first (analysis/headline.h): the device with the OOM leads the text, and says so under
-    // the first line (the file's path). CSV and JSON keep device order.
+    // OOM first (analysis/findings/headline.h): the device with the OOM leads the text, and says so
+    // under the first line (the file's path). CSV and JSON keep device order.
     const int64_t focus = *analysis::oomFocusDevice(*snap);
     std::stable_partition(result.devices.begin(), result.devices.end(),
                           [&](const analysis::DeviceTimeline& d) { return d.device == focus; });

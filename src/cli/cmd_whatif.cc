@@ -6,7 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "analysis/whatif.h"
+#include "analysis/whatif/whatif.h"
 #include "cli/diagnostics.h"
 #include "cli/load_cli.h"
 #include "cli/options.h"

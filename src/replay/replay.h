@@ -38,6 +38,7 @@
 
 #include "common/address_range.h"
 #include "common/flat_map.h"
+#include "common/saturating.h"
 #include "format/model/snapshot.h"
 
 namespace memforensics::replay {
@@ -112,15 +113,6 @@ inline bool validRange(uint64_t address, uint64_t size) {
   uint64_t end;
   return size > 0 && !__builtin_add_overflow(address, size, &end);
 }
-// a + b, or 2^64-1 when that overflows (*overflowed set, never cleared).
-inline uint64_t addSat(uint64_t a, uint64_t b, bool* overflowed) {
-  uint64_t r;
-  if (__builtin_add_overflow(a, b, &r)) {
-    *overflowed = true;
-    return ~uint64_t{0};
-  }
-  return r;
-}
 
 // The file's final state of one device, validated. Segments of size 0, segments whose end passes
 // 2^64 and segments that overlap one at a lower address are dropped (InvalidSegmentRange,
@@ -161,11 +153,8 @@ struct Counters {
   uint64_t reserved = 0;
   uint64_t requested = 0;
   uint64_t allocated = 0;
-  uint64_t pending = 0;      // pending-free block bytes
-  uint64_t active() const {  // saturates, as every counter does
-    uint64_t r;
-    return __builtin_add_overflow(allocated, pending, &r) ? ~uint64_t{0} : r;
-  }
+  uint64_t pending = 0;                                           // pending-free block bytes
+  uint64_t active() const { return addSat(allocated, pending); }  // saturates, as every counter
 };
 
 // A running maximum and the first event after which it was reached (-1 = the start state).
@@ -352,7 +341,7 @@ struct DeviceSummary {
 // counted once per event, however the replayer was moved before (a partial pass, then a reset).
 DeviceSummary summarizeDevice(DeviceReplayer& r);
 // The same pass, calling `after_event(i, counters)` after event i is applied: one pass feeds the
-// summary and a caller's observers (analysis/session.h).
+// summary and a caller's observers (analysis/session/session.h).
 DeviceSummary summarizeDevice(DeviceReplayer& r,
                               const std::function<void(size_t, const Counters&)>& after_event);
 

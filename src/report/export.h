@@ -1,9 +1,9 @@
 // export.h: exports of a snapshot to other tools' formats (`memforensics convert --to ...`).
 //
-// Pure functions of each device's session facts (analysis/session.h: the counters after every
-// event for Perfetto, the live set at the peak for the collapsed stacks); nothing here replays.
-// The overloads without facts build one session per device, one device at a time, and stream
-// their output, since a counter timeline has one sample per event.
+// Pure functions of each device's session facts (analysis/session/session.h: the counters after
+// every event for Perfetto, the live set at the peak for the collapsed stacks); nothing here
+// replays. The overloads without facts build one session per device, one device at a time, and
+// stream their output, since a counter timeline has one sample per event.
 //
 //   * exportPerfetto: Chrome trace-event JSON, opened by ui.perfetto.dev and chrome://tracing.
 //   * exportCollapsed: Brendan Gregg's folded stacks ("a;b;c 123" lines) of the memory live at a
@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "analysis/session.h"
+#include "analysis/session/session.h"
 #include "common/status.h"
 #include "format/model/snapshot.h"
 
@@ -91,7 +91,8 @@ Status exportCollapsed(const format::Snapshot& snap, std::ostream& out,
                        const CollapsedOptions& options = {});
 // The same for the devices of `facts` (in that order), each holding the live set at its peak of
 // options.which (collapsedMoment); options.device is not consulted. The lines are the frame tree's
-// (analysis/frame_tree.h) leaves, so they attribute bytes as the call graph and the icicle do.
+// (analysis/frames/frame_tree.h) leaves, so they attribute bytes as the call graph and the icicle
+// do.
 Status exportCollapsed(const format::Snapshot& snap, std::span<const analysis::DeviceFacts> facts,
                        std::ostream& out, const CollapsedOptions& options = {});
 // The event whose live set exportCollapsed reads for a device (its requested or allocated peak).

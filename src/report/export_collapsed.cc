@@ -6,9 +6,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "analysis/frame_tree.h"
-#include "analysis/frames.h"
-#include "analysis/session.h"
+#include "analysis/frames/frame_tree.h"
+#include "analysis/frames/frames.h"
+#include "analysis/session/session.h"
 #include "report/export.h"
 
 namespace memforensics::report {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "analysis/frames.h"
-#include "analysis/session.h"
+#include "analysis/frames/frames.h"
+#include "analysis/session/session.h"
 #include "report/export.h"
 #include "report/json_analysis.h"
 

@@ -4,7 +4,7 @@
 #include <ostream>
 #include <string>
 
-#include "analysis/blocks.h"
+#include "analysis/session/blocks.h"
 
 namespace memforensics::report {
 

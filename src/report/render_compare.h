@@ -1,6 +1,6 @@
-// render_compare.h: text and JSON renderings of `diff`, `ranks` and `check` (analysis/compare.h;
-// the JSON fields are documented in docs/cli.md), and the reader of `ranks --json` documents for
-// `ranks --merge`.
+// render_compare.h: text and JSON renderings of `diff`, `ranks` and `check`
+// (analysis/compare/compare.h; the JSON fields are documented in docs/cli.md), and the reader of
+// `ranks --json` documents for `ranks --merge`.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "analysis/compare.h"
+#include "analysis/compare/compare.h"
 #include "common/status.h"
 
 namespace memforensics::report {

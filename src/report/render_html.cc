@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "analysis/headline.h"
+#include "analysis/findings/headline.h"
 #include "report/json_analysis.h"
 #include "report/render_compare.h"
 
@@ -428,7 +428,7 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
     src = &trimmed;
   }
   // The device the page opens on and the headline lines: the one "OOM first" rule
-  // (analysis/headline.h), not re-decided by the page.
+  // (analysis/findings/headline.h), not re-decided by the page.
   {
     const analysis::Headline h = analysis::buildHeadline(analysis);
     json items = json::array();

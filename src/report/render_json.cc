@@ -2,7 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "analysis/headline.h"
+#include "analysis/findings/headline.h"
 #include "report/json_analysis.h"
 #include "report/render.h"
 
@@ -197,8 +197,8 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
     jobs.push_back(std::move(jf));
   }
   doc["job_findings"] = std::move(jobs);
-  // The first screen (analysis/headline.h): the focus device and one item per OOM, high finding
-  // or history that cannot explain the file.
+  // The first screen (analysis/findings/headline.h): the focus device and one item per OOM, high
+  // finding or history that cannot explain the file.
   const analysis::Headline h = analysis::buildHeadline(r);
   json items = json::array();
   for (const auto& it : h.items) {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "analysis/headline.h"
+#include "analysis/findings/headline.h"
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
 #include "report/render.h"
@@ -75,7 +75,7 @@ void findingText(const analysis::Finding& f, const analysis::Headline& h, std::o
 }
 
 // The first screen: which device to look at and why, then one line per OOM, high finding or
-// history that cannot explain the file (analysis/headline.h), across devices.
+// history that cannot explain the file (analysis/findings/headline.h), across devices.
 // `hidden_warnings`: warnings on devices whose detail is not printed (the table's only).
 void headlineText(const analysis::AnalysisResult& r, const analysis::Headline& h,
                   size_t hidden_warnings, std::ostream& out) {

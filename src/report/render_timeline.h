@@ -3,7 +3,7 @@
 
 #include <ostream>
 
-#include "analysis/timeline.h"
+#include "analysis/session/timeline.h"
 
 namespace memforensics::report {
 

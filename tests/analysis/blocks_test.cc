@@ -1,6 +1,6 @@
 // blocks_test.cc: layout metrics at an event and the OOM fragmentation verdict, with exact numbers
 // on fabricated complete histories.
-#include "analysis/blocks.h"
+#include "analysis/session/blocks.h"
 
 #include <gtest/gtest.h>
 

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "analysis/callgraph.h"
-#include "analysis/frame_class.h"
-#include "analysis/frames.h"
-#include "analysis/session.h"
-#include "analysis/stack_groups.h"
+#include "analysis/frames/callgraph.h"
+#include "analysis/frames/frame_class.h"
+#include "analysis/frames/frames.h"
+#include "analysis/frames/stack_groups.h"
+#include "analysis/session/session.h"
 #include "fixtures/model_builder.h"
 #include "fixtures/real_snapshots.h"
 #include "format/load/load.h"

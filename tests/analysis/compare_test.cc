@@ -1,8 +1,8 @@
-// compare_test.cc: diff, ranks and check (analysis/compare.h) on fabricated runs with a known
-// answer (the direct builder), the scenario corpus and the real snapshots, each where the answer
-// must be yes and where it must be no; the size parser (common/parse_size.h); the ranks JSON
+// compare_test.cc: diff, ranks and check (analysis/compare/compare.h) on fabricated runs with a
+// known answer (the direct builder), the scenario corpus and the real snapshots, each where the
+// answer must be yes and where it must be no; the size parser (common/parse_size.h); the ranks JSON
 // round trip used by `ranks --merge`.
-#include "analysis/compare.h"
+#include "analysis/compare/compare.h"
 
 #include <gtest/gtest.h>
 

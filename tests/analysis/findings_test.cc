@@ -1,12 +1,16 @@
 // findings_test.cc: every detector on a fabricated history where it must fire and one where it
 // must not; call-graph attribution with exact numbers.
-#include "analysis/findings.h"
+#include "analysis/findings/findings.h"
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 
-#include "analysis/callgraph.h"
+#include "analysis/frames/callgraph.h"
 #include "fixtures/snapshot_builder.h"
 
 namespace memforensics {
@@ -15,6 +19,56 @@ namespace {
 using namespace analysis;
 using testing::TEvent;
 using testing::TFrame;
+
+// GitHub's anchor of a Markdown heading: lower case, punctuation but '-' and '_' dropped, spaces
+// as '-'.
+std::string headingAnchor(const std::string& heading) {
+  std::string out;
+  for (char ch : heading) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || ch == '-' || ch == '_')
+      out.push_back(static_cast<char>(std::tolower(c)));
+    else if (ch == ' ')
+      out.push_back('-');
+  }
+  return out;
+}
+
+// The catalogue of finding kinds and docs/findings.md agree: every kind's section exists, and its
+// heading names exactly the severities from the kind's lowest to its highest; every detector file
+// named exists; ids are unique and in enum order.
+TEST(FindingKinds, TheCatalogueMatchesTheDocsAndTheSources) {
+  const std::string root = MEMF_SOURCE_DIR;
+  std::ifstream in(root + "/docs/findings.md");
+  ASSERT_TRUE(in) << "docs/findings.md not found under " << root;
+  std::map<std::string, std::string> headings;  // anchor -> heading text
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("### ", 0) == 0) headings[headingAnchor(line.substr(4))] = line.substr(4);
+  }
+  std::set<std::string_view> ids;
+  ASSERT_EQ(findingKinds().size(), static_cast<size_t>(FindingKind::InferenceWithGrad) + 1);
+  for (size_t k = 0; k < findingKinds().size(); ++k) {
+    const FindingKindInfo& info = findingKinds()[k];
+    EXPECT_EQ(&findingKindInfo(static_cast<FindingKind>(k)), &info);
+    EXPECT_TRUE(ids.insert(info.id).second) << info.id;
+    EXPECT_LE(info.lowest, info.highest) << info.id;
+    EXPECT_TRUE(
+        std::filesystem::exists(root + "/src/analysis/findings/" + std::string(info.detector)))
+        << info.detector;
+    auto h = headings.find(std::string(info.docs_anchor));
+    ASSERT_NE(h, headings.end()) << info.id << ": no heading with anchor " << info.docs_anchor;
+    const std::string& text = h->second;
+    const size_t open = text.find('(');
+    ASSERT_NE(open, std::string::npos) << text;
+    const std::string said = text.substr(open);
+    for (auto sev : {FindingSeverity::Info, FindingSeverity::Warning, FindingSeverity::High}) {
+      const bool in_range = sev >= info.lowest && sev <= info.highest;
+      const bool named = said.find(std::string(findingSeverityName(sev))) != std::string::npos;
+      EXPECT_EQ(named, in_range) << info.id << ": '" << text << "' and "
+                                 << findingSeverityName(sev);
+    }
+  }
+}
 
 constexpr uint64_t MiB = 1ull << 20;
 

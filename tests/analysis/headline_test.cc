@@ -1,8 +1,8 @@
-// headline_test.cc: OOM first (analysis/headline.h: the focus device, the headline's items and
-// their order), device imbalance (cross_device.h) and incomplete history (detect_history.cc),
+// headline_test.cc: OOM first (analysis/findings/headline.h: the focus device, the headline's items
+// and their order), device imbalance (cross_device.h) and incomplete history (detect_history.cc),
 // each where it must fire and where it must not, on fabricated jobs (fixtures/model_builder.h) and
 // the real ring-of-1 snapshot.
-#include "analysis/headline.h"
+#include "analysis/findings/headline.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/cross_device.h"
+#include "analysis/findings/cross_device.h"
 #include "fixtures/model_builder.h"
 #include "format/load/load.h"
 #include "report/render.h"

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <sstream>
 
-#include "analysis/blocks.h"
-#include "analysis/findings.h"
-#include "analysis/whatif.h"
+#include "analysis/findings/findings.h"
+#include "analysis/session/blocks.h"
+#include "analysis/whatif/whatif.h"
 #include "common/format_bytes.h"
 #include "fixtures/model_builder.h"
 #include "fixtures/real_snapshots.h"
@@ -446,7 +446,8 @@ TEST(OomVerdict, DataParallelExpandableOomOnCuda1) {
   EXPECT_EQ(f.where[0].display(), "/home/user/graphqa/models.py:174 forward");
 }
 
-// --- the fragmentation fix, tested by a replay of the requests (analysis/whatif.h) ----------
+// --- the fragmentation fix, tested by a replay of the requests (analysis/whatif/whatif.h)
+// ----------
 
 // The report's what-if panel and the verdict agree: every panel row for a setting the fix names
 // says what the fix says of it (avoids the recorded OOM or not), and a fix that says no setting

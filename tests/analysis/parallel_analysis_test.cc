@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "analysis/analyze.h"
-#include "analysis/compare.h"
-#include "analysis/timeline.h"
+#include "analysis/compare/compare.h"
+#include "analysis/session/timeline.h"
 #include "fixtures/model_builder.h"
 #include "format/load/load.h"
 #include "replay/pass_stats.h"

@@ -1,6 +1,6 @@
 // phases_test.cc: phases from annotations, iterations detected from the allocation stream, and
 // what the real snapshots give.
-#include "analysis/phases.h"
+#include "analysis/session/phases.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // session_test.cc: one session per device (issue 12, part 2): the pass bound of every command
 // whatever the number of OOMs and detectors, the facts being complete, and the honesty of
 // layout figures (exact only where the allocator model reproduced the device).
-#include "analysis/session.h"
+#include "analysis/session/session.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <tuple>
 
 #include "analysis/analyze.h"
-#include "analysis/blocks.h"
-#include "analysis/findings.h"
-#include "analysis/timeline.h"
+#include "analysis/findings/findings.h"
+#include "analysis/session/blocks.h"
+#include "analysis/session/timeline.h"
 #include "fixtures/model_builder.h"
 #include "replay/pass_stats.h"
 

@@ -1,5 +1,5 @@
 // timeline_test.cc: exact watermark series, downsampling that keeps peaks and OOMs, breakdowns.
-#include "analysis/timeline.h"
+#include "analysis/session/timeline.h"
 
 #include <gtest/gtest.h>
 

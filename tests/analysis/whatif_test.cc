@@ -1,7 +1,7 @@
-// whatif_test.cc: the allocator what-if (analysis/whatif.h, docs/whatif.md). Under the file's own
-// settings the simulation reproduces the recorded peak reserved on complete histories; on
-// fabricated request streams with a known answer each setting gives that answer.
-#include "analysis/whatif.h"
+// whatif_test.cc: the allocator what-if (analysis/whatif/whatif.h, docs/whatif.md). Under the
+// file's own settings the simulation reproduces the recorded peak reserved on complete histories;
+// on fabricated request streams with a known answer each setting gives that answer.
+#include "analysis/whatif/whatif.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// pickle_fast_path_test.cc: the trace-entry fast path of the pickle reader (pickle_reader.cc,
+// pickle_fast_path_test.cc: the trace-entry fast path of the pickle reader (pickle_entry.cc,
 // section 2b) gives the same Snapshot, id for id, and the same errors as the generic machine, on
 // every real snapshot, the scenarios, the sample, the committed fuzz corpus, truncations and byte
 // flips; and shapes it does not read fall back to the generic machine.
@@ -616,7 +616,7 @@ TEST(PickleEventLists, AnEntryListMaterializedDuringTheConversion) {
   expectSame(bytes, "host_traces");
 }
 
-// The shaped path (pickle_reader.cc, section 2c) reads an entry whose keys are the previous
+// The shaped path (pickle_entry.cc, section 2c) reads an entry whose keys are the previous
 // entry's, fetched from the same memo slots. shapedTrace writes a trace whose first entry
 // memoizes the keys {action, addr, size, stream, time_us, compile_context, frames} and whose
 // entries 1..n fetch them; `entry(w, i, s)` writes entry i's body (s: the memo slots of the keys

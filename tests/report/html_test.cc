@@ -10,7 +10,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
-#include "analysis/phases.h"
+#include "analysis/session/phases.h"
 #include "fixtures/snapshot_builder.h"
 #include "report/html/report_data.h"
 #include "report/render.h"

@@ -1,10 +1,10 @@
 // frame_class_test.cc: the one frame classifier on the real frame shapes of PyTorch snapshots
 // (names and files copied from the real snapshots' stacks), and userFrames() built on it.
-#include "analysis/frame_class.h"
+#include "analysis/frames/frame_class.h"
 
 #include <gtest/gtest.h>
 
-#include "analysis/frames.h"
+#include "analysis/frames/frames.h"
 
 namespace memforensics::analysis {
 namespace {

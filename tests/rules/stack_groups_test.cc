@@ -1,10 +1,10 @@
 // stack_groups_test.cc: the one group-by-stack rule and the one frame tree.
-#include "analysis/stack_groups.h"
+#include "analysis/frames/stack_groups.h"
 
 #include <gtest/gtest.h>
 
-#include "analysis/callgraph.h"
-#include "analysis/frame_tree.h"
+#include "analysis/frames/callgraph.h"
+#include "analysis/frames/frame_tree.h"
 
 namespace memforensics::analysis {
 namespace {

@@ -132,7 +132,7 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
       t.compile_context = str(notes.compile_context);
       t.user_metadata = str(notes.user_metadata);
       t.action = static_cast<uint8_t>(e.action);
-      t.action_name = e.action == Action::Unknown ? str(notes.action_name) : 0;
+      t.action_name = trace::keptActionName(t.action, str(notes.action_name));
       t.pool = e.pool < pool_map.size() ? pool_map[e.pool] : 0;
       st = w.event(t);
       if (!st.ok()) return st;
@@ -395,6 +395,9 @@ uint64_t tableBound(const std::vector<trace::PreparedChunk>& prepared,
 
 }  // namespace
 
+static_assert(static_cast<uint8_t>(Action::Unknown) == trace::kActionUnknown,
+              "the native trace's unknown action is the model's");
+
 unsigned traceLoadThreads(int threads, size_t chunks) {
   unsigned n = threads > 0 ? static_cast<unsigned>(threads) : std::thread::hardware_concurrency();
   n = std::min<unsigned>(std::max(n, 1u), kMaxTraceLoadThreads);
@@ -560,7 +563,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     return eventOf(
         t, st,
         snap.event_notes.intern(EventNotes{str(t.compile_context), str(t.user_metadata),
-                                           t.action == 10 ? str(t.action_name) : kEmptyStr}));
+                                           str(trace::keptActionName(t.action, t.action_name))}));
   };
   uint64_t next_progress = 0;
   // Events left encoded (LoadOptions::defer_events): the parallel path only.
@@ -720,7 +723,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           if (!any || t.compile_context != compile)
             ref(strings, kRefString, compile = t.compile_context);
           if (!any || t.user_metadata != user) ref(strings, kRefString, user = t.user_metadata);
-          if (t.action == 10 && (!any || t.action_name != action_name))
+          if (t.action == trace::kActionUnknown && (!any || t.action_name != action_name))
             ref(strings, kRefString, action_name = t.action_name);
           any = true;
           const uint32_t notes = out.notes.intern(fileNotesOf(t));

@@ -109,6 +109,11 @@ enum class Action : uint8_t {
 };
 inline constexpr int kActionCount = 11;
 std::string_view actionName(Action a);
+// The one rule for an event's action name (EventNotes::action_name): the string as written is kept
+// only for an Unknown action. The native trace states it for its codes (trace::keptActionName).
+inline StrId keptActionName(Action a, StrId written) {
+  return a == Action::Unknown ? written : kEmptyStr;
+}
 std::optional<Action> parseAction(std::string_view s);
 
 // The strings a trace entry seldom carries, interned together as one row of

@@ -26,7 +26,7 @@ inline __attribute__((always_inline)) Machine::Fit Machine::applyField(Field f, 
     case Field::Action:
       if (v.kind != VK::Str) return Fit::Refused;
       e.action = actionOf(v.id);
-      notes.action_name = e.action == Action::Unknown ? v.id : kEmptyStr;
+      notes.action_name = keptActionName(e.action, v.id);
       if (e.action == Action::Annotate) snap_.traits.has_annotate_action = true;
       return Fit::Ok;
     case Field::Addr:
@@ -679,6 +679,5 @@ bool Machine::fastEntry() {
   p_ = p;
   return true;
 }
-
 
 }  // namespace memforensics::format::pickle_detail

@@ -209,7 +209,6 @@ Status Machine::reduceDict(uint32_t n, const Value* kv, size_t count) {
   return Status::Ok();
 }
 
-
 Expected<Snapshot> Machine::run() {
   snap_.input_bytes = static_cast<uint64_t>(end_ - begin_);
   memo_budget_ = kMemoEntriesPerInputByte * snap_.input_bytes;

@@ -4,10 +4,11 @@
 //                         containers are Nodes in one vector, referred to by index, so memo entries
 //                         share them) and the Machine's state;
 //   pickle_machine.cc  2. the opcode machine: one loop over opcodes; containers are reduced to
-//                         frames, stacks and events the moment they are filled (SETITEMS / APPENDS);
+//                         frames, stacks and events the moment they are filled (SETITEMS /
+//                         APPENDS);
 //   pickle_entry.cc    2b/2c. a trace entry as an Event: makeEvent (the one place that applies an
-//                         entry's fields), the fast path over an entry's opcodes and the shaped path
-//                         for entries with the previous entry's keys;
+//                         entry's fields), the fast path over an entry's opcodes and the shaped
+//                         path for entries with the previous entry's keys;
 //   pickle_schema.cc   3. the snapshot schema: the root object converted into the Snapshot model,
 //                         with a path in every error ("segments[3].blocks[7]: ...").
 #pragma once

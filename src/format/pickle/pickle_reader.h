@@ -49,7 +49,7 @@ struct PickleReadStats {
   uint64_t fast_frames_runs = 0;  // frames lists the fast path found in its cache of runs
   uint64_t fast_frames_guessed = 0;  // of fast_frames_runs, those found by their first bytes
   uint64_t fast_shaped = 0;          // of fast_entries, those the shaped path read (section 2c)
-  // Input bytes whose pages a thread mapped ahead of the parse (pickle_reader.cc, InputPrefetcher;
+  // Input bytes whose pages a thread mapped ahead of the parse (common/memory.h, InputPrefetcher;
   // 0 for small inputs or where the kernel has no MADV_POPULATE_READ).
   uint64_t input_prefetched_bytes = 0;
 };
@@ -58,19 +58,19 @@ struct PickleReadOptions {
   ProgressFn progress;  // optional
   uint64_t progress_interval = 8u << 20;
   uint32_t max_memo_gap = 1u << 16;  // BINPUT may not leave a larger hole in the memo
-  // The trace-entry fast path (pickle_reader.cc, section 2b): a dict whose first key is `action`
+  // The trace-entry fast path (pickle_entry.cc, section 2b): a dict whose first key is `action`
   // is read by a loop specialised for the shape PyTorch writes (scalars, memoized strings, frames
   // lists of memoized frame dicts). Anything else in it (a nested dict, a second APPENDS batch, an
   // overwritten memo slot, a value of an unexpected type, a truncated operand) undoes what the
   // attempt did and leaves the dict to the generic machine, so the Snapshot and every error are
   // the same with it on or off (tests/format/pickle_fast_path_test.cc).
   bool fast_path = true;
-  // Within the fast path, the shaped path (pickle_reader.cc, section 2c): an entry with the keys
+  // Within the fast path, the shaped path (pickle_entry.cc, section 2c): an entry with the keys
   // of the entry before it is decoded field by field. Off: every entry takes fastEntry. Same
   // Snapshot and errors either way (tests/format/pickle_fast_path_test.cc).
   bool shaped_path = true;
   // Within the fast path, frames runs found by their first 8 bytes before the cache of whole runs
-  // is asked (pickle_reader.cc, FramesGuess). Same Snapshot and errors either way.
+  // is asked (pickle_entry.cc, FramesGuess). Same Snapshot and errors either way.
   bool frames_guess = true;
   PickleReadStats* stats = nullptr;  // filled when set
 };

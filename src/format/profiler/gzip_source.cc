@@ -1,20 +1,17 @@
 // gzip_source.cc: the gzip budgets and helpers of profiler_reader.h and profiler_internal.h.
 #include <algorithm>
 
+#include "common/saturating.h"
 #include "format/profiler/profiler_internal.h"
 
 namespace memforensics::format {
 
 uint64_t gzipDecodedBudget(uint64_t compressed_bytes) {
-  uint64_t b;
-  if (__builtin_mul_overflow(compressed_bytes, kGzipExpansionPerInputByte, &b)) b = ~uint64_t{0};
-  return std::max(b, kGzipDecodedFloor);
+  return std::max(mulSat(compressed_bytes, kGzipExpansionPerInputByte), kGzipDecodedFloor);
 }
 
 uint64_t gzipSnapshotJsonBudget(uint64_t compressed_bytes) {
-  uint64_t b;
-  if (__builtin_mul_overflow(compressed_bytes, kGzipSnapshotJsonExpansion, &b)) b = ~uint64_t{0};
-  return std::max(b, kGzipDecodedFloor);
+  return std::max(mulSat(compressed_bytes, kGzipSnapshotJsonExpansion), kGzipDecodedFloor);
 }
 
 bool looksLikeGzip(std::span<const uint8_t> b) {

@@ -12,6 +12,7 @@
 
 #include "common/flat_map.h"
 #include "format/profiler/profiler_internal.h"
+#include "format/profiler/sax_parse.h"
 
 namespace memforensics::format::profiler_detail {
 
@@ -611,18 +612,12 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
   snap.source = SourceFormat::ProfilerTrace;
   snap.input_bytes = bytes.size();
   snap.has_segment_info = false;
-  uint64_t budget =
-      options.max_decoded_bytes ? options.max_decoded_bytes : gzipDecodedBudget(bytes.size());
-  ByteSource src(bytes, gzip, budget, options.progress);
+  ByteSource src(bytes, gzip, decodedBudget(options, bytes.size()), options.progress);
   KinetoSax sax(snap, kProfilerRecordSlack);
   sax.setDecoded(&src);
-  bool ok = false;
-  try {
-    ok = nlohmann::json::sax_parse(SourceIter(&src), SourceIter(), &sax);
-  } catch (const nlohmann::json::exception& e) {
-    if (src.error().empty()) return Error{std::string("torch.profiler trace: ") + e.what(), -1};
-  }
-  if (!src.error().empty()) return Error{"torch.profiler trace: " + src.error(), -1};
+  auto parsed = saxParse(src, sax, "torch.profiler trace");
+  if (!parsed) return parsed.error();
+  const bool ok = *parsed;
   if (sax.tooDeep()) {
     return Error{"torch.profiler trace: JSON nested more than " +
                      std::to_string(kMaxProfilerJsonDepth) + " levels deep",

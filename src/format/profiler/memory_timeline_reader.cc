@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "format/profiler/profiler_internal.h"
+#include "format/profiler/sax_parse.h"
 
 namespace memforensics::format::profiler_detail {
 
@@ -95,19 +96,13 @@ Expected<Snapshot> readTimeline(std::span<const uint8_t> bytes, const ProfilerRe
   snap.input_bytes = bytes.size();
   snap.has_segment_info = false;
   snap.reserved_recorded = false;  // synthesized from the allocated high-water mark
-  uint64_t budget =
-      options.max_decoded_bytes ? options.max_decoded_bytes : gzipDecodedBudget(bytes.size());
-  ByteSource src(bytes, gzip, budget, options.progress);
+  ByteSource src(bytes, gzip, decodedBudget(options, bytes.size()), options.progress);
   TimelineSax sax(kProfilerRecordSlack);
   sax.setDecoded(&src);
-  bool ok = false;
-  try {
-    ok = nlohmann::json::sax_parse(SourceIter(&src), SourceIter(), &sax);
-  } catch (const nlohmann::json::exception& e) {
-    if (src.error().empty()) return Error{std::string("memory timeline: ") + e.what(), -1};
-  }
-  if (!src.error().empty()) return Error{"memory timeline: " + src.error(), -1};
-  if (!ok) return Error{sax.error().empty() ? "memory timeline: invalid JSON" : sax.error(), -1};
+  auto parsed = saxParse(src, sax, "memory timeline");
+  if (!parsed) return parsed.error();
+  if (!*parsed)
+    return Error{sax.error().empty() ? "memory timeline: invalid JSON" : sax.error(), -1};
 
   StrId cat_file = snap.strings.intern("category: PyTorch profiler");
   StackId cat_stack[kProfilerCategoryCount + 1] = {};

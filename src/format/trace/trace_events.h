@@ -255,7 +255,7 @@ Status decodeEventRecords(std::span<const uint8_t> payload, uint64_t nstrings, u
     e.stack = stack;
     e.compile_context = compile;
     e.user_metadata = user;
-    e.action_name = action == 10 ? action_name : 0;
+    e.action_name = keptActionName(action, action_name);
     e.pool = pool;
     e.action = action;
     sink.event(i, e);

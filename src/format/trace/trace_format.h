@@ -202,6 +202,14 @@ inline uint32_t crc32c(std::span<const uint8_t> b) {
 // Records as the writer takes them and the reader returns them. Ids (strings, stacks, pools) are
 // the file's own; the reader turns them into a Snapshot's ids.
 
+// The action code of format::Action::Unknown (snapshot_trace.cc checks they agree).
+inline constexpr uint8_t kActionUnknown = 10;
+// The one rule for an event's action name: the string as written is kept only for an unknown
+// action (a known one is its code); `name` otherwise becomes 0 ("").
+inline constexpr uint32_t keptActionName(uint8_t action, uint32_t name) {
+  return action == kActionUnknown ? name : 0;
+}
+
 struct TraceEvent {
   uint64_t addr = 0;     // block or segment address; for oom: device_free bytes
   uint64_t size = 0;     // requested bytes; segment bytes; rounded oom request
@@ -209,11 +217,11 @@ struct TraceEvent {
   int64_t time_us = -1;  // microseconds since the epoch, -1 = none
   uint32_t device = 0;
   uint32_t stack = kTraceNoStack;
-  uint32_t compile_context = 0;  // StrId, 0 = ""
-  uint32_t user_metadata = 0;    // StrId
-  uint32_t action_name = 0;      // StrId of the action as written; only kept for unknown actions
-  uint32_t pool = 0;             // pool id, 0 = none
-  uint8_t action = 10;           // format::Action value; 10 = unknown
+  uint32_t compile_context = 0;     // StrId, 0 = ""
+  uint32_t user_metadata = 0;       // StrId
+  uint32_t action_name = 0;         // StrId of the action as written; only kept for unknown actions
+  uint32_t pool = 0;                // pool id, 0 = none
+  uint8_t action = kActionUnknown;  // format::Action value
 };
 
 struct TraceBlock {

@@ -232,7 +232,7 @@ void TraceWriter::encode(const TraceEvent& e) {
                                                  static_cast<uint64_t>(prev_stream_))));
     prev_stream_ = e.stream;
   }
-  uint32_t action_name = action == 10 ? e.action_name : 0;
+  uint32_t action_name = keptActionName(action, e.action_name);
   if (e.compile_context != ctx_compile_ || e.user_metadata != ctx_user_ || e.pool != ctx_pool_ ||
       action_name != ctx_action_) {
     h |= kHeadContext;

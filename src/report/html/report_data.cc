@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "analysis/frame_tree.h"
+#include "analysis/frames/frame_tree.h"
 #include "common/allocator_constants.h"
 
 namespace memforensics::analysis {

@@ -1,11 +1,11 @@
 // report_data.h: everything the HTML report draws, computed here so the page never replays a trace.
 //
-// A pure function of each device's session facts (analysis/session.h), so that `report` replays
-// every device once for the analysis and the drawings together: the downsampled watermark series
-// (timeline.h, from the session's counters after every event), block-map keyframes (the layouts
-// the allocator model had at a bounded set of moments: the peaks, each OOM and evenly spaced
-// events, copied by the session's one forward pass), and an icicle of live bytes by frame at the
-// requested peak (the one frame tree, frame_tree.h). Frames and stacks are shared tables so a
+// A pure function of each device's session facts (analysis/session/session.h), so that `report`
+// replays every device once for the analysis and the drawings together: the downsampled watermark
+// series (timeline.h, from the session's counters after every event), block-map keyframes (the
+// layouts the allocator model had at a bounded set of moments: the peaks, each OOM and evenly
+// spaced events, copied by the session's one forward pass), and an icicle of live bytes by frame at
+// the requested peak (the one frame tree, frame_tree.h). Frames and stacks are shared tables so a
 // block can name its stack.
 //
 // Everything is bounded by ReportDataOptions whatever the input: keyframes, blocks per report
@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "analysis/compare.h"
-#include "analysis/frames.h"
-#include "analysis/session.h"
-#include "analysis/timeline.h"
+#include "analysis/compare/compare.h"
+#include "analysis/frames/frames.h"
+#include "analysis/session/session.h"
+#include "analysis/session/timeline.h"
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"

@@ -1,8 +1,8 @@
 // whatif_data.h: the report's what-if panel (issue 14 part 5, docs/whatif.md "In the report").
 //
-// A pure function of the snapshot and the what-if API (analysis/whatif.h): on the focus device
-// (analysis/headline.h: the device with the OOM, else ...), the answers for the common
-// settings, each one simulation: the file's own settings (the baseline), expandable_segments
+// A pure function of the snapshot and the what-if API (analysis/whatif/whatif.h): on the focus
+// device (analysis/findings/headline.h: the device with the OOM, else ...), the answers for the
+// common settings, each one simulation: the file's own settings (the baseline), expandable_segments
 // flipped, max_split_size_mb at one or two values derived from the file's largest request,
 // garbage_collection_threshold:0.8 where a card size is known, and another card: without a limit
 // when the baseline runs out of memory (the peak reserved it reaches is the card it needs), a
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/whatif.h"
+#include "analysis/whatif/whatif.h"
 #include "format/model/snapshot.h"
 
 namespace memforensics::report {
@@ -56,13 +56,13 @@ struct WhatIfPanel {
 
 // Without an analysis (tests): among the devices with a trace (only `only` when given), the first
 // with a recorded OOM, else the first; nullopt when none has a trace. `report` takes the focus
-// device of analysis/headline.h instead (the one "OOM first" rule).
+// device of analysis/findings/headline.h instead (the one "OOM first" rule).
 std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap, std::optional<int64_t> only);
 // The max_split_size_mb values the panel tries: analysis::whatIfSplitSizesMb (shared with the OOM
 // verdict's tested fix).
 using analysis::whatIfSplitSizesMb;
 
-// The panel of `device` (the focus device of analysis/headline.h buildHeadline, said by
+// The panel of `device` (the focus device of analysis/findings/headline.h buildHeadline, said by
 // `focus_reason`); without one, of whatIfFocusDevice(snap, nullopt). A device without a trace (or
 // a file without allocator trace) gives an absent panel with its reason.
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,

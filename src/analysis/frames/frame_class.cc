@@ -1,0 +1,330 @@
+// frame_class.cc: see frame_class.h for the rule.
+#include "analysis/frames/frame_class.h"
+
+#include <algorithm>
+#include <array>
+
+namespace memforensics::analysis {
+
+namespace {
+
+bool endsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+bool startsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
+// Either path separator: "torch/optim/" also matches "torch\optim\".
+bool containsPath(std::string_view s, std::string_view unix_part) {
+  if (contains(s, unix_part)) return true;
+  std::array<char, 64> buf{};
+  if (unix_part.size() > buf.size()) return false;
+  for (size_t i = 0; i < unix_part.size(); ++i) buf[i] = unix_part[i] == '/' ? '\\' : unix_part[i];
+  return contains(s, std::string_view(buf.data(), unix_part.size()));
+}
+
+// Format doc 2.6: frames memory_viz hides (unwinder, interpreter glue, dispatcher boilerplate).
+constexpr std::array<std::string_view, 8> kNoiseNames = {
+    "unwind::unwind",    "CapturedTraceback::gather",
+    "gather_with_cpp",   "_start",
+    "__libc_start_main", "PyEval_",
+    "PyObject_",         "PyFunction_"};
+constexpr std::array<std::string_view, 10> kNoiseFiles = {"core/boxing",
+                                                          "/Register",
+                                                          "/Redispatch",
+                                                          "pythonrun.c",
+                                                          "Modules/main.c",
+                                                          "Objects/call.c",
+                                                          "Objects/methodobject.c",
+                                                          "pycore_ceval.h",
+                                                          "ceval.c",
+                                                          "cpython/abstract.h"};
+// Thread start-up and libc: the outermost frames of every thread's stack.
+constexpr std::array<std::string_view, 10> kSystemNames = {"start_thread",
+                                                           "clone",
+                                                           "clone3",
+                                                           "__clone",
+                                                           "__clone3",
+                                                           "execute_native_thread_routine",
+                                                           "__libc_start_call_main",
+                                                           "__libc_start_main_impl",
+                                                           "_start",
+                                                           "__libc_start_main"};
+constexpr std::array<std::string_view, 6> kSystemFiles = {
+    "pthread_create.c", "/nptl/", "clone.S", "clone3.S", "libc_start_call_main.h", "libc-start.c"};
+// The allocator, tensor factories and the dispatcher: between the operator that allocated and
+// the allocator, they say nothing about who allocated (prefixes of the qualified name).
+constexpr std::array<std::string_view, 14> kPlumbingPrefixes = {"c10::",
+                                                                "at::detail::",
+                                                                "at::_ops::",
+                                                                "at::(anonymous namespace)::",
+                                                                "at::TensorIteratorBase::",
+                                                                "torch::autograd::VariableType::",
+                                                                "at::empty",
+                                                                "at::_empty",
+                                                                "at::meta::",
+                                                                "at::native::empty",
+                                                                "at::native::_empty",
+                                                                "at::native::new_empty",
+                                                                "std::",
+                                                                "pthread_"};
+constexpr std::array<std::string_view, 8> kAutogradNames = {
+    "autograd::Engine",  "autograd::generated", "autograd::Node::",        "AccumulateGrad",
+    "evaluate_function", "PythonEngine",        "autograd::CopyBackwards", "autograd::CopySlices"};
+
+// Helpers that allocate an operator's output for it (structured kernels' set_output_*, the
+// resize helpers): the operator is the frame that called them (parts of the qualified name).
+constexpr std::array<std::string_view, 3> kOutputHelpers = {"::set_output", "at::native::resize_",
+                                                            "at::native::_resize_output"};
+
+// CPython's own C functions (the C API and the interpreter: Py_RunMain, _PyObject_MakeTpCall,
+// PyVectorcall_Call, ...), its thread start-up (thread_run, t_bootstrap, pythread_wrapper) and
+// call glue, and pybind11's: they run the Python code, they are not an operator.
+constexpr std::array<std::string_view, 3> kInterpreterPrefixes = {"Py", "_Py", "pybind11::"};
+constexpr std::array<std::string_view, 7> kInterpreterNames = {"thread_run",
+                                                               "t_bootstrap",
+                                                               "pythread_wrapper",
+                                                               "cfunction_call",
+                                                               "cfunction_vectorcall_FASTCALL",
+                                                               "method_vectorcall_VARARGS",
+                                                               "slot_tp_call"};
+
+bool isPlumbingCpp(std::string_view name) {
+  const std::string_view q = qualifiedFunctionName(name);
+  for (std::string_view p : kInterpreterPrefixes) {
+    if (startsWith(q, p)) return true;
+  }
+  for (std::string_view n : kInterpreterNames) {
+    if (startsWith(q, n)) return true;
+  }
+  for (std::string_view p : kPlumbingPrefixes) {
+    if (startsWith(q, p)) return true;
+  }
+  for (std::string_view p : kOutputHelpers) {
+    if (contains(q, p)) return true;
+  }
+  return contains(q, "wrapper_");
+}
+
+// A standard-library file of Python itself (not a package installed into it).
+bool isPythonRuntime(std::string_view file) {
+  if (startsWith(file, "<frozen")) return true;
+  const bool in_lib = contains(file, "/lib/python3") || containsPath(file, "/Lib/");
+  return in_lib && !contains(file, "site-packages") && !contains(file, "dist-packages");
+}
+
+bool isTorchFile(std::string_view file) {
+  return containsPath(file, "/torch/") || startsWith(file, "torch/") ||
+         startsWith(file, "torch\\") || containsPath(file, "/site-packages/torch");
+}
+
+bool isOtherPackage(std::string_view file) {
+  return contains(file, "site-packages") || contains(file, "dist-packages");
+}
+
+// DataParallel's replicate / broadcast of the module (StackFacts::replicate).
+bool isReplicateFrame(std::string_view file, std::string_view name) {
+  if (isPythonFile(file)) {
+    if (!isTorchFile(file)) return false;
+    if (containsPath(file, "nn/parallel/comm.py"))
+      return name == "broadcast" || name == "broadcast_coalesced";
+    if (containsPath(file, "nn/parallel/replicate.py")) return true;
+    if (containsPath(file, "nn/parallel/data_parallel.py")) return name == "replicate";
+    return false;
+  }
+  return startsWith(qualifiedFunctionName(name), "torch::cuda::broadcast");
+}
+
+}  // namespace
+
+std::string_view frameKindName(FrameKind k) {
+  switch (k) {
+    case FrameKind::User:
+      return "user";
+    case FrameKind::Framework:
+      return "framework";
+    case FrameKind::Autograd:
+      return "autograd";
+    case FrameKind::Optimizer:
+      return "optimizer";
+    case FrameKind::Plumbing:
+      return "plumbing";
+    case FrameKind::CppOp:
+      return "cpp_op";
+  }
+  return "cpp_op";
+}
+
+bool isPythonFile(std::string_view filename) {
+  return endsWith(filename, ".py");
+}
+
+std::string_view qualifiedFunctionName(std::string_view name) {
+  constexpr std::string_view kAnon = "(anonymous namespace)";
+  // The argument list: the first '(' outside template brackets that is not "(anonymous
+  // namespace)" and not the "()" of "operator()".
+  int depth = 0;
+  size_t args = name.size();
+  size_t last_space = std::string_view::npos;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (c == '<') {
+      if (!endsWith(name.substr(0, i), "operator")) ++depth;
+    } else if (c == '>') {
+      if (depth > 0) --depth;
+    } else if (c == '(' && depth == 0) {
+      if (name.substr(i, kAnon.size()) == kAnon) {
+        i += kAnon.size() - 1;
+        continue;
+      }
+      if (endsWith(name.substr(0, i), "operator") && name.substr(i, 2) == "()") {
+        ++i;
+        continue;
+      }
+      args = i;
+      break;
+    } else if (c == ' ' && depth == 0) {
+      last_space = i;
+    }
+  }
+  std::string_view head = name.substr(0, args);
+  // The return type, when there is one, ends at the last space outside template brackets (an
+  // "(anonymous namespace)" space is skipped above).
+  if (last_space != std::string_view::npos && last_space < args) head = head.substr(last_space + 1);
+  return head;
+}
+
+FrameKind classifyFrame(std::string_view file, std::string_view name) {
+  if (isPythonFile(file) || startsWith(file, "<frozen")) {
+    if (isPythonRuntime(file)) return FrameKind::Plumbing;
+    if (isTorchFile(file)) {
+      if (containsPath(file, "torch/optim/")) return FrameKind::Optimizer;
+      if (containsPath(file, "torch/autograd/") ||
+          (endsWith(file, "_tensor.py") && name == "backward"))
+        return FrameKind::Autograd;
+      if (containsPath(file, "nn/modules/module.py") &&
+          (name == "_call_impl" || name == "_wrapped_call_impl"))
+        return FrameKind::Plumbing;
+      return FrameKind::Framework;
+    }
+    if (isOtherPackage(file)) return FrameKind::Framework;
+    return FrameKind::User;
+  }
+  if (name.empty() || name == "??") return FrameKind::Plumbing;  // unsymbolized: says nothing
+  for (auto n : kNoiseNames) {
+    if (contains(name, n)) return FrameKind::Plumbing;
+  }
+  for (auto n : kNoiseFiles) {
+    if (contains(file, n)) return FrameKind::Plumbing;
+  }
+  for (auto n : kSystemNames) {
+    if (name == n) return FrameKind::Plumbing;
+  }
+  for (auto n : kSystemFiles) {
+    if (contains(file, n)) return FrameKind::Plumbing;
+  }
+  if (isPlumbingCpp(name)) return FrameKind::Plumbing;
+  for (auto n : kAutogradNames) {
+    if (contains(name, n)) return FrameKind::Autograd;
+  }
+  return FrameKind::CppOp;
+}
+
+FrameKind classifyFrame(const format::Snapshot& s, const format::Frame& f) {
+  return classifyFrame(s.strings.get(f.filename), s.strings.get(f.name));
+}
+
+FrameFacts frameFacts(std::string_view file, std::string_view name) {
+  FrameFacts f;
+  f.kind = classifyFrame(file, name);
+  f.python = isPythonFile(file);
+  f.module_init = (containsPath(file, "nn/modules/module.py") &&
+                   (name == "_apply" || name == "to" || name == "cuda" || name == "convert")) ||
+                  (name == "__init__" && f.kind != FrameKind::Optimizer);
+  f.replicate = isReplicateFrame(file, name);
+  f.forward = name == "forward" || name == "_call_impl" || name == "_wrapped_call_impl" ||
+              containsPath(file, "nn/functional.py");
+  return f;
+}
+
+namespace {
+
+// Frame `i` (innermost first) of a stack into its facts.
+void addFrame(StackFacts& out, const FrameFacts& f, size_t i) {
+  const FrameKind k = f.kind;
+  out.python = out.python || f.python;
+  if (k == FrameKind::Optimizer) out.optimizer = true;
+  if (k == FrameKind::Autograd) out.backward = true;
+  if (k == FrameKind::User && out.innermost_user < 0) out.innermost_user = static_cast<int32_t>(i);
+  if (!f.python && (k == FrameKind::CppOp || k == FrameKind::Autograd) && out.op < 0)
+    out.op = static_cast<int32_t>(i);
+  if (f.module_init) out.module_init = true;
+  if (f.replicate) out.replicate = true;
+  if (f.forward) out.forward = true;
+}
+
+}  // namespace
+
+StackFacts stackFacts(const format::Snapshot& s, format::StackId id) {
+  StackFacts out;
+  if (id == format::kNoStack || id == format::kEmptyStack) return out;
+  auto frames = s.stacks.stack(id);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const format::Frame& fr = s.stacks.frame(frames[i]);
+    addFrame(out, frameFacts(s.strings.get(fr.filename), s.strings.get(fr.name)), i);
+  }
+  return out;
+}
+
+const FrameFacts& StackFactsCache::frame(format::FrameId id) {
+  if (frozen_ != nullptr && id < frozen_->frames.size()) return frozen_->frames[id];
+  if (id >= frames_.size()) {
+    const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.frameCount());
+    frames_.resize(n);
+    frame_known_.resize(n, 0);
+  }
+  if (!frame_known_[id]) {
+    const format::Frame& fr = s_.stacks.frame(id);
+    frames_[id] = frameFacts(s_.strings.get(fr.filename), s_.strings.get(fr.name));
+    frame_known_[id] = 1;
+  }
+  return frames_[id];
+}
+
+const StackFacts& StackFactsCache::of(format::StackId id) {
+  if (frozen_ != nullptr && id < frozen_->stacks.size()) return frozen_->stacks[id];
+  if (id >= facts_.size()) {
+    const size_t n = std::max<size_t>(size_t{id} + 1, s_.stacks.stackCount());
+    facts_.resize(n);
+    known_.resize(n, 0);
+  }
+  if (!known_[id]) {
+    StackFacts out;
+    if (id != format::kNoStack && id != format::kEmptyStack) {
+      auto frames = s_.stacks.stack(id);
+      for (size_t i = 0; i < frames.size(); ++i) addFrame(out, frame(frames[i]), i);
+    }
+    facts_[id] = out;
+    known_[id] = 1;
+  }
+  return facts_[id];
+}
+
+FrozenStackFacts freezeStackFacts(const format::Snapshot& s) {
+  StackFactsCache c(s);
+  const size_t frames = s.stacks.frameCount();
+  const size_t stacks = s.stacks.stackCount();
+  for (size_t i = 0; i < frames; ++i) (void)c.frame(static_cast<format::FrameId>(i));
+  for (size_t i = 0; i < stacks; ++i) (void)c.of(static_cast<format::StackId>(i));
+  FrozenStackFacts out;
+  out.frames = std::move(c.frames_);
+  out.stacks = std::move(c.facts_);
+  out.frames.resize(frames);
+  out.stacks.resize(stacks);
+  return out;
+}
+
+}  // namespace memforensics::analysis
