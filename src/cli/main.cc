@@ -384,6 +384,8 @@ int main(int argc, char** argv) {
   // *.tmp-XXXXXX behind: ignored, the write fails with EFBIG, and the output code reports it
   // (exit 2) and removes its temporary file.
   std::signal(SIGXFSZ, SIG_IGN);
+  // An input mapped while another process truncates it: exit 2 with a message, not SIGBUS.
+  mf::installMappedInputFaultHandler();
   // Before anything allocates much: freed memory is reused, not unmapped (common/memory.h).
   mf::configureAllocator();
   mf::cli::installStdout();

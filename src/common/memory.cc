@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 
 #if defined(__linux__)
@@ -14,6 +16,7 @@
 #include <malloc.h>
 #endif
 #if defined(__unix__)
+#include <signal.h>
 #include <unistd.h>
 #endif
 
@@ -105,6 +108,44 @@ AllocatorSettings configureAllocator(const AllocatorSettings& settings) {
   }
 #endif
   return out;
+}
+
+namespace {
+
+// The temporary output TempOutput names (read by the signal handler: a fixed buffer, no locks).
+char g_temp_output[4096];
+volatile std::sig_atomic_t g_has_temp_output = 0;
+
+void onMappedInputFault(int) {
+  const char* msg = kMappedInputFaultMessage;
+  size_t n = 0;
+  while (msg[n] != '\0') ++n;
+  if (::write(2, msg, n) < 0) {
+  }
+  if (g_has_temp_output) ::unlink(g_temp_output);
+  ::_exit(2);
+}
+
+}  // namespace
+
+void installMappedInputFaultHandler() {
+#if defined(__unix__)
+  struct sigaction sa {};
+  sa.sa_handler = onMappedInputFault;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, nullptr);
+#endif
+}
+
+TempOutput::TempOutput(const std::string& path) {
+  if (path.size() >= sizeof g_temp_output) return;  // not removed by the handler
+  g_has_temp_output = 0;
+  std::memcpy(g_temp_output, path.c_str(), path.size() + 1);
+  g_has_temp_output = 1;
+}
+
+TempOutput::~TempOutput() {
+  g_has_temp_output = 0;
 }
 
 void releaseMappedPages(const void* p, size_t bytes) {

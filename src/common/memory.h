@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,27 @@ size_t enableHeapHugePages();
 // Gives the pages of [p, p + bytes) of a read-only file mapping back (they are read again from
 // the page cache if touched): a loader drops the input it has passed.
 void releaseMappedPages(const void* p, size_t bytes);
+
+// A mapped input that shrinks while it is read (another process truncated it, its disk went
+// away) raises SIGBUS at the first page past the new end, which would kill the process with no
+// word. With this handler installed (once, at start-up) the process instead prints one line on
+// stderr saying what happened, removes the temporary output being written (TempOutput), and exits
+// with status 2, like any other unreadable input.
+void installMappedInputFaultHandler();
+// The message that handler prints (tests match it).
+inline constexpr const char* kMappedInputFaultMessage =
+    "memforensics: error: an input file changed while it was being read (truncated by another "
+    "process?)\n";
+
+// Names the temporary file an output is being written to, while it lives, so that the fault
+// handler above removes it. One at a time (the last one made wins); the path is copied.
+class TempOutput {
+ public:
+  explicit TempOutput(const std::string& path);
+  ~TempOutput();
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
+};
 
 // The pages of a read-only file mapping [begin, end), mapped on a thread of its own a bounded
 // distance ahead of a reader that reads it front to back. Each page a parse reads first costs a

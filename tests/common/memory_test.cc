@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,8 +23,9 @@
 namespace memforensics {
 namespace {
 
-// The resident kB of the mapping that holds `addr` (its Rss line in /proc/self/smaps; -1: none).
-long rssKbAt(uintptr_t addr) {
+// The line starting with `key` in the /proc/self/smaps entry of the mapping that holds `addr`
+// ("" when none does).
+std::string smapsLineAt(uintptr_t addr, const std::string& key) {
   std::ifstream in("/proc/self/smaps");
   std::string line;
   bool inside = false;
@@ -31,15 +33,21 @@ long rssKbAt(uintptr_t addr) {
     unsigned long long b = 0, e = 0;
     char dash = 0;
     std::istringstream head(line);
-    if (line.rfind("Rss:", 0) == 0) {
-      if (inside) return std::stol(line.substr(4));
+    if (line.rfind(key, 0) == 0) {
+      if (inside) return line;
       continue;
     }
     if (head >> std::hex >> b >> dash >> e && dash == '-' && line.find(':') > line.find(' ')) {
       inside = addr >= b && addr < e;
     }
   }
-  return -1;
+  return "";
+}
+
+// The resident kB of the mapping that holds `addr` (-1: none).
+long rssKbAt(uintptr_t addr) {
+  const std::string line = smapsLineAt(addr, "Rss:");
+  return line.empty() ? -1 : std::stol(line.substr(4));
 }
 
 // A read-only mapping of a fresh file of `bytes` bytes (1 in each byte).
@@ -189,22 +197,7 @@ TEST(MemoryAllocator, MediumBlocksComeFromTheArenaAndFreedMemoryIsKept) {
 
 // The VmFlags line of the mapping of /proc/self/smaps that holds `addr` ("" when none does).
 std::string vmFlagsAt(uintptr_t addr) {
-  std::ifstream in("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    unsigned long long b = 0, e = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (line.find("VmFlags:") == 0) {
-      if (inside) return line;
-      continue;
-    }
-    if (head >> std::hex >> b >> dash >> e && dash == '-' && line.find(':') > line.find(' ')) {
-      inside = addr >= b && addr < e;
-    }
-  }
-  return "";
+  return smapsLineAt(addr, "VmFlags:");
 }
 
 bool hugePageAdvised(uintptr_t addr) {
@@ -257,6 +250,34 @@ TEST(MemoryAllocator, ALargeArrayTurnsOnHugePagesForTheArenas) {
   EXPECT_TRUE(hugePageAdvised(last)) << vmFlagsAt(last);
   std::free(small);
 #endif
+}
+
+// An input mapped while another process truncates it: reading past the new end raises SIGBUS,
+// which the handler turns into exit status 2 with its message, removing the temporary output.
+TEST(MemoryInputDeathTest, ATruncatedMappedInputExitsTwoAndRemovesTheTemporaryOutput) {
+  if (!kGlibcMalloc) GTEST_SKIP() << "a sanitizer's runtime handles SIGBUS itself";
+  const std::string out = "/tmp/memf_fault_out_" + std::to_string(::getpid());
+  { std::ofstream(out) << "partial"; }
+  auto readTruncated = [&out] {
+    installMappedInputFaultHandler();
+    const TempOutput removed(out);
+    char name[] = "/tmp/memf_fault_in_XXXXXX";
+    int fd = ::mkstemp(name);
+    if (fd < 0) std::_Exit(3);
+    ::unlink(name);
+    std::vector<uint8_t> bytes(size_t{64} << 10, 7);
+    if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size()))
+      std::_Exit(3);
+    void* m = ::mmap(nullptr, bytes.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED || ::ftruncate(fd, 0) != 0) std::_Exit(3);
+    volatile uint8_t past = static_cast<const uint8_t*>(m)[size_t{32} << 10];
+    (void)past;
+    std::_Exit(0);  // not reached: the read faults
+  };
+  EXPECT_EXIT(readTruncated(), ::testing::ExitedWithCode(2),
+              "an input file changed while it was being read");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove(out);
 }
 
 }  // namespace
