@@ -16,7 +16,6 @@
 #include <streambuf>
 
 #include "cli/diagnostics.h"
-#include "common/memory.h"
 #include "report/text_layout.h"
 
 namespace memforensics::cli {
@@ -131,7 +130,6 @@ Status writeReplacing(const std::string& target, mode_t mode,
   std::string tmp = target + ".tmp-XXXXXX";
   int fd = ::mkstemp(tmp.data());
   if (fd < 0) return Error{"cannot create " + tmp + ": " + std::strerror(errno), -1};
-  const TempOutput removed_on_fault(tmp);  // an input fault mid-write removes it (common/memory.h)
   Status s = Status::Ok();
   if (::fchmod(fd, mode) != 0)
     s = Error{"cannot set the permissions of " + tmp + ": " + std::strerror(errno), -1};

@@ -112,40 +112,80 @@ AllocatorSettings configureAllocator(const AllocatorSettings& settings) {
 
 namespace {
 
-// The temporary output TempOutput names (read by the signal handler: a fixed buffer, no locks).
-char g_temp_output[4096];
-volatile std::sig_atomic_t g_has_temp_output = 0;
+// The inputs MappedInput registered: [begin, end) per slot, end 0 = free. Read by the signal
+// handler (lock-free atomics, async-signal-safe).
+std::atomic<uintptr_t> g_input_begin[MappedInput::kMaxMappedInputs];
+std::atomic<uintptr_t> g_input_end[MappedInput::kMaxMappedInputs];
 
-void onMappedInputFault(int) {
+#if defined(__unix__)
+void onBusError(int sig, siginfo_t* info, void*) {
+  bool input = false;
+  if (info != nullptr && info->si_code == BUS_ADRERR) {
+    const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
+    for (size_t k = 0; k < MappedInput::kMaxMappedInputs; ++k) {
+      const uintptr_t end = g_input_end[k].load(std::memory_order_acquire);
+      if (end != 0 && at >= g_input_begin[k].load(std::memory_order_relaxed) && at < end)
+        input = true;
+    }
+  }
+  if (!input) {
+    // Not ours: the default action, as if no handler were installed (the signal, blocked while
+    // the handler runs, is delivered again when it returns).
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
   const char* msg = kMappedInputFaultMessage;
   size_t n = 0;
   while (msg[n] != '\0') ++n;
   if (::write(2, msg, n) < 0) {
   }
-  if (g_has_temp_output) ::unlink(g_temp_output);
   ::_exit(2);
 }
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 }  // namespace
 
 void installMappedInputFaultHandler() {
 #if defined(__unix__)
+  if (kAddressSanitizer) return;
   struct sigaction sa {};
-  sa.sa_handler = onMappedInputFault;
+  sa.sa_sigaction = onBusError;
+  sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGBUS, &sa, nullptr);
 #endif
 }
 
-TempOutput::TempOutput(const std::string& path) {
-  if (path.size() >= sizeof g_temp_output) return;  // not removed by the handler
-  g_has_temp_output = 0;
-  std::memcpy(g_temp_output, path.c_str(), path.size() + 1);
-  g_has_temp_output = 1;
+MappedInput::MappedInput(const void* p, size_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  if (bytes == 0) return;
+  for (size_t k = 0; k < kMaxMappedInputs; ++k) {
+    uintptr_t free_end = 0;
+    // Claims the slot with the end 1 (which matches no address), then sets the range.
+    if (g_input_end[k].compare_exchange_strong(free_end, 1, std::memory_order_acq_rel)) {
+      g_input_begin[k].store(begin, std::memory_order_relaxed);
+      g_input_end[k].store(begin + bytes, std::memory_order_release);
+      slot_ = k;
+      return;
+    }
+  }
 }
 
-TempOutput::~TempOutput() {
-  g_has_temp_output = 0;
+MappedInput::~MappedInput() {
+  if (slot_ < kMaxMappedInputs) g_input_end[slot_].store(0, std::memory_order_release);
 }
 
 void releaseMappedPages(const void* p, size_t bytes) {

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -74,23 +73,29 @@ void releaseMappedPages(const void* p, size_t bytes);
 
 // A mapped input that shrinks while it is read (another process truncated it, its disk went
 // away) raises SIGBUS at the first page past the new end, which would kill the process with no
-// word. With this handler installed (once, at start-up) the process instead prints one line on
-// stderr saying what happened, removes the temporary output being written (TempOutput), and exits
-// with status 2, like any other unreadable input.
+// word. With this handler installed (once, at start-up), a SIGBUS for an address inside an input
+// registered with MappedInput ends the process with one line on stderr saying what happened and
+// exit status 2, like any other unreadable input. Any other SIGBUS (another cause, another
+// address, a signal sent by kill) keeps its default action. Not installed in a build with
+// AddressSanitizer, whose runtime reports SIGBUS itself.
 void installMappedInputFaultHandler();
 // The message that handler prints (tests match it).
 inline constexpr const char* kMappedInputFaultMessage =
     "memforensics: error: an input file changed while it was being read (truncated by another "
     "process?)\n";
 
-// Names the temporary file an output is being written to, while it lives, so that the fault
-// handler above removes it. One at a time (the last one made wins); the path is copied.
-class TempOutput {
+// Registers [p, p + bytes), a mapping of an input file, with the handler above while it lives (at
+// most kMaxMappedInputs at once; more are not registered, and a fault in them stays a SIGBUS).
+class MappedInput {
  public:
-  explicit TempOutput(const std::string& path);
-  ~TempOutput();
-  TempOutput(const TempOutput&) = delete;
-  TempOutput& operator=(const TempOutput&) = delete;
+  static constexpr size_t kMaxMappedInputs = 8;
+  MappedInput(const void* p, size_t bytes);
+  ~MappedInput();
+  MappedInput(const MappedInput&) = delete;
+  MappedInput& operator=(const MappedInput&) = delete;
+
+ private:
+  size_t slot_ = kMaxMappedInputs;  // kMaxMappedInputs: not registered
 };
 
 // The pages of a read-only file mapping [begin, end), mapped on a thread of its own a bounded

@@ -4,8 +4,7 @@
 //   - DeviceAllocatorModel (allocator_model.h) drives it with the recorded events, taking every
 //     address and segment from the trace, and checks each of its predictions against the file;
 //   - the what-if (analysis/whatif/whatif.h) drives it with the recorded requests alone, under
-//   other
-//     settings or a smaller card, and lets it decide where and when segments come and go;
+//     other settings or a smaller card, and lets it decide where and when segments come and go;
 //   - the OOM verdict asks it what a failed request needed (requestNeed, shortBy).
 //
 // The state is a set of segments (cudaMalloc'd ones, and expandable reservations with mapped and

@@ -153,8 +153,9 @@ struct Counters {
   uint64_t reserved = 0;
   uint64_t requested = 0;
   uint64_t allocated = 0;
-  uint64_t pending = 0;                                           // pending-free block bytes
-  uint64_t active() const { return addSat(allocated, pending); }  // saturates, as every counter
+  uint64_t pending = 0;  // pending-free block bytes
+  // Saturates, as every counter does.
+  uint64_t active() const { return addSat(allocated, pending); }
 };
 
 // A running maximum and the first event after which it was reached (-1 = the start state).

@@ -465,7 +465,11 @@ Expected<Snapshot> loadSnapshotFile(const std::string& path, const LoadOptions& 
     if (options.progress) options.progress(consumed, total);
   };
   auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(base), size);
-  auto result = loadSnapshotBytes(bytes, wrapped);
+  Expected<Snapshot> result = [&] {
+    // A truncation of the file while it is read: exit 2 with a message (common/memory.h).
+    const MappedInput registered(base, size);
+    return loadSnapshotBytes(bytes, wrapped);
+  }();
   ::munmap(base, size);
   if (!result) {
     Error e = result.error();

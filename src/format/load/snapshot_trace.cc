@@ -191,7 +191,6 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
 Status writeSnapshotTraceFile(const Snapshot& s, const std::string& path,
                               const TraceWriteOptions& options) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const TempOutput removed_on_fault(tmp);  // an input fault mid-write removes it (common/memory.h)
   auto sink = trace::FileSink::create(tmp);
   if (!sink) return sink.error();
   Status st = writeSnapshotTrace(s, **sink, options);

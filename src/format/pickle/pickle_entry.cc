@@ -148,6 +148,8 @@ Status Machine::makeEvent(uint32_t n, const Value* kv, size_t count) {
 // undo is harmless: strings and stacks it interned are interned again, at the same points and so
 // under the same ids, by the generic machine reading the same bytes.
 
+namespace {
+
 // A hash of a frames run's bytes (fastFrames).
 uint64_t runHash(const uint8_t* p, size_t n) {
   uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
@@ -165,6 +167,8 @@ uint64_t runHash(const uint8_t* p, size_t n) {
   }
   return h;
 }
+
+}  // namespace
 
 // FRAME opcodes (protocol 4 framing) before an object: checked as the main loop checks them.
 bool Machine::skipFrames(const uint8_t*& p) const {
@@ -460,6 +464,8 @@ bool Machine::fastKey(const uint8_t*& p, Value& out) {
 // did as fastEntry undoes itself and leaves the entry to fastEntry, so the events, nodes, memo,
 // stacks and errors are the ones fastEntry (and the generic machine) make.
 
+namespace {
+
 // A BININT1 / BININT2 / BININT / LONG1 at p, as the generic machine reads it.
 inline __attribute__((always_inline)) bool shapedInt(const uint8_t*& p, const uint8_t* end,
                                                      Value& v) {
@@ -508,6 +514,8 @@ inline __attribute__((always_inline)) bool shapedInt(const uint8_t*& p, const ui
   }
 }
 
+}  // namespace
+
 void Machine::recordShape(size_t count) {
   const size_t keys = count / 2;
   if (keys == 0 || keys > kShapeKeys) return;
@@ -535,6 +543,9 @@ bool Machine::fastShaped() {
   const size_t memo0 = memoSize();
   const size_t nodes0 = nodes_.size();
   const uint64_t frames0 = frames_budget_;
+  // applyField records the traits of the keys it reads; a fallback puts them back, leaving them
+  // to the path that reads the entry (which may find it is no entry at all).
+  const FormatTraits traits0 = snap_.traits;
   const uint32_t n = newNode(NK::Dict);
   Event e;
   EventNotes notes;
@@ -608,6 +619,7 @@ bool Machine::fastShaped() {
     memoTruncate(memo0);
     nodes_.resize(nodes0);
     frames_budget_ = frames0;
+    snap_.traits = traits0;
     return false;
   }
   ++p;

@@ -6,9 +6,10 @@
 //   pickle_machine.cc  2. the opcode machine: one loop over opcodes; containers are reduced to
 //                         frames, stacks and events the moment they are filled (SETITEMS /
 //                         APPENDS);
-//   pickle_entry.cc    2b/2c. a trace entry as an Event: makeEvent (the one place that applies an
-//                         entry's fields), the fast path over an entry's opcodes and the shaped
-//                         path for entries with the previous entry's keys;
+//   pickle_entry.cc    2b/2c. a trace entry as an Event: applyField (the one place an entry's
+//                         value lands in its Event, for makeEvent and the shaped path), the fast
+//                         path over an entry's opcodes and the shaped path for entries with the
+//                         previous entry's keys;
 //   pickle_schema.cc   3. the snapshot schema: the root object converted into the Snapshot model,
 //                         with a path in every error ("segments[3].blocks[7]: ...").
 #pragma once
@@ -903,7 +904,7 @@ class Machine {
   };
   // The one place a trace entry's value lands in its Event (and the snapshot's traits), for
   // makeEvent and the shaped path alike. Not for Frames (each path resolves its stack: stackOf)
-  // nor PoolId (makeEvent only).
+  // nor PoolId (makeEvent only). Defined inline in pickle_entry.cc, where its callers are.
   Fit applyField(Field f, const Value& v, Event& e, EventNotes& notes);
   Status refusedField(Field f, const Value& v) const;
   // The shaped path's entry shape (fastShaped): the key strings of the last trace entry the fast
