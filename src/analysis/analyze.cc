@@ -311,9 +311,7 @@ AnalysisResult analyzeSnapshot(const format::Snapshot& snap, const AnalyzeOption
   forEachDevice(devices, threads, [&](size_t i) {
     // One session per device: the backward pass, forward pass 1 (summary), and one forward pass
     // over the moments the top groups, the call graph and the detectors read. A deferred
-    // snapshot's device is decoded for the task's life, into the thread's reused buffer.
-    const format::DeviceTraceScope scope(
-        snap, devices[i] >= 0 ? static_cast<size_t>(devices[i]) : snap.traceCount());
+    // snapshot's device is decoded by the session, held by its facts for the task's life.
     DeviceSession session(snap, devices[i], session_opt);
     const int64_t peak = session.facts().summary.peak_requested.event;
     session.requestLive(peak, kMomentPeakRequested);

@@ -9,8 +9,8 @@
 
 namespace memforensics::cli {
 
-// defer_events: for a command that reads the events one device at a time in a DeviceTraceScope
-// (LoadOptions::defer_events).
+// defer_events: for a command that reads the events one device at a time through
+// format::DeviceEvents (LoadOptions::defer_events).
 Expected<format::Snapshot> loadWithProgress(const std::string& path, bool salvage,
                                             bool defer_events = false);
 

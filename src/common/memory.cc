@@ -20,6 +20,8 @@
 #include <unistd.h>
 #endif
 
+#include "common/sanitizers.h"
+
 namespace memforensics {
 
 namespace {
@@ -142,18 +144,6 @@ void onBusError(int sig, siginfo_t* info, void*) {
   }
   ::_exit(2);
 }
-#endif
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
 #endif
 
 }  // namespace

@@ -556,7 +556,12 @@ DeviceAllocatorModel::DeviceAllocatorModel(const format::Snapshot& snap, int64_t
       device_(device),
       settings_(allocConfOf(snap)),
       impl_(std::make_unique<Impl>(settings_)) {
-  if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
+  // A seed replays the events its owner handed it (maybe a deferred snapshot's device, decoded).
+  if (seed != nullptr) {
+    events_ = seed->events();
+  } else if (device >= 0) {
+    events_ = snap.trace(static_cast<size_t>(device));
+  }
   ++passStats()[device].model_seeds;
   Impl& m = *impl_;
   m.snap = &snap;

@@ -59,7 +59,8 @@ class DeviceAllocatorModel {
  public:
   DeviceAllocatorModel(const format::Snapshot& snap, int64_t device);
   // The same, seeded with the start live set of `seed` (a DeviceReplayer of this device, already
-  // constructed): no second backward pass (analysis/session/session.h steps both together).
+  // constructed): no second backward pass (analysis/session/session.h steps both together). It
+  // models the events the seed replays.
   DeviceAllocatorModel(const format::Snapshot& snap, int64_t device, const DeviceReplayer& seed);
   ~DeviceAllocatorModel();
   DeviceAllocatorModel(const DeviceAllocatorModel&) = delete;

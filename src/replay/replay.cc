@@ -160,8 +160,12 @@ FinalState validateFinalState(const Snapshot& snap, int64_t device) {
 }
 
 DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device)
-    : snap_(snap), device_(device) {
-  if (device >= 0) events_ = snap.trace(static_cast<size_t>(device));
+    : DeviceReplayer(
+          snap, device,
+          device >= 0 ? snap.trace(static_cast<size_t>(device)) : std::span<const Event>()) {}
+
+DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device, std::span<const Event> events)
+    : snap_(snap), device_(device), events_(events) {
   // The file's divisions as every replay reads them (impossible ones ignored: alloc_conf.h).
   const AllocConf conf = allocConfOf(snap);
   std::copy(std::begin(conf.divisions), std::end(conf.divisions), divisions_);

@@ -188,7 +188,11 @@ struct LiveBlock {
 // Replays one device. Construct (runs the backward pass), then step() forward.
 class DeviceReplayer {
  public:
+  // Replays snap.trace(device): the snapshot's events must be in memory (Snapshot::trace).
   DeviceReplayer(const Snapshot& snap, int64_t device);
+  // Replays `events`, the device's trace as the caller holds it (format::DeviceEvents: a
+  // deferred snapshot's device decoded); they must outlive the replayer.
+  DeviceReplayer(const Snapshot& snap, int64_t device, std::span<const Event> events);
   DeviceReplayer(const DeviceReplayer&) = delete;
   DeviceReplayer& operator=(const DeviceReplayer&) = delete;
 

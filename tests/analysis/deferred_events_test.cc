@@ -1,12 +1,14 @@
 // deferred_events_test.cc: a native trace loaded for `analyze` keeps its events encoded
-// (LoadOptions::defer_events, Snapshot::deferred) and decodes one device at a time in a
-// DeviceTraceScope. Each device must decode to exactly what the whole-file load stores, the OOM
-// index must be the same, analyzeSnapshot must give the same result without ever holding every
-// event, and a reader outside a scope must still get the right events.
+// (LoadOptions::defer_events, Snapshot::deferred) and a reader takes one device at a time through
+// format::DeviceEvents. Each device must decode to exactly what the whole-file load stores, the
+// OOM index must be the same, analyzeSnapshot must give the same result (its sessions hold their
+// device's events), and Snapshot::trace() must refuse a deferred snapshot instead of decoding
+// anything behind its caller's back.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "fixtures/model_builder.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
+#include "format/pickle/snapshot_pickle.h"
 #include "format/trace/trace_writer.h"
 #include "report/render.h"
 
@@ -55,8 +58,9 @@ void expectSameEvents(const Snapshot& ref, const Snapshot& def, const std::strin
   EXPECT_EQ(def.stacks.stackCount(), ref.stacks.stackCount()) << what;
   EXPECT_EQ(def.event_notes.size(), ref.event_notes.size()) << what;
   for (size_t d = 0; d < ref.traceCount(); ++d) {
-    const format::DeviceTraceScope scope(def, d);
-    const auto a = ref.trace(d), b = def.trace(d);
+    const format::DeviceEvents events(def, d);
+    EXPECT_TRUE(events.decoded()) << what;
+    const auto a = ref.trace(d), b = events.span();
     ASSERT_EQ(a.size(), b.size()) << what << ", device " << d;
     for (size_t i = 0; i < a.size(); ++i) {
       const Event &x = a[i], &y = b[i];
@@ -65,16 +69,17 @@ void expectSameEvents(const Snapshot& ref, const Snapshot& def, const std::strin
                   x.pool == y.pool && x.action == y.action && x.category == y.category)
           << what << ", device " << d << ", event " << i;
     }
+    // A copy shares the decoded events (no second decode).
+    const format::DeviceEvents copy = events;
+    EXPECT_EQ(copy.span().data(), events.span().data()) << what;
   }
-  const auto ro = ref.ooms(), doo = def.ooms();
-  ASSERT_EQ(ro->size(), doo->size()) << what;
-  for (size_t k = 0; k < ro->size(); ++k) {
-    EXPECT_EQ((*ro)[k].device, (*doo)[k].device) << what << ", OOM " << k;
-    EXPECT_EQ((*ro)[k].event, (*doo)[k].event) << what << ", OOM " << k;
-    EXPECT_EQ((*ro)[k].time_us, (*doo)[k].time_us) << what << ", OOM " << k;
+  const auto &ro = ref.ooms, &doo = def.ooms;
+  ASSERT_EQ(ro.size(), doo.size()) << what;
+  for (size_t k = 0; k < ro.size(); ++k) {
+    EXPECT_EQ(ro[k].device, doo[k].device) << what << ", OOM " << k;
+    EXPECT_EQ(ro[k].event, doo[k].event) << what << ", OOM " << k;
+    EXPECT_EQ(ro[k].time_us, doo[k].time_us) << what << ", OOM " << k;
   }
-  // Decoding a device at a time never put the whole file's events in memory.
-  EXPECT_FALSE(def.allEventsDecoded()) << what;
 }
 
 std::string analyzeJson(const Snapshot& s, size_t threads, std::string* text = nullptr) {
@@ -89,8 +94,8 @@ std::string analyzeJson(const Snapshot& s, size_t threads, std::string* text = n
   return report::renderJsonString(r);
 }
 
-// Converted, loaded both ways and compared: per device, then through the whole analysis; last, a
-// reader outside any scope gets every event (decoded all at once) and the same figures.
+// Converted, loaded both ways and compared: per device, then through the whole analysis; last,
+// Snapshot::trace() refuses the deferred snapshot and nothing decoded the whole file.
 void checkFile(const Snapshot& source, const std::string& name) {
   for (const auto& [chunk_bytes, level] :
        {std::pair<uint32_t, int>{4096, 0}, {4096, 3}, {1u << 20, 3}}) {
@@ -110,17 +115,13 @@ void checkFile(const Snapshot& source, const std::string& name) {
         EXPECT_EQ(analyzeJson(def, at, &def_text), ref_json) << what << ", " << at << " threads";
         EXPECT_EQ(def_text, ref_text) << what << ", " << at << " threads";
       }
-      EXPECT_FALSE(def.allEventsDecoded()) << what << ": analyze read a trace outside its scope";
-      // Outside a scope: every trace decoded once, the same events.
-      for (size_t d = 0; d < ref.traceCount(); ++d) {
-        const auto a = ref.trace(d), b = def.trace(d);
-        ASSERT_EQ(a.size(), b.size()) << what;
-        for (size_t i = 0; i < a.size(); ++i)
-          ASSERT_TRUE(a[i].addr == b[i].addr && a[i].time_us == b[i].time_us &&
-                      a[i].stack == b[i].stack && a[i].notes == b[i].notes)
-              << what << ", device " << d << ", event " << i;
+      // A reader that asks the snapshot itself is refused, loudly, for every device with events.
+      for (size_t d = 0; d < def.traceCount(); ++d) {
+        if (def.traceSize(d) > 0) {
+          EXPECT_THROW(def.trace(d), std::logic_error) << what;
+        }
       }
-      EXPECT_TRUE(def.allEventsDecoded()) << what;
+      EXPECT_TRUE(def.events.empty()) << what;
     }
   }
 }
@@ -150,6 +151,40 @@ Snapshot manyDevices() {
 
 TEST(DeferredEvents, ManyDevicesWithOomsDecodeAndAnalyzeAsTheWholeFile) {
   checkFile(manyDevices(), "24 devices");
+}
+
+// Snapshot::ooms is a fact of the file each reader fills with the events: the pickle reader, the
+// native trace's serial, threaded and deferred readers all list every OOM, by device then event.
+TEST(DeferredEvents, EveryReaderIndexesTheOomsByDeviceThenEvent) {
+  const Snapshot source = manyDevices();
+  // manyDevices: every third device from 1 OOMs once, after its segment_alloc and 40 allocs, each
+  // freed by a free_requested and a free_completed: event 1 + 40 * 3.
+  std::vector<std::pair<int64_t, int64_t>> expect;
+  for (int64_t d = 1; d < 24; d += 3) expect.push_back({d, 121});
+  auto listed = [](const Snapshot& s) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const format::OomRef& o : s.ooms) {
+      out.push_back({o.device, o.event});
+      // Each entry names an OOM of its device's trace, at its time.
+      const format::DeviceEvents ev(s, static_cast<size_t>(o.device));
+      EXPECT_EQ(ev.span()[static_cast<size_t>(o.event)].action, format::Action::Oom);
+      EXPECT_EQ(ev.span()[static_cast<size_t>(o.event)].time_us, o.time_us);
+    }
+    return out;
+  };
+  EXPECT_EQ(listed(source), expect) << "the fixture";
+  std::vector<uint8_t> pickle;
+  ASSERT_TRUE(format::writeSnapshotPickle(source, [&](std::span<const uint8_t> piece) {
+                pickle.insert(pickle.end(), piece.begin(), piece.end());
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(listed(load(pickle, false, 1)), expect) << "pickle";
+  const auto bin = toTrace(source, 4096, 3);
+  EXPECT_EQ(listed(load(bin, false, 1)), expect) << "native trace, serial";
+  EXPECT_EQ(listed(load(bin, false, 2)), expect) << "native trace, threaded";
+  const Snapshot def = load(bin, true, 2);
+  ASSERT_TRUE(def.deferred);
+  EXPECT_EQ(listed(def), expect) << "native trace, deferred";
 }
 
 TEST(DeferredEvents, FourDeviceScenarioDecodesAndAnalyzesAsTheWholeFile) {
@@ -185,7 +220,7 @@ TEST(DeferredEvents, InterleavedCaptureWithoutFinalStateDecodesPerDevice) {
     const std::string what = "interleaved, zstd " + std::to_string(level);
     const Snapshot ref = load(data, false, 2);
     ASSERT_EQ(ref.traceCount(), 5u) << what;
-    ASSERT_GT(ref.ooms()->size(), 100u) << what;
+    ASSERT_GT(ref.ooms.size(), 100u) << what;
     for (int threads : {1, 2, 3}) {
       const Snapshot def = load(data, true, threads);
       ASSERT_TRUE(def.deferred) << what;

@@ -534,7 +534,8 @@ TEST(OomVerdictFix, AFragmentationOomMaxSplitSizeAvoidsIsNamed) {
   // The replay itself, as the report's panel runs it.
   replay::AllocConf split = replay::allocConfOf(snap);
   ASSERT_EQ(replay::applyAllocSetting(split, "max_split_size_mb", "32"), "");
-  const SimResult sim = simulateRequests(snap, 0, split, impliedCapacity(snap, 0));
+  const SimResult sim =
+      simulateRequests(traceInput(snap, 0), split, impliedCapacity(traceInput(snap, 0)));
   ASSERT_EQ(sim.recorded_avoided, 1u);
   EXPECT_TRUE(has(f.fix, "max_split_size_mb:32 (peak reserved " +
                              formatBytesShort(sim.peak_reserved) + "; exact)"))
@@ -590,7 +591,7 @@ TEST(OomVerdictFix, AnIncompleteHistoryLeavesTheFixUntested) {
                   .free(kBase + 8 * kMiB, 6 * kMiB, {.time_us = 16})
                   .oom(8 * kMiB, /*device_free=*/3 * kMiB, {.time_us = 17, .frames = kStraw})
                   .build();
-  ASSERT_FALSE(recordedFacts(snap, 0).complete_history);
+  ASSERT_FALSE(recordedFacts(traceInput(snap, 0)).complete_history);
   const auto fs = findFindings(snap, 0);
   const Finding& f = oomFinding(fs);
   ASSERT_TRUE(f.oom.has_value());

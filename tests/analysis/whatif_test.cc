@@ -153,7 +153,7 @@ TEST(WhatIf, AddressAgreementCountsAllocsAwayFromTheRecordedAddress) {
   // A segment recorded over the block just allocated (live in the simulation): placed elsewhere.
   b.segmentAlloc(kBase, 40 * kMiB).alloc(kBase, 40 * kMiB);
   auto snap = b.build();
-  SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
+  SimResult r = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, kWhatIfUnlimited);
   EXPECT_EQ(r.address_total, 3u);
   EXPECT_EQ(r.address_predicted, 1u);
   EXPECT_EQ(r.peak_allocated, 70 * kMiB);
@@ -172,10 +172,11 @@ TEST(WhatIf, ExpandableSegmentsRemoveRoundingWaste) {
   const uint64_t req = 10 * kMiB + kMiB / 2;
   for (uint64_t i = 0; i < 20; ++i) b.alloc(kBase + i * 12 * kMiB, req);
   auto snap = b.build();
-  SimResult base = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
+  SimResult base = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, kWhatIfUnlimited);
   EXPECT_EQ(base.peak_reserved, 240 * kMiB);
   EXPECT_EQ(base.peak_allocated, 20 * req);  // the 1.5 MiB remainders are split off, free
-  SimResult exp = simulateRequests(snap, 0, with("expandable_segments", "True"), kWhatIfUnlimited);
+  SimResult exp =
+      simulateRequests(traceInput(snap, 0), with("expandable_segments", "True"), kWhatIfUnlimited);
   EXPECT_EQ(exp.peak_reserved, 220 * kMiB);
   EXPECT_EQ(exp.peak_allocated, 20 * req);
   EXPECT_EQ(exp.oom_count, 0u);
@@ -198,7 +199,7 @@ format::Snapshot fragmentation() {
 TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
   auto snap = fragmentation();
   const uint64_t cap = 150 * kMiB;
-  SimResult base = simulateRequests(snap, 0, replay::AllocConf{}, cap);
+  SimResult base = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, cap);
   ASSERT_EQ(base.oom_count, 1u);
   ASSERT_EQ(base.ooms.size(), 1u);
   EXPECT_FALSE(base.ooms[0].recorded);
@@ -208,18 +209,19 @@ TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
   EXPECT_NE(base.ooms[0].why.find("fragmentation"), std::string::npos) << base.ooms[0].why;
   EXPECT_EQ(base.peak_reserved, 100 * kMiB);
 
-  SimResult split = simulateRequests(snap, 0, with("max_split_size_mb", "64"), cap);
+  SimResult split = simulateRequests(traceInput(snap, 0), with("max_split_size_mb", "64"), cap);
   EXPECT_EQ(split.oom_count, 0u);
   EXPECT_EQ(split.peak_reserved, 130 * kMiB);
   EXPECT_EQ(split.peak_allocated, 130 * kMiB);
 
-  SimResult exp = simulateRequests(snap, 0, with("expandable_segments", "True"), cap);
+  SimResult exp = simulateRequests(traceInput(snap, 0), with("expandable_segments", "True"), cap);
   EXPECT_EQ(exp.oom_count, 0u);
   EXPECT_EQ(exp.peak_reserved, 140 * kMiB);
 
   // On an unlimited card nothing fails: 200 MiB reserved.
-  EXPECT_EQ(simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited).peak_reserved,
-            200 * kMiB);
+  EXPECT_EQ(
+      simulateRequests(traceInput(snap, 0), replay::AllocConf{}, kWhatIfUnlimited).peak_reserved,
+      200 * kMiB);
 }
 
 // The smallest card of the fragmentation history: below 200 MiB the 100 MiB request finds no room
@@ -228,21 +230,21 @@ TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
 // releases the cache on the 150 MiB card, which visits the segments).
 TEST(WhatIf, SmallestCardIsExactAndBoundedByItsBudget) {
   auto snap = fragmentation();
-  const SmallestCard card = smallestCard(snap, 0, replay::AllocConf{});
+  const SmallestCard card = smallestCard(traceInput(snap, 0), replay::AllocConf{});
   EXPECT_EQ(card.capacity, 200 * kMiB);
   EXPECT_EQ(card.slack, 0u);
   EXPECT_FALSE(card.budget_ran_out);
   SimChange none;
   none.max_segment_visits = 0;
-  const SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, 150 * kMiB, none);
+  const SimResult r = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, 150 * kMiB, none);
   EXPECT_TRUE(r.aborted);
   EXPECT_GT(r.segment_visits, 0u);
-  EXPECT_FALSE(simulateRequests(snap, 0, replay::AllocConf{}, 150 * kMiB).aborted);
+  EXPECT_FALSE(simulateRequests(traceInput(snap, 0), replay::AllocConf{}, 150 * kMiB).aborted);
   // The bisection's first replay (below 200 MiB) fails and releases the cache: a budget of one
   // visit leaves the card of the unlimited replay, 200 MiB, with its slack.
   SimChange tight;
   tight.max_segment_visits = 1;
-  const SmallestCard partial = smallestCard(snap, 0, replay::AllocConf{}, tight);
+  const SmallestCard partial = smallestCard(traceInput(snap, 0), replay::AllocConf{}, tight);
   EXPECT_EQ(partial.capacity, 200 * kMiB);
   EXPECT_GT(partial.slack, 0u);
   EXPECT_TRUE(partial.budget_ran_out);
@@ -256,7 +258,7 @@ TEST(WhatIf, NoSettingHelpsWhenLiveBytesPlusTheRequestExceedTheCard) {
                   .alloc(kBase, 100 * kMiB)
                   .oom(100 * kMiB, 50 * kMiB, {.frames = testing::Frames{{"train.py", 7, "fwd"}}})
                   .build();
-  EXPECT_EQ(impliedCapacity(snap, 0), 150 * kMiB);
+  EXPECT_EQ(impliedCapacity(traceInput(snap, 0)), 150 * kMiB);
   const std::vector<std::pair<std::string, std::string>> sets = {
       {"expandable_segments", "True"},
       {"max_split_size_mb", "64"},
@@ -300,7 +302,8 @@ TEST(WhatIf, HostileSizesAreOutOfMemoryNotAWrappedSum) {
                   .free(kBase + 99, 5)  // never allocated: a start block
                   .build();
   for (const char* exp : {"False", "True"}) {
-    SimResult r = simulateRequests(snap, 0, with("expandable_segments", exp), kWhatIfUnlimited);
+    SimResult r =
+        simulateRequests(traceInput(snap, 0), with("expandable_segments", exp), kWhatIfUnlimited);
     EXPECT_EQ(r.oom_count, 2u) << exp;
     EXPECT_GE(r.peak_reserved, kWhatIfMaxRequest) << exp;
     EXPECT_LT(r.peak_reserved, kWhatIfMaxRequest + 64 * kMiB) << exp;
@@ -339,21 +342,22 @@ TEST(WhatIf, GarbageCollectionFreesTheBlocksOlderThanTheAverageAge) {
   b.alloc(kBase + 200 * kMiB, 40 * kMiB).alloc(kBase, 24 * kMiB);
   auto snap = b.build();
   const uint64_t cap = 100 * kMiB;
-  SimResult gc = simulateRequests(snap, 0, with("garbage_collection_threshold", "0.4"), cap);
+  SimResult gc =
+      simulateRequests(traceInput(snap, 0), with("garbage_collection_threshold", "0.4"), cap);
   EXPECT_EQ(gc.oom_count, 0u);
   EXPECT_EQ(gc.peak_reserved, 64 * kMiB);
   EXPECT_EQ(gc.segment_frees, 1u);
   EXPECT_EQ(gc.segment_allocs, 3u);  // Y, X, the 40 MiB one; the last request reuses Y
-  SimResult off = simulateRequests(snap, 0, replay::AllocConf{}, cap);
+  SimResult off = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, cap);
   EXPECT_EQ(off.peak_reserved, 90 * kMiB);
   EXPECT_EQ(off.segment_frees, 0u);
-  SimResult unlimited =
-      simulateRequests(snap, 0, with("garbage_collection_threshold", "0.4"), kWhatIfUnlimited);
+  SimResult unlimited = simulateRequests(
+      traceInput(snap, 0), with("garbage_collection_threshold", "0.4"), kWhatIfUnlimited);
   EXPECT_EQ(unlimited.peak_reserved, 90 * kMiB);
   // Below the threshold nothing is collected: 0.95 x 100 MiB is above the 50 MiB reserved.
-  EXPECT_EQ(
-      simulateRequests(snap, 0, with("garbage_collection_threshold", "0.95"), cap).peak_reserved,
-      90 * kMiB);
+  EXPECT_EQ(simulateRequests(traceInput(snap, 0), with("garbage_collection_threshold", "0.95"), cap)
+                .peak_reserved,
+            90 * kMiB);
 }
 
 // CCA's allocated_bytes drop at free() (free_requested); the block is reused only after
@@ -366,7 +370,7 @@ TEST(WhatIf, PeakAllocatedDropsAtTheFreeRequestTheBlockAtItsCompletion) {
                   .alloc(kBase + 100 * kMiB, 10 * kMiB)
                   .freeCompleted(kBase, 10 * kMiB)
                   .build();
-  SimResult r = simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited);
+  SimResult r = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, kWhatIfUnlimited);
   EXPECT_EQ(r.peak_reserved, 20 * kMiB);
   EXPECT_EQ(r.peak_allocated, 10 * kMiB);
   EXPECT_EQ(r.allocated_at_peak_reserved, 20 * kMiB);  // both in use: nothing cached free
@@ -392,12 +396,13 @@ TEST(WhatIf, RoundupPower2DivisionsListForm) {
   // A 300 MiB request falls in [256, 512) MiB: 4 divisions round it to 320 MiB; a 100 MiB one
   // ([64, 128), 0 divisions) keeps its size.
   auto snap = ModelBuilder().alloc(kBase, 300 * kMiB).alloc(kBase + kMiB * 400, 100 * kMiB).build();
-  EXPECT_EQ(simulateRequests(snap, 0, replay::AllocConf{}, kWhatIfUnlimited).peak_allocated,
-            400 * kMiB);
   EXPECT_EQ(
-      simulateRequests(snap, 0, with("roundup_power2_divisions", "[128:0,256:4]"), kWhatIfUnlimited)
-          .peak_allocated,
-      420 * kMiB);
+      simulateRequests(traceInput(snap, 0), replay::AllocConf{}, kWhatIfUnlimited).peak_allocated,
+      400 * kMiB);
+  EXPECT_EQ(simulateRequests(traceInput(snap, 0), with("roundup_power2_divisions", "[128:0,256:4]"),
+                             kWhatIfUnlimited)
+                .peak_allocated,
+            420 * kMiB);
 }
 
 // --- the report's what-if panel (report/html/whatif_data.h) ---------------------------------
@@ -487,7 +492,8 @@ TEST(WhatIfPanel, FocusDeviceAndAbsentPanels) {
   // Small requests only: no max_split_size_mb row, and a note says why.
   report::WhatIfPanel small = report::buildWhatIfPanel(two, 0, "x");
   ASSERT_TRUE(small.present);
-  EXPECT_TRUE(report::whatIfSplitSizesMb(two, 0, replay::AllocConf{}).empty());
+  EXPECT_TRUE(
+      report::whatIfSplitSizesMb(analysis::traceInput(two, 0), replay::AllocConf{}).empty());
   EXPECT_NE(small.notes[0].find("max_split_size_mb not tried"), std::string::npos);
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/memory.h"
+#include "common/sanitizers.h"
 
 namespace memforensics {
 namespace {
@@ -132,20 +133,7 @@ TEST(MemoryGrowth, GrowForKeepsTheElementsAndFollowsThePrediction) {
 
 // A sanitizer's allocator replaces glibc's malloc and ignores mallopt (ASan's returns 0), so
 // neither the settings nor the arenas' huge-page mode apply there.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kGlibcMalloc = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
-    __has_feature(thread_sanitizer)
-constexpr bool kGlibcMalloc = false;
-#else
-constexpr bool kGlibcMalloc = true;
-#endif
-#elif defined(__SANITIZE_THREAD__)
-constexpr bool kGlibcMalloc = false;
-#else
-constexpr bool kGlibcMalloc = true;
-#endif
+constexpr bool kGlibcMalloc = !kSanitizerRuntime;
 
 // configureAllocator: a block of a few MB is carved from the arena (glibc's default would map it
 // on its own from 128 KiB up, and unmap it on free), and what is freed stays in the arena for the

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/sanitizers.h"
 #include "format/load/load.h"
 #include "format/pickle/pickle_reader.h"
 
@@ -25,20 +26,9 @@ namespace {
 
 // Tests that run the reader under an address-space limit (RLIMIT_AS) skip themselves under a
 // sanitizer, whose shadow memory needs terabytes of address space.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kUnderSanitizer = true;
-#else
-constexpr bool kUnderSanitizer = false;
-#endif
-#else
-constexpr bool kUnderSanitizer = false;
-#endif
 #define MEMF_SKIP_WITHOUT_ADDRESS_LIMITS()                                   \
   do {                                                                       \
-    if (kUnderSanitizer) {                                                   \
+    if (kSanitizerRuntime) {                                                 \
       GTEST_SKIP() << "address-space limits do not apply under a sanitizer"; \
     }                                                                        \
   } while (0)

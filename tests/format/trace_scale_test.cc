@@ -22,21 +22,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/sanitizers.h"
 #include "format/load/snapshot_trace.h"
 #include "format/pickle/pickle_reader.h"
 #include "format/pickle/pickle_writer.h"
 #include "format/pickle/snapshot_pickle.h"
 #include "format/trace/trace_reader.h"
 #include "format/trace/trace_writer.h"
-
-// AddressSanitizer builds (gcc defines __SANITIZE_ADDRESS__, clang has __has_feature).
-#if defined(__SANITIZE_ADDRESS__)
-#define MEMF_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MEMF_TEST_ASAN 1
-#endif
-#endif
 
 namespace memforensics {
 namespace {
@@ -546,9 +538,9 @@ TEST(TraceHostile, StackTrieChainIsRefusedByTheWriterAndTheReader) {
 }
 
 TEST(TraceHostile, ForgedTrailerEventCountReservesNothing) {
-#if defined(MEMF_TEST_ASAN)
-  GTEST_SKIP() << "RLIMIT_AS does not work with ASan's shadow memory";
-#else
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "RLIMIT_AS does not work with ASan's shadow memory";
+  }
   // A 2 MB trace whose trailer (valid CRC, reachable through the end mark) claims 2^40 events:
   // reading must decode what is there and report the mismatch, in a process limited to 1 GiB
   // more address space than it has (the old reader reserved min(count, 64 x size) events first).
@@ -594,7 +586,6 @@ TEST(TraceHostile, ForgedTrailerEventCountReservesNothing) {
   ASSERT_TRUE(WIFEXITED(status)) << "the reader crashed";
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "3: bad_alloc (a reservation from the forged count); 1: no clear error";
-#endif
 }
 
 TEST(TraceHostile, HugeZeroTailIsACutCheckedOnlyInPart) {
@@ -733,11 +724,8 @@ TEST(PickleWriterUtf8, PythonLoadsAConvertedSnapshotWithHostileNames) {
 // an empty device trace and device 65536), native with zstd level 1 and stored; then
 // pickle -> native -> pickle on the same content at 200 k events.
 
-#if defined(MEMF_TEST_ASAN)
-constexpr size_t kScaleEvents = 600'000;  // ASan: a tenth, to stay within CI's time
-#else
-constexpr size_t kScaleEvents = 5'100'000;
-#endif
+// Under ASan a tenth, to stay within CI's time.
+constexpr size_t kScaleEvents = kAddressSanitizer ? 600'000 : 5'100'000;
 
 Snapshot scaleSnapshot(size_t events) {
   Gen g;

@@ -40,8 +40,7 @@ Category preTraceCategoryOfFlags(uint8_t f) {
 
 Ooms oomsOf(const format::Snapshot& snap, int64_t device) {
   Ooms out;
-  const auto all = snap.ooms();
-  for (const format::OomRef& o : *all) {
+  for (const format::OomRef& o : snap.ooms) {
     if (o.device == device) out.events.push_back(o.event);
   }
   out.other_times = otherDeviceOomTimes(snap, device);

@@ -133,8 +133,7 @@ void detectCacheBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptions& 
   if (base) {
     SimChange change;
     change.empty_cache_before = call;
-    const SimResult r =
-        simulateRequests(c.s, static_cast<size_t>(c.device), base->conf, base->capacity, change);
+    const SimResult r = simulateRequests(c.trace(), base->conf, base->capacity, change);
     // Never more than the profile allows: what stays in use after the call stays reserved.
     const uint64_t kept = std::min(
         hold_from - need_from,
@@ -208,7 +207,7 @@ void detectAllocatorSetting(Ctx& c, std::vector<Finding>& out, const FindingsOpt
   if (!base || base->conf.expandable_segments) return;  // a setting the run has is never advised
   replay::AllocConf conf = base->conf;
   if (!replay::applyAllocSetting(conf, "expandable_segments", "True").empty()) return;
-  const SimResult r = simulateRequests(c.s, static_cast<size_t>(c.device), conf, base->capacity);
+  const SimResult r = simulateRequests(c.trace(), conf, base->capacity);
   const SimResult& b = base->facts.baseline;
   if (r.oom_count > b.oom_count) return;
   // Against the recording and against the baseline replay: the smaller saving.

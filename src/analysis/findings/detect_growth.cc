@@ -317,8 +317,7 @@ void detectRetention(Ctx& c, std::vector<Finding>& out, const FindingsOptions& o
     change.max_segment_visits = kReplayCheckVisits;
     for (const Early& e : early) change.early_frees.emplace_back(e.end, c.allocs[e.k].event);
     std::sort(change.early_frees.begin(), change.early_frees.end());
-    const SimResult r =
-        simulateRequests(c.s, static_cast<size_t>(c.device), base->conf, base->capacity, change);
+    const SimResult r = simulateRequests(c.trace(), base->conf, base->capacity, change);
     const SimResult& b = base->facts.baseline;
     if (!r.aborted && r.oom_count <= b.oom_count) {
       const uint64_t saved =

@@ -61,7 +61,9 @@ struct FixReplays {
   std::vector<FixTrial> trials;  // in the order tried
 };
 
-FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budget) {
+FixReplays replayFixes(const Ctx& c, size_t budget) {
+  const format::Snapshot& snap = c.s;
+  const int64_t device = c.device;
   FixReplays r;
   if (budget < 2) {  // the baseline alone tests nothing
     r.untested = "the verdict's replays are off";
@@ -71,19 +73,19 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
     r.untested = "no request stream for this device";
     return r;
   }
-  const auto d = static_cast<size_t>(device);
-  DeviceWhatIf facts = recordedFacts(snap, d);
+  const TraceInput trace = c.trace();
+  DeviceWhatIf facts = recordedFacts(trace);
   const replay::AllocConf base = replay::allocConfOf(snap);
   if (!facts.complete_history) {
     r.untested = whatIfEstimateReason(facts, base);  // "history incomplete: N blocks were alive..."
     return r;
   }
-  const uint64_t cap = impliedCapacity(snap, d);
-  r.baseline = simulateRequests(snap, d, base, cap);
+  const uint64_t cap = impliedCapacity(trace);
+  r.baseline = simulateRequests(trace, base, cap);
   facts.baseline = r.baseline;
   std::vector<std::pair<std::string, std::string>> sets;
   if (!base.expandable_segments) sets.push_back({"expandable_segments", "True"});
-  for (uint64_t v : whatIfSplitSizesMb(snap, d, base))
+  for (uint64_t v : whatIfSplitSizesMb(trace, base))
     sets.push_back({"max_split_size_mb", std::to_string(v)});
   for (const auto& [key, value] : sets) {
     if (r.trials.size() + 1 >= budget) break;  // the baseline counts
@@ -91,7 +93,7 @@ FixReplays replayFixes(const format::Snapshot& snap, int64_t device, size_t budg
     if (!replay::applyAllocSetting(s, key, value).empty()) continue;
     FixTrial t;
     t.label = key + ":" + value;
-    t.sim = simulateRequests(snap, d, s, cap);
+    t.sim = simulateRequests(trace, s, cap);
     t.estimate_reason = whatIfEstimateReason(facts, s);
     r.trials.push_back(std::move(t));
   }
@@ -120,8 +122,8 @@ void smallestChanges(Ctx& c, const FindingsOptions& opt, OomNumbers& num,
     card = SmallestCard{};  // kWhatIfUnlimited: not searched or not found
     SimChange budget;
     budget.max_segment_visits = kReplayCheckVisits;
-    if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.s, d).complete_history)
-      card = smallestCard(c.s, d, replay::allocConfOf(c.s), budget);
+    if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.trace()).complete_history)
+      card = smallestCard(c.trace(), replay::allocConfOf(c.s), budget);
   }
   if (card->capacity != kWhatIfUnlimited) {
     num.smallest_capacity_bytes = card->capacity;
@@ -269,7 +271,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
               : "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so "
                 "that freed space can be reused for large requests; allocate the largest "
                 "long-lived tensors first";
-      if (!replays) replays = replayFixes(c.s, c.device, opt.fix_replays);
+      if (!replays) replays = replayFixes(c, opt.fix_replays);
       const SimOom* base_oom =
           replays->untested.empty() ? recordedOomOf(replays->baseline, oom.event) : nullptr;
       std::string untested = replays->untested;

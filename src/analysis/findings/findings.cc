@@ -63,8 +63,7 @@ std::string_view findingSeverityName(FindingSeverity s) {
 
 std::vector<int64_t> detail::otherDeviceOomTimes(const format::Snapshot& s, int64_t device) {
   std::vector<int64_t> out;
-  const auto all = s.ooms();
-  for (const format::OomRef& o : *all) {
+  for (const format::OomRef& o : s.ooms) {
     if (o.device != device && o.time_us >= 0) out.push_back(o.time_us);
   }
   std::sort(out.begin(), out.end());

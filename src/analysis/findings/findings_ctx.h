@@ -81,6 +81,10 @@ struct Ctx {
         own_stack_facts(snap),
         stack_facts(cache) {}
 
+  // This device's trace as the what-if's replays read it: the events the facts hold. Only for a
+  // device with a trace (0 <= device < s.traceCount()).
+  TraceInput trace() const { return {s, static_cast<size_t>(device), ev}; }
+
   // The moment after `event` with its live set, or nullptr when the facts do not hold one.
   const MomentFacts* live(int64_t event) const {
     const MomentFacts* m = facts.at(event);
@@ -106,7 +110,7 @@ std::string pct(uint64_t part, uint64_t whole);
 
 // The times of the OOMs on the file's other devices, sorted; OOMs without a time are left out.
 // One job: an OOM there unwinds this device's step too (categories, cache bloat, the spike).
-// From Snapshot::ooms(), so a file of many devices is scanned once, not once per device.
+// From Snapshot::ooms, so a file of many devices is scanned once, not once per device.
 std::vector<int64_t> otherDeviceOomTimes(const format::Snapshot& s, int64_t device);  // "42%"
 
 // The requested bytes after each event of [lo, hi] (clamped to the trace), relative to the level

@@ -40,16 +40,15 @@ std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt,
            " segments)";
     return std::nullopt;
   }
-  const auto d = static_cast<size_t>(c.device);
   FixBaseline b;
-  b.facts = recordedFacts(c.s, d);
+  b.facts = recordedFacts(c.trace());
   b.conf = replay::allocConfOf(c.s);
   if (!b.facts.complete_history) {
     *why = whatIfEstimateReason(b.facts, b.conf);
     return std::nullopt;
   }
-  b.capacity = impliedCapacity(c.s, d);
-  b.facts.baseline = simulateRequests(c.s, d, b.conf, b.capacity);
+  b.capacity = impliedCapacity(c.trace());
+  b.facts.baseline = simulateRequests(c.trace(), b.conf, b.capacity);
   // A replay that fails requests the recording served has left the recording behind: its figures
   // check nothing (a hostile size, a request above kWhatIfMaxRequest).
   if (b.facts.baseline.oom_count > b.facts.recorded_ooms) {

@@ -104,10 +104,10 @@ std::optional<int64_t> oomFocusDevice(const format::Snapshot& snap) {
   std::optional<int64_t> best;
   int64_t best_time = std::numeric_limits<int64_t>::max();
   // Each device's first OOM (the index lists them by device, then event).
-  const auto ooms = snap.ooms();
-  for (size_t k = 0; k < ooms->size(); ++k) {
-    const format::OomRef& o = (*ooms)[k];
-    if (k > 0 && (*ooms)[k - 1].device == o.device) continue;
+  const std::vector<format::OomRef>& ooms = snap.ooms;
+  for (size_t k = 0; k < ooms.size(); ++k) {
+    const format::OomRef& o = ooms[k];
+    if (k > 0 && ooms[k - 1].device == o.device) continue;
     int64_t t = o.time_us < 0 ? std::numeric_limits<int64_t>::max() - 1 : o.time_us;
     if (!best || t < best_time) {
       best = o.device;

@@ -599,14 +599,14 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device) {
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
                                 StackFactsCache& cache) {
   if (device < 0) return {};
-  return detectPhases(snap, device, cache,
-                      allocationTable(snap.trace(static_cast<size_t>(device))));
+  const format::DeviceEvents events(snap, static_cast<size_t>(device));
+  return detectPhases(snap, device, events.span(), cache, allocationTable(events.span()));
 }
 
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
-                                StackFactsCache& cache, const std::vector<AllocFact>& allocs) {
+                                std::span<const format::Event> ev, StackFactsCache& cache,
+                                const std::vector<AllocFact>& allocs) {
   if (device < 0) return {};
-  auto ev = snap.trace(static_cast<size_t>(device));
   std::vector<Phase> out = fromAnnotations(snap, device, ev);
   // Annotations without ProfilerStep markers (e.g. only optimizer scopes) leave the steps unknown:
   // then the stream is searched as well, and each phase says where it came from.

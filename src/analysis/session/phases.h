@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,12 +46,13 @@ std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device);
 class StackFactsCache;
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
                                 StackFactsCache& cache);
-// The same, reading the device's allocations from `allocs`, which must be
-// allocationTable(snap.trace(device)) (session.h): a session builds that table once for the phases
-// and its own facts.
+// The same, reading the device's trace from `events` (as its holder has it: format::DeviceEvents)
+// and its allocations from `allocs`, which must be allocationTable(events) (session.h): a session
+// builds that table once for the phases and its own facts.
 struct AllocFact;
 std::vector<Phase> detectPhases(const format::Snapshot& snap, int64_t device,
-                                StackFactsCache& cache, const std::vector<AllocFact>& allocs);
+                                std::span<const format::Event> events, StackFactsCache& cache,
+                                const std::vector<AllocFact>& allocs);
 
 std::string_view phaseKindName(PhaseKind k);
 

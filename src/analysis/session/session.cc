@@ -101,14 +101,16 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device) {
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsCache& cache) {
   DeviceFacts f;
   f.device = device;
-  if (device >= 0 && static_cast<size_t>(device) < snap.traceCount())
-    f.events = snap.trace(static_cast<size_t>(device));
+  if (device >= 0 && static_cast<size_t>(device) < snap.traceCount()) {
+    f.held_events = format::DeviceEvents(snap, static_cast<size_t>(device));
+    f.events = f.held_events.span();
+  }
   for (const auto& seg : snap.segments) f.segments += seg.device == device;
 
   // The allocation table (one walk), phases once from it, then each alloc's iteration and
   // category (no replay).
   f.allocs = allocationTable(f.events, &f.alloc_at);
-  f.phases = detectPhases(snap, device, cache, f.allocs);
+  f.phases = detectPhases(snap, device, f.events, cache, f.allocs);
   for (const Phase& p : f.phases) {
     if (p.kind == PhaseKind::Iteration && p.last_event >= p.first_event) f.iterations.push_back(p);
   }
@@ -143,8 +145,8 @@ DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
   before_ = replay::passStats()[device];
   facts_ = eventFacts(snap, device, stack_facts_);
   DeviceFacts& f = facts_;
-  // The backward pass, then forward pass 1.
-  replayer_ = std::make_unique<replay::DeviceReplayer>(snap, device);
+  // The backward pass, then forward pass 1, over the events the facts hold.
+  replayer_ = std::make_unique<replay::DeviceReplayer>(snap, device, f.events);
   const auto n = static_cast<int64_t>(f.events.size());
   // The requested bytes after each iteration's last event (past the trace: its end).
   std::vector<std::pair<int64_t, size_t>> ends;

@@ -126,11 +126,13 @@ struct ProfileBucket {
 };
 inline constexpr size_t kProfileBuckets = 1024;
 
-// Everything one session learned about one device. `events` views the Snapshot's trace: the facts
-// must not outlive the Snapshot they were built from.
+// Everything one session learned about one device. `events` views the device's trace as
+// `held_events` holds it (the Snapshot's events, or a deferred snapshot's device decoded): the
+// facts must not outlive the Snapshot they were built from.
 struct DeviceFacts {
   int64_t device = 0;
   std::span<const format::Event> events;
+  format::DeviceEvents held_events;
   size_t segments = 0;  // the file's final segments of this device
 
   // Pass 1.
@@ -191,7 +193,8 @@ std::vector<AllocFact> allocationTable(std::span<const format::Event> events,
                                        std::vector<int32_t>* alloc_at = nullptr);
 
 // The facts that need no replay: events, segment count, phases, iterations, the allocation table
-// with categories (what a DeviceSession starts from).
+// with categories (what a DeviceSession starts from). The device's events are taken through
+// format::DeviceEvents (a deferred snapshot's device is decoded here) and held by the facts.
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device);
 // The same, with the frames' and stacks' facts from `cache` (a DeviceSession's).
 DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsCache& cache);

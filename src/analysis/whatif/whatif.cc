@@ -295,14 +295,14 @@ uint64_t finalReserved(const format::Snapshot& snap, int64_t device) {
 // state (the start reserved = final - net change, clamped at 0).
 // Sizes are capped at 2^62 and every sum saturates at [-2^62, 2^62]: a hostile trace of many
 // huge segments overflowed int64 here (fuzz_pipeline: fuzz/corpus/fuzz_pipeline/whatif-overflow).
-std::vector<uint64_t> recordedReserved(const format::Snapshot& snap, size_t d, uint64_t* peak) {
+std::vector<uint64_t> recordedReserved(const TraceInput& t, uint64_t* peak) {
   auto sat = [](int64_t a, int64_t b) {
     constexpr int64_t cap = int64_t{1} << 62;
     int64_t r = 0;
     if (__builtin_add_overflow(a, b, &r)) r = b > 0 ? cap : -cap;
     return std::clamp<int64_t>(r, -cap, cap);
   };
-  auto ev = snap.trace(d);
+  const std::span<const Event> ev = t.events;
   int64_t net = 0;
   for (const Event& e : ev) {
     const auto sz = static_cast<int64_t>(std::min<uint64_t>(e.size, uint64_t{1} << 62));
@@ -310,7 +310,7 @@ std::vector<uint64_t> recordedReserved(const format::Snapshot& snap, size_t d, u
     if (e.action == Action::SegmentFree || e.action == Action::SegmentUnmap) net = sat(net, -sz);
   }
   const auto fin = static_cast<int64_t>(
-      std::min<uint64_t>(finalReserved(snap, static_cast<int64_t>(d)), uint64_t{1} << 62));
+      std::min<uint64_t>(finalReserved(t.snap, static_cast<int64_t>(t.d)), uint64_t{1} << 62));
   int64_t cur = std::max<int64_t>(0, sat(fin, -net));
   std::vector<uint64_t> before(ev.size());
   int64_t pk = cur;
@@ -338,8 +338,9 @@ bool freesAtRequest(std::span<const Event> ev) {
 
 }  // namespace
 
-std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
-  auto ev = snap.trace(d);
+std::vector<StartBlock> startBlocks(const TraceInput& t) {
+  const format::Snapshot& snap = t.snap;
+  const std::span<const Event> ev = t.events;
   std::map<uint64_t, StartBlock> out;
   std::unordered_set<uint64_t> seen;  // addresses whose first event was an alloc
   for (const Event& e : ev) {
@@ -351,7 +352,7 @@ std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
     }
   }
   for (const auto& sg : snap.segments) {
-    if (sg.device != static_cast<int64_t>(d)) continue;
+    if (sg.device != static_cast<int64_t>(t.d)) continue;
     for (const auto& b : snap.blocksOf(sg)) {
       if (!b.isActive() || seen.count(b.address) || out.count(b.address)) continue;
       out[b.address] = {b.address,
@@ -365,9 +366,9 @@ std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d) {
   return v;
 }
 
-uint64_t impliedCapacity(const format::Snapshot& snap, size_t d) {
-  auto ev = snap.trace(d);
-  auto before = recordedReserved(snap, d, nullptr);
+uint64_t impliedCapacity(const TraceInput& t) {
+  const std::span<const Event> ev = t.events;
+  auto before = recordedReserved(t, nullptr);
   uint64_t cap = kWhatIfUnlimited;
   uint64_t reached = 0;  // the card held this much before: it is at least that large
   for (size_t i = 0; i < ev.size(); ++i) {
@@ -378,19 +379,20 @@ uint64_t impliedCapacity(const format::Snapshot& snap, size_t d) {
   return cap;
 }
 
-SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& st,
-                           uint64_t capacity, const SimChange& change) {
+SimResult simulateRequests(const TraceInput& t, const replay::AllocConf& st, uint64_t capacity,
+                           const SimChange& change) {
+  const format::Snapshot& snap = t.snap;
   SimResult r;
   r.capacity = capacity;
   Sim sim(st, capacity);
-  auto ev = snap.trace(d);
+  const std::span<const Event> ev = t.events;
   const bool at_request = freesAtRequest(ev);
-  std::vector<uint64_t> rec_before = recordedReserved(snap, d, nullptr);
-  const uint64_t rec_cap = impliedCapacity(snap, d);
+  std::vector<uint64_t> rec_before = recordedReserved(t, nullptr);
+  const uint64_t rec_cap = impliedCapacity(t);
   std::unordered_map<uint64_t, uint64_t> live;  // recorded address -> simulated address
   // Blocks alive when the trace began, allocated first in address order (their order and the
   // cache around them are not in the file).
-  for (const StartBlock& b : startBlocks(snap, d)) {
+  for (const StartBlock& b : startBlocks(t)) {
     const uint64_t rounded = replay::roundSize(b.requested, st.divisions);
     if (auto a = sim.malloc(b.pool, rounded, b.stream)) {
       live[b.address] = *a;
@@ -576,6 +578,10 @@ SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay:
   return r;
 }
 
+TraceInput traceInput(const format::Snapshot& snap, size_t d) {
+  return {snap, d, snap.trace(d)};
+}
+
 WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error) {
   WhatIfResult res;
   res.base_settings = replay::allocConfOf(snap);
@@ -591,18 +597,18 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
   for (size_t d = 0; d < snap.traceCount(); ++d) {
     const auto dev = static_cast<int64_t>(d);
     if (opt.device && *opt.device != dev) continue;
-    if (snap.trace(d).empty()) continue;
-    DeviceWhatIf w = recordedFacts(snap, d);
-    const uint64_t implied = impliedCapacity(snap, d);
-    w.baseline = simulateRequests(snap, d, res.base_settings, implied);
+    const TraceInput t = traceInput(snap, d);
+    if (t.events.empty()) continue;
+    DeviceWhatIf w = recordedFacts(t);
+    const uint64_t implied = impliedCapacity(t);
+    w.baseline = simulateRequests(t, res.base_settings, implied);
     const uint64_t what_cap = opt.capacity.value_or(implied);
     w.whatif_is_baseline = opt.sets.empty() && what_cap == implied;
-    w.whatif =
-        w.whatif_is_baseline ? w.baseline : simulateRequests(snap, d, res.what_settings, what_cap);
+    w.whatif = w.whatif_is_baseline ? w.baseline : simulateRequests(t, res.what_settings, what_cap);
     if (w.whatif.oom_count > 0) {
       SimChange budget;  // the search's work, bounded as the OOM verdict's (x4: asked for)
       budget.max_segment_visits = 4 * kReplayCheckVisits;
-      const SmallestCard card = smallestCard(snap, d, res.what_settings, budget);
+      const SmallestCard card = smallestCard(t, res.what_settings, budget);
       w.smallest_capacity = card.capacity;
       w.smallest_capacity_slack = card.slack;
       w.smallest_capacity_budget_ran_out = card.budget_ran_out;
@@ -612,11 +618,11 @@ WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, s
   return res;
 }
 
-SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
+SmallestCard smallestCard(const TraceInput& t, const replay::AllocConf& s,
                           const SimChange& change) {
   SmallestCard out;
   SimChange budget = change;  // what is left of the search's budget
-  const SimResult free_run = simulateRequests(snap, d, s, kWhatIfUnlimited, budget);
+  const SimResult free_run = simulateRequests(t, s, kWhatIfUnlimited, budget);
   out.budget_ran_out = free_run.aborted;
   if (free_run.oom_count > 0 || free_run.aborted) return out;  // no card, or no answer
   budget.max_segment_visits = subSat(budget.max_segment_visits, free_run.segment_visits);
@@ -629,7 +635,7 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
   lo = lo >= unit ? lo - unit : 0;  // the largest capacity known (or assumed) to fail
   for (int step = 0; step < kSmallestCardSteps && ok - lo > unit; ++step) {
     const uint64_t mid = lo + (ok - lo) / unit / 2 * unit;
-    const SimResult r = simulateRequests(snap, d, s, mid, budget);
+    const SimResult r = simulateRequests(t, s, mid, budget);
     budget.max_segment_visits = subSat(budget.max_segment_visits, r.segment_visits);
     if (r.aborted) {  // out of budget: the card found so far, and how far it may be off
       out.budget_ran_out = true;
@@ -646,11 +652,11 @@ SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::
   return out;
 }
 
-DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {
+DeviceWhatIf recordedFacts(const TraceInput& t) {
   DeviceWhatIf w;
-  w.device = static_cast<int64_t>(d);
-  auto ev = snap.trace(d);
-  recordedReserved(snap, d, &w.recorded_peak_reserved);
+  w.device = static_cast<int64_t>(t.d);
+  const std::span<const Event> ev = t.events;
+  recordedReserved(t, &w.recorded_peak_reserved);
   const bool at_request = freesAtRequest(ev);
   std::unordered_set<uint64_t> alive;
   for (const Event& e : ev) {
@@ -665,17 +671,16 @@ DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d) {
       if (alive.erase(e.addr) == 0) ++w.unknown_frees;
     }
   }
-  w.start_blocks = startBlocks(snap, d).size();
+  w.start_blocks = startBlocks(t).size();
   w.complete_history = w.start_blocks == 0;
-  w.recorded_expandable = replay::allocConfOf(snap).expandable_segments;
+  w.recorded_expandable = replay::allocConfOf(t.snap).expandable_segments;
   return w;
 }
 
-std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const replay::AllocConf& base) {
+std::vector<uint64_t> whatIfSplitSizesMb(const TraceInput& t, const replay::AllocConf& base) {
   constexpr uint64_t kMiB = 1048576;
   uint64_t oom_max = 0, alloc_max = 0;
-  for (const Event& e : snap.trace(d)) {
+  for (const Event& e : t.events) {
     if (e.action == Action::Oom) oom_max = std::max(oom_max, e.size);
     if (e.action == Action::Alloc) alloc_max = std::max(alloc_max, e.size);
   }

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,18 @@ struct SimChange {
 // The budget a finding's check or a search gives each replay (segment visits).
 inline constexpr uint64_t kReplayCheckVisits = uint64_t{1} << 26;
 
+// One device trace as every replay here reads it: the snapshot (its settings, final segments and
+// pools) and the device's events as the caller holds them (a session's DeviceFacts::events, which
+// for a deferred snapshot is the device decoded once for all its replays). `events` must be
+// snap's trace d and outlive the call.
+struct TraceInput {
+  const format::Snapshot& snap;
+  size_t d = 0;
+  std::span<const format::Event> events;
+};
+// Device trace d with the events the snapshot holds in memory (Snapshot::trace).
+TraceInput traceInput(const format::Snapshot& snap, size_t d);
+
 // A block alive when the trace began: freed in the trace before any alloc of its address, or
 // active in the final state and never allocated in the trace.
 struct StartBlock {
@@ -100,7 +113,7 @@ struct StartBlock {
   int64_t stream = 0;
   replay::PoolId pool{0, 0};
 };
-std::vector<StartBlock> startBlocks(const format::Snapshot& snap, size_t d);
+std::vector<StartBlock> startBlocks(const TraceInput& t);
 
 struct DeviceWhatIf {
   int64_t device = 0;
@@ -139,7 +152,7 @@ struct SmallestCard {
 // `change`: its max_segment_visits bounds the whole search (every replay's visits count); a replay
 // that runs out ends it (the smallest card found so far, with its slack; kWhatIfUnlimited when
 // the first one ran out).
-SmallestCard smallestCard(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
+SmallestCard smallestCard(const TraceInput& t, const replay::AllocConf& s,
                           const SimChange& change = {});
 
 struct WhatIfOptions {
@@ -155,26 +168,25 @@ struct WhatIfResult {
 };
 
 // Simulates device trace `d` of `snap`. `capacity`: kWhatIfUnlimited for none.
-SimResult simulateRequests(const format::Snapshot& snap, size_t d, const replay::AllocConf& s,
-                           uint64_t capacity, const SimChange& change = {});
+SimResult simulateRequests(const TraceInput& t, const replay::AllocConf& s, uint64_t capacity,
+                           const SimChange& change = {});
 // The capacity the file implies for device trace `d`: reserved + device_free at its tightest OOM
 // (at least the reserved bytes the recording reached before it: the card held them; device_free
 // also moves with other processes), kWhatIfUnlimited when it has no OOM.
-uint64_t impliedCapacity(const format::Snapshot& snap, size_t d);
+uint64_t impliedCapacity(const TraceInput& t);
 
 // The whole command: "" in `error` on success (else a refused setting).
 WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error);
 
 // What the file itself says of device trace `d` (recorded peak reserved, OOMs, segment events,
 // start blocks, complete_history); baseline and whatif left empty. runWhatIf's per-device facts.
-DeviceWhatIf recordedFacts(const format::Snapshot& snap, size_t d);
+DeviceWhatIf recordedFacts(const TraceInput& t);
 
 // The max_split_size_mb values worth trying on device trace `d` (the report's what-if panel and the
 // OOM verdict's tested fix share this one choice): with R the largest recorded OOM request (else
 // the largest alloc request), the largest power of two of MiB not above R and a quarter of it,
 // those above 20 MiB (CCA's minimum) and unlike `base`'s own; empty below 32 MiB.
-std::vector<uint64_t> whatIfSplitSizesMb(const format::Snapshot& snap, size_t d,
-                                         const replay::AllocConf& base);
+std::vector<uint64_t> whatIfSplitSizesMb(const TraceInput& t, const replay::AllocConf& base);
 
 // "" when a simulation under `s` of the device `d` describes may be called exact (a complete
 // history whose baseline reproduced the recorded peak reserved and served every alloc at its

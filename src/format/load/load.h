@@ -34,7 +34,7 @@ struct LoadOptions {
   // thread only; capped by kMaxTraceLoadThreads, snapshot_trace.h). Same Snapshot either way.
   int threads = 0;
   // Native traces: leave the events encoded (Snapshot::deferred) where the file allows it, for a
-  // reader that takes one device at a time in a DeviceTraceScope (`analyze`): the whole file's
+  // reader that takes one device at a time through DeviceEvents (`analyze`): the whole file's
   // events are then never in memory at once. Other inputs ignore it.
   bool defer_events = false;
 };

@@ -120,7 +120,8 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
     pool_map[i] = w.pool(s.pools[i].first, s.pools[i].second);
 
   for (size_t d = 0; d < s.traceCount(); ++d) {
-    for (const Event& e : s.trace(d)) {
+    const DeviceEvents events(s, d);  // a deferred snapshot: one device at a time
+    for (const Event& e : events.span()) {
       trace::TraceEvent t;
       t.addr = e.addr;
       t.size = e.size;
@@ -237,8 +238,8 @@ size_t synthesizeFinalState(Snapshot& snap) {
   size_t orphans = 0;
   for (size_t d = 0; d < snap.traceCount(); ++d) {
     trace::DeviceTraceState st;
-    const DeviceTraceScope scope(snap, d);  // deferred events: one device at a time
-    for (const Event& e : snap.trace(d)) {
+    const DeviceEvents events(snap, d);  // a deferred snapshot: one device at a time
+    for (const Event& e : events.span()) {
       trace::TraceEvent t;
       t.action = static_cast<uint8_t>(e.action);
       t.addr = e.addr;
@@ -324,8 +325,8 @@ constexpr uint64_t kRefStack = 0, kRefString = 1;
 
 // The events of a native trace read for `analyze` (LoadOptions::defer_events), left in the
 // chunks' decoded payloads: each device's runs of records are decoded again, from the state
-// before each run's first record, when a DeviceTraceScope asks for that device. The model's ids
-// are the loader's (the same tables it maps a decoded array with).
+// before each run's first record, when a reader asks for that device (DeviceEvents). The model's
+// ids are the loader's (the same tables it maps a decoded array with).
 class TraceDeferredEvents final : public DeferredEvents {
  public:
   struct Run {
@@ -340,7 +341,7 @@ class TraceDeferredEvents final : public DeferredEvents {
   std::vector<StackId> stack_of;                // the file's stack id -> the model's
   std::vector<EventNotesTable> notes;           // per accepted chunk, in the file's string ids
   std::vector<std::vector<uint32_t>> notes_of;  // per accepted chunk: its row -> the model's
-  std::vector<OomRef> oom_refs;
+  std::vector<OomRef> oom_refs;                 // Snapshot::ooms, found while the records were read
 
   void decode(size_t d, std::span<Event> out) const override {
     if (d + 1 >= run_begin.size()) return;
@@ -374,7 +375,6 @@ class TraceDeferredEvents final : public DeferredEvents {
       at += r.run.count;
     }
   }
-  const std::vector<OomRef>& ooms() const override { return oom_refs; }
 };
 
 // The largest id count a table can reach: what the headers of its chunks declare, each capped by
@@ -479,7 +479,7 @@ std::unique_ptr<TraceDeferredEvents> deferTraceEvents(
           {static_cast<int64_t>(d), static_cast<int64_t>(run_base[m.run] + m.index), m.time_us});
     }
   }
-  // By device, then event, as OomIndexCache lists them (each device's in order already).
+  // By device, then event, as indexOoms lists them (each device's in order already).
   std::stable_sort(out->oom_refs.begin(), out->oom_refs.end(),
                    [](const OomRef& a, const OomRef& b) { return a.device < b.device; });
   return out;
@@ -723,7 +723,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
           if (!any || t.compile_context != compile)
             ref(strings, kRefString, compile = t.compile_context);
           if (!any || t.user_metadata != user) ref(strings, kRefString, user = t.user_metadata);
-          if (t.action == trace::kActionUnknown && (!any || t.action_name != action_name))
+          if (trace::keepsActionName(t.action) && (!any || t.action_name != action_name))
             ref(strings, kRefString, action_name = t.action_name);
           any = true;
           const uint32_t notes = out.notes.intern(fileNotesOf(t));
@@ -997,6 +997,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   const bool counted = r.trailer().present && r.trailer().has_device_traces;
   const size_t counted_traces = counted ? static_cast<size_t>(r.trailer().device_traces) : 0;
   if (deferred) {
+    snap.ooms = std::move(deferred->oom_refs);
     snap.deferred = std::move(deferred);  // trace_begin: deferTraceEvents
   } else if (!interleaved) {
     snap.trace_begin = std::move(begin_of);  // one entry per device trace the events imply
@@ -1103,6 +1104,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
     snap.load_warnings.push_back(w);
   }
+  indexOoms(snap);
   if (options.progress) options.progress(bytes.size(), bytes.size());
   return Expected<Snapshot>(std::move(snap));
 }

@@ -62,7 +62,8 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
     }
   }
   for (size_t d = 0; d < s.traceCount(); ++d) {
-    auto tr = s.trace(d);
+    const DeviceEvents events(s, d);  // a deferred snapshot: one device at a time
+    const std::span<const Event> tr = events.span();
     out << "trace device=" << d << " events=" << tr.size() << "\n";
     for (size_t i = 0; i < tr.size(); ++i) {
       const Event& e = tr[i];

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 
 namespace memforensics::format {
 
@@ -237,25 +238,6 @@ std::string FormatTraits::era() const {
   return "unknown";
 }
 
-std::shared_ptr<const std::vector<OomRef>> OomIndexCache::get(const Snapshot& snap) const {
-  // A deferred snapshot's loader found them: no decoding of every trace for them.
-  if (snap.deferred) return {snap.deferred, &snap.deferred->ooms()};
-  std::lock_guard<std::mutex> lock(mu_);
-  if (refs_ && built_from_ == snap.events.data() && built_size_ == snap.events.size()) return refs_;
-  auto refs = std::make_shared<std::vector<OomRef>>();
-  for (size_t d = 0; d < snap.traceCount(); ++d) {
-    const std::span<const Event> ev = snap.trace(d);
-    for (size_t i = 0; i < ev.size(); ++i) {
-      if (ev[i].action == Action::Oom)
-        refs->push_back({static_cast<int64_t>(d), static_cast<int64_t>(i), ev[i].time_us});
-    }
-  }
-  refs_ = std::move(refs);
-  built_from_ = snap.events.data();
-  built_size_ = snap.events.size();
-  return refs_;
-}
-
 std::vector<int64_t> Snapshot::devices() const {
   std::set<int64_t> ds;
   for (const auto& s : segments) ds.insert(s.device);
@@ -265,54 +247,32 @@ std::vector<int64_t> Snapshot::devices() const {
   return {ds.begin(), ds.end()};
 }
 
-namespace {
+void Snapshot::refuseDeferredTrace() {
+  throw std::logic_error(
+      "Snapshot::trace() on a snapshot whose events are deferred: read them through DeviceEvents");
+}
 
-// The device trace a DeviceTraceScope decoded on this thread.
-struct ThreadTrace {
-  const Snapshot* snap = nullptr;
-  size_t device = 0;
-  std::vector<Event> events;
-};
-thread_local ThreadTrace t_trace;
-
-}  // namespace
-
-const std::vector<Event>& MaterializedEvents::get(const Snapshot& snap) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!done_) {
-    events_.resize(snap.eventCount());
-    for (size_t d = 0; d < snap.traceCount(); ++d) {
-      snap.deferred->decode(
-          d, std::span<Event>(events_.data() + snap.trace_begin[d], snap.traceSize(d)));
+void indexOoms(Snapshot& snap) {
+  if (snap.deferred) return;  // its reader filled them as it read the records
+  snap.ooms.clear();
+  for (size_t d = 0; d < snap.traceCount(); ++d) {
+    const std::span<const Event> ev = snap.trace(d);
+    for (size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].action == Action::Oom)
+        snap.ooms.push_back({static_cast<int64_t>(d), static_cast<int64_t>(i), ev[i].time_us});
     }
-    done_ = true;
   }
-  return events_;
 }
 
-bool MaterializedEvents::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-std::span<const Event> Snapshot::deferredTrace(size_t d) const {
-  if (t_trace.snap == this && t_trace.device == d) return t_trace.events;
-  const std::vector<Event>& all = materialized_.get(*this);
-  return {all.data() + trace_begin[d], traceSize(d)};
-}
-
-DeviceTraceScope::DeviceTraceScope(const Snapshot& snap, size_t d) {
-  if (!snap.deferred || d >= snap.traceCount() || t_trace.snap != nullptr) return;
-  // Within the capacity a previous scope left: no fresh pages for the next device.
-  t_trace.events.resize(snap.traceSize(d));
-  snap.deferred->decode(d, t_trace.events);
-  t_trace.snap = &snap;
-  t_trace.device = d;
-  active_ = true;
-}
-
-DeviceTraceScope::~DeviceTraceScope() {
-  if (active_) t_trace.snap = nullptr;
+DeviceEvents::DeviceEvents(const Snapshot& snap, size_t d) {
+  if (!snap.deferred) {
+    view_ = snap.trace(d);
+    return;
+  }
+  auto decoded = std::make_shared<std::vector<Event>>(snap.traceSize(d));
+  if (!decoded->empty()) snap.deferred->decode(d, *decoded);
+  view_ = *decoded;
+  owned_ = std::move(decoded);
 }
 
 }  // namespace memforensics::format

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -241,61 +240,23 @@ struct FormatTraits {
   std::string era() const;              // e.g. "2.10-2.11"
 };
 
-// One OOM event of a device trace (Snapshot::ooms()).
+// One OOM event of a device trace (Snapshot::ooms).
 struct OomRef {
   int64_t device = 0;
   int64_t event = 0;     // index in the device's trace
   int64_t time_us = -1;  // -1 when the file has no time
 };
 
-// A derived index a const Snapshot computes on first use and keeps (thread-safe); a copy starts
-// empty, and it is recomputed when the events it was built from changed (their count or buffer).
-class OomIndexCache {
- public:
-  OomIndexCache() = default;
-  OomIndexCache(const OomIndexCache&) {}
-  OomIndexCache& operator=(const OomIndexCache&) {
-    std::lock_guard<std::mutex> lock(mu_);
-    refs_.reset();
-    return *this;
-  }
-  std::shared_ptr<const std::vector<OomRef>> get(const struct Snapshot& snap) const;
-
- private:
-  mutable std::mutex mu_;
-  mutable std::shared_ptr<const std::vector<OomRef>> refs_;
-  mutable const void* built_from_ = nullptr;
-  mutable size_t built_size_ = 0;
-};
-
 // The events of a snapshot whose loader left them encoded (LoadOptions::defer_events; the native
-// trace reader does, for `analyze`): a device's trace is decoded when a DeviceTraceScope asks for
-// it, into that thread's buffer, so that the whole file's events are never in memory at once.
-// Immutable once made; copies of the snapshot share it.
+// trace reader does, for `analyze`): DeviceEvents decodes one device's trace when a reader asks
+// for it, so that the whole file's events are never in memory at once. Immutable once made;
+// copies of the snapshot share it.
 class DeferredEvents {
  public:
   virtual ~DeferredEvents() = default;
   // Writes device trace d into `out` (out.size() == Snapshot::traceSize(d)), exactly as the
   // loader would have stored it. The loader checked every record when it read the file.
   virtual void decode(size_t d, std::span<Event> out) const = 0;
-  // Every OOM event, as Snapshot::ooms() lists them (found while loading).
-  virtual const std::vector<OomRef>& ooms() const = 0;
-};
-
-// The events of a deferred snapshot decoded all at once, for a reader that asks for a trace
-// outside a DeviceTraceScope (thread-safe; a copy starts empty).
-class MaterializedEvents {
- public:
-  MaterializedEvents() = default;
-  MaterializedEvents(const MaterializedEvents&) {}
-  MaterializedEvents& operator=(const MaterializedEvents&) { return *this; }
-  const std::vector<Event>& get(const struct Snapshot& snap) const;
-  bool done() const;
-
- private:
-  mutable std::mutex mu_;
-  mutable std::vector<Event> events_;
-  mutable bool done_ = false;
 };
 
 // The words of a reader's warning that the file's reserved bytes were synthesized (see
@@ -312,11 +273,16 @@ struct Snapshot {
   std::vector<Segment> segments;  // as in the file: device by device, address order
   std::vector<Block> blocks;
   // All trace events, device by device; trace(d) = events of device d, oldest first. A device
-  // with segments but no trace has an empty trace. Empty when `deferred` is set: read the
-  // events through trace(d) (in a DeviceTraceScope) then.
+  // with segments but no trace has an empty trace. Empty when `deferred` is set: a reader takes
+  // a device's events through DeviceEvents then (trace(d) refuses).
   std::vector<Event> events;
   std::vector<size_t> trace_begin;  // trace d = events[trace_begin[d], trace_begin[d + 1])
   std::shared_ptr<const DeferredEvents> deferred;
+  // Every OOM event of every device trace, by device then event, filled with the events by the
+  // reader that made them (indexOoms): an OOM on one device of a job unwinds the step on every
+  // device, so each device's analysis reads the others' OOMs, and a file of many devices is
+  // scanned for them once.
+  std::vector<OomRef> ooms;
   // pool_id tuples of trace entries; index 0 is a placeholder for "none".
   std::vector<std::pair<uint64_t, uint64_t>> pools{{0, 0}};
   EventNotesTable event_notes;  // Event::notes
@@ -353,39 +319,39 @@ struct Snapshot {
     return d < traceCount() ? trace_begin[d + 1] - trace_begin[d] : 0;
   }
   size_t eventCount() const { return trace_begin.empty() ? 0 : trace_begin.back(); }
+  // Device trace d, oldest first. The events must be in memory: a deferred snapshot's trace is
+  // read through DeviceEvents, which decodes that one device (this throws std::logic_error
+  // rather than decode anything behind the caller's back).
   std::span<const Event> trace(size_t d) const {
     if (d >= traceCount()) return {};
-    if (deferred) return deferredTrace(d);
+    if (deferred) refuseDeferredTrace();
     return {events.data() + trace_begin[d], trace_begin[d + 1] - trace_begin[d]};
   }
-  // False while the events are deferred and no reader outside a DeviceTraceScope has asked for
-  // them (then they are all in memory).
-  bool allEventsDecoded() const { return !deferred || materialized_.done(); }
   // Devices that appear anywhere (segments or traces), ascending.
   std::vector<int64_t> devices() const;
-  // Every OOM event of every device trace, by device then event: one scan of the events for the
-  // whole file, however many devices ask (an OOM on one device of a job unwinds the step on every
-  // device, so each device's analysis reads the others' OOMs).
-  std::shared_ptr<const std::vector<OomRef>> ooms() const { return oom_index_.get(*this); }
 
  private:
-  std::span<const Event> deferredTrace(size_t d) const;
-  OomIndexCache oom_index_;
-  MaterializedEvents materialized_;
+  [[noreturn]] static void refuseDeferredTrace();
 };
 
-// While it lives, trace(d) of a deferred snapshot on this thread is device d's events, decoded
-// into the thread's buffer (reused by its next scope) when the scope was made. Nothing for a
-// snapshot whose events are in memory. Scopes do not nest.
-class DeviceTraceScope {
+// Fills snap.ooms from the events in memory (a reader's last step; a deferred snapshot's reader
+// fills it while it reads the records).
+void indexOoms(Snapshot& snap);
+
+// One device's events for as long as a reader holds them: a view of the snapshot's events, or,
+// for a deferred snapshot, that device's trace decoded into a buffer this object shares among its
+// copies. The view stays valid while some copy, or the snapshot, lives. (Lending a worker's
+// previous buffer to the next device's decode was measured: no gain, docs/performance.md.)
+class DeviceEvents {
  public:
-  DeviceTraceScope(const Snapshot& snap, size_t d);
-  ~DeviceTraceScope();
-  DeviceTraceScope(const DeviceTraceScope&) = delete;
-  DeviceTraceScope& operator=(const DeviceTraceScope&) = delete;
+  DeviceEvents() = default;
+  DeviceEvents(const Snapshot& snap, size_t d);
+  std::span<const Event> span() const { return view_; }
+  bool decoded() const { return owned_ != nullptr; }
 
  private:
-  bool active_ = false;
+  std::shared_ptr<const std::vector<Event>> owned_;
+  std::span<const Event> view_;
 };
 
 }  // namespace memforensics::format

@@ -64,14 +64,24 @@ inline __attribute__((always_inline)) Machine::Fit Machine::applyField(Field f, 
   return Fit::Refused;
 }
 
+const char* Machine::numericFieldKey(Field f) {
+  switch (f) {
+    case Field::Addr:
+      return "addr";
+    case Field::DeviceFree:
+      return "device_free";
+    case Field::Size:
+      return "size";
+    case Field::Stream:
+      return "stream";
+    default:
+      return "time_us";
+  }
+}
+
 Status Machine::refusedField(Field f, const Value& v) const {
-  const char* key = f == Field::Action       ? "action"
-                    : f == Field::Addr       ? "addr"
-                    : f == Field::DeviceFree ? "device_free"
-                    : f == Field::Size       ? "size"
-                    : f == Field::Stream     ? "stream"
-                                             : "time_us";
   if (f == Field::Action) return err("trace entry `action` is not a string");
+  const char* key = numericFieldKey(f);
   if (f == Field::Stream) {
     return err(std::string("trace entry `stream` is ") + aKind(v, nodes_) +
                (v.kind == VK::UInt ? " beyond the signed 64-bit range" : ", expected an int"));

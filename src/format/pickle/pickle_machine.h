@@ -907,6 +907,7 @@ class Machine {
   // nor PoolId (makeEvent only). Defined inline in pickle_entry.cc, where its callers are.
   Fit applyField(Field f, const Value& v, Event& e, EventNotes& notes);
   Status refusedField(Field f, const Value& v) const;
+  static const char* numericFieldKey(Field f);  // the key of a field that holds a number
   // The shaped path's entry shape (fastShaped): the key strings of the last trace entry the fast
   // path read whose keys were all distinct Event fields, in file order, and the field each names.
   // Nothing in it can go stale: every entry read by it fetches each key from the memo and compares

@@ -371,7 +371,8 @@ class Pickler {
       w_.beginList();
       ListBatcher batch(w_);
       size_t n = 0;
-      for (const Event& e : s_.trace(d)) {
+      const DeviceEvents events(s_, d);  // a deferred snapshot: one device at a time
+      for (const Event& e : events.span()) {
         if ((++n & 4095) == 0 && !ok()) break;
         batch.item();
         event(e);

@@ -206,8 +206,11 @@ inline uint32_t crc32c(std::span<const uint8_t> b) {
 inline constexpr uint8_t kActionUnknown = 10;
 // The one rule for an event's action name: the string as written is kept only for an unknown
 // action (a known one is its code); `name` otherwise becomes 0 ("").
+inline constexpr bool keepsActionName(uint8_t action) {
+  return action == kActionUnknown;
+}
 inline constexpr uint32_t keptActionName(uint8_t action, uint32_t name) {
-  return action == kActionUnknown ? name : 0;
+  return keepsActionName(action) ? name : 0;
 }
 
 struct TraceEvent {

@@ -121,14 +121,14 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                       " has no trace: a what-if replays the recorded requests";
     return p;
   }
-  const auto d = static_cast<size_t>(*focus);
+  const analysis::TraceInput trace = analysis::traceInput(snap, static_cast<size_t>(*focus));
   p.present = true;
   p.device = *focus;
-  p.facts = analysis::recordedFacts(snap, d);
+  p.facts = analysis::recordedFacts(trace);
   p.focus_rule = !focus_reason.empty()       ? focus_reason
                  : p.facts.recorded_ooms > 0 ? "the first device with a recorded OOM"
                                              : "the first device with a trace (no OOM recorded)";
-  p.implied_capacity = analysis::impliedCapacity(snap, d);
+  p.implied_capacity = analysis::impliedCapacity(trace);
   const replay::AllocConf base = replay::allocConfOf(snap);
   const uint64_t cap = p.implied_capacity;
 
@@ -148,7 +148,7 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                    std::string("--set expandable_segments=") + (exp ? "False" : "True"),
                    {{"expandable_segments", exp ? "False" : "True"}},
                    cap});
-  const auto splits = analysis::whatIfSplitSizesMb(snap, d, base);
+  const auto splits = analysis::whatIfSplitSizesMb(trace, base);
   for (uint64_t v : splits) {
     specs.push_back({"max_split_size_mb:" + std::to_string(v),
                      "cached blocks of " + std::to_string(v) +
@@ -181,7 +181,7 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
                      cap});
   }
   // Another card, from the baseline's own figures.
-  const analysis::SimResult base_sim = analysis::simulateRequests(snap, d, base, cap);
+  const analysis::SimResult base_sim = analysis::simulateRequests(trace, base, cap);
   if (base_sim.oom_count > 0) {
     specs.push_back({"a card without a limit",
                      "its peak reserved is the card this run needs under the file's settings",
@@ -212,9 +212,8 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
     replay::AllocConf s = base;
     for (const auto& [k, v] : sp.sets) replay::applyAllocSetting(s, k, v);  // known-good values
     row.settings = replay::describeAllocConf(s);
-    row.sim = sp.baseline && sp.capacity == cap
-                  ? base_sim
-                  : analysis::simulateRequests(snap, d, s, sp.capacity);
+    row.sim = sp.baseline && sp.capacity == cap ? base_sim
+                                                : analysis::simulateRequests(trace, s, sp.capacity);
     row.recorded_avoided = row.sim.recorded_avoided;
     row.recorded_not_avoided = row.sim.recorded_failed;
     row.new_ooms = row.sim.oom_count - row.sim.recorded_failed;
