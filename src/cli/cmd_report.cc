@@ -111,10 +111,10 @@ int runReportCommand() {
   aopt.top_frames = 10;
   aopt.threads = analysisThreads();
   // One session per device serves the analysis and the drawings: the backward pass and forward
-  // pass 1 (with the counters after every event, for the timeline) for every device, so that the
-  // plan can rank them; then one visit each, over the moments both ask for.
+  // pass 1 for every device, so that the plan can rank them; then one visit each, over the
+  // moments both ask for, which also takes the counters after every event for the devices the
+  // report draws (their timelines; requestReportMoments), so that the others never hold them.
   analysis::SessionOptions so;
-  so.series = true;
   const std::vector<int64_t> devices = analysis::selectedDevices(*snap, g_args.device);
   const bool with_baseline = !g_args.baseline.empty();
   // With --baseline this file is profiled as `diff` profiles it (compare.h profileSnapshot), from

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "analysis/analyze.h"
@@ -407,6 +408,63 @@ TEST(Session, MomentsFromCheckpointsEqualTheWalkFromTheStart) {
     EXPECT_EQ(xl, yl);
   }
   EXPECT_EQ(f.summary.peak_requested.event, g.summary.peak_requested.event);
+}
+
+// The series taken in pass 2 (requestSeries: what the report asks for its drawn devices only)
+// equals the one pass 1 keeps, counter for counter, whatever else pass 2 does: nothing else
+// asked, live sets only (the replayer alone), a layout (the model too), the end moment (taken from
+// pass 1), and with or without checkpoints; the moments are the same as without the series; a
+// session that kept it in pass 1 ignores the request. Still two forward passes at most.
+TEST(Session, TheSeriesTakenInPass2EqualsPass1s) {
+  const format::Snapshot snap = manyOoms(40, true);
+  const auto n = static_cast<int64_t>(snap.trace(0).size());
+  SessionOptions with_series;
+  with_series.series = true;
+  DeviceSession ref_session(snap, 0, with_series);
+  ref_session.requestSeries();  // a no-op: pass 1 has it
+  const DeviceFacts ref = ref_session.take();
+  ASSERT_TRUE(ref.has_series);
+  ASSERT_EQ(ref.series.size(), static_cast<size_t>(n) + 1);
+  auto same = [](const replay::Counters& a, const replay::Counters& b) {
+    return a.requested == b.requested && a.allocated == b.allocated && a.reserved == b.reserved &&
+           a.pending == b.pending;
+  };
+  enum Ask { kNothing, kLive, kLayout, kEnd };
+  for (bool checkpoints : {true, false}) {
+    for (Ask ask : {kNothing, kLive, kLayout, kEnd}) {
+      SCOPED_TRACE(std::to_string(checkpoints) + " " + std::to_string(ask));
+      SessionOptions o;
+      o.checkpoints = checkpoints;
+      auto visit = [&](bool series) {
+        DeviceSession s(snap, 0, o);
+        EXPECT_FALSE(s.facts().has_series);
+        if (ask == kLive) s.requestLive(n / 3, kMomentAt);
+        if (ask == kLayout) s.requestLayout(n / 2, kMomentAt);
+        if (ask == kEnd) s.requestLive(n - 1, kMomentEnd);
+        if (series) s.requestSeries();
+        s.visit();
+        expectBound(s.facts().passes, "pass 2 with the series");
+        return s.take();
+      };
+      const DeviceFacts f = visit(true);
+      ASSERT_TRUE(f.has_series);
+      ASSERT_EQ(f.series.size(), ref.series.size());
+      for (size_t i = 0; i < f.series.size(); ++i)
+        ASSERT_TRUE(same(f.series[i], ref.series[i])) << "after event " << i;
+      const DeviceFacts g = visit(false);
+      EXPECT_FALSE(g.has_series);
+      EXPECT_TRUE(g.series.empty());
+      ASSERT_EQ(f.moments.size(), g.moments.size());
+      for (size_t k = 0; k < f.moments.size(); ++k) {
+        EXPECT_EQ(f.moments[k].event, g.moments[k].event);
+        EXPECT_TRUE(same(f.moments[k].at, g.moments[k].at));
+        EXPECT_EQ(f.moments[k].live.size(), g.moments[k].live.size());
+        EXPECT_EQ(f.moments[k].layout.size(), g.moments[k].layout.size());
+      }
+      EXPECT_EQ(f.model.ran, ask == kLayout);
+      EXPECT_EQ(f.model.verdict.allocs, g.model.verdict.allocs);
+    }
+  }
 }
 
 // visitSessions keeps every device's session from pass 1 to its visit, so its sessions keep no

@@ -137,6 +137,7 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
 
 struct DeviceSession::Pending {
   std::map<int64_t, uint32_t> live, layout;  // event -> MomentReason bits
+  bool series = false;                        // requestSeries
 };
 
 DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
@@ -240,6 +241,10 @@ void DeviceSession::requestFindingMoments(size_t layout_ooms) {
   }
 }
 
+void DeviceSession::requestSeries() {
+  if (!facts_.has_series) pending_->series = true;
+}
+
 void DeviceSession::visit() {
   if (visited_) return;
   visited_ = true;
@@ -248,7 +253,8 @@ void DeviceSession::visit() {
   std::map<int64_t, uint32_t> all;
   for (const auto& [e, r] : p.live) all[e] |= r;
   for (const auto& [e, r] : p.layout) all[e] |= r;
-  if (!all.empty()) {
+  const bool series = p.series && !f.has_series;
+  if (!all.empty() || series) {
     std::unique_ptr<replay::DeviceAllocatorModel> model;
     if (!p.layout.empty())
       model = std::make_unique<replay::DeviceAllocatorModel>(snap_, f.device, *replayer_);
@@ -259,7 +265,7 @@ void DeviceSession::visit() {
     // whole trace again (the replay is deterministic: pass 2 would reach the same state). Not for
     // a moment that also needs the model's layout, which pass 2 steps to.
     std::optional<MomentFacts> end;
-    if (n > 0 && all.rbegin()->first == n - 1 && p.live.count(n - 1) != 0 &&
+    if (n > 0 && !all.empty() && all.rbegin()->first == n - 1 && p.live.count(n - 1) != 0 &&
         p.layout.count(n - 1) == 0 && r.next() == f.events.size()) {
       MomentFacts m;
       m.event = n - 1;
@@ -272,6 +278,10 @@ void DeviceSession::visit() {
       all.erase(std::prev(all.end()));
     }
     r.reset();
+    if (series) {
+      f.series.reserve(f.events.size() + 1);
+      f.series.push_back(r.counters());
+    }
     int64_t last_live = -2;  // the last moment pass 2 copies a live set at
     for (auto l = p.live.rbegin(); l != p.live.rend(); ++l) {
       if (!end || l->first != n - 1) {
@@ -315,19 +325,21 @@ void DeviceSession::visit() {
       capture(-1, it->second);
       ++it;
     }
-    // One walk: the replayer up to the last live moment, the model (when a layout is needed) to the
-    // end of the trace, for its verdict. Without the model the replayer runs from moment to moment
-    // (advanceTo steps the same events without a call each).
-    if (!model) {
+    // One walk: the replayer up to the last live moment (to the end for the series), the model
+    // (when a layout is needed) to the end of the trace, for its verdict. Without either the
+    // replayer runs from moment to moment (advanceTo steps the same events without a call each).
+    if (!model && !series) {
       for (; it != all.end(); ++it) {
         r.advanceTo(it->first);
         capture(it->first, it->second);
       }
     }
-    for (size_t i = 0; model && i < f.events.size(); ++i) {
-      const bool replayer_needed = static_cast<int64_t>(i) <= last_live || it != all.end();
+    for (size_t i = 0; (model || series) && i < f.events.size(); ++i) {
+      const bool replayer_needed =
+          series || static_cast<int64_t>(i) <= last_live || it != all.end();
       if (!replayer_needed && !model) break;
       if (replayer_needed) r.step();
+      if (series) f.series.push_back(r.counters());
       if (model) model->step();
       if (it != all.end() && it->first == static_cast<int64_t>(i)) {
         capture(it->first, it->second);
@@ -344,6 +356,7 @@ void DeviceSession::visit() {
       }
       f.moments.push_back(std::move(*end));
     }
+    if (series) f.has_series = true;
     if (model) {
       f.model.ran = true;
       f.model.verdict = replay::modelVerdict(*model);

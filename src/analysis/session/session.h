@@ -137,7 +137,9 @@ struct DeviceFacts {
 
   // Pass 1.
   replay::DeviceSummary summary;
-  std::vector<replay::Counters> series;  // after each event, [0] = the start state (on request)
+  // After each event, [0] = the start state: on request, from pass 1 (SessionOptions::series) or
+  // from pass 2 (DeviceSession::requestSeries, once the consumer knows it needs them).
+  std::vector<replay::Counters> series;
   bool has_series = false;
 
   // From the events and phases (no replay).
@@ -235,6 +237,11 @@ class DeviceSession {
   // Everything findings.h's detectors read: the requested and active peaks, every OOM (the first
   // `layout_ooms` with the layout), the state before the first iteration, the end.
   void requestFindingMoments(size_t layout_ooms);
+  // The counters after every event (DeviceFacts::series), taken in pass 2, which then steps the
+  // whole trace: for a consumer that learns from pass 1 whether it needs them (the report draws
+  // at most a few devices of many), so that the others never hold them. A no-op when pass 1
+  // kept them (SessionOptions::series).
+  void requestSeries();
 
   // Forward pass 2 over the requested moments (a no-op without requests; once only). Afterwards
   // facts() is complete, including passes.

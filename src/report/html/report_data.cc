@@ -794,6 +794,7 @@ void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
                           const ReportPlan& plan, const ReportDataOptions& opt) {
   const DeviceFacts& f = session.facts();
   if (!plan.draws(f.device)) return;
+  session.requestSeries();  // the timeline and the rest band: drawn devices only
   for (const auto& [ev, m] : keyframeMoments(f, plan, opt)) {
     const uint32_t why = m.important ? kMomentPeakRequested : kMomentKeyframe;
     if (snap.has_segment_info) {
@@ -1078,11 +1079,11 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
 }
 
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& opt) {
-  // One session per device: pass 1 for every device (the plan ranks them), then one visit each.
+  // One session per device: pass 1 for every device (the plan ranks them), then one visit each,
+  // which takes the series of the drawn devices (requestReportMoments).
   std::vector<std::unique_ptr<DeviceSession>> sessions;
   std::vector<const DeviceFacts*> pass1;
   SessionOptions so;
-  so.series = true;
   so.checkpoints = false;  // every device's session lives until its visit (SessionOptions)
   for (int64_t d : snap.devices()) {
     if (opt.device && *opt.device != d) continue;

@@ -214,8 +214,9 @@ std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& facts, cons
                                                   const ReportDataOptions& options);
 
 // Asks a session (after construction, before visit()) for what the report reads of its device:
-// the layout at every keyframe moment and the live set at the requested peak (the call tree). A
-// device the plan does not draw is asked for nothing. Without segment info
+// the layout at every keyframe moment, the live set at the requested peak (the call tree) and the
+// counters after every event (the timeline: DeviceSession::requestSeries). A device the plan does
+// not draw is asked for nothing. Without segment info
 // (Snapshot::has_segment_info false: profiler traces) the keyframe moments ask for the live set
 // instead of a layout (their call trees): no block map is drawn for such a file.
 void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
@@ -226,7 +227,7 @@ std::vector<int64_t> reportLiveEvents(const format::Snapshot& snap, const Device
                                       const ReportPlan& plan, const ReportDataOptions& options);
 
 // The report data: a pure function of the visited facts of every device of the snapshot (or of
-// options.device), ascending, built with SessionOptions::series and requestReportMoments. Nothing
+// options.device), ascending, built with requestReportMoments (or SessionOptions::series). Nothing
 // is replayed here.
 ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFacts> facts,
                         const ReportDataOptions& options = {});
