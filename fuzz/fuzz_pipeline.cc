@@ -260,6 +260,7 @@ class Builder {
       s_.settings.conf = g_.text();
     }
     s_.input_bytes = p_.ConsumeIntegral<uint32_t>();
+    format::indexSnapshot(s_);  // as every reader does: segments by device, the OOM index
   }
 
  private:

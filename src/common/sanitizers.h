@@ -20,7 +20,7 @@ inline constexpr bool kAddressSanitizer = false;
 
 // Any sanitizer whose runtime replaces glibc's malloc and maps shadow memory (address, memory or
 // thread): mallopt and the arenas' huge-page mode do not apply, nor do address-space limits.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||                   \
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) ||             \
     MEMF_HAS_FEATURE(address_sanitizer) || MEMF_HAS_FEATURE(memory_sanitizer) || \
     MEMF_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool kSanitizerRuntime = true;

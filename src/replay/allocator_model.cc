@@ -851,18 +851,13 @@ std::vector<ModelSegment> DeviceAllocatorModel::layout() const {
 }
 
 bool DeviceAllocatorModel::hasFinalState() const {
-  for (const auto& s : snap_.segments) {
-    if (s.device == device_) return true;
-  }
-  return false;
+  return !snap_.segmentsOf(device_).empty();
 }
 
 std::string DeviceAllocatorModel::compareWithFinal() const {
   auto mine = layout();
   std::vector<const format::Segment*> file;
-  for (const auto& s : snap_.segments) {
-    if (s.device == device_) file.push_back(&s);
-  }
+  for (const auto& s : snap_.segmentsOf(device_)) file.push_back(&s);
   std::sort(file.begin(), file.end(), [](auto* x, auto* y) { return x->address < y->address; });
   if (mine.size() != file.size()) {
     return "model has " + std::to_string(mine.size()) + " segments, the file " +

@@ -57,6 +57,8 @@ struct ModelCheck {
 // Models one device. Construct (seeds the start state), then step() forward like DeviceReplayer.
 class DeviceAllocatorModel {
  public:
+  // Models snap.trace(device): the events must be in memory (Snapshot::trace refuses a deferred
+  // snapshot; a session's model is seeded and reads its replayer's events).
   DeviceAllocatorModel(const format::Snapshot& snap, int64_t device);
   // The same, seeded with the start live set of `seed` (a DeviceReplayer of this device, already
   // constructed): no second backward pass (analysis/session/session.h steps both together). It
@@ -110,7 +112,7 @@ class DeviceAllocatorModel {
   PassStats* stats_ = nullptr;  // this device's pass counters (replay/pass_stats.h)
 };
 
-// Convenience: builds the model for a device and runs the full check.
+// Convenience: builds the model for a device and runs the full check (events in memory).
 ModelCheck checkAllocatorModel(const format::Snapshot& snap, int64_t device);
 
 // Whether figures derived from the model may be called exact for a device (issue 12, part 5).

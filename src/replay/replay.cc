@@ -117,9 +117,10 @@ std::vector<std::string_view> untrustedNames(uint8_t mask) {
 FinalState validateFinalState(const Snapshot& snap, int64_t device) {
   FinalState f;
   std::vector<uint32_t> order;
-  for (size_t i = 0; i < snap.segments.size(); ++i) {
+  const std::span<const format::Segment> mine = snap.segmentsOf(device);
+  const auto first = static_cast<size_t>(mine.data() - snap.segments.data());
+  for (size_t i = first; i < first + mine.size(); ++i) {
     const auto& seg = snap.segments[i];
-    if (seg.device != device) continue;
     if (!validRange(seg.address, seg.total_size)) {
       ++f.invalid_segments;
       continue;
@@ -178,7 +179,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device, std::span<c
 
   // The file's final state for this device, validated (sizes, wraps, overlaps, blocks outside).
   bool any_final_pending = false;
-  for (const auto& seg : snap.segments) has_final_state_ = has_final_state_ || seg.device == device;
+  has_final_state_ = !snap.segmentsOf(device).empty();
   const FinalState fin = validateFinalState(snap, device);
   auto count = [&](AnomalyKind k, uint64_t n) {
     if (n > 0) anomalies_[static_cast<size_t>(k)].count += n;

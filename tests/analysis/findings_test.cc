@@ -639,7 +639,7 @@ TEST(Findings, TheUnwindAfterAnOomIsNotASeparateWarning) {
     e.time_us = time_us;
     snap.events.push_back(e);
     snap.trace_begin.push_back(snap.events.size());
-    format::indexOoms(snap);
+    format::indexSnapshot(snap);
     return findFindings(snap, 0);
   };
   // Sim's times: the segment at 1000, the parameters 1001, the four tensors 1002-1005 (the peak),

@@ -76,7 +76,7 @@ TEST(ParallelAnalysis, FourDeviceScenarioIsTheSameOnAnyThreadCount) {
 }
 
 // 64 devices of different shapes: sizes and stacks vary by device, one device in eight OOMs (so
-// the other devices' OOM times, read through Snapshot::ooms(), matter), some leave blocks alive.
+// the other devices' OOM times, read through Snapshot::ooms, matter), some leave blocks alive.
 format::Snapshot manyDevices(int64_t n) {
   ModelBuilder b;
   for (int64_t d = 0; d < n; ++d) {

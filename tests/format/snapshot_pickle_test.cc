@@ -305,6 +305,43 @@ INSTANTIATE_TEST_SUITE_P(Files, PickleRoundTrip, ::testing::ValuesIn(roundTripFi
 // ---------------------------------------------------------------------------------------------
 // Fabricated edge cases
 
+// A file whose segments interleave devices is read with its segments ordered by device, each
+// device's in the file's order (indexSnapshot), so that Snapshot::segmentsOf finds a device's by a
+// binary search; each segment keeps its own blocks.
+TEST(SnapshotPickle, SegmentsAreOrderedByDeviceKeepingEachDevicesFileOrder) {
+  testing::TSnapshot t;
+  const std::vector<std::pair<int64_t, uint64_t>> in = {
+      {2, 0x30000}, {0, 0x20000}, {2, 0x10000}, {1, 0x50000}, {0, 0x10000}};
+  for (const auto& [device, address] : in) {
+    TSegment g;
+    g.device = device;
+    g.address = address;
+    g.blocks = {TBlock{0x8000, 0, "inactive", {}},
+                TBlock{0x8000, 100 + address / 0x10000, "active_allocated", {}}};
+    t.segments.push_back(g);
+  }
+  const Snapshot s = buildSnapshot(t);
+  std::vector<std::pair<int64_t, uint64_t>> got;
+  for (const Segment& g : s.segments) {
+    got.push_back({g.device, g.address});
+    const auto blocks = s.blocksOf(g);
+    ASSERT_EQ(blocks.size(), 2u);
+    EXPECT_EQ(blocks[0].address, g.address);
+    EXPECT_EQ(blocks[1].requested_size, 100 + g.address / 0x10000);
+  }
+  const std::vector<std::pair<int64_t, uint64_t>> want = {
+      {0, 0x20000}, {0, 0x10000}, {1, 0x50000}, {2, 0x30000}, {2, 0x10000}};
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(s.segmentsOf(0).size(), 2u);
+  EXPECT_EQ(s.segmentsOf(0)[0].address, 0x20000u);
+  ASSERT_EQ(s.segmentsOf(1).size(), 1u);
+  EXPECT_EQ(s.segmentsOf(1)[0].address, 0x50000u);
+  ASSERT_EQ(s.segmentsOf(2).size(), 2u);
+  EXPECT_EQ(s.segmentsOf(2)[1].address, 0x10000u);
+  EXPECT_TRUE(s.segmentsOf(3).empty());
+  EXPECT_TRUE(s.segmentsOf(-1).empty());
+}
+
 TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
   const std::string odd_name =
       "forward \"q\" 'a' \\b \xe6\xa8\xa1\xe5\x9e\x8b \xc3\xb1 \xf0\x9f\x94\xa5";

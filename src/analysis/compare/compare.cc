@@ -202,8 +202,7 @@ DeviceProfile profileDevice(const format::Snapshot& snap, DeviceFacts facts,
       pp.groups.push_back(std::move(g));
     }
   }
-  for (const auto& seg : snap.segments) {
-    if (seg.device != facts.device) continue;
+  for (const auto& seg : snap.segmentsOf(facts.device)) {
     p.segments.push_back(
         {seg.address, seg.total_size, seg.stream, seg.is_large, seg.is_expandable});
   }

@@ -105,7 +105,7 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
     f.held_events = format::DeviceEvents(snap, static_cast<size_t>(device));
     f.events = f.held_events.span();
   }
-  for (const auto& seg : snap.segments) f.segments += seg.device == device;
+  f.segments = snap.segmentsOf(device).size();
 
   // The allocation table (one walk), phases once from it, then each alloc's iteration and
   // category (no replay).
@@ -137,7 +137,7 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
 
 struct DeviceSession::Pending {
   std::map<int64_t, uint32_t> live, layout;  // event -> MomentReason bits
-  bool series = false;                        // requestSeries
+  bool series = false;                       // requestSeries
 };
 
 DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
@@ -241,8 +241,10 @@ void DeviceSession::requestFindingMoments(size_t layout_ooms) {
   }
 }
 
-void DeviceSession::requestSeries() {
+bool DeviceSession::requestSeries() {
+  if (visited_) return false;
   if (!facts_.has_series) pending_->series = true;
+  return true;
 }
 
 void DeviceSession::visit() {
@@ -370,7 +372,9 @@ void DeviceSession::visit() {
 
 DeviceFacts DeviceSession::take() {
   if (!visited_) visit();
-  return std::move(facts_);
+  DeviceFacts out = std::move(facts_);
+  facts_.events = {};  // held by `out` now: facts() must not view them after their holder died
+  return out;
 }
 
 std::vector<DeviceFacts> buildFacts(const format::Snapshot& snap, const FactsRequest& request) {

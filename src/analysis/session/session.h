@@ -7,8 +7,8 @@
 //                  table (alloc <-> free, iteration, category) from the events alone;
 //                  1 backward pass: DeviceReplayer's start-state reconstruction;
 //                  forward pass 1: the summary (counters, peaks, OOMs, anomalies), the requested
-//                  bytes at the end of every iteration, and on request the counters after every
-//                  event (the timeline's series);
+//                  bytes at the end of every iteration, and on request (SessionOptions::series)
+//                  the counters after every event (the timeline's series);
 //   request*()     consumers name the moments they need (after pass 1, so they can use peaks,
 //                  OOMs and iterations to choose): the live set at a moment, the block layout at a
 //                  moment, or both;
@@ -17,7 +17,8 @@
 //                  the live set and/or the layout is copied into the facts. The model runs to the
 //                  end of the trace, so its whole-device verdict (every alloc address and segment
 //                  event predicted, final layout equal to the file's) is known before anything
-//                  calls a figure exact.
+//                  calls a figure exact. With requestSeries() (the series asked for after pass 1)
+//                  the replayer steps the whole trace and keeps the counters after every event.
 //
 // After visit() the DeviceFacts are complete and immutable: findings, top groups, the call graph,
 // blocks, the timeline, the report data and the exports are pure functions of them (and of the
@@ -29,7 +30,8 @@
 // visited without it, in event order, and says so in MomentFacts::over_budget). Consumers say
 // what they could not show.
 // Passes per device, counted by replay/pass_stats.h: 1 backward, <= 2 forward (the second only
-// when a moment was requested), the model seeded at most once and stepped at most once.
+// when a moment or the series was requested), the model seeded at most once and stepped at most
+// once.
 #pragma once
 
 #include <cstdint>
@@ -226,7 +228,8 @@ class DeviceSession {
   DeviceSession(const DeviceSession&) = delete;
   DeviceSession& operator=(const DeviceSession&) = delete;
 
-  // Pass-1 facts are readable at once (summary, phases, allocations, series); moments after visit.
+  // Pass-1 facts are readable at once (summary, phases, allocations, the series when
+  // SessionOptions::series); moments (and a series asked for by requestSeries) after visit.
   const DeviceFacts& facts() const { return facts_; }
 
   // Ask for the live set / the block layout after `event` (-1 = the start state; clamped to the
@@ -240,8 +243,8 @@ class DeviceSession {
   // The counters after every event (DeviceFacts::series), taken in pass 2, which then steps the
   // whole trace: for a consumer that learns from pass 1 whether it needs them (the report draws
   // at most a few devices of many), so that the others never hold them. A no-op when pass 1
-  // kept them (SessionOptions::series).
-  void requestSeries();
+  // kept them (SessionOptions::series); false after visit().
+  bool requestSeries();
 
   // Forward pass 2 over the requested moments (a no-op without requests; once only). Afterwards
   // facts() is complete, including passes.

@@ -146,7 +146,8 @@ DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts
   const auto ev = facts.events;
   dt.events = ev.size();
   dt.total_points = ev.size() + 1;
-  // The counters after every event, from the session's first forward pass.
+  // The counters after every event, from the session's forward pass 1 (SessionOptions::series) or
+  // pass 2 (DeviceSession::requestSeries).
   const std::vector<Counters>& all = facts.series;
   if (!facts.has_series || all.size() != dt.total_points) return dt;
   {
@@ -218,8 +219,7 @@ DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts
       if (sums.size() < 2) return;
       using Key = typename std::decay_t<decltype(sums)>::key_type;
       std::map<Key, Signed> final_share;
-      for (const auto& seg : snap.segments) {
-        if (seg.device != d) continue;
+      for (const auto& seg : snap.segmentsOf(d)) {
         alloc::StateSums seg_sums;  // the one final-state sum rule
         seg_sums.addSegment(seg.total_size);
         for (const auto& b : snap.blocksOf(seg)) {

@@ -79,7 +79,7 @@ struct TimelineOptions {
 };
 
 // The timeline of one device: a pure function of its facts (which must hold the series:
-// SessionOptions::series).
+// SessionOptions::series or DeviceSession::requestSeries).
 DeviceTimeline timelineOf(const format::Snapshot& snap, const DeviceFacts& facts,
                           const TimelineOptions& options = {});
 // Convenience: one session per device (a backward pass and one forward pass each).

@@ -285,9 +285,7 @@ std::string lineOf(const format::Snapshot& snap, format::StackId stack) {
 // Segment bytes of the device in the file's final state.
 uint64_t finalReserved(const format::Snapshot& snap, int64_t device) {
   uint64_t r = 0;
-  for (const auto& s : snap.segments) {
-    if (s.device == device) r = addSat(r, s.total_size);
-  }
+  for (const auto& s : snap.segmentsOf(device)) r = addSat(r, s.total_size);
   return r;
 }
 
@@ -351,8 +349,7 @@ std::vector<StartBlock> startBlocks(const TraceInput& t) {
       out[e.addr] = {e.addr, e.size, e.stream, poolOf(snap, e)};
     }
   }
-  for (const auto& sg : snap.segments) {
-    if (sg.device != static_cast<int64_t>(t.d)) continue;
+  for (const auto& sg : snap.segmentsOf(static_cast<int64_t>(t.d))) {
     for (const auto& b : snap.blocksOf(sg)) {
       if (!b.isActive() || seen.count(b.address) || out.count(b.address)) continue;
       out[b.address] = {b.address,

@@ -479,7 +479,7 @@ std::unique_ptr<TraceDeferredEvents> deferTraceEvents(
           {static_cast<int64_t>(d), static_cast<int64_t>(run_base[m.run] + m.index), m.time_us});
     }
   }
-  // By device, then event, as indexOoms lists them (each device's in order already).
+  // By device, then event, as indexSnapshot lists them (each device's in order already).
   std::stable_sort(out->oom_refs.begin(), out->oom_refs.end(),
                    [](const OomRef& a, const OomRef& b) { return a.device < b.device; });
   return out;
@@ -1104,7 +1104,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
       w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
     snap.load_warnings.push_back(w);
   }
-  indexOoms(snap);
+  indexSnapshot(snap);
   if (options.progress) options.progress(bytes.size(), bytes.size());
   return Expected<Snapshot>(std::move(snap));
 }

@@ -252,8 +252,21 @@ void Snapshot::refuseDeferredTrace() {
       "Snapshot::trace() on a snapshot whose events are deferred: read them through DeviceEvents");
 }
 
-void indexOoms(Snapshot& snap) {
-  if (snap.deferred) return;  // its reader filled them as it read the records
+std::span<const Segment> Snapshot::segmentsOf(int64_t device) const {
+  auto lo = std::lower_bound(segments.begin(), segments.end(), device,
+                             [](const Segment& s, int64_t d) { return s.device < d; });
+  auto hi = std::upper_bound(lo, segments.end(), device,
+                             [](int64_t d, const Segment& s) { return d < s.device; });
+  return {segments.data() + (lo - segments.begin()), static_cast<size_t>(hi - lo)};
+}
+
+void indexSnapshot(Snapshot& snap) {
+  if (!std::is_sorted(snap.segments.begin(), snap.segments.end(),
+                      [](const Segment& a, const Segment& b) { return a.device < b.device; })) {
+    std::stable_sort(snap.segments.begin(), snap.segments.end(),
+                     [](const Segment& a, const Segment& b) { return a.device < b.device; });
+  }
+  if (snap.deferred) return;  // its reader filled the OOMs as it read the records
   snap.ooms.clear();
   for (size_t d = 0; d < snap.traceCount(); ++d) {
     const std::span<const Event> ev = snap.trace(d);

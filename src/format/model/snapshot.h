@@ -270,7 +270,9 @@ struct Snapshot {
   FormatTraits traits;
   StringTable strings;
   StackTable stacks;
-  std::vector<Segment> segments;  // as in the file: device by device, address order
+  // Device by device (readers order them so: indexSnapshot), each device's in the file's order
+  // (PyTorch's: by address).
+  std::vector<Segment> segments;
   std::vector<Block> blocks;
   // All trace events, device by device; trace(d) = events of device d, oldest first. A device
   // with segments but no trace has an empty trace. Empty when `deferred` is set: a reader takes
@@ -279,7 +281,7 @@ struct Snapshot {
   std::vector<size_t> trace_begin;  // trace d = events[trace_begin[d], trace_begin[d + 1])
   std::shared_ptr<const DeferredEvents> deferred;
   // Every OOM event of every device trace, by device then event, filled with the events by the
-  // reader that made them (indexOoms): an OOM on one device of a job unwinds the step on every
+  // reader that made them (indexSnapshot): an OOM on one device of a job unwinds the step on every
   // device, so each device's analysis reads the others' OOMs, and a file of many devices is
   // scanned for them once.
   std::vector<OomRef> ooms;
@@ -309,6 +311,8 @@ struct Snapshot {
   std::vector<uint64_t> device_total_memory;
   int64_t rank = -1;  // distributed rank (profiler traces' distributedInfo), -1 = unknown
 
+  // The final segments of `device` (a binary search: the segments are ordered by device).
+  std::span<const Segment> segmentsOf(int64_t device) const;
   std::span<const Block> blocksOf(const Segment& s) const {
     return {blocks.data() + s.first_block, s.block_count};
   }
@@ -334,13 +338,16 @@ struct Snapshot {
   [[noreturn]] static void refuseDeferredTrace();
 };
 
-// Fills snap.ooms from the events in memory (a reader's last step; a deferred snapshot's reader
-// fills it while it reads the records).
-void indexOoms(Snapshot& snap);
+// A reader's last step: orders the segments by device (stable: each device's keep the file's
+// order), so that segmentsOf finds a device's without a scan of every device's, and fills
+// snap.ooms from the events in memory (a deferred snapshot's reader fills it while it reads the
+// records). Whoever builds a Snapshot by hand calls it too.
+void indexSnapshot(Snapshot& snap);
 
 // One device's events for as long as a reader holds them: a view of the snapshot's events, or,
 // for a deferred snapshot, that device's trace decoded into a buffer this object shares among its
-// copies. The view stays valid while some copy, or the snapshot, lives. (Lending a worker's
+// copies. The view of an in-memory snapshot's events lives as long as the snapshot; a decoded
+// device's, as long as some copy of this object. (Lending a worker's
 // previous buffer to the next device's decode was measured: no gain, docs/performance.md.)
 class DeviceEvents {
  public:

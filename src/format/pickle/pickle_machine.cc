@@ -502,6 +502,7 @@ Expected<Snapshot> Machine::run() {
   std::vector<uint64_t>().swap(memo64_);
   Status s = convert(root);
   if (!s.ok()) return s.error();
+  indexSnapshot(snap_);
   return std::move(snap_);
 }
 

@@ -317,7 +317,6 @@ Status Machine::convertTraces(const Value& v) {
       snap_.trace_begin.push_back(snap_.events.size());
     }
   }
-  indexOoms(snap_);
   return Status::Ok();
 }
 

@@ -286,7 +286,7 @@ void finishTraces(Snapshot& snap, std::vector<std::vector<Event>>& per_device) {
     snap.trace_begin.push_back(snap.events.size());
     std::vector<Event>().swap(v);
   }
-  indexOoms(snap);
+  indexSnapshot(snap);
 }
 
 const char* const kNoLayoutNote =
