@@ -6,7 +6,8 @@ through an unpickler that refuses to import anything, so only plain data loads. 
 memforensics model keeps must be equal: segments with their blocks, device_traces entry by entry
 (action, addr, device_free, size, stream, time_us, frames, compile_context, user_metadata,
 pool_id), the allocator_settings fields the model keeps, and external_annotations. Values are
-compared as the model reads them: a block's address falls back to the running offset in its segment,
+compared as the model reads them: segments grouped by device (a stable sort: memforensics writes
+them so), a block's address falls back to the running offset in its segment,
 and its frames and requested size to the legacy history[0] entry; frames are compared as
 (filename, line, name) triples.
 
@@ -93,6 +94,11 @@ class Comparer:
 
     def segments(self, path, a, b):
         self.eq(f"{path} (length)", len(a), len(b))
+        # memforensics writes a file's segments grouped by device, each device's in the file's
+        # order (docs/cli.md, convert): compare them in that order (a stable sort by device).
+        def by_device(segs):
+            return sorted(segs, key=lambda s: s.get("device", 0) if isinstance(s, dict) else 0)
+        a, b = by_device(a), by_device(b)
         for i, (sa, sb) in enumerate(zip(a, b)):
             p = f"{path}[{i}]"
             self.counts["segments"] += 1

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""make_hostile.py OUT_DIR: writes the hostile-input corpus of issue 11, deterministically.
+"""make_hostile.py OUT_DIR: writes the hostile-input corpus of issues 11 and 30, deterministically.
 
-One file per shape of classes 1-9 of the issue (each class at least two shapes), as hand-written
-pickles (raw opcodes where Python's pickler cannot produce the shape), JSON, memory_viz HTML and
-native traces (docs/trace-format.md, written here byte by byte, CRC-32C included). Special files
+One file per shape of classes 1-9 of issue 11 (each class at least two shapes) and of class 10
+(issue 30: profiler traces, memory timelines, native traces within budget), as hand-written
+pickles (raw opcodes where Python's pickler cannot produce the shape), JSON, memory_viz HTML, gzip
+and native traces (docs/trace-format.md, written here byte by byte, CRC-32C included). Special files
 (/dev/zero, /dev/urandom, a FIFO with no writer) and hostile outputs are the runner's
 (tests/hostile/run_hostile.py), not files here.
 
 Large files are sparse (a small valid prefix, then a hole made with truncate), so a 1 GiB input
-costs no disk. Everything else together is well under 200 MB. Fixed seeds; no timestamps: two runs
+costs no disk. Everything else together is under 300 MB. Fixed seeds; no timestamps: two runs
 write identical bytes.
 
 Used as a module by the runner: generate(out_dir) returns the list of Entry (name, class, note,
@@ -36,12 +37,14 @@ REAL_DIR_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 @dataclass
 class Entry:
     name: str  # file name inside OUT_DIR
-    cls: int  # issue 11 class (1-9)
+    cls: int  # issue 11 class (1-9), 10: issue 30 (the third round's readers)
     note: str  # what the shape is
     # flags the runner understands:
     #   "derive_bin": also run every command on `convert -o X.bin` of this input
     #   "flag_wrong": analyze --json must refuse it (exit 2) or say so (an anomaly of severity error
     #                 or an input warning): class 6, numbers that would otherwise be silently wrong
+    #   "budget": class 10, sized to show time and memory out of proportion; a sanitizer build
+    #             runs only `analyze --json` and `convert -o X.bin` on it
     flags: list = field(default_factory=list)
 
 
@@ -283,14 +286,14 @@ def tlv_bytes(tag, b):
 
 
 class Native:
-    def __init__(self):
+    def __init__(self, meta_extra=b""):
         h = bytearray(b"\x89MFTRACE" + struct.pack("<HHIIQ", 1, 0, 32, 0, 1700000000000000))
         h += struct.pack("<I", crc32c(h))
         self.out = h
         self.chunks = 0
         self.events = 0
         self.per_device = {}
-        self.chunk(1, tlv_bytes(1, b"make_hostile.py") + tlv_bytes(2, b"json"))
+        self.chunk(1, tlv_bytes(1, b"make_hostile.py") + tlv_bytes(2, b"json") + meta_extra)
 
     def chunk(self, ctype, payload, codec=0):
         h = struct.pack("<BBHI", ctype, codec, 0, len(payload))
@@ -342,6 +345,20 @@ class Native:
             addr, t = a, tus + 1
         return p
 
+    def segments(self, segs):
+        """segs: (device, addr, total, stack, [(size, stack)]) -> a Segments chunk; blocks are
+        active_allocated, packed from the segment's start, requested = size."""
+        nblocks = sum(len(b) for *_, b in segs)
+        p = bytearray(var(len(segs)) + var(nblocks))
+        for d, addr, total, st, blocks in segs:
+            used = sum(sz for sz, _ in blocks)
+            p += var(d & U64) + var(addr) + var(total) + var(used) + var(used) + var(used)
+            p += svar(0) + var(0) + var(0) + var(st) + bytes([1 | 4])
+            p += var(len(blocks))
+            for sz, bst in blocks:
+                p += svar(0) + bytes([0]) + var(sz) + var(bst)
+        self.chunk(7, bytes(p))
+
     def events_chunk(self, evs):
         self.chunk(5, var(len(evs)) + bytes(self.records(evs)))
         self.count(evs)
@@ -351,11 +368,13 @@ class Native:
         for e in evs:
             self.per_device[e[1]] = self.per_device.get(e[1], 0) + 1
 
-    def finish(self, events=None, trailer=True):
+    def finish(self, events=None, trailer=True, final_state=False):
         if trailer:
             off = len(self.out)
             per = b"".join(var(d) + var(n) for d, n in sorted(self.per_device.items()))
             p = tlv_var(1, self.events if events is None else events) + tlv_var(2, self.chunks) + tlv_bytes(9, per)
+            if final_state:
+                p += tlv_var(10, 1)
             self.chunk(15, p)
             self.out += struct.pack("<Q", off) + b"MFTREND\0"
         return bytes(self.out)
@@ -797,6 +816,173 @@ def c9_shapes(out, E):
     E.append(Entry("c9_html_unterminated.html", 9, "HTML whose base64 field is not terminated"))
 
 
+# Class 10 (issue 30): the readers added in the third round: within budget, or refused at it.
+
+
+def gz_bytes(data):
+    import gzip
+    import io
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
+        f.write(data)
+    return buf.getvalue()
+
+
+def gz_repeat(head, unit, count, tail):
+    """gzip of head + unit * count + tail, compressed piece by piece (never held whole)."""
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = [c.compress(head)]
+    piece = unit * max(1, (1 << 20) // max(1, len(unit)))
+    per = (1 << 20) // max(1, len(unit))
+    left = count
+    while left >= per:
+        out.append(c.compress(piece))
+        left -= per
+    out.append(c.compress(unit * left))
+    out.append(c.compress(tail))
+    out.append(c.flush())
+    return b"".join(out)
+
+
+def kmem(ts, nbytes, addr=None, dev=0):
+    a = {"Device Type": 1, "Device Id": dev, "Bytes": nbytes}
+    if addr is not None:
+        a["Addr"] = addr
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 7, "tid": 1, "ts": ts, "args": a}
+
+
+def kop(name, ts, dur):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 7, "tid": 1, "ts": ts, "dur": dur}
+
+
+def ktrace(evs):
+    return json.dumps({"schemaVersion": 1, "traceEvents": evs}, separators=(",", ":")).encode()
+
+
+def c10_shapes(out, E):
+    base = 0x7F0000000000
+    # Ops that end exactly when the next starts, one allocation inside each (freed in the next).
+    N = 150000
+    evs = []
+    for i in range(N):
+        evs.append(kop("aten::add", 10 * i, 10))
+        evs.append(kmem(10 * i + 5, 512, base + (i % 2) * 512))
+        if i:
+            evs.append(kmem(10 * i + 6, -512, base + ((i - 1) % 2) * 512))
+    data = gz_bytes(ktrace(evs))
+    write(out, "c10_profiler_touching_ops_150k.json.gz", data)
+    E.append(Entry("c10_profiler_touching_ops_150k.json.gz", 10, f"Kineto: 150,000 ops each ending when the next starts, an alloc and a free in each ({len(data)} bytes)"))
+    evs = [kop(f"op{i}", 10 * i, 10) for i in range(N)] + [kmem(10 * N - 5, 512, base)]
+    data = gz_bytes(ktrace(evs))
+    write(out, "c10_profiler_chained_distinct_ops.json.gz", data)
+    E.append(Entry("c10_profiler_chained_distinct_ops.json.gz", 10, f"Kineto: 150,000 chained ops of distinct names, one alloc at the end ({len(data)} bytes)"))
+    # Deep stacks: 300 nested ops, then 60,000 innermost ops of distinct names with an alloc each.
+    D, M = 300, 60000
+    evs = [kop(f"outer{k}", k, 10 * M * 2 + 2 * D - 2 * k) for k in range(D)]
+    for i in range(M):
+        t = D + 20 * i
+        evs.append(kop(f"inner{i}", t, 10))
+        evs.append(kmem(t + 1, 512, base + i * 512))
+    data = gz_bytes(ktrace(evs))
+    write(out, "c10_profiler_deep_distinct_stacks.json.gz", data)
+    E.append(Entry("c10_profiler_deep_distinct_stacks.json.gz", 10, f"Kineto: 60,000 allocations, each under its own 300-op stack ({len(data)} bytes)"))
+    # The 2021 format (Bytes only): identical allocations up to the old gzip floor (256 MiB of text,
+    # 1.6 GB of memory then); refused as a bomb at the floor of 64 MiB now. So are the next three.
+    unit = b'{"ph":"i","name":"[memory]","pid":7,"tid":1,"ts":1,"args":{"Device Type":1,"Device Id":0,"Bytes":512}},'
+    n = (255 * MiB) // len(unit)
+    data = gz_repeat(b'{"traceEvents":[', unit, n, unit[:-1] + b"]}")
+    write(out, "c10_profiler_2021_identical.json.gz", data)
+    E.append(Entry("c10_profiler_2021_identical.json.gz", 10, f"Kineto 2021 form: {n + 1} identical allocations, 255 MiB of text ({len(data)} bytes gzip)"))
+    # Whitespace inside the trace list, 1 GiB of it.
+    data = gz_repeat(b'{"traceEvents":[', b" ", GiB, b"]}")
+    write(out, "c10_profiler_whitespace_bomb.json.gz", data)
+    E.append(Entry("c10_profiler_whitespace_bomb.json.gz", 10, f"Kineto: 1 GiB of whitespace in the event list ({len(data)} bytes gzip)"))
+    # Memory timelines: raw rows at the smallest text per row, gzip.
+    unit = b"[1,2,512,4],"
+    n = (250 * MiB) // len(unit)
+    data = gz_repeat(b"[", unit, n, b"[1,2,512,4]]")
+    write(out, "c10_timeline_raw_rows.json.gz", data)
+    E.append(Entry("c10_timeline_raw_rows.json.gz", 10, f"memory timeline: {n + 1} raw rows, 250 MiB of text ({len(data)} bytes gzip)"))
+    # One row of numbers (a raw row with millions of values).
+    data = gz_repeat(b"[[1,2,512,4,", b"1,", 120 * MiB, b"1]]")
+    write(out, "c10_timeline_one_long_row.json.gz", data)
+    E.append(Entry("c10_timeline_one_long_row.json.gz", 10, f"memory timeline: one raw row of 120 M numbers ({len(data)} bytes gzip)"))
+    # The [times, sizes] form, plain JSON: 100,000 times, 8 categories moving up and down.
+    T = 50000
+    times = list(range(T))
+    sizes = [[0] + [512 * ((t * (c + 3)) % 17) for c in range(8)] for t in range(T)]
+    data = json.dumps([times, sizes], separators=(",", ":")).encode()
+    write(out, "c10_timeline_levels.json", data)
+    E.append(Entry("c10_timeline_levels.json", 10, f"memory timeline [times, sizes]: 50,000 times x 8 categories, every level moving ({len(data)} bytes)"))
+    # Native: 100,000 devices, one segment and one allocation each, with the final state.
+    n = Native()
+    evs = []
+    segs = []
+    for d in range(100000):
+        evs.append((3, d, base, 2 * MiB, 0, d))
+        evs.append((0, d, base, 512, 0, d))
+        segs.append((d, base, 2 * MiB, 0, [(512, 0), (2 * MiB - 512, 0)]))
+    for k in range(0, len(evs), 200000):
+        n.events_chunk(evs[k:k + 200000])
+    n.segments(segs)
+    data = n.finish(final_state=True)
+    write(out, "c10_native_100k_devices.bin", data)
+    E.append(Entry("c10_native_100k_devices.bin", 10, f"native: 100,000 devices, one segment and allocation each, final state ({len(data)} bytes)"))
+    # Native: a Meta chunk whose source warnings are 16 M empty lines.
+    n = Native(meta_extra=tlv_bytes(8, b"\n" * (16 * MiB)))
+    n.events_chunk([(0, 0, base, 512, 0, 1)])
+    data = n.finish()
+    write(out, "c10_native_16m_warning_lines.bin", data)
+    E.append(Entry("c10_native_16m_warning_lines.bin", 10, "native: Meta source warnings of 16 M empty lines"))
+    # Native: a 100,000-frame chain referenced by 600 blocks of the final state and their allocs.
+    n = Native()
+    n.strings(1, [b"chain.py", b"link"])
+    n.frames(0, [(1, 2, 7)])
+    C = 100000
+    n.stacks(2, [(1 + i, 0) for i in range(C)])
+    deep = 1 + C
+    # 150 distinct stacks of 99,851 to 100,000 frames (15 M frames: under the trace's floor of 16 M),
+    # four blocks on each, allocated and live at the end.
+    stk = [deep - i // 4 for i in range(600)]
+    evs = [(3, 0, base, 64 * MiB, 0, 0)] + [(0, 0, base + i * 512, 512, stk[i], 1 + i) for i in range(600)]
+    evs.append((0, 0, base + 600 * 512, 64 * MiB - 600 * 512, 0, 601))
+    n.events_chunk(evs)
+    n.segments([(0, base, 64 * MiB, 0, [(512, stk[i]) for i in range(600)] + [(64 * MiB - 600 * 512, 0)])])
+    data = n.finish(final_state=True)
+    write(out, "c10_native_chain_blocks.bin", data)
+    E.append(Entry("c10_native_chain_blocks.bin", 10, f"native: 600 live blocks on 150 distinct stacks of about 100,000 frames ({len(data)} bytes)"))
+    # Native: 100,000 OOMs, each with a distinct 20-frame stack.
+    n = Native()
+    n.strings(1, [b"oom.py"] + [b"fn%d" % i for i in range(20)])
+    n.frames(0, [(1, 2 + k, k) for k in range(20)])
+    nodes, nid = [], 2
+    for j in range(1000):
+        parent = 1
+        for k in range(20):
+            nodes.append((parent, (k + j) % 20))
+            parent = nid
+            nid += 1
+    n.stacks(2, nodes)
+    evs = [(3, 0, base, 2 * MiB, 0, 0)] + [(8, 0, 1 << 30, 1 << 40, 2 + 20 * (i % 1000) + 19, 1 + i) for i in range(100000)]
+    n.events_chunk(evs)
+    data = n.finish()
+    write(out, "c10_native_100k_ooms.bin", data)
+    E.append(Entry("c10_native_100k_ooms.bin", 10, f"native: 100,000 OOMs with 1,000 distinct 20-frame stacks ({len(data)} bytes)"))
+    # Pickle: 60,000 OOMs sharing one memoized 30-frame stack.
+    F = [frame(f"fn{i}", "oom.py", i) for i in range(30)]
+    tr = [ev("segment_alloc", base, 2 * MiB, 0, F)] + [ev("oom", 1 << 30, 1 << 40, 1 + i, F) for i in range(60000)]
+    data = py_pickle(snap([], [tr]))
+    write(out, "c10_pickle_60k_ooms.pickle", data)
+    E.append(Entry("c10_pickle_60k_ooms.pickle", 10, f"pickle: 60,000 OOMs on one 30-frame stack ({len(data)} bytes)"))
+    # Native: one event on device 2^20-1 (a 144-byte trace).
+    n = Native()
+    n.events_chunk([(0, (1 << 20) - 1, base, 512, 0, 1)])
+    data = n.finish()
+    write(out, "c10_native_device_2p20m1.bin", data)
+    E.append(Entry("c10_native_device_2p20m1.bin", 10, f"native: one allocation on device 2^20-1 ({len(data)} bytes)"))
+
+
 def generate(out_dir, real_dir=None):
     os.makedirs(out_dir, exist_ok=True)
     real_dir = real_dir or os.environ.get("MEMF_REAL_SNAPSHOTS") or REAL_DIR_DEFAULT
@@ -810,6 +996,10 @@ def generate(out_dir, real_dir=None):
     c7_shapes(out_dir, E)
     c8_shapes(out_dir, E)
     c9_shapes(out_dir, E)
+    c10_shapes(out_dir, E)
+    for e in E:
+        if e.cls == 10:
+            e.flags.append("budget")  # the runner's sanitizer build runs fewer commands on these
     write(out_dir, "sample_valid.pickle", py_pickle(small_valid()))
     E.append(Entry("sample_valid.pickle", 0, "a small valid snapshot (control)", ["derive_bin"]))
     with open(os.path.join(out_dir, "MANIFEST.tsv"), "w") as f:

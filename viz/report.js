@@ -133,7 +133,8 @@
 
   // ---------- state ----------
   const S = { dev: 0, kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
-  // S.dev indexes analysis devices (all of them); drawings exist for D.devices (maybe fewer).
+  // S.dev indexes analysis devices (all of them up to 1,000: render_html.h kPageAnalysisDevices);
+  // drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
   const devA = () => A.devices[S.dev];
   const dev = () => drawn.get(devA().device);

@@ -398,7 +398,8 @@ DeviceAnalysis analyzeDevice(const format::Snapshot& snap, DeviceFacts facts,
   }
   if (opt.findings) da.findings = findFindings(snap, facts);
   {
-    for (const auto& o : da.summary.ooms) {
+    for (size_t k = 0; k < da.summary.ooms.size() && k < kOomsListed; ++k) {
+      const replay::OomEvent& o = da.summary.ooms[k];
       da.ooms.push_back({o, userFrames(snap, o.stack, opt.frames_per_group)});
     }
     for (size_t k = 0; k < replay::kAnomalyKinds; ++k) {

@@ -33,6 +33,9 @@ struct OomReport {
   replay::OomEvent oom;
   std::vector<FrameText> frames;
 };
+// OOMs listed per device in DeviceAnalysis::ooms (the first ones): a job that catches OOMs and
+// retries may record any number of them; summary.ooms keeps them all and their count.
+inline constexpr size_t kOomsListed = 1000;
 
 struct AnomalyReport {
   std::string id;
@@ -59,9 +62,9 @@ inline constexpr size_t kLineSizesPerDevice = 64;
 struct DeviceAnalysis {
   replay::DeviceSummary summary;
   size_t segments = 0;
-  size_t live_at_peak = 0;              // live blocks at the requested peak
-  std::vector<StackGroup> top_at_peak;  // largest first, by requested bytes
-  std::vector<OomReport> ooms;
+  size_t live_at_peak = 0;               // live blocks at the requested peak
+  std::vector<StackGroup> top_at_peak;   // largest first, by requested bytes
+  std::vector<OomReport> ooms;           // the first kOomsListed of summary.ooms, with their frames
   std::vector<AnomalyReport> anomalies;  // non-zero ones only, by severity then id
   std::vector<Finding> findings;         // see findings.h; high severity first
   bool has_frames = false;               // top_frames computed (AnalyzeOptions::top_frames > 0)

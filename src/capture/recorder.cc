@@ -469,8 +469,8 @@ void Recorder::buildFinalState(FinishMode mode) {
       g.usual_type = true;
       g.first_block = static_cast<uint32_t>(blocks.size());
       auto [ls, fresh] = live_stacks.try_emplace(f.device);
-      if (fresh && f.device < state_.devices().size()) {
-        state_.devices()[f.device].live().forEach(
+      if (auto st = state_.devices().find(f.device); fresh && st != state_.devices().end()) {
+        st->second.live().forEach(
             [&, &m = ls->second](uint64_t a, const LiveAlloc& l) { m.emplace(a, l.stack); });
       }
       const auto& live_stack = ls->second;
@@ -499,9 +499,8 @@ void Recorder::buildFinalState(FinishMode mode) {
   } else {
     // Derived from the events alone, as the loader would rebuild it (trace_state.h,
     // synthesizeFinalState: the one home of that rule).
-    const auto& devs = state_.devices();
-    for (uint32_t d = 0; d < devs.size(); ++d) {
-      SynthesizedState st = synthesizeFinalState(devs[d], d, blocks);
+    for (const auto& [d, ds] : state_.devices()) {
+      SynthesizedState st = synthesizeFinalState(ds, d, blocks);
       segs.insert(segs.end(), st.segments.begin(), st.segments.end());
     }
   }

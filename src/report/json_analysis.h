@@ -2,12 +2,15 @@
 // report/ that embed it (the HTML report shows exactly the numbers `analyze --json` prints).
 #pragma once
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "analysis/analyze.h"
 
 namespace memforensics::report {
 
 nlohmann::json analysisJson(const analysis::AnalysisResult& r);
+// The same with only these of r.devices (indices, in this order) in "devices".
+nlohmann::json analysisJson(const analysis::AnalysisResult& r, std::span<const size_t> devices);
 
 // The four replayed counters and active = allocated + pending, as every JSON output of report/
 // spells them (analyze --json's "start"/"final"/OOM "state", the HTML report's keyframes, the

@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "analysis/findings/headline.h"
@@ -261,7 +262,45 @@ struct Cuts {
   uint64_t frames_omitted = 0;
   size_t lists = 0;
   size_t big_numbers = 0;
+  size_t devices_left_out = 0;  // analyses past kPageAnalysisDevices
 };
+
+// Indices of the devices of `a` whose analysis the page carries, in file order: every one when
+// there are at most `cap`; else the focus device and the drawn ones (at most
+// ReportDataOptions::max_detail_devices + 1, even past a smaller cap), then the headline's in its
+// order, then the first others, until there are `cap`.
+std::vector<size_t> pageDevices(const analysis::AnalysisResult& a, const analysis::ReportData& data,
+                                size_t cap) {
+  const size_t n = a.devices.size();
+  std::vector<size_t> out;
+  if (n <= cap) {
+    out.resize(n);
+    for (size_t i = 0; i < n; ++i) out[i] = i;
+    return out;
+  }
+  std::unordered_map<int64_t, size_t> index;  // device -> index in a.devices
+  index.reserve(n);
+  for (size_t i = 0; i < n; ++i) index.emplace(a.devices[i].summary.device, i);
+  std::vector<bool> keep(n, false);
+  size_t kept = 0;
+  auto take = [&](int64_t device) {
+    auto it = index.find(device);
+    if (it == index.end() || keep[it->second]) return;
+    keep[it->second] = true;
+    ++kept;
+  };
+  const analysis::Headline h = analysis::buildHeadline(a);
+  take(h.focus_device);
+  for (const auto& d : data.devices) take(d.device);
+  for (const auto& it : h.items) {
+    if (kept >= cap) break;
+    take(it.device);
+  }
+  for (size_t i = 0; i < n && kept < cap; ++i) take(a.devices[i].summary.device);
+  for (size_t i = 0; i < n; ++i)
+    if (keep[i]) out.push_back(i);
+  return out;
+}
 
 constexpr uint64_t kSafeInteger = uint64_t{1} << 53;  // JavaScript numbers are exact up to 2^53
 
@@ -385,6 +424,12 @@ std::vector<std::string> cutNotes(const Cuts& c, const PageLimits& lim) {
                     " lists of the analysis cut to their first " + std::to_string(lim.max_list) +
                     " entries");
   }
+  if (c.devices_left_out > 0) {
+    notes.push_back("page: the analysis of " + std::to_string(c.devices_left_out) +
+                    " devices left out (at most " + std::to_string(kPageAnalysisDevices) +
+                    ": the drawn ones, the headline's, then the first; `analyze --json` has them "
+                    "all)");
+  }
   if (c.big_numbers > 0) {
     notes.push_back("page: " + std::to_string(c.big_numbers) +
                     " byte counts above 2^53 are carried as exact text (the drawings round them)");
@@ -443,7 +488,19 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
     doc["headline"] = {
         {"focus_device", h.focus_device}, {"focus_reason", h.focus_reason}, {"items", items}};
   }
-  doc["analysis"] = analysisJson(*src);
+  // The devices whose analysis the page carries: at most kPageAnalysisDevices (or the list bound
+  // of levels 2 and up), the focus and drawn ones and the headline's first, then the file's order
+  // (300,000 devices are 520 MB of JSON, 4 GB as a tree). A list past the list bound is counted
+  // as boundAnalysis counts the lists it cuts.
+  {
+    const std::vector<size_t> keep =
+        pageDevices(*src, data, std::min(kPageAnalysisDevices, lim.max_list));
+    if (src->devices.size() > lim.max_list)
+      ++cuts.lists;
+    else if (keep.size() < src->devices.size())
+      cuts.devices_left_out = src->devices.size() - keep.size();
+    doc["analysis"] = analysisJson(*src, keep);
+  }
   if (src == &trimmed) trimmed = {};
   boundAnalysis(doc["analysis"], lim, cuts);
   boundAnalysis(doc["headline"], lim, cuts);

@@ -27,6 +27,9 @@ namespace memforensics::report {
 // Each cut is named in the page's notes ("Shown in part"). `analyze --json` is not affected.
 constexpr size_t kPageStringBytes = 1024;
 constexpr size_t kPageFramesPerList = 48;
+// Devices whose analysis the page carries (each is 1-2 KB of JSON at least): the drawn ones, the
+// headline's, then the first in file order; the page's notes say how many were left out.
+constexpr size_t kPageAnalysisDevices = 1000;
 // The page `report` writes stays under this many bytes (the budget is 5 MB; a margin).
 constexpr size_t kReportPageBytes = 4'750'000;
 // How many times renderHtmlWithin halves the data's bounds (analysis::halveReportData) before it

@@ -79,124 +79,127 @@ nlohmann::json countersJson(const replay::Counters& c) {
           {"active_bytes", c.active()}};
 }
 
-nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
-  json doc;
-  doc["schema_version"] = kJsonSchemaVersion;
-  doc["tool"] = "memforensics";
-  doc["path"] = r.path;
-  doc["input"] = {
-      {"format", r.source_format},
-      {"pickle_protocol", r.pickle_protocol == 0 ? json(nullptr) : json(r.pickle_protocol)},
-      {"bytes", r.input_bytes},
-      {"pytorch_era", r.era},
-      {"strings", r.strings},
-      {"frames", r.frames},
-      {"stacks", r.stacks},
-      {"annotations", r.annotations},
-      {"host_trace_events", r.host_trace_events},
-      {"ignored_keys", r.ignored_keys},
-      {"origin", r.origin.empty() ? json(nullptr) : json(r.origin)},
-      {"warnings", r.warnings}};
-  json devices = json::array();
-  for (const auto& d : r.devices) {
-    const auto& s = d.summary;
-    json j;
-    j["device"] = s.device;
-    j["events"] = s.events;
-    json by = json::object();
-    for (size_t a = 0; a < s.by_action.size(); ++a) {
-      if (s.by_action[a] > 0)
-        by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
-    }
-    j["events_by_action"] = by;
-    j["first_time_us"] = optJson(s.first_time_us);
-    j["last_time_us"] = optJson(s.last_time_us);
-    j["segments"] = d.segments;
-    addPeakJson(j, "reserved", s.peak_reserved);
-    addPeakJson(j, "requested", s.peak_requested);
-    addPeakJson(j, "allocated", s.peak_allocated);
-    addPeakJson(j, "active", s.peak_active);
-    j["allocated_exact"] = s.allocated_exact;
-    j["consistent"] = s.consistent;  // false: the trace cannot lead to the file's final state
-    json untrusted = json::array();
-    for (auto n : replay::untrustedNames(s.untrusted)) untrusted.push_back(std::string(n));
-    j["untrusted"] = std::move(untrusted);
-    j["start_reserved_bytes"] = s.start.reserved;
-    j["start_requested_bytes"] = s.start.requested;
-    j["final_reserved_bytes"] = s.final_replayed.reserved;
-    j["final_requested_bytes"] = s.final_replayed.requested;
-    j["final_allocated_bytes"] = s.final_replayed.allocated;
-    j["final_active_bytes"] = s.final_replayed.active();
-    j["start"] = countersJson(s.start);
-    j["final"] = countersJson(s.final_replayed);
-    j["final_in_file"] = countersJson(s.final_file);
-    j["live_blocks_at_start"] = s.live_at_start;
-    j["blocks_freed_before_trace_start"] = s.freed_before_start;
-    j["oom_count"] = d.ooms.size();
-    json ooms = json::array();
-    for (const auto& o : d.ooms) {
-      ooms.push_back({{"event", o.oom.event},
-                      {"time_us", optJson(o.oom.time_us)},
-                      {"request_bytes", o.oom.request_bytes},
-                      {"device_free_bytes", o.oom.device_free},
-                      {"stream", o.oom.stream},
-                      {"state", countersJson(o.oom.at)},
-                      {"frames", framesJson(o.frames)}});
-    }
-    j["ooms"] = ooms;
-    j["live_blocks_at_requested_peak"] = d.live_at_peak;
-    json top = json::array();
-    for (const auto& g : d.top_at_peak) {
-      top.push_back({{"requested_bytes", g.requested_bytes},
-                     {"block_bytes", g.block_bytes},
-                     {"count", g.count},
-                     {"has_stack", g.has_stack},
-                     {"frames", framesJson(g.frames)}});
-    }
-    j["top_allocations_at_requested_peak"] = top;
-    json an = json::array();
-    for (const auto& a : d.anomalies) {
-      an.push_back({{"id", a.id},
-                    {"severity", std::string(replay::severityName(a.severity))},
-                    {"count", a.count},
-                    {"first_event", optJson(a.first_event)},
-                    {"description", a.description}});
-    }
-    j["anomalies"] = an;
-    json fs = json::array();
-    for (const auto& f : d.findings) fs.push_back(findingJson(f));
-    j["findings"] = fs;
-    if (d.has_frames) {
-      auto rows = [](const std::vector<analysis::FrameBytes>& v) {
-        json a = json::array();
-        for (const auto& r : v) {
-          a.push_back({{"frame", frameJson(r.frame)},
-                       {"self_bytes", r.self_bytes},
-                       {"inclusive_bytes", r.inclusive_bytes},
-                       {"blocks", r.blocks}});
-        }
-        return a;
-      };
-      const auto& g = d.frames_at_peak;
-      j["top_frames_at_requested_peak"] = {{"total_bytes", g.total_bytes},
-                                           {"unattributed_bytes", g.unattributed_bytes},
-                                           {"frames", g.vertices},
-                                           {"calls", g.edges},
-                                           {"by_inclusive_bytes", rows(g.top_inclusive)},
-                                           {"by_self_bytes", rows(g.top_self)},
-                                           {"hot_path", rows(g.hot_path)}};
-    }
-    devices.push_back(std::move(j));
+namespace {
+
+// One device of `analyze --json`.
+json deviceJson(const analysis::DeviceAnalysis& d) {
+  const auto& s = d.summary;
+  json j;
+  j["device"] = s.device;
+  j["events"] = s.events;
+  json by = json::object();
+  for (size_t a = 0; a < s.by_action.size(); ++a) {
+    if (s.by_action[a] > 0)
+      by[std::string(format::actionName(static_cast<format::Action>(a)))] = s.by_action[a];
   }
-  doc["devices"] = std::move(devices);
-  doc["empty_devices"] = r.empty_devices;
+  j["events_by_action"] = by;
+  j["first_time_us"] = optJson(s.first_time_us);
+  j["last_time_us"] = optJson(s.last_time_us);
+  j["segments"] = d.segments;
+  addPeakJson(j, "reserved", s.peak_reserved);
+  addPeakJson(j, "requested", s.peak_requested);
+  addPeakJson(j, "allocated", s.peak_allocated);
+  addPeakJson(j, "active", s.peak_active);
+  j["allocated_exact"] = s.allocated_exact;
+  j["consistent"] = s.consistent;  // false: the trace cannot lead to the file's final state
+  json untrusted = json::array();
+  for (auto n : replay::untrustedNames(s.untrusted)) untrusted.push_back(std::string(n));
+  j["untrusted"] = std::move(untrusted);
+  j["start_reserved_bytes"] = s.start.reserved;
+  j["start_requested_bytes"] = s.start.requested;
+  j["final_reserved_bytes"] = s.final_replayed.reserved;
+  j["final_requested_bytes"] = s.final_replayed.requested;
+  j["final_allocated_bytes"] = s.final_replayed.allocated;
+  j["final_active_bytes"] = s.final_replayed.active();
+  j["start"] = countersJson(s.start);
+  j["final"] = countersJson(s.final_replayed);
+  j["final_in_file"] = countersJson(s.final_file);
+  j["live_blocks_at_start"] = s.live_at_start;
+  j["blocks_freed_before_trace_start"] = s.freed_before_start;
+  j["oom_count"] = s.ooms.size();
+  j["ooms_omitted"] = s.ooms.size() - d.ooms.size();  // past analysis::kOomsListed
+  json ooms = json::array();
+  for (const auto& o : d.ooms) {
+    ooms.push_back({{"event", o.oom.event},
+                    {"time_us", optJson(o.oom.time_us)},
+                    {"request_bytes", o.oom.request_bytes},
+                    {"device_free_bytes", o.oom.device_free},
+                    {"stream", o.oom.stream},
+                    {"state", countersJson(o.oom.at)},
+                    {"frames", framesJson(o.frames)}});
+  }
+  j["ooms"] = ooms;
+  j["live_blocks_at_requested_peak"] = d.live_at_peak;
+  json top = json::array();
+  for (const auto& g : d.top_at_peak) {
+    top.push_back({{"requested_bytes", g.requested_bytes},
+                   {"block_bytes", g.block_bytes},
+                   {"count", g.count},
+                   {"has_stack", g.has_stack},
+                   {"frames", framesJson(g.frames)}});
+  }
+  j["top_allocations_at_requested_peak"] = top;
+  json an = json::array();
+  for (const auto& a : d.anomalies) {
+    an.push_back({{"id", a.id},
+                  {"severity", std::string(replay::severityName(a.severity))},
+                  {"count", a.count},
+                  {"first_event", optJson(a.first_event)},
+                  {"description", a.description}});
+  }
+  j["anomalies"] = an;
+  json fs = json::array();
+  for (const auto& f : d.findings) fs.push_back(findingJson(f));
+  j["findings"] = fs;
+  if (d.has_frames) {
+    auto rows = [](const std::vector<analysis::FrameBytes>& v) {
+      json a = json::array();
+      for (const auto& r : v) {
+        a.push_back({{"frame", frameJson(r.frame)},
+                     {"self_bytes", r.self_bytes},
+                     {"inclusive_bytes", r.inclusive_bytes},
+                     {"blocks", r.blocks}});
+      }
+      return a;
+    };
+    const auto& g = d.frames_at_peak;
+    j["top_frames_at_requested_peak"] = {{"total_bytes", g.total_bytes},
+                                         {"unattributed_bytes", g.unattributed_bytes},
+                                         {"frames", g.vertices},
+                                         {"calls", g.edges},
+                                         {"by_inclusive_bytes", rows(g.top_inclusive)},
+                                         {"by_self_bytes", rows(g.top_self)},
+                                         {"hot_path", rows(g.hot_path)}};
+  }
+  return j;
+}
+
+json inputJson(const analysis::AnalysisResult& r) {
+  return {{"format", r.source_format},
+          {"pickle_protocol", r.pickle_protocol == 0 ? json(nullptr) : json(r.pickle_protocol)},
+          {"bytes", r.input_bytes},
+          {"pytorch_era", r.era},
+          {"strings", r.strings},
+          {"frames", r.frames},
+          {"stacks", r.stacks},
+          {"annotations", r.annotations},
+          {"host_trace_events", r.host_trace_events},
+          {"ignored_keys", r.ignored_keys},
+          {"origin", r.origin.empty() ? json(nullptr) : json(r.origin)},
+          {"warnings", r.warnings}};
+}
+
+json jobFindingsJson(const analysis::AnalysisResult& r) {
   json jobs = json::array();
   for (const auto& f : r.job_findings) {
     json jf = findingJson(f);
     jf["device"] = optJson(f.device);
     jobs.push_back(std::move(jf));
   }
-  doc["job_findings"] = std::move(jobs);
+  return jobs;
+}
+
+json headlineJson(const analysis::AnalysisResult& r) {
   // The first screen (analysis/findings/headline.h): the focus device and one item per OOM, high
   // finding or history that cannot explain the file.
   const analysis::Headline h = analysis::buildHeadline(r);
@@ -209,20 +212,71 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
                      {"bytes", it.bytes},
                      {"where", framesJson(it.where)}});
   }
-  doc["headline"] = {{"focus_device", optJson(h.focus_device)},
-                     {"focus_reason", h.focus_reason},
-                     {"items", std::move(items)},
-                     {"other_warnings", h.other_warnings}};
+  return {{"focus_device", optJson(h.focus_device)},
+          {"focus_reason", h.focus_reason},
+          {"items", std::move(items)},
+          {"other_warnings", h.other_warnings}};
+}
+
+}  // namespace
+
+namespace {
+
+// Everything of the document but its devices.
+json analysisJsonWithoutDevices(const analysis::AnalysisResult& r) {
+  json doc;
+  doc["schema_version"] = kJsonSchemaVersion;
+  doc["tool"] = "memforensics";
+  doc["path"] = r.path;
+  doc["input"] = inputJson(r);
+  doc["empty_devices"] = r.empty_devices;
+  doc["job_findings"] = jobFindingsJson(r);
+  doc["headline"] = headlineJson(r);
+  return doc;
+}
+
+std::string dumpJson(const json& j) {
+  // Snapshot strings are not guaranteed to be UTF-8: replace bad bytes rather than fail.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+nlohmann::json analysisJson(const analysis::AnalysisResult& r) {
+  json doc = analysisJsonWithoutDevices(r);
+  json devices = json::array();
+  for (const auto& d : r.devices) devices.push_back(deviceJson(d));
+  doc["devices"] = std::move(devices);
+  return doc;
+}
+
+nlohmann::json analysisJson(const analysis::AnalysisResult& r, std::span<const size_t> devices_in) {
+  json doc = analysisJsonWithoutDevices(r);
+  json devices = json::array();
+  for (size_t i : devices_in) devices.push_back(deviceJson(r.devices.at(i)));
+  doc["devices"] = std::move(devices);
   return doc;
 }
 
 std::string renderJsonString(const analysis::AnalysisResult& r) {
-  // Snapshot strings are not guaranteed to be UTF-8: replace bad bytes rather than fail.
-  return analysisJson(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::ostringstream out;
+  renderJson(r, out);
+  std::string s = out.str();
+  s.pop_back();  // the newline
+  return s;
 }
 
 void renderJson(const analysis::AnalysisResult& r, std::ostream& out) {
-  out << renderJsonString(r) << "\n";
+  // The same bytes as analysisJson(r).dump(), one device at a time: a document of many devices
+  // (65,536 devices: 85 MB of JSON) is never held as a tree (8-10x its text). The tree's keys are
+  // sorted and "devices" is the first of them.
+  const std::string rest = dumpJson(analysisJsonWithoutDevices(r));
+  out << "{\"devices\":[";
+  for (size_t i = 0; i < r.devices.size(); ++i) {
+    if (i > 0) out << ',';
+    out << dumpJson(deviceJson(r.devices[i]));
+  }
+  out << "]," << std::string_view(rest).substr(1) << "\n";
 }
 
 }  // namespace memforensics::report

@@ -14,6 +14,9 @@ namespace memforensics::report {
 
 namespace {
 
+// OOMs the text lists per device, with their frames (--json lists up to analysis::kOomsListed).
+constexpr size_t kTextOoms = 16;
+
 std::string pad(std::string s, size_t w) {
   if (s.size() < w) s.append(w - s.size(), ' ');
   return s;
@@ -135,9 +138,9 @@ void deviceTable(const analysis::AnalysisResult& r, const std::vector<size_t>& o
     out << "    " << pad("cuda:" + std::to_string(s.device), 9) << "peak reserved "
         << pad(formatBytesShort(s.peak_reserved.bytes) + ",", 12) << "requested "
         << pad(formatBytesShort(s.peak_requested.bytes) + ";", 12);
-    out << (d.ooms.empty()
-                ? std::string("no OOM")
-                : std::to_string(d.ooms.size()) + (d.ooms.size() == 1 ? " OOM" : " OOMs"));
+    const size_t n_ooms = s.ooms.size();
+    out << (n_ooms == 0 ? std::string("no OOM")
+                        : std::to_string(n_ooms) + (n_ooms == 1 ? " OOM" : " OOMs"));
     const analysis::FindingSeverity sev[3] = {analysis::FindingSeverity::High,
                                               analysis::FindingSeverity::Warning,
                                               analysis::FindingSeverity::Info};
@@ -177,7 +180,7 @@ std::vector<std::string> shownPaths(const analysis::AnalysisResult& r) {
   for (const auto& d : r.devices) {
     findings(d.findings);
     for (const auto& g : d.top_at_peak) addFrames(g.frames, paths);
-    for (const auto& o : d.ooms) addFrames(o.frames, paths);
+    for (size_t k = 0; k < d.ooms.size() && k < kTextOoms; ++k) addFrames(d.ooms[k].frames, paths);
     for (const auto& f : d.frames_at_peak.top_inclusive) paths.push_back(f.frame.filename);
     for (const auto& f : d.frames_at_peak.hot_path) paths.push_back(f.frame.filename);
   }
@@ -334,13 +337,21 @@ void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& hea
     else if (d.ooms.empty())
       out << "none\n";
     else
-      out << d.ooms.size() << "\n";
-    for (const auto& o : d.ooms) {
+      out << d.summary.ooms.size() << "\n";
+    for (size_t k = 0; k < d.ooms.size() && k < kTextOoms; ++k) {
+      const analysis::OomReport& o = d.ooms[k];
       out << "    event " << o.oom.event << ": request of " << formatBytes(o.oom.request_bytes)
           << " failed with " << formatBytes(o.oom.device_free) << " free on the device; reserved "
           << formatBytesShort(o.oom.at.reserved) << ", requested "
           << formatBytesShort(o.oom.at.requested) << "\n";
       for (const auto& f : o.frames) out << "        at " << escapeText(f.display()) << "\n";
+    }
+    if (d.summary.ooms.size() > kTextOoms) {
+      out << "    ... and " << d.summary.ooms.size() - kTextOoms << " more (analyze --json lists ";
+      if (d.summary.ooms.size() > analysis::kOomsListed)
+        out << "the first " << analysis::kOomsListed << ")\n";
+      else
+        out << "them all)\n";
     }
 
     out << "\n  largest live allocations at the requested peak";

@@ -489,6 +489,34 @@ TEST(ProfilerHostile, DeepJsonIsRefusedAndDeepOpsAreCut) {
   EXPECT_EQ(names.front(), "op1999");  // the innermost kept
 }
 
+// The distinct op stacks of a trace hold at most max(4 M, text / 4) frames: past it a stack keeps
+// its 8 innermost ops, counted (60,000 distinct 256-op stacks from 800 KB of gzip were 15 M frames
+// and a 1.2 GB report).
+TEST(ProfilerHostile, DistinctStacksPastTheFrameBudgetKeepTheirInnermostOps) {
+  std::vector<std::string> ev;
+  const int depth = 300, n = 20000;  // 20,000 x 256 frames = 5.1 M
+  for (int k = 0; k < depth; ++k)
+    ev.push_back(op("cpu_op", "outer" + std::to_string(k), k, 100 * n));
+  for (int i = 0; i < n; ++i) {
+    ev.push_back(op("cpu_op", "inner" + std::to_string(i), depth + 4 * i, 2));
+    ev.push_back(mem(depth + 4 * i + 1, 512, 4096 * (i + 1)));
+  }
+  const std::string text = kineto(ev);
+  ASSERT_LT(text.size() / kProfilerTextBytesPerStackFrame, kProfilerStackFramesFloor);
+  auto snap = loadSnapshotBytes(bytesOf(text));
+  ASSERT_TRUE(snap) << snap.error().describe();
+  std::vector<size_t> depths;
+  for (const Event& e : snap->trace(0))
+    if (e.action == Action::Alloc) depths.push_back(snap->stacks.stack(e.stack).size());
+  ASSERT_EQ(depths.size(), static_cast<size_t>(n));
+  EXPECT_EQ(depths.front(), kMaxProfilerStackFrames);
+  EXPECT_EQ(depths.back(), kProfilerStackFramesPastBudget);
+  const size_t whole = kProfilerStackFramesFloor / kMaxProfilerStackFrames;  // 16,384 fit
+  EXPECT_EQ(depths[whole - 1], kMaxProfilerStackFrames);
+  EXPECT_EQ(depths[whole], kProfilerStackFramesPastBudget);
+  EXPECT_TRUE(hasWarning(*snap, std::to_string(n - whole) + " op stacks cut to their 8 innermost"));
+}
+
 TEST(ProfilerHostile, TruncatedGzipIsAClearError) {
   std::string t = kineto({mem(1, 512, 1), mem(2, -512, 1)});
   auto gz = gzipOf(bytesOf(t));
@@ -507,20 +535,56 @@ TEST(ProfilerHostile, TruncatedGzipIsAClearError) {
 }
 
 TEST(ProfilerHostile, GzipBombIsRefusedAtTheBudget) {
-  // 64 MiB of JSON whitespace inside a valid trace: the text is valid, only its size is hostile.
-  std::string t = "{\"traceEvents\": [" + std::string(64u << 20, ' ') + "]}";
+  // 48 MiB of JSON whitespace inside a valid trace: the text is valid, only its size is hostile.
+  std::string t = "{\"traceEvents\": [" + std::string(48u << 20, ' ') + "]}";
   auto gz = gzipOf(bytesOf(t));
   ASSERT_LT(gz.size(), 200000u);  // > 300x
   EXPECT_EQ(gzipDecodedBudget(gz.size()), kGzipDecodedFloor);
   EXPECT_EQ(gzipDecodedBudget(uint64_t{1} << 30), (uint64_t{1} << 30) * kGzipExpansionPerInputByte);
   ProfilerReadOptions po;
-  po.max_decoded_bytes = 16u << 20;  // the floor is 256 MiB; the rule is the same below it
+  po.max_decoded_bytes = 16u << 20;  // the floor is 64 MiB; the rule is the same below it
   auto snap = readProfilerInput(gz, po);
   ASSERT_FALSE(snap);
   EXPECT_NE(snap.error().message.find("decompression bomb"), std::string::npos)
       << snap.error().message;
-  po.max_decoded_bytes = 0;  // the default budget lets this one through: it is only 64 MiB
+  po.max_decoded_bytes = 0;  // the default budget lets this one through: it is only 48 MiB
   EXPECT_TRUE(readProfilerInput(gz, po));
+  // 2021-form allocations (no address) that compress 300x: past the 64 MiB floor the file is
+  // refused, where the old 256 MiB floor let 2.5 M of them through (890 KB: 1.6 GB, 41 s).
+  std::string unit =
+      "{\"ph\":\"i\",\"name\":\"[memory]\",\"pid\":7,\"tid\":1,\"ts\":1,\"args\":{\"Device "
+      "Type\":1,\"Device Id\":0,\"Bytes\":512}},";
+  std::string many = "{\"traceEvents\":[";
+  while (many.size() < (80u << 20)) many += unit;
+  many += "{}]}";
+  auto gz2 = gzipOf(bytesOf(many));
+  ASSERT_LT(gz2.size() * kGzipExpansionPerInputByte, kGzipDecodedFloor);
+  auto refused = readProfilerInput(gz2, ProfilerReadOptions{});
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("decompression bomb"), std::string::npos)
+      << refused.error().message;
+}
+
+// Ops that end exactly when the next begins were never popped from the open list, which every
+// memory event then walked (300,000 ops: 50 s). Each op is now walked past once; the stacks are
+// those of before: an event at the boundary is in both ops (ends are inclusive).
+TEST(ProfilerHostile, TouchingOpsKeepTheirStacks) {
+  std::vector<std::string> ev;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ev.push_back(op("cpu_op", "op" + std::to_string(i), 10 * i, 10));
+  ev.push_back(mem(5, 512, 1000));           // inside op0 only
+  ev.push_back(mem(10, 512, 2000));          // op1 begins where op0 ends: both
+  ev.push_back(mem(10 * n - 5, 512, 3000));  // inside the last op only
+  auto snap = loadSnapshotBytes(bytesOf(kineto(ev)));
+  ASSERT_TRUE(snap) << snap.error().describe();
+  std::vector<std::vector<std::string>> stacks;
+  for (const Event& e : snap->trace(0))
+    if (e.action == Action::Alloc) stacks.push_back(frameNames(*snap, e.stack));
+  ASSERT_EQ(stacks.size(), 3u);
+  EXPECT_EQ(stacks[0], (std::vector<std::string>{"op0"}));
+  EXPECT_EQ(stacks[1], (std::vector<std::string>{"op1", "op0"}));
+  EXPECT_EQ(stacks[2], (std::vector<std::string>{"op" + std::to_string(n - 1)}));
+  EXPECT_FALSE(hasWarning(*snap, "nested deeper than")) << "no stack was cut";
 }
 
 TEST(ProfilerHostile, SniffingKeepsSnapshotJsonAndRefusesNonTraces) {

@@ -209,6 +209,39 @@ TEST(TraceFormat, EmptyTraceIsComplete) {
   EXPECT_NE(snap->load_warnings[0].find("no final segment state"), std::string::npos);
 }
 
+// A Meta chunk's lists are bounded only by the chunk: 16 M empty lines of source warnings were
+// 16 M warnings (1.8 GB). A reader keeps kMaxMetaLines (256) non-empty lines of each and counts
+// the rest; empty warning lines are dropped, an empty ignored key is a key.
+TEST(TraceFormat, MetaListsKeepTheirFirstLinesAndCountTheRest) {
+  std::string warnings(100000, '\n');
+  for (int i = 0; i < 300; ++i) warnings += "w" + std::to_string(i) + "\n\n";
+  std::string keys;
+  for (int i = 0; i < 300; ++i) keys += (i ? "\n" : "") + std::string(i == 1 ? "" : "k");
+  VectorSink sink;
+  TraceWriter w(sink);
+  TraceMeta meta;
+  meta.source_format = "json";
+  meta.source_warnings = warnings;
+  meta.ignored_keys = keys;
+  ASSERT_TRUE(w.begin(meta).ok());
+  ASSERT_TRUE(w.close().ok());
+  auto snap = loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  std::vector<std::string> source;
+  for (const auto& l : snap->load_warnings)
+    if (l.rfind("source json: ", 0) == 0) source.push_back(l);
+  ASSERT_EQ(source.size(), 257u);
+  EXPECT_EQ(source[0], "source json: w0");
+  EXPECT_EQ(source[255], "source json: w255");
+  EXPECT_EQ(source[256], "source json: 44 more warnings not listed (at most 256)");
+  ASSERT_EQ(snap->ignored_keys.size(), 256u);
+  EXPECT_EQ(snap->ignored_keys[1], "");
+  bool counted = false;
+  for (const auto& l : snap->load_warnings)
+    counted |= l == "44 more ignored keys not listed (at most 256)";
+  EXPECT_TRUE(counted);
+}
+
 TEST(TraceFormat, NewerMajorVersionIsRefusedNamingBoth) {
   VectorSink sink;
   TraceWriter w(sink);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -359,6 +360,59 @@ TEST(HtmlBound, ByteCountsAbove2To53TravelAsExactStrings) {
   // Small values stay numbers: the page of an ordinary snapshot is analyze --json's document.
   Bounded small = renderBounded(hostile(), kCliBound);
   EXPECT_TRUE(small.doc["analysis"]["devices"][0]["peak_requested_bytes"].is_number());
+}
+
+// A file of many devices: the page carries the analysis of at most kPageAnalysisDevices, the drawn
+// ones and the headline's among them (300,000 devices built a 4 GB tree per render and never
+// finished), and says how many it left out.
+TEST(HtmlReport, ManyDevicesCarryTheAnalysisOfABoundedFewTheDrawnOnesFirst) {
+  const int64_t n = static_cast<int64_t>(kPageAnalysisDevices) + 200;
+  const int64_t oom_device = n - 3;  // past the bound in file order: the headline's device
+  TSnapshot t;
+  for (int64_t d = 0; d < n; ++d) {
+    t.segments.push_back({d, 0x1000000, 0, "large", {{2097152, 0, "inactive", {}}}});
+    std::vector<TEvent> tr{{"segment_alloc", 0x1000000, 2097152, 0, 1}};
+    if (d == oom_device) tr.push_back({"oom", 100, 1 << 30, 0, 2});
+    t.traces.push_back(tr);
+  }
+  const Bounded b = renderBounded(buildSnapshot(t), kCliBound);
+  const auto& devices = b.doc["analysis"]["devices"];
+  ASSERT_EQ(devices.size(), kPageAnalysisDevices);
+  bool has_oom_device = false;
+  int64_t prev = -1;
+  for (const auto& d : devices) {
+    const int64_t id = d["device"].get<int64_t>();
+    EXPECT_GT(id, prev) << "file order";
+    prev = id;
+    has_oom_device |= id == oom_device;
+  }
+  EXPECT_TRUE(has_oom_device);
+  EXPECT_EQ(b.doc["headline"]["focus_device"], oom_device);
+  EXPECT_EQ(noteCount(b.caps, "devices left out", "page: the analysis of"), 200)
+      << nlohmann::json(b.caps).dump();
+}
+
+// More headline devices than the bound (an OOM on each of 1,100 devices): the page still carries
+// kPageAnalysisDevices analyses, the focus and the drawn devices among them, the headline's before
+// the file's first devices (which have nothing to say).
+TEST(HtmlReport, MoreHeadlineDevicesThanTheBoundStillCarryABoundedFew) {
+  const int64_t n = 1200, first_oom = 100;
+  TSnapshot t;
+  for (int64_t d = 0; d < n; ++d) {
+    t.segments.push_back({d, 0x1000000, 0, "large", {{2097152, 0, "inactive", {}}}});
+    std::vector<TEvent> tr{{"segment_alloc", 0x1000000, 2097152, 0, 1}};
+    if (d >= first_oom) tr.push_back({"oom", 100, 1 << 30, 0, 2});
+    t.traces.push_back(tr);
+  }
+  const Bounded b = renderBounded(buildSnapshot(t), kCliBound);
+  const auto& devices = b.doc["analysis"]["devices"];
+  ASSERT_EQ(devices.size(), kPageAnalysisDevices);
+  std::set<int64_t> carried;
+  for (const auto& d : devices) carried.insert(d["device"].get<int64_t>());
+  EXPECT_EQ(carried.count(0), 0u) << "a device with nothing to say before a headline one";
+  EXPECT_EQ(carried.count(b.doc["headline"]["focus_device"].get<int64_t>()), 1u);
+  for (const auto& d : b.doc["devices"]) EXPECT_EQ(carried.count(d["device"].get<int64_t>()), 1u);
+  EXPECT_EQ(noteCount(b.caps, "devices left out", "page: the analysis of"), 200);
 }
 
 }  // namespace

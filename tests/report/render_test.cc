@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "analysis/findings/findings.h"
 #include "fixtures/snapshot_builder.h"
+#include "report/json_analysis.h"
 #include "report/render_timeline.h"
 
 namespace memforensics::report {
@@ -40,6 +42,72 @@ TEST(RenderJson, HasSchemaAndRequiredDeviceFields) {
   std::string fname = d["top_allocations_at_requested_peak"][0]["frames"][0]["filename"];
   EXPECT_EQ(fname.find("</script>"), 0u);
   EXPECT_NE(fname.find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+// `--json` is written one device at a time, never as one tree: the bytes must be the tree's dump,
+// with bad UTF-8 replaced the same way, for no device, one and several.
+TEST(RenderJson, TheStreamedDocumentIsTheTreesDump) {
+  auto dumpOf = [](const analysis::AnalysisResult& r) {
+    return analysisJson(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  analysis::AnalysisResult none;
+  none.path = "none\xff.pickle";
+  EXPECT_EQ(renderJsonString(none), dumpOf(none));
+  TSnapshot t;
+  std::vector<memforensics::testing::TFrame> bad = {{"m\xff.py", 1, "f\xc3"}};
+  for (int64_t d = 0; d < 3; ++d) {
+    t.segments.push_back({d, 0x1000000, 0, "large", {{20971520, 5, "active_allocated", bad}}});
+    t.traces.push_back({{"alloc", 0x1000000, 5, 0, 1, bad, true}, {"oom", 100, 1 << 30, 0, 2}});
+  }
+  auto snap = buildSnapshot(t);
+  auto r = analysis::analyzeSnapshot(snap);
+  r.path = "x.pickle";
+  const std::string streamed = renderJsonString(r);
+  EXPECT_EQ(streamed, dumpOf(r));
+  EXPECT_EQ(nlohmann::json::parse(streamed)["devices"].size(), 3u);
+  std::ostringstream out;
+  renderJson(r, out);
+  EXPECT_EQ(out.str(), streamed + "\n");
+}
+
+// A job that catches OOMs and retries records any number of them: every one is counted, the first
+// kOomsListed are listed, and the verdicts are the first kOomVerdicts - 1 and the last (60,000
+// OOMs were 60,000 findings, a 159 MB document and 1.7 GB).
+TEST(RenderJson, ManyOomsAreAllCountedAndListedUpToTheBound) {
+  const size_t n = analysis::kOomsListed + 205;
+  TSnapshot t;
+  t.segments.push_back({0, 0x1000000, 0, "large", {{2097152, 0, "inactive", {}}}});
+  std::vector<memforensics::testing::TEvent> tr;
+  tr.push_back({"segment_alloc", 0x1000000, 2097152, 0, 1});
+  for (size_t i = 0; i < n; ++i)
+    tr.push_back({"oom", 100, 1 << 30, 0, static_cast<int64_t>(2 + i)});
+  t.traces.push_back(tr);
+  auto snap = buildSnapshot(t);
+  auto r = analysis::analyzeSnapshot(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  size_t verdicts = 0;
+  std::string last_title;
+  for (const auto& f : r.devices[0].findings) {
+    if (f.kind != analysis::FindingKind::OomVerdict) continue;
+    ++verdicts;
+    if (f.title.find("OOM " + std::to_string(n) + " of " + std::to_string(n)) != std::string::npos)
+      last_title = f.title;
+  }
+  EXPECT_EQ(verdicts, analysis::kOomVerdicts);
+  EXPECT_FALSE(last_title.empty()) << "the last OOM has its verdict";
+  auto j = nlohmann::json::parse(renderJsonString(r));
+  const auto& d = j["devices"][0];
+  EXPECT_EQ(d["oom_count"], n);
+  EXPECT_EQ(d["ooms"].size(), analysis::kOomsListed);
+  EXPECT_EQ(d["ooms_omitted"], 205);
+  EXPECT_EQ(d["ooms"][0]["event"], 1);
+  std::ostringstream out;
+  renderText(r, out, {.width = 0});
+  const std::string s = out.str();
+  EXPECT_NE(s.find("OOMs: " + std::to_string(n) + "\n"), std::string::npos) << s.substr(0, 2000);
+  EXPECT_NE(s.find("... and " + std::to_string(n - 16) + " more (analyze --json lists the first " +
+                   std::to_string(analysis::kOomsListed) + ")"),
+            std::string::npos);
 }
 
 // Streams and pools beyond the breakdown bound are counted in both outputs, not dropped silently.

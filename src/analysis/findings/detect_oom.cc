@@ -177,7 +177,10 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const size_t n_ooms = c.summary.ooms.size();
   std::optional<FixReplays> replays;  // run at the first fragmentation OOM, once per device
   std::optional<SmallestCard> card;   // searched at the first OOM that needs it, once per device
+  size_t verdicts = 0;  // made so far: the first opt.layout_ooms of them read the layout
   for (size_t k = 0; k < n_ooms; ++k) {
+    if (!oomHasVerdict(k, n_ooms)) continue;
+    const bool with_layout = verdicts++ < opt.layout_ooms;
     const replay::OomEvent& oom = c.summary.ooms[k];
     const MomentFacts* m = c.facts.at(oom.event);
     const replay::Counters& at = m != nullptr ? m->at : oom.at;
@@ -203,15 +206,14 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
     // Without a layout (past opt.layout_ooms) the cached free bytes of the whole device are the
     // guide, and an expandable request is taken to map all of its pages.
     std::optional<OomVerdict> layout;
-    if (k < opt.layout_ooms && m != nullptr && m->has_layout)
-      layout = oomVerdictAt(c.s, c.facts, *m);
+    if (with_layout && m != nullptr && m->has_layout) layout = oomVerdictAt(c.s, c.facts, *m);
     num.exact = layout.has_value() && model.layout_exact;
     std::string reason;
     if (!num.exact) {
       if (!layout) {
-        reason = k >= opt.layout_ooms ? "no block layout read for this OOM (only the first " +
-                                            std::to_string(opt.layout_ooms) + " of a device)"
-                                      : "no block layout kept at this OOM";
+        reason = !with_layout ? "no block layout read for this OOM (only the first " +
+                                    std::to_string(opt.layout_ooms) + " verdicts of a device)"
+                              : "no block layout kept at this OOM";
       } else {
         reason = model.ran && !model.estimate_reason.empty() ? model.estimate_reason
                                                              : "the allocator model did not run";

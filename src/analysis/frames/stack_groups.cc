@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <string>
 
 #include "common/saturating.h"
@@ -54,7 +55,6 @@ std::vector<LiveGroup> StackGrouper::take() {
   struct Member {
     format::StackId stack;
     PerStack p;
-    std::vector<FrameText> all;  // every frame as recorded: the tie-break between members
   };
   std::map<std::string, std::pair<LiveGroup, std::vector<Member>>> merged;
   for (const auto& [stack, p] : by_stack_) {
@@ -69,21 +69,38 @@ std::vector<LiveGroup> StackGrouper::take() {
     g.requested_bytes = addSat(g.requested_bytes, p.requested);
     g.block_bytes = addSat(g.block_bytes, p.block);
     g.count = addSat(g.count, p.count);
-    members.push_back(Member{stack, p, {}});
+    members.push_back(Member{stack, p});
   }
   by_stack_.clear();
+  // Members of one group are ordered by every frame as recorded, compared by display text. The
+  // stacks are walked in place and each distinct frame's text is made once: a group of deep stacks
+  // (a trace's stacks may hold millions of frames in all) costs no copy of its frames.
+  std::unordered_map<format::FrameId, std::string> shown;
+  auto textOf = [&](format::FrameId f) -> const std::string& {
+    auto it = shown.find(f);
+    if (it == shown.end()) it = shown.emplace(f, frameText(snap_, f).display()).first;
+    return it->second;
+  };
+  auto compareStacks = [&](format::StackId a, format::StackId b) {
+    const auto fa =
+        a == format::kNoStack ? std::span<const format::FrameId>{} : snap_.stacks.stack(a);
+    const auto fb =
+        b == format::kNoStack ? std::span<const format::FrameId>{} : snap_.stacks.stack(b);
+    for (size_t i = 0; i < fa.size() && i < fb.size(); ++i) {
+      if (fa[i] == fb[i]) continue;
+      const int c = textOf(fa[i]).compare(textOf(fb[i]));
+      if (c != 0) return c;
+    }
+    return fa.size() < fb.size() ? -1 : fa.size() > fb.size() ? 1 : 0;
+  };
   std::vector<LiveGroup> out;
   out.reserve(merged.size());
   for (auto& [key, gm] : merged) {
     auto& [g, members] = gm;
     if (members.size() > 1) {
-      for (Member& m : members) {
-        if (m.stack == format::kNoStack) continue;
-        for (format::FrameId f : snap_.stacks.stack(m.stack)) m.all.push_back(frameText(snap_, f));
-      }
-      std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+      std::sort(members.begin(), members.end(), [&](const Member& a, const Member& b) {
         if (a.p.requested != b.p.requested) return a.p.requested > b.p.requested;
-        const int c = compareFrames(a.all, b.all);
+        const int c = compareStacks(a.stack, b.stack);
         if (c != 0) return c < 0;
         return a.stack == format::kEmptyStack && b.stack == format::kNoStack;
       });

@@ -229,7 +229,9 @@ std::vector<FindingMoment> findingMoments(const DeviceFacts& f) {
       {f.iterations.empty() ? -1 : f.iterations.front().first_event - 1,
        kMomentBeforeFirstIteration},
       {n - 1, kMomentEnd}};
-  for (const auto& o : s.ooms) out.push_back({o.event, kMomentOom});
+  for (size_t k = 0; k < s.ooms.size(); ++k) {
+    if (oomHasVerdict(k, s.ooms.size())) out.push_back({s.ooms[k].event, kMomentOom});
+  }
   return out;
 }
 

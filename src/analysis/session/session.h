@@ -174,12 +174,21 @@ struct DeviceFacts {
 inline constexpr size_t kMaxLiveMoments = 256;
 inline constexpr size_t kMaxLayoutMoments = 256;
 inline constexpr size_t kMaxCopiedBlocks = size_t{1} << 22;
-// OOMs per device whose finding reads the block layout (the first ones), by default.
+// OOM verdicts per device (findings/detect_oom.cc): the first kOomVerdicts - 1 OOMs and the last
+// (the one that ended the job, when it was not caught). A job that catches OOMs and retries may
+// record thousands; each verdict's title says which OOM of how many it is. The session keeps the
+// live sets and layouts of those OOMs only.
+inline constexpr size_t kOomVerdicts = 16;
+// Whether OOM k (0-based) of a device's n gets a verdict.
+inline constexpr bool oomHasVerdict(size_t k, size_t n) {
+  return k + 1 < kOomVerdicts || k + 1 == n;
+}
+// OOM verdicts per device that read the block layout (the first ones), by default.
 inline constexpr size_t kLayoutOoms = 16;
 
 // The live sets findings.h's detectors read, from pass 1's facts, in the order they are asked for:
 // the requested and active peaks, the state before the first iteration, the end, then every OOM
-// (the few fixed moments first, so a device with more OOMs than kMaxLiveMoments keeps its peaks).
+// that gets a verdict (oomHasVerdict; the fixed moments first).
 // DeviceSession::requestFindingMoments asks for these; the report's baseline profile removes them
 // again (analyze.h findingLiveEvents). The one list of them.
 struct FindingMoment {

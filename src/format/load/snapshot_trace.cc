@@ -25,6 +25,33 @@ namespace {
 
 constexpr uint32_t kUnmapped = std::numeric_limits<uint32_t>::max();
 
+// Lines of a Meta chunk's `\n`-joined list (ignored keys, the source's warnings) a reader keeps:
+// the field is bounded only by the chunk's size (64 MiB of empty lines is 64 M of them).
+constexpr size_t kMaxMetaLines = 256;
+
+// Calls fn on the first kMaxMetaLines lines of `all` (empty lines too when keep_empty: a key may be
+// ""), and returns how many more it held.
+template <class F>
+size_t forEachMetaLine(std::string_view all, bool keep_empty, const F& fn) {
+  if (all.empty()) return 0;
+  size_t kept = 0, more = 0;
+  size_t from = 0;
+  while (from <= all.size()) {
+    size_t nl = all.find('\n', from);
+    if (nl == std::string_view::npos) nl = all.size();
+    if (nl > from || keep_empty) {
+      if (kept < kMaxMetaLines) {
+        fn(all.substr(from, nl - from));
+        ++kept;
+      } else {
+        ++more;
+      }
+    }
+    from = nl + 1;
+  }
+  return more;
+}
+
 // The FormatTraits flags in a fixed bit order (append only: the order is part of the format).
 constexpr bool FormatTraits::*kTraitBits[] = {
     &FormatTraits::top_level_list,         &FormatTraits::has_device_traces,
@@ -953,25 +980,20 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
   const trace::TraceMeta& m = r.meta();
   snap.traits = traitsFromBits(m.traits);
   snap.host_trace_events = m.host_trace_events;
-  if (!m.ignored_keys.empty()) {
-    size_t from = 0;
-    while (from <= m.ignored_keys.size()) {
-      size_t nl = m.ignored_keys.find('\n', from);
-      if (nl == std::string_view::npos) nl = m.ignored_keys.size();
-      snap.ignored_keys.emplace_back(m.ignored_keys.substr(from, nl - from));
-      from = nl + 1;
-    }
-  }
-  if (!m.source_warnings.empty()) {
-    size_t from = 0;
-    while (from < m.source_warnings.size()) {
-      size_t nl = m.source_warnings.find('\n', from);
-      if (nl == std::string_view::npos) nl = m.source_warnings.size();
-      snap.load_warnings.push_back("source " + std::string(m.source_format) + ": " +
-                                   std::string(m.source_warnings.substr(from, nl - from)));
-      from = nl + 1;
-    }
-  }
+  const size_t more_keys = forEachMetaLine(
+      m.ignored_keys, true, [&](std::string_view k) { snap.ignored_keys.emplace_back(k); });
+  if (more_keys > 0)
+    snap.load_warnings.push_back(std::to_string(more_keys) +
+                                 " more ignored keys not listed (at most " +
+                                 std::to_string(kMaxMetaLines) + ")");
+  const std::string source = "source " + std::string(m.source_format) + ": ";
+  const size_t more_warnings = forEachMetaLine(m.source_warnings, false, [&](std::string_view w) {
+    snap.load_warnings.push_back(source + std::string(w));
+  });
+  if (more_warnings > 0)
+    snap.load_warnings.push_back(source + std::to_string(more_warnings) +
+                                 " more warnings not listed (at most " +
+                                 std::to_string(kMaxMetaLines) + ")");
   if (m.source_format == "capture") {
     snap.live_capture = true;
     snap.origin = "live capture";

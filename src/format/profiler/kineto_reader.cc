@@ -550,7 +550,10 @@ class KinetoSax {
 // ops: O(n log n); a stack is interned only when the open ops changed (at most
 // kMaxProfilerStackFrames frames each).
 void assignStacks(Snapshot& snap, std::vector<MemRec>& mems, std::vector<OpRec>& ops,
-                  Counts& counts) {
+                  Counts& counts, uint64_t text_bytes) {
+  const uint64_t frame_budget =
+      std::max(kProfilerStackFramesFloor, text_bytes / kProfilerTextBytesPerStackFrame);
+  uint64_t frames_held = 0;  // by the distinct stacks interned here
   std::sort(ops.begin(), ops.end(), [](const OpRec& a, const OpRec& b) {
     if (a.thread != b.thread) return a.thread < b.thread;
     if (a.start_ns != b.start_ns) return a.start_ns < b.start_ns;
@@ -591,13 +594,33 @@ void assignStacks(Snapshot& snap, std::vector<MemRec>& mems, std::vector<OpRec>&
       dirty = true;
     }
     if (dirty) {
+      // From the innermost open op outwards until the frames are full. An op that ended before
+      // this event (it overlapped the next one oddly, or ended exactly when the next began, so
+      // nothing popped it) can hold no later event of the thread either: it is dropped from the
+      // list here, so each op is walked past at most once and chains of touching ops stay linear.
       frames.clear();
-      for (size_t k = open.size(); k-- > 0 && frames.size() < kMaxProfilerStackFrames;) {
-        const OpRec& o = ops[open[k]];
-        if (o.end_ns >= m.ts_ns) frames.push_back(o.frame);  // skips ops that overlap oddly
+      size_t k = open.size();
+      size_t kept = open.size();  // open[kept, size) holds the ops walked and kept, in order
+      while (k > 0 && frames.size() < kMaxProfilerStackFrames) {
+        const uint32_t op = open[--k];
+        if (ops[op].end_ns < m.ts_ns) continue;
+        frames.push_back(ops[op].frame);
+        open[--kept] = op;
       }
-      if (open.size() > kMaxProfilerStackFrames) ++counts.truncated_stacks;
+      open.erase(open.begin() + static_cast<std::ptrdiff_t>(k),
+                 open.begin() + static_cast<std::ptrdiff_t>(kept));
+      if (frames.size() == kMaxProfilerStackFrames && k > 0) ++counts.truncated_stacks;
+      // Past the frame budget every stack keeps its innermost frames only (whether or not it was
+      // seen whole before: the table has no lookup without interning), and is counted.
+      const bool cut = frames_held + frames.size() > frame_budget &&
+                       frames.size() > kProfilerStackFramesPastBudget;
+      if (cut) frames.resize(kProfilerStackFramesPastBudget);
+      const size_t stacks_before = snap.stacks.stackCount();
       cached = snap.stacks.internStack(frames);
+      if (snap.stacks.stackCount() != stacks_before) {
+        frames_held += frames.size();
+        counts.stacks_over_budget += cut;
+      }
       dirty = false;
     }
     m.stack = cached;
@@ -641,7 +664,8 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
         -1};
   }
   Counts& c = sax.counts;
-  assignStacks(snap, sax.mems, sax.ops, c);
+  c.text_bytes = src.decoded();
+  assignStacks(snap, sax.mems, sax.ops, c, c.text_bytes);
   std::vector<OpRec>().swap(sax.ops);
 
   // Time order per device: ts, then Ev Idx where both have one, then file order.
@@ -792,6 +816,13 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
     w.push_back(std::to_string(c.bad_ops) +
                 " cpu_op / user_annotation / python_function events with an unusable ts or dur "
                 "left out of the stacks");
+  if (c.stacks_over_budget > 0)
+    w.push_back(std::to_string(c.stacks_over_budget) + " op stacks cut to their " +
+                std::to_string(kProfilerStackFramesPastBudget) +
+                " innermost ops: the trace's distinct stacks passed their budget of " +
+                std::to_string(std::max(kProfilerStackFramesFloor,
+                                        c.text_bytes / kProfilerTextBytesPerStackFrame)) +
+                " frames");
   if (c.truncated_stacks > 0)
     w.push_back(std::to_string(c.truncated_stacks) + " stacks nested deeper than " +
                 std::to_string(kMaxProfilerStackFrames) + " ops: the innermost kept");

@@ -74,7 +74,7 @@ class TimelineSax {
   bool num(int64_t v) {
     if (depth_ < 2) return bad();
     uint64_t text = source_ ? source_->decoded() : 0;
-    if (values.size() >= text / 2 + slack_) {
+    if (values.size() >= text / kTimelineTextBytesPerValue + slack_) {
       error_ = "memory timeline: more numbers than its text can hold";
       return false;
     }

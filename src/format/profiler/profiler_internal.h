@@ -182,7 +182,8 @@ class SourceIter {
 // What a reader dropped or cut, counted for its load warnings.
 struct Counts {
   uint64_t cpu_events = 0, other_device_type = 0, bad_device = 0, bad_bytes = 0, zero_bytes = 0,
-           bad_ts = 0, bad_ops = 0, bad_totals = 0, truncated_stacks = 0, bad_rows = 0;
+           bad_ts = 0, bad_ops = 0, bad_totals = 0, truncated_stacks = 0, bad_rows = 0,
+           stacks_over_budget = 0, text_bytes = 0;
 };
 
 // One device's memory history before it becomes events: what the builder matches and emits.

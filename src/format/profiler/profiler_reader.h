@@ -32,7 +32,7 @@ namespace memforensics::format {
 // Real traces expand 10-20x (53.7 MB from 3.0 MB; the memory timeline 9.5x); a gzip bomb
 // (zlib reaches ~1000x) is refused when it passes the budget, before its text goes further.
 inline constexpr uint64_t kGzipExpansionPerInputByte = 64;
-inline constexpr uint64_t kGzipDecodedFloor = uint64_t{256} << 20;
+inline constexpr uint64_t kGzipDecodedFloor = uint64_t{64} << 20;
 uint64_t gzipDecodedBudget(uint64_t compressed_bytes);
 // A gzipped snapshot JSON compresses further than a trace (its history repeats the same frames:
 // 52x and 92x on real files): up to kGzipSnapshotJsonExpansion x its size, from the same floor.
@@ -49,6 +49,19 @@ inline constexpr int64_t kMaxProfilerDevice = 1024;
 // trips it.
 inline constexpr uint64_t kProfilerTextBytesPerRecord = 8;
 inline constexpr uint64_t kProfilerRecordSlack = 1u << 16;
+// Numbers a memory timeline keeps (its raw rows are four numbers each): at most one per this many
+// bytes of its text, + kProfilerRecordSlack. Python writes a row as `[t, action, bytes, category],
+// ` (times in nanoseconds, 16 digits and more); its shortest row, `[-1, 1, 512, 0], `, is 17 bytes.
+inline constexpr uint64_t kTimelineTextBytesPerValue = 4;
+// Frames the distinct op stacks of a trace hold together (each is at most kMaxProfilerStackFrames):
+// once they reach max(kProfilerStackFramesFloor, one per kProfilerTextBytesPerStackFrame bytes of
+// its text), every later stack keeps only its kProfilerStackFramesPastBudget innermost frames (one
+// seen whole before too: the table has no lookup without interning), and a warning counts the
+// distinct stacks cut (60,000 distinct 256-op stacks from 800 KB of gzip: 15 M frames, a 1.2 GB
+// report).
+inline constexpr uint64_t kProfilerStackFramesFloor = uint64_t{4} << 20;
+inline constexpr uint64_t kProfilerTextBytesPerStackFrame = 4;
+inline constexpr size_t kProfilerStackFramesPastBudget = 8;
 
 // What a byte prefix holds, as far as this reader is concerned.
 enum class ProfilerKind : uint8_t { NotProfiler, KinetoTrace, MemoryTimeline };

@@ -411,11 +411,10 @@ Status TraceWriter::writeCheckpoint() {
   std::vector<uint8_t> p;
   const auto& devs = state_.devices();
   uint64_t n = 0;
-  for (const auto& d : devs) n += d.events() > 0;
+  for (const auto& [d, ds] : devs) n += ds.events() > 0;
   putVar(p, n);
   std::vector<std::pair<uint64_t, LiveAlloc>> live;
-  for (size_t d = 0; d < devs.size(); ++d) {
-    const DeviceTraceState& ds = devs[d];
+  for (const auto& [d, ds] : devs) {
     if (ds.events() == 0) continue;
     putVar(p, d);
     putVar(p, ds.events());
