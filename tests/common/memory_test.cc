@@ -75,27 +75,40 @@ struct FileMapping {
 };
 
 // The prefetcher maps the window ahead of the reader's position and no more; released pages
-// leave the mapping's resident set and read back unchanged.
+// leave the mapping's resident set and read back unchanged. The prefetcher starts at 16 MiB into
+// the file, so its thread's first window is known whenever the thread starts (starting at the
+// file's head, it could map the head's window before the test's advance moved it on).
 TEST(MemoryInput, PrefetchMapsOneWindowAheadAndReleasedPagesReadBackTheSame) {
   constexpr size_t kBytes = size_t{48} << 20;
+  constexpr size_t kStart = size_t{16} << 20;
+  constexpr size_t kWindow = InputPrefetcher::kWindow;
   FileMapping f(kBytes);
   ASSERT_NE(f.p, nullptr);
   const auto at = reinterpret_cast<uintptr_t>(f.p);
-  {
-    InputPrefetcher pf(f.p, f.p + kBytes);
-    pf.advance(f.p + (size_t{16} << 20));
-    // Waits (bounded) for the thread to map the window; a kernel without MADV_POPULATE_READ
-    // maps nothing.
-    for (int i = 0; i < 5000 && pf.populatedBytes() < InputPrefetcher::kWindow; ++i)
+  // Waits (bounded) until the thread has mapped `bytes`; a kernel without MADV_POPULATE_READ
+  // maps nothing.
+  auto waitFor = [](const InputPrefetcher& pf, uint64_t bytes) {
+    for (int i = 0; i < 5000 && pf.populatedBytes() < bytes; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  {
+    InputPrefetcher pf(f.p + kStart, f.p + kBytes);
+    waitFor(pf, kWindow);
+    if (pf.populatedBytes() == 0) {
+      pf.stop();
+      GTEST_SKIP() << "no MADV_POPULATE_READ here";
+    }
+    // The reader moves a window and a half on: the thread maps the window ahead of the new
+    // position, not the half window it skipped.
+    pf.advance(f.p + kStart + kWindow + kWindow / 2);
+    waitFor(pf, 2 * kWindow);
     pf.stop();
-    if (pf.populatedBytes() == 0) GTEST_SKIP() << "no MADV_POPULATE_READ here";
-    EXPECT_EQ(pf.populatedBytes(), InputPrefetcher::kWindow);
+    EXPECT_EQ(pf.populatedBytes(), 2 * kWindow);
     long kb = rssKbAt(at);
-    EXPECT_GE(kb, static_cast<long>(InputPrefetcher::kWindow >> 10));
-    EXPECT_LE(kb, static_cast<long>((InputPrefetcher::kWindow >> 10) + 1024));
+    EXPECT_GE(kb, static_cast<long>((2 * kWindow) >> 10));
+    EXPECT_LE(kb, static_cast<long>(((2 * kWindow) >> 10) + 1024));
   }
-  releaseMappedPages(f.p + (size_t{16} << 20), InputPrefetcher::kWindow);
+  releaseMappedPages(f.p + kStart, 3 * kWindow);
   EXPECT_LE(rssKbAt(at), 1024);
   size_t sum = 0;
   for (size_t i = 0; i < kBytes; i += 4096) sum += f.p[i];
