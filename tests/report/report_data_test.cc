@@ -484,6 +484,29 @@ TEST(ReportFocus, ThePageOpensOnTheDeviceWithTheOom) {
   EXPECT_EQ(named.devices[1].capacity_bytes, 80 * kMiB);
 }
 
+// A job that caught 20 OOMs: the first 15 and the last have a keyframe (the OOMs that get a
+// verdict), the 4 between have none and the caps say so.
+TEST(ReportFocus, TheLastOomKeepsItsKeyframePastTheCap) {
+  ModelBuilder b;
+  b.device(0).segmentAlloc(kB, 40 * kMiB, {.time_us = 1}).alloc(kB, 30 * kMiB, {.time_us = 2});
+  constexpr size_t kOoms = 20;
+  for (size_t i = 0; i < kOoms; ++i)
+    b.device(0).oom(64 * kMiB, 10 * kMiB, {.time_us = 3 + static_cast<int64_t>(i)});
+  format::Snapshot snap = b.build();
+  ReportDataOptions opt;
+  ASSERT_EQ(opt.max_oom_keyframes, 16u);
+  ReportData r = buildReportData(snap, opt);
+  ASSERT_EQ(r.devices.size(), 1u);
+  for (size_t i = 1; i <= kOoms; ++i) {
+    const bool kept = i < 16 || i == kOoms;
+    EXPECT_EQ(labelled(r.devices[0], "OOM " + std::to_string(i)) != nullptr, kept) << i;
+  }
+  bool said = false;
+  for (const auto& c : r.caps)
+    said |= c.find("4 OOM(s) between the first 15 and the last") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
 TEST(ReportNoSegments, ADeviceWithoutSegmentInfoHasNoBlockMapButItsCallTrees) {
   format::Snapshot snap = threeDevicesOneOom();
   snap.has_segment_info = false;  // as the profiler reader sets it

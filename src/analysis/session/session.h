@@ -34,6 +34,7 @@
 // once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -179,9 +180,14 @@ inline constexpr size_t kMaxCopiedBlocks = size_t{1} << 22;
 // record thousands; each verdict's title says which OOM of how many it is. The session keeps the
 // live sets and layouts of those OOMs only.
 inline constexpr size_t kOomVerdicts = 16;
-// Whether OOM k (0-based) of a device's n gets a verdict.
-inline constexpr bool oomHasVerdict(size_t k, size_t n) {
-  return k + 1 < kOomVerdicts || k + 1 == n;
+// Whether OOM k (0-based) of a device's n gets a verdict: of `cap` kept, the first cap - 1 and the
+// last (the report's OOM keyframes follow the same rule with a cap of their own).
+inline constexpr bool oomHasVerdict(size_t k, size_t n, size_t cap = kOomVerdicts) {
+  return k + 1 < cap || k + 1 == n;
+}
+// How many of n OOMs oomHasVerdict(k, n, cap) keeps.
+inline constexpr size_t oomsWithVerdict(size_t n, size_t cap = kOomVerdicts) {
+  return n == 0 ? 0 : std::min(n, std::max<size_t>(cap, 1));
 }
 // OOM verdicts per device that read the block layout (the first ones), by default.
 inline constexpr size_t kLayoutOoms = 16;

@@ -775,7 +775,10 @@ std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& f, const Re
   important(t.peak_requested.event, "requested peak");
   important(t.peak_reserved.event, "reserved peak");
   important(t.peak_allocated.event, "allocated peak");
-  for (size_t i = 0; i < t.ooms.size() && i < opt.max_oom_keyframes; ++i) {
+  // The OOMs with a verdict when the caps agree (the first ones and the last, the one that ended
+  // the job when it was not caught).
+  for (size_t i = 0; i < t.ooms.size(); ++i) {
+    if (!oomHasVerdict(i, t.ooms.size(), opt.max_oom_keyframes)) continue;
     important(t.ooms[i].event, "OOM " + std::to_string(i + 1));
   }
   if (n > 0) {
@@ -863,8 +866,8 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
       ph = std::move(kept);
     }
     const int64_t n = static_cast<int64_t>(f.events.size());
-    if (f.summary.ooms.size() > opt.max_oom_keyframes)
-      ooms_without_keyframe += f.summary.ooms.size() - opt.max_oom_keyframes;
+    ooms_without_keyframe +=
+        f.summary.ooms.size() - oomsWithVerdict(f.summary.ooms.size(), opt.max_oom_keyframes);
 
     // Keyframes: the moments that matter first, then evenly spaced ones.
     const std::map<int64_t, KeyframeMoment> all = keyframeMoments(f, plan, opt);
@@ -1027,8 +1030,9 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
   }
   if (ooms_without_keyframe > 0) {
     out.caps.push_back("block map: " + fmtCount(ooms_without_keyframe) +
-                       " OOM(s) after the first " + fmtCount(opt.max_oom_keyframes) +
-                       " per device have no keyframe of their own");
+                       " OOM(s) between the first " +
+                       fmtCount(opt.max_oom_keyframes > 1 ? opt.max_oom_keyframes - 1 : 0) +
+                       " and the last of a device have no keyframe of their own");
   }
   if (icicle_cut > 0) {
     out.caps.push_back("call tree: " + fmtCount(icicle_cut) + " small nodes left out (at most " +
