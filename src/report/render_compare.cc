@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
 
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
@@ -370,6 +372,37 @@ void renderRanksText(const std::vector<analysis::RankRow>& rows, const analysis:
   }
 }
 
+namespace {
+json rankRowJson(const analysis::RankRow& r) {
+  json j;
+  j["path"] = r.path;
+  j["device"] = r.device < 0 && !r.error.empty() ? json(nullptr) : json(r.device);
+  j["error"] = r.error.empty() ? json(nullptr) : json(r.error);
+  j["peak_reserved_bytes"] = r.peak_reserved;
+  j["peak_requested_bytes"] = r.peak_requested;
+  j["peak_allocated_bytes"] = r.peak_allocated;
+  j["ooms"] = r.ooms;
+  j["high_findings"] = r.high_findings;
+  j["largest_holder"] = r.largest_holder.empty()
+                            ? json(nullptr)
+                            : json{{"line", r.largest_holder}, {"bytes", r.largest_holder_bytes}};
+  j["outlier"] = r.outlier;
+  j["outlier_figure"] = r.outlier ? json(r.outlier_figure) : json(nullptr);
+  j["above_median"] = r.outlier ? json(r.above_median) : json(nullptr);
+  j["outlier_line"] = r.outlier && !r.outlier_line.empty()
+                          ? json{{"line", r.outlier_line},
+                                 {"bytes", r.outlier_line_bytes},
+                                 {"median_bytes", r.outlier_line_median}}
+                          : json(nullptr);
+  json lines = json::array();
+  for (const auto& l : r.lines) lines.push_back({{"line", l.line}, {"bytes", l.bytes}});
+  j["lines"] = std::move(lines);
+  return j;
+}
+}  // namespace
+
+// Written one row at a time around the document's other keys (a merge of 10,000 rows of 64 lines
+// built a 630 MB tree): the same bytes as the whole document's dump, whose keys come in order.
 void renderRanksJson(const std::vector<analysis::RankRow>& rows, const analysis::RanksSummary& s,
                      std::ostream& out) {
   json doc = header("ranks");
@@ -379,106 +412,368 @@ void renderRanksJson(const std::vector<analysis::RankRow>& rows, const analysis:
                     {"outlier_fraction", analysis::kOutlierFraction},
                     {"median_peak_reserved_bytes", s.median_peak_reserved},
                     {"median_peak_requested_bytes", s.median_peak_requested}};
-  json ranks = json::array();
-  for (const auto& r : rows) {
-    json j;
-    j["path"] = r.path;
-    j["device"] = r.device < 0 && !r.error.empty() ? json(nullptr) : json(r.device);
-    j["error"] = r.error.empty() ? json(nullptr) : json(r.error);
-    j["peak_reserved_bytes"] = r.peak_reserved;
-    j["peak_requested_bytes"] = r.peak_requested;
-    j["peak_allocated_bytes"] = r.peak_allocated;
-    j["ooms"] = r.ooms;
-    j["high_findings"] = r.high_findings;
-    j["largest_holder"] = r.largest_holder.empty()
-                              ? json(nullptr)
-                              : json{{"line", r.largest_holder}, {"bytes", r.largest_holder_bytes}};
-    j["outlier"] = r.outlier;
-    j["outlier_figure"] = r.outlier ? json(r.outlier_figure) : json(nullptr);
-    j["above_median"] = r.outlier ? json(r.above_median) : json(nullptr);
-    j["outlier_line"] = r.outlier && !r.outlier_line.empty()
-                            ? json{{"line", r.outlier_line},
-                                   {"bytes", r.outlier_line_bytes},
-                                   {"median_bytes", r.outlier_line_median}}
-                            : json(nullptr);
-    json lines = json::array();
-    for (const auto& l : r.lines) lines.push_back({{"line", l.line}, {"bytes", l.bytes}});
-    j["lines"] = lines;
-    ranks.push_back(j);
+  doc["ranks"] = json::array();
+  const std::string frame = doc.dump(-1, ' ', false, json::error_handler_t::replace);
+  constexpr std::string_view kRanks = "\"ranks\":[";
+  const size_t at = frame.find(kRanks) + kRanks.size();  // "command":"ranks" has no '['
+  out << std::string_view(frame).substr(0, at);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i) out << ',';
+    out << rankRowJson(rows[i]).dump(-1, ' ', false, json::error_handler_t::replace);
   }
-  doc["ranks"] = ranks;
-  writeDoc(doc, out);
+  out << std::string_view(frame).substr(at) << "\n";
 }
 
 namespace {
+// `ranks --json` documents are read with a SAX handler straight into rows, never as a tree: a
+// shard of 20 MB holding 10 M numbers in a key the reader ignores built a tree of 460 MB, and one
+// of 40 MB holding a 20 M-deep array a tree of 1.5 GB. Memory is the rows themselves (at most
+// kRankLines lines each); nesting past kMaxRanksJsonDepth (a document is 5 deep) is refused. The
+// checks and their messages are those of the document's fields in order; where a key repeats, the
+// last one counts (as in a JSON tree).
+constexpr size_t kMaxRanksJsonDepth = 16;
+
+class RanksSax : public nlohmann::json_sax<json> {
+ public:
+  enum class Outcome { kRows, kInvalidJson, kTooDeep, kNotRanks, kBadRow };
+
+  bool null() override { return scalar(Value{}); }
+  bool boolean(bool) override { return scalar(Value{}); }
+  bool number_integer(number_integer_t v) override {
+    Value x;
+    x.is_int = true;
+    x.i = v;
+    return scalar(x);
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    Value x;
+    x.is_int = x.is_unsigned = true;
+    x.u = v;
+    x.i = static_cast<int64_t>(v);  // as json::get<int64_t> reads it
+    return scalar(x);
+  }
+  bool number_float(number_float_t, const string_t&) override { return scalar(Value{}); }
+  bool string(string_t& s) override {
+    Value x;
+    x.str = &s;
+    return scalar(x);
+  }
+  bool binary(binary_t&) override { return scalar(Value{}); }
+  bool start_object(std::size_t) override { return open(/*object=*/true); }
+  bool start_array(std::size_t) override { return open(/*object=*/false); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (skip_ > 0) return true;
+    field_ = Field::kNone;
+    switch (ctx_.back()) {
+      case Ctx::kTop:
+        if (k == "command") {
+          field_ = Field::kCommand;
+          command_.clear();
+        } else if (k == "ranks") {  // the last "ranks" counts: start over
+          field_ = Field::kRanks;
+          ranks_array_ = false;
+          rows_.clear();
+          row_index_ = 0;
+          failure_.clear();
+        }
+        break;
+      case Ctx::kRow:
+        rowKey(k);
+        break;
+      case Ctx::kHolder:
+        if (k == "line") field_ = Field::kLine, row_.holder_line.reset();
+        if (k == "bytes") field_ = Field::kBytes, row_.holder_bytes.reset();
+        break;
+      case Ctx::kLineEntry:
+        if (k == "line") field_ = Field::kLine, entry_line_.reset();
+        if (k == "bytes") field_ = Field::kBytes, entry_bytes_.reset();
+        break;
+      default:
+        break;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    invalid_ = true;
+    return false;
+  }
+
+  Outcome outcome() const {
+    if (too_deep_) return Outcome::kTooDeep;
+    if (invalid_) return Outcome::kInvalidJson;
+    if (!top_object_ || command_ != "ranks" || !ranks_array_) return Outcome::kNotRanks;
+    return failure_.empty() ? Outcome::kRows : Outcome::kBadRow;
+  }
+  const std::string& failure() const { return failure_; }
+  std::vector<analysis::RankRow>& rows() { return rows_; }
+
+ private:
+  enum class Ctx { kTop, kRanks, kRow, kHolder, kLines, kLineEntry };
+  enum class Field {
+    kNone,
+    kCommand,
+    kRanks,
+    kPath,
+    kDevice,
+    kError,
+    kFigure,
+    kHolder,
+    kLines,
+    kLine,
+    kBytes
+  };
+  struct Value {
+    bool is_int = false, is_unsigned = false;
+    int64_t i = 0;
+    uint64_t u = 0;
+    const std::string* str = nullptr;
+  };
+  // One row's fields as read (each reset when its key comes again).
+  struct RowIn {
+    bool is_object = false;
+    std::optional<std::string> path, error;
+    std::optional<int64_t> device;
+    std::optional<uint64_t> figures[5];
+    std::optional<std::string> holder_line;
+    std::optional<uint64_t> holder_bytes;
+    bool lines_array = false, line_malformed = false;
+    size_t line_count = 0;
+    std::vector<analysis::RankLine> lines;
+  };
+  static constexpr const char* kFigureKeys[5] = {"peak_reserved_bytes", "peak_requested_bytes",
+                                                 "peak_allocated_bytes", "ooms", "high_findings"};
+
+  void rowKey(const std::string& k) {
+    if (k == "path") field_ = Field::kPath, row_.path.reset();
+    if (k == "device") field_ = Field::kDevice, row_.device.reset();
+    if (k == "error") field_ = Field::kError, row_.error.reset();
+    if (k == "largest_holder") {
+      field_ = Field::kHolder;
+      row_.holder_line.reset();
+      row_.holder_bytes.reset();
+    }
+    if (k == "lines") {
+      field_ = Field::kLines;
+      row_.lines_array = row_.line_malformed = false;
+      row_.line_count = 0;
+      row_.lines.clear();
+    }
+    for (size_t f = 0; f < 5; ++f) {
+      if (k == kFigureKeys[f]) {
+        field_ = Field::kFigure;
+        figure_ = f;
+        row_.figures[f].reset();
+      }
+    }
+  }
+
+  bool scalar(const Value& v) {
+    if (skip_ > 0) return true;
+    if (ctx_.empty()) return true;  // a document that is one scalar: not an object
+    switch (ctx_.back()) {
+      case Ctx::kTop:
+        if (field_ == Field::kCommand && v.str) command_ = *v.str;
+        break;
+      case Ctx::kRanks:
+        startRow(/*is_object=*/false);
+        endRow();
+        break;
+      case Ctx::kRow:
+        if (field_ == Field::kPath && v.str) row_.path = *v.str;
+        if (field_ == Field::kError && v.str) row_.error = *v.str;
+        if (field_ == Field::kDevice && v.is_int) row_.device = v.i;
+        if (field_ == Field::kFigure && v.is_unsigned) row_.figures[figure_] = v.u;
+        break;
+      case Ctx::kHolder:
+        if (field_ == Field::kLine && v.str) row_.holder_line = *v.str;
+        if (field_ == Field::kBytes && v.is_unsigned) row_.holder_bytes = v.u;
+        break;
+      case Ctx::kLines:
+        lineEntry(false);
+        break;
+      case Ctx::kLineEntry:
+        if (field_ == Field::kLine && v.str) entry_line_ = *v.str;
+        if (field_ == Field::kBytes && v.is_unsigned) entry_bytes_ = v.u;
+        break;
+    }
+    return true;
+  }
+
+  bool open(bool object) {
+    if (++depth_ > kMaxRanksJsonDepth) {
+      too_deep_ = true;
+      return false;
+    }
+    if (skip_ > 0) {
+      ++skip_;
+      return true;
+    }
+    if (ctx_.empty()) {
+      top_object_ = object;
+      if (!object) return skipValue();
+      ctx_.push_back(Ctx::kTop);
+      return true;
+    }
+    const Field f = std::exchange(field_, Field::kNone);
+    switch (ctx_.back()) {
+      case Ctx::kTop:
+        if (f == Field::kRanks && !object) {
+          ranks_array_ = true;
+          ctx_.push_back(Ctx::kRanks);
+          return true;
+        }
+        break;
+      case Ctx::kRanks:
+        startRow(object);
+        if (object) {
+          ctx_.push_back(Ctx::kRow);
+          return true;
+        }
+        endRow();
+        break;
+      case Ctx::kRow:
+        if (f == Field::kHolder && object) {
+          ctx_.push_back(Ctx::kHolder);
+          return true;
+        }
+        if (f == Field::kLines && !object) {
+          row_.lines_array = true;
+          ctx_.push_back(Ctx::kLines);
+          return true;
+        }
+        break;
+      case Ctx::kLines:
+        if (object) {
+          entry_line_.reset();
+          entry_bytes_.reset();
+          ctx_.push_back(Ctx::kLineEntry);
+          return true;
+        }
+        lineEntry(false);
+        break;
+      default:
+        break;
+    }
+    return skipValue();
+  }
+
+  bool skipValue() {
+    skip_ = 1;
+    return true;
+  }
+
+  bool close() {
+    --depth_;
+    if (skip_ > 0) {
+      --skip_;
+      return true;
+    }
+    const Ctx c = ctx_.back();
+    ctx_.pop_back();
+    field_ = Field::kNone;
+    if (c == Ctx::kRow) endRow();
+    if (c == Ctx::kLineEntry) lineEntry(true);
+    return true;
+  }
+
+  void startRow(bool is_object) {
+    row_ = RowIn{};
+    row_.is_object = is_object;
+  }
+
+  void lineEntry(bool is_object) {
+    ++row_.line_count;
+    if (!is_object || !entry_line_ || !entry_bytes_) {
+      row_.line_malformed = true;
+      return;
+    }
+    if (row_.lines.size() < analysis::kRankLines)
+      row_.lines.push_back({std::move(*entry_line_), *entry_bytes_});
+  }
+
+  void endRow() {
+    const std::string at = "ranks[" + std::to_string(row_index_++) + "]";
+    if (!failure_.empty()) return;  // only the first bad row is reported; no more rows kept
+    auto fail = [&](std::string why) {
+      failure_ = at + why;
+      rows_.clear();
+    };
+    RowIn& r = row_;
+    if (!r.is_object || !r.path) return fail(" has no \"path\"");
+    analysis::RankRow out;
+    out.path = std::move(*r.path);
+    if (r.error && !r.error->empty()) {
+      // A row with an error has a message: an empty one is no error (what renderRanksJson writes
+      // of such a row, null, reads back the same way).
+      out.error = std::move(*r.error);
+      rows_.push_back(std::move(out));
+      return;
+    }
+    bool figures = r.device.has_value();
+    for (const auto& f : r.figures) figures &= f.has_value();
+    if (!figures) return fail(" lacks device or a figure (non-negative integers)");
+    out.device = *r.device;
+    // A CUDA ordinal, as the readers bound it; -2^63 is no device.
+    if (out.device < 0 || out.device >= static_cast<int64_t>(format::trace::kMaxDevice))
+      return fail(" has device " + std::to_string(out.device) + ", not a CUDA ordinal (0 to " +
+                  std::to_string(format::trace::kMaxDevice - 1) + ")");
+    out.peak_reserved = *r.figures[0];
+    out.peak_requested = *r.figures[1];
+    out.peak_allocated = *r.figures[2];
+    out.ooms = static_cast<size_t>(*r.figures[3]);
+    out.high_findings = static_cast<size_t>(*r.figures[4]);
+    if (r.holder_line) out.largest_holder = std::move(*r.holder_line);
+    if (r.holder_bytes) out.largest_holder_bytes = *r.holder_bytes;
+    if (r.lines_array) {
+      if (r.line_count > analysis::kRankLines) return fail(" has more lines than kRankLines");
+      if (r.line_malformed) return fail(" has a malformed line entry");
+      out.lines = std::move(r.lines);
+      // By text, then bytes: a shard naming one line twice reads the same in any order.
+      std::sort(out.lines.begin(), out.lines.end(),
+                [](const analysis::RankLine& a, const analysis::RankLine& b) {
+                  return std::tie(a.line, a.bytes) < std::tie(b.line, b.bytes);
+                });
+    }
+    rows_.push_back(std::move(out));
+  }
+
+  std::vector<Ctx> ctx_;
+  Field field_ = Field::kNone;
+  size_t figure_ = 0, depth_ = 0, skip_ = 0, row_index_ = 0;
+  bool invalid_ = false, too_deep_ = false, top_object_ = false, ranks_array_ = false;
+  std::string command_, failure_;
+  RowIn row_;
+  std::optional<std::string> entry_line_;
+  std::optional<uint64_t> entry_bytes_;
+  std::vector<analysis::RankRow> rows_;
+};
+
+// One document; `invalid` (may be null) is set when the text is not JSON (JSON Lines are tried).
 Expected<std::vector<analysis::RankRow>> parseRanksDoc(std::string_view text,
-                                                       const std::string& where) {
+                                                       const std::string& where,
+                                                       bool* invalid = nullptr) {
   auto fail = [&](const std::string& why) -> Error {
     return Error{where + ": not a `memforensics ranks --json` document: " + why, -1};
   };
-  json doc = json::parse(text.begin(), text.end(), nullptr, false);
-  if (doc.is_discarded()) return fail("not valid JSON");
-  if (!doc.is_object() || doc.value("command", std::string()) != "ranks" ||
-      !doc.contains("ranks") || !doc["ranks"].is_array()) {
-    return fail("no \"command\": \"ranks\" with a \"ranks\" array");
+  RanksSax sax;
+  (void)json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json,
+                        /*strict=*/true);
+  if (invalid) *invalid = sax.outcome() == RanksSax::Outcome::kInvalidJson;
+  switch (sax.outcome()) {
+    case RanksSax::Outcome::kInvalidJson:
+      return fail("not valid JSON");
+    case RanksSax::Outcome::kTooDeep:
+      return fail("nested deeper than " + std::to_string(kMaxRanksJsonDepth) + " levels");
+    case RanksSax::Outcome::kNotRanks:
+      return fail("no \"command\": \"ranks\" with a \"ranks\" array");
+    case RanksSax::Outcome::kBadRow:
+      return fail(sax.failure());
+    case RanksSax::Outcome::kRows:
+      break;
   }
-  std::vector<analysis::RankRow> rows;
-  size_t i = 0;
-  for (const auto& j : doc["ranks"]) {
-    const std::string at = "ranks[" + std::to_string(i++) + "]";
-    if (!j.is_object() || !j.contains("path") || !j["path"].is_string()) {
-      return fail(at + " has no \"path\"");
-    }
-    analysis::RankRow r;
-    r.path = j["path"].get<std::string>();
-    if (j.contains("error") && j["error"].is_string()) {
-      r.error = j["error"].get<std::string>();
-      rows.push_back(std::move(r));
-      continue;
-    }
-    auto u64 = [&](const char* key, uint64_t& v) -> bool {
-      if (!j.contains(key) || !j[key].is_number_unsigned()) return false;
-      v = j[key].get<uint64_t>();
-      return true;
-    };
-    uint64_t ooms = 0, high = 0;
-    if (!j.contains("device") || !j["device"].is_number_integer() ||
-        !u64("peak_reserved_bytes", r.peak_reserved) ||
-        !u64("peak_requested_bytes", r.peak_requested) ||
-        !u64("peak_allocated_bytes", r.peak_allocated) || !u64("ooms", ooms) ||
-        !u64("high_findings", high)) {
-      return fail(at + " lacks device or a figure (non-negative integers)");
-    }
-    r.device = j["device"].get<int64_t>();
-    // A CUDA ordinal, as the readers bound it; -2^63 is no device.
-    if (r.device < 0 || r.device >= static_cast<int64_t>(format::trace::kMaxDevice))
-      return fail(at + " has device " + std::to_string(r.device) + ", not a CUDA ordinal (0 to " +
-                  std::to_string(format::trace::kMaxDevice - 1) + ")");
-    r.ooms = static_cast<size_t>(ooms);
-    r.high_findings = static_cast<size_t>(high);
-    if (j.contains("largest_holder") && j["largest_holder"].is_object()) {
-      const auto& h = j["largest_holder"];
-      if (h.contains("line") && h["line"].is_string()) r.largest_holder = h["line"];
-      if (h.contains("bytes") && h["bytes"].is_number_unsigned())
-        r.largest_holder_bytes = h["bytes"];
-    }
-    if (j.contains("lines") && j["lines"].is_array()) {
-      if (j["lines"].size() > analysis::kRankLines)
-        return fail(at + " has more lines than kRankLines");
-      for (const auto& l : j["lines"]) {
-        if (!l.is_object() || !l.contains("line") || !l["line"].is_string() ||
-            !l.contains("bytes") || !l["bytes"].is_number_unsigned()) {
-          return fail(at + " has a malformed line entry");
-        }
-        r.lines.push_back({l["line"].get<std::string>(), l["bytes"].get<uint64_t>()});
-      }
-      std::sort(
-          r.lines.begin(), r.lines.end(),
-          [](const analysis::RankLine& a, const analysis::RankLine& b) { return a.line < b.line; });
-    }
-    rows.push_back(std::move(r));
-  }
-  return rows;
+  return std::move(sax.rows());
 }
 }  // namespace
 
@@ -486,7 +781,9 @@ Expected<std::vector<analysis::RankRow>> parseRanksDoc(std::string_view text,
 // line (a shard written by several invocations, e.g. xargs splitting a long file list).
 Expected<std::vector<analysis::RankRow>> parseRanksJson(std::string_view text,
                                                         const std::string& where) {
-  if (json::accept(text.begin(), text.end())) return parseRanksDoc(text, where);
+  bool invalid = false;
+  auto whole = parseRanksDoc(text, where, &invalid);
+  if (!invalid) return whole;
   std::vector<analysis::RankRow> rows;
   size_t docs = 0, line_no = 0, pos = 0;
   while (pos < text.size()) {
@@ -501,7 +798,7 @@ Expected<std::vector<analysis::RankRow>> parseRanksJson(std::string_view text,
     ++docs;
     for (auto& r : *part) rows.push_back(std::move(r));
   }
-  if (docs == 0) return parseRanksDoc(text, where);
+  if (docs == 0) return whole;
   return rows;
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/parse_size.h"
@@ -288,6 +289,8 @@ TEST(Ranks, JsonRoundTripForMerge) {
   RanksSummary s = markOutliers(rows);
   std::ostringstream js;
   report::renderRanksJson(rows, s, js);
+  // Written one row at a time, it is the same text as the whole document's dump.
+  EXPECT_EQ(nlohmann::json::parse(js.str()).dump() + "\n", js.str());
   auto back = report::parseRanksJson(js.str(), "shard.json");
   ASSERT_TRUE(back.ok()) << back.error().describe();
   ASSERT_EQ(back->size(), rows.size());
@@ -310,6 +313,101 @@ TEST(Ranks, JsonRoundTripForMerge) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find("bad.json"), std::string::npos);
   }
+}
+
+// A shard nesting deeper than a ranks document can is refused before a tree is built (a 40 MB
+// shard holding a 20 M-deep array in an ignored key built a 1.5 GB tree); the depth a document
+// has, and an ignored key 10 deep, still parse. JSON Lines shards go through the same check.
+TEST(Ranks, ADeeplyNestedShardIsRefusedBeforeItsTreeIsBuilt) {
+  auto shard = [](size_t depth) {
+    return "{\"command\":\"ranks\",\"ranks\":[{\"path\":\"x\",\"device\":0,"
+           "\"peak_reserved_bytes\":1,\"peak_requested_bytes\":1,\"peak_allocated_bytes\":1,"
+           "\"ooms\":0,\"high_findings\":0,\"lines\":[{\"line\":\"a.py:1 f\",\"bytes\":1}],"
+           "\"ignored\":" +
+           std::string(depth, '[') + std::string(depth, ']') + "}]}";
+  };
+  auto ok = report::parseRanksJson(shard(10), "shallow.json");
+  ASSERT_TRUE(ok.ok()) << ok.error().describe();
+  ASSERT_EQ(ok->size(), 1u);
+  EXPECT_EQ((*ok)[0].lines.size(), 1u);
+  for (const std::string& text : {shard(100000), shard(12) + "\n" + shard(100000) + "\n"}) {
+    auto deep = report::parseRanksJson(text, "deep.json");
+    ASSERT_FALSE(deep.ok());
+    EXPECT_NE(deep.error().message.find("deep.json"), std::string::npos);
+    EXPECT_NE(deep.error().message.find("nested deeper than 16 levels"), std::string::npos)
+        << deep.error().message;
+  }
+}
+
+// A shard is read field by field (no tree): what the reader ignores may be any size, a key given
+// twice counts as its last, a wrong type names the shard (a number as "command" escaped as a JSON
+// library exception), and a row whose error is "" is read as a row without error.
+TEST(Ranks, ShardsAreReadByTheirFieldsWhateverElseTheyHold) {
+  const std::string figures =
+      "\"peak_reserved_bytes\":5,\"peak_requested_bytes\":4,\"peak_allocated_bytes\":3,"
+      "\"ooms\":2,\"high_findings\":1";
+  std::string wide = "[";
+  for (int i = 0; i < 100000; ++i) wide += "0,";
+  wide += "{\"path\":\"not a row\"}]";
+  const std::string text = "{\"command\":\"diff\",\"ignored\":" + wide +
+                           ",\"ranks\":[{\"path\":\"x\"}],\"command\":\"ranks\",\"ranks\":[{"
+                           "\"path\":\"first\",\"path\":\"a.pickle\",\"device\":1," +
+                           figures + ",\"extra\":" + wide +
+                           ",\"largest_holder\":{\"line\":\"m.py:3 f\",\"bytes\":9},"
+                           "\"lines\":[{\"line\":\"z.py:1 g\",\"bytes\":2},{\"bytes\":1,"
+                           "\"line\":\"a.py:1 f\",\"x\":[1]}]},"
+                           "{\"path\":\"b.pickle\",\"error\":\"\",\"device\":0," +
+                           figures + "},{\"path\":\"c.pickle\",\"error\":\"unreadable\"}]}";
+  auto rows = report::parseRanksJson(text, "shard.json");
+  ASSERT_TRUE(rows.ok()) << rows.error().describe();
+  ASSERT_EQ(rows->size(), 3u);
+  const RankRow& a = (*rows)[0];
+  EXPECT_EQ(a.path, "a.pickle");
+  EXPECT_EQ(a.device, 1);
+  EXPECT_EQ(a.peak_reserved, 5u);
+  EXPECT_EQ(a.peak_requested, 4u);
+  EXPECT_EQ(a.peak_allocated, 3u);
+  EXPECT_EQ(a.ooms, 2u);
+  EXPECT_EQ(a.high_findings, 1u);
+  EXPECT_EQ(a.largest_holder, "m.py:3 f");
+  EXPECT_EQ(a.largest_holder_bytes, 9u);
+  ASSERT_EQ(a.lines.size(), 2u);
+  EXPECT_EQ(a.lines[0].line, "a.py:1 f");  // by line text
+  EXPECT_EQ(a.lines[1].bytes, 2u);
+  EXPECT_EQ((*rows)[1].path, "b.pickle");
+  EXPECT_TRUE((*rows)[1].error.empty());
+  EXPECT_EQ((*rows)[1].device, 0);
+  EXPECT_EQ((*rows)[2].error, "unreadable");
+  // Wrong types name the shard and the row.
+  const std::pair<std::string, std::string> bad[] = {
+      {"{\"command\":1,\"ranks\":[]}", "no \"command\": \"ranks\""},
+      {"{\"command\":\"ranks\",\"ranks\":{}}", "no \"command\": \"ranks\""},
+      {"{\"command\":\"ranks\",\"ranks\":[{\"path\":\"p\"," + figures + "},{}]}",
+       "ranks[0] lacks device"},
+      {"{\"command\":\"ranks\",\"ranks\":[7]}", "ranks[0] has no \"path\""},
+      {"{\"command\":\"ranks\",\"ranks\":[{\"path\":\"p\",\"device\":0," + figures +
+           ",\"lines\":[{\"line\":\"a\"}]}]}",
+       "ranks[0] has a malformed line entry"},
+      {"{\"command\":\"ranks\",\"ranks\":[{\"path\":\"p\",\"device\":0," + figures +
+           ",\"device\":-3}]}",
+       "ranks[0] has device -3"},
+  };
+  for (const auto& [doc, why] : bad) {
+    auto r = report::parseRanksJson(doc, "bad.json");
+    ASSERT_FALSE(r.ok()) << doc;
+    EXPECT_NE(
+        r.error().message.find("bad.json: not a `memforensics ranks --json` document: " + why),
+        std::string::npos)
+        << r.error().message;
+  }
+  // More than kRankLines lines is refused even when a malformed one comes first.
+  std::string many = "{\"command\":\"ranks\",\"ranks\":[{\"path\":\"p\",\"device\":0," + figures +
+                     ",\"lines\":[{}";
+  for (size_t i = 0; i < kRankLines; ++i)
+    many += ",{\"line\":\"l" + std::to_string(i) + "\",\"bytes\":1}";
+  auto r = report::parseRanksJson(many + "]}]}", "many.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("more lines than kRankLines"), std::string::npos);
 }
 
 TEST(Check, LimitsHoldOnACleanRunAndFailOnTheLeak) {
