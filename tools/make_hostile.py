@@ -833,8 +833,8 @@ def gz_repeat(head, unit, count, tail):
     import zlib
     c = zlib.compressobj(9, zlib.DEFLATED, 31)
     out = [c.compress(head)]
-    piece = unit * max(1, (1 << 20) // max(1, len(unit)))
-    per = (1 << 20) // max(1, len(unit))
+    per = max(1, (1 << 20) // max(1, len(unit)))  # units a piece: one at least (a unit > 1 MiB)
+    piece = unit * per
     left = count
     while left >= per:
         out.append(c.compress(piece))

@@ -550,9 +550,8 @@ class KinetoSax {
 // ops: O(n log n); a stack is interned only when the open ops changed (at most
 // kMaxProfilerStackFrames frames each).
 void assignStacks(Snapshot& snap, std::vector<MemRec>& mems, std::vector<OpRec>& ops,
-                  Counts& counts, uint64_t text_bytes) {
-  const uint64_t frame_budget =
-      std::max(kProfilerStackFramesFloor, text_bytes / kProfilerTextBytesPerStackFrame);
+                  Counts& counts) {
+  const uint64_t frame_budget = profilerStackFrameBudget(counts.text_bytes);
   uint64_t frames_held = 0;  // by the distinct stacks interned here
   std::sort(ops.begin(), ops.end(), [](const OpRec& a, const OpRec& b) {
     if (a.thread != b.thread) return a.thread < b.thread;
@@ -665,7 +664,7 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
   }
   Counts& c = sax.counts;
   c.text_bytes = src.decoded();
-  assignStacks(snap, sax.mems, sax.ops, c, c.text_bytes);
+  assignStacks(snap, sax.mems, sax.ops, c);
   std::vector<OpRec>().swap(sax.ops);
 
   // Time order per device: ts, then Ev Idx where both have one, then file order.
@@ -820,9 +819,7 @@ Expected<Snapshot> readKineto(std::span<const uint8_t> bytes, const ProfilerRead
     w.push_back(std::to_string(c.stacks_over_budget) + " op stacks cut to their " +
                 std::to_string(kProfilerStackFramesPastBudget) +
                 " innermost ops: the trace's distinct stacks passed their budget of " +
-                std::to_string(std::max(kProfilerStackFramesFloor,
-                                        c.text_bytes / kProfilerTextBytesPerStackFrame)) +
-                " frames");
+                std::to_string(profilerStackFrameBudget(c.text_bytes)) + " frames");
   if (c.truncated_stacks > 0)
     w.push_back(std::to_string(c.truncated_stacks) + " stacks nested deeper than " +
                 std::to_string(kMaxProfilerStackFrames) + " ops: the innermost kept");

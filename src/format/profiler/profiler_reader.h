@@ -16,6 +16,7 @@
 // Snapshot::has_segment_info is false, so commands that need a block layout refuse.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -62,6 +63,9 @@ inline constexpr uint64_t kTimelineTextBytesPerValue = 4;
 inline constexpr uint64_t kProfilerStackFramesFloor = uint64_t{4} << 20;
 inline constexpr uint64_t kProfilerTextBytesPerStackFrame = 4;
 inline constexpr size_t kProfilerStackFramesPastBudget = 8;
+inline constexpr uint64_t profilerStackFrameBudget(uint64_t text_bytes) {
+  return std::max(kProfilerStackFramesFloor, text_bytes / kProfilerTextBytesPerStackFrame);
+}
 
 // What a byte prefix holds, as far as this reader is concerned.
 enum class ProfilerKind : uint8_t { NotProfiler, KinetoTrace, MemoryTimeline };
