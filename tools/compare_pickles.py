@@ -5,7 +5,8 @@ Both files are loaded with Python's own pickle module (an independent reader: no
 through an unpickler that refuses to import anything, so only plain data loads. Then every key the
 memforensics model keeps must be equal: segments with their blocks, device_traces entry by entry
 (action, addr, device_free, size, stream, time_us, frames, compile_context, user_metadata,
-pool_id), the allocator_settings fields the model keeps, and external_annotations. Values are
+pool_id), the allocator_settings fields the model reads and every other settings key with a scalar
+value, and external_annotations. Values are
 compared as the model reads them: segments grouped by device (a stable sort: memforensics writes
 them so), a block's address falls back to the running offset in its segment,
 and its frames and requested size to the legacy history[0] entry; frames are compared as
@@ -160,8 +161,15 @@ class Comparer:
         for k in SETTINGS_KEYS:
             if k in a:
                 self.eq(f"allocator_settings.{k}", a[k], b.get(k, MISSING))
-        k = "graph_capture_record_stream_reuse"
-        self.eq(f"allocator_settings.{k} (key present)", k in a, k in b)
+        # Every other key with a scalar value, as it was (the model carries the keys it does not
+        # read: release_lock_on_cudamalloc, pinned_*, graph_capture_record_stream_reuse, ...).
+        for k, v in a.items():
+            if k in SETTINGS_KEYS or k == "roundup_power2_divisions":
+                continue
+            if v is None or isinstance(v, (bool, int, float, str)):
+                self.eq(f"allocator_settings.{k}", v, b.get(k, MISSING))
+                self.eq(f"allocator_settings.{k} (type)", type(v).__name__,
+                        type(b.get(k, MISSING)).__name__)
         k = "roundup_power2_divisions"
         ra, rb = a.get(k), b.get(k)
         if isinstance(ra, dict):

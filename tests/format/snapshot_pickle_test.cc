@@ -26,8 +26,10 @@
 #include "fixtures/real_snapshots.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
 #include "format/pickle/pickle_reader.h"
 #include "format/pickle/pickle_writer.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics::format {
 namespace {
@@ -132,6 +134,16 @@ class Differ {
     for (int k = 0; k < 16; ++k) {
       eq("settings.roundup_power2_divisions[" + std::to_string(k) + "]",
          x.roundup_power2_divisions[k], y.roundup_power2_divisions[k]);
+    }
+    eq("settings.other.size", x.other.size(), y.other.size());
+    for (size_t k = 0; diff_.empty() && k < x.other.size(); ++k) {
+      const OtherSetting &p = x.other[k], &q = y.other[k];
+      const std::string at = "settings.other[" + std::to_string(k) + "].";
+      eq(at + "key", p.key, q.key);
+      eq(at + "kind", static_cast<int>(p.kind), static_cast<int>(q.kind));
+      eq(at + "i", p.i, q.i);
+      eq(at + "f", p.f, q.f);
+      eq(at + "s", p.s, q.s);
     }
   }
 
@@ -545,6 +557,16 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
   s.settings.expandable_segments = true;
   s.settings.has_roundup = true;
   for (int k = 0; k < 16; ++k) s.settings.roundup_power2_divisions[k] = k <= 8 ? 4 : 1;
+  // Keys the model does not read, one of each kind of value, kept as they were (issue 30: 27 real
+  // files lost release_lock_on_cudamalloc and the pinned_* keys in a round trip).
+  using K = OtherSetting::Kind;
+  s.settings.other = {{"release_lock_on_cudamalloc", K::Bool, 1, 0, ""},
+                      {"pinned_num_register_threads", K::Int, -3, 0, ""},
+                      {"pinned_max_bytes", K::UInt, static_cast<int64_t>(~uint64_t{0} - 1), 0, ""},
+                      {"pinned_reserve_fraction", K::Float, 0, 0.125, ""},
+                      {"backend", K::Str, 0, 0, "native"},
+                      {"cuda_host_allocator", K::None, 0, 0, ""},
+                      {"graph_capture_record_stream_reuse", K::Bool, 1, 0, ""}};
 
   // A 2500-frame stack (three APPENDS batches) and 600 distinct frames (memo indices past 255).
   std::vector<FrameId> deep;
@@ -618,6 +640,19 @@ TEST(SnapshotPickle, NewestFieldsAndLongListsRoundTrip) {
 
   Snapshot back = roundTrip(s);
   EXPECT_EQ(back.traits.era(), "2.14+");
+  // Through a native trace (the Settings chunk's tag 7) and back to a pickle: the same bytes.
+  trace::VectorSink sink;
+  ASSERT_TRUE(writeSnapshotTrace(back, sink, {}).ok());
+  Snapshot native = readBack(sink.data);
+  ASSERT_EQ(native.settings.other.size(), s.settings.other.size());
+  for (size_t k = 0; k < s.settings.other.size(); ++k) {
+    const OtherSetting &p = s.settings.other[k], &q = native.settings.other[k];
+    EXPECT_EQ(p.key, q.key);
+    EXPECT_EQ(p.kind, q.kind) << p.key;
+    EXPECT_EQ(p.i, q.i) << p.key;
+    EXPECT_EQ(p.f, q.f) << p.key;
+    EXPECT_EQ(p.s, q.s) << p.key;
+  }
   ASSERT_EQ(back.traceCount(), 2u);
   EXPECT_TRUE(back.trace(0).empty());
   EXPECT_EQ(back.stacks.stack(back.segments[0].stack).size(), 2500u);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
@@ -20,6 +21,14 @@
 #include "format/trace/trace_state.h"
 
 namespace memforensics::format {
+
+// OtherSetting's kinds travel as TraceOtherSetting's (the Settings chunk's tag 7).
+static_assert(static_cast<uint8_t>(OtherSetting::Kind::Str) == trace::TraceOtherSetting::kStr &&
+              static_cast<uint8_t>(OtherSetting::Kind::Float) == trace::TraceOtherSetting::kFloat &&
+              static_cast<uint8_t>(OtherSetting::Kind::UInt) == trace::TraceOtherSetting::kUInt &&
+              static_cast<uint8_t>(OtherSetting::Kind::Int) == trace::TraceOtherSetting::kInt &&
+              static_cast<uint8_t>(OtherSetting::Kind::Bool) == trace::TraceOtherSetting::kBool &&
+              static_cast<uint8_t>(OtherSetting::Kind::None) == trace::TraceOtherSetting::kNone);
 
 namespace {
 
@@ -176,6 +185,15 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
     ts.has_graph_capture_key = s.traits.has_graph_capture_key;
     std::copy(std::begin(s.settings.roundup_power2_divisions),
               std::end(s.settings.roundup_power2_divisions), ts.roundup_power2_divisions);
+    for (const OtherSetting& o : s.settings.other) {
+      trace::TraceOtherSetting t;
+      t.key = o.key;
+      t.kind = static_cast<uint8_t>(o.kind);
+      t.bits = static_cast<uint64_t>(o.i);
+      if (o.kind == OtherSetting::Kind::Float) std::memcpy(&t.bits, &o.f, 8);
+      t.text = o.s;
+      ts.other.push_back(std::move(t));
+    }
     w.setSettings(ts, s.settings.conf);
   }
   for (const Annotation& a : s.annotations) {
@@ -1058,6 +1076,17 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     st.has_roundup = t.has_roundup;
     std::copy(std::begin(t.roundup_power2_divisions), std::end(t.roundup_power2_divisions),
               st.roundup_power2_divisions);
+    for (const trace::TraceOtherSetting& x : t.other) {
+      OtherSetting o;
+      o.key = x.key;
+      o.kind = static_cast<OtherSetting::Kind>(x.kind);  // the reader checked the range
+      if (o.kind == OtherSetting::Kind::Float)
+        std::memcpy(&o.f, &x.bits, 8);
+      else
+        o.i = static_cast<int64_t>(x.bits);
+      o.s = x.text;
+      st.other.push_back(std::move(o));
+    }
   }
   for (const auto& a : r.annotations())
     snap.annotations.push_back(Annotation{a.device, a.time_us, str(a.name), str(a.stage)});

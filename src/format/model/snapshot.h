@@ -199,6 +199,18 @@ struct Annotation {
   StrId stage = kEmptyStr;  // "START" / "END"
 };
 
+// An allocator_settings key the model does not read (release_lock_on_cudamalloc,
+// pinned_use_cuda_host_register, graph_capture_record_stream_reuse, ...), with its value when it
+// is a scalar, carried as it was so that conversions keep it (docs/file-format.md).
+struct OtherSetting {
+  enum class Kind : uint8_t { None, Bool, Int, UInt, Float, Str };
+  std::string key;
+  Kind kind = Kind::None;
+  int64_t i = 0;  // Bool (0 or 1), Int, UInt (as its bits)
+  double f = 0;   // Float
+  std::string s;  // Str
+};
+
 // allocator_settings (2.3+); fields absent in the file keep their defaults and has_* = false.
 struct AllocatorSettings {
   bool present = false;
@@ -208,6 +220,7 @@ struct AllocatorSettings {
   bool expandable_segments = false;
   bool has_roundup = false;
   uint32_t roundup_power2_divisions[16] = {};  // index k covers [2^k MiB, 2^(k+1) MiB)
+  std::vector<OtherSetting> other;             // in the file's order; scalar values only
 };
 
 enum class SourceFormat : uint8_t {

@@ -1,5 +1,7 @@
 // pickle_schema.cc: the snapshot schema (pickle_machine.h, section 3): the root object the
 // machine built, converted into the Snapshot model.
+#include <unordered_map>
+
 #include "format/pickle/pickle_machine.h"
 
 namespace memforensics::format::pickle_detail {
@@ -341,6 +343,50 @@ Status Machine::convertSettings(const Value& v) {
     s.expandable_segments = e->i != 0;
   }
   if (field(*d, keys_.graph_capture) != nullptr) snap_.traits.has_graph_capture_key = true;
+  // Keys the model does not read, kept with their scalar values for the writers (a repeated key:
+  // its last value, as Python's dict holds it). Other values (lists, dicts, big ints) are dropped.
+  std::unordered_map<uint32_t, size_t> other_at;  // StrId of a key -> its entry
+  for (size_t i = 0; i + 1 < d->size(); i += 2) {
+    const Value& k = (*d)[i];
+    const Value& val = (*d)[i + 1];
+    if (k.kind != VK::Str || k.id == keys_.conf || k.id == keys_.max_split_size ||
+        k.id == keys_.gc_threshold || k.id == keys_.expandable_segments || k.id == keys_.roundup) {
+      continue;
+    }
+    OtherSetting o;
+    o.key = std::string(snap_.strings.get(k.id));
+    switch (val.kind) {
+      case VK::None:
+        break;
+      case VK::Bool:
+        o.kind = OtherSetting::Kind::Bool;
+        o.i = val.i != 0;
+        break;
+      case VK::Int:
+        o.kind = OtherSetting::Kind::Int;
+        o.i = val.i;
+        break;
+      case VK::UInt:
+        o.kind = OtherSetting::Kind::UInt;
+        o.i = val.i;
+        break;
+      case VK::Float:
+        o.kind = OtherSetting::Kind::Float;
+        o.f = val.f;
+        break;
+      case VK::Str:
+        o.kind = OtherSetting::Kind::Str;
+        o.s = std::string(snap_.strings.get(val.id));
+        break;
+      default:
+        continue;
+    }
+    auto [at, fresh] = other_at.try_emplace(k.id, s.other.size());
+    if (fresh)
+      s.other.push_back(std::move(o));
+    else
+      s.other[at->second] = std::move(o);
+  }
   if (const Value* r = field(*d, keys_.roundup)) {
     if (const Items* rd = asNode(*r, NK::Dict)) {
       for (size_t i = 0; i + 1 < rd->size(); i += 2) {

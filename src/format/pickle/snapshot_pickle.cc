@@ -427,9 +427,34 @@ class Pickler {
     w_.floating(st.garbage_collection_threshold);
     key(kExpandableSegments);
     w_.boolean(st.expandable_segments);
-    if (t_.has_graph_capture_key) {
+    bool graph_capture_written = false;
+    for (const OtherSetting& o : st.other) {  // keys the model does not read, as they were
+      graph_capture_written |= o.key == kKeyText[kGraphCapture];
+      w_.str(o.key);
+      switch (o.kind) {
+        case OtherSetting::Kind::None:
+          w_.none();
+          break;
+        case OtherSetting::Kind::Bool:
+          w_.boolean(o.i != 0);
+          break;
+        case OtherSetting::Kind::Int:
+          w_.integer(o.i);
+          break;
+        case OtherSetting::Kind::UInt:
+          w_.uinteger(static_cast<uint64_t>(o.i));
+          break;
+        case OtherSetting::Kind::Float:
+          w_.floating(o.f);
+          break;
+        case OtherSetting::Kind::Str:
+          w_.str(o.s);
+          break;
+      }
+    }
+    if (t_.has_graph_capture_key && !graph_capture_written) {
       key(kGraphCapture);
-      w_.boolean(false);  // the value is not kept; False is PyTorch's default
+      w_.boolean(false);  // a trace written before values were kept: PyTorch's default
     }
     if (st.has_roundup) {
       // All 16 intervals, as PyTorch writes them (zeros included): keys are MiB, "1" to "32768".

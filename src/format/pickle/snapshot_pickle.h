@@ -13,10 +13,9 @@
 // PyTorch's.
 //
 // Not written (the model does not keep them): unknown top-level keys (Snapshot::ignored_keys),
-// host_segments/host_traces (2.14; only their count is kept), allocator_settings fields other than
-// PYTORCH_CUDA_ALLOC_CONF, max_split_size, garbage_collection_threshold, expandable_segments,
-// roundup_power2_divisions and the presence of graph_capture_record_stream_reuse (written as
-// False), legacy history entries after the first and that entry's own `addr` (the block address is
+// host_segments/host_traces (2.14; only their count is kept), allocator_settings keys whose value
+// is not a scalar (other keys are written back with their values: AllocatorSettings::other),
+// legacy history entries after the first and that entry's own `addr` (the block address is
 // written), and trace entry keys outside
 // action/addr/device_free/size/stream/time_us/frames/compile_context/ user_metadata/pool_id (e.g.
 // forward_frames, category), and frame keys other than filename/line/name.

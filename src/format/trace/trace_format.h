@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace memforensics::format::trace {
 
@@ -263,6 +264,17 @@ struct TraceAnnotation {
   uint32_t stage = 0;  // StrId
 };
 
+// A settings key the model does not read, with its scalar value (Settings TLV tag 7: varint key
+// length, key, u8 kind, then for Bool/Int/UInt/Float a varint (Int zigzag, Float its bits), for Str
+// a varint length and the bytes, for None nothing).
+struct TraceOtherSetting {
+  enum Kind : uint8_t { kNone = 0, kBool = 1, kInt = 2, kUInt = 3, kFloat = 4, kStr = 5 };
+  std::string key;
+  uint8_t kind = kNone;
+  uint64_t bits = 0;  // Bool, Int (two's complement), UInt, Float (IEEE bits)
+  std::string text;   // Str
+};
+
 struct TraceSettings {
   std::string_view conf;  // PYTORCH_CUDA_ALLOC_CONF (owned by the writer's caller / the reader)
   int64_t max_split_size = -1;
@@ -271,6 +283,7 @@ struct TraceSettings {
   bool has_roundup = false;
   bool has_graph_capture_key = false;
   uint32_t roundup_power2_divisions[16] = {};
+  std::vector<TraceOtherSetting> other;
 };
 
 // Where the content came from (Meta chunk). All fields optional in the file.

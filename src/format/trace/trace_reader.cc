@@ -584,12 +584,30 @@ Status TraceReader::decodeSettings(std::span<const uint8_t> p) {
       case 6:
         st.has_graph_capture_key = v != 0;
         break;
+      case 7: {  // a key the model does not read, with its value
+        Cursor c({reinterpret_cast<const uint8_t*>(b.data()), b.size()});
+        TraceOtherSetting o;
+        o.key = std::string(c.bytes(c.var()));
+        o.kind = c.byte();
+        if (o.kind == TraceOtherSetting::kInt) {
+          o.bits = static_cast<uint64_t>(c.svar());
+        } else if (o.kind == TraceOtherSetting::kStr) {
+          o.text = std::string(c.bytes(c.var()));
+        } else if (o.kind != TraceOtherSetting::kNone) {
+          o.bits = c.var();
+        }
+        if (!c.ok || !c.done() || o.kind > TraceOtherSetting::kStr)
+          ok = false;
+        else
+          st.other.push_back(std::move(o));
+        break;
+      }
       default:
         break;
     }
   });
   if (!s.ok()) return s;
-  if (!ok) return bad("malformed roundup_power2_divisions");
+  if (!ok) return bad("malformed roundup_power2_divisions or other setting");
   has_settings_ = true;
   settings_conf_ = std::move(conf);
   settings_ = st;

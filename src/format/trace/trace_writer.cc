@@ -496,6 +496,21 @@ Status TraceWriter::close() {
       tlvBytes(p, 5, {reinterpret_cast<const char*>(r.data()), r.size()});
     }
     if (st.has_graph_capture_key) tlvVar(p, 6, 1);
+    for (const TraceOtherSetting& o : st.other) {
+      std::vector<uint8_t> e;
+      putVar(e, o.key.size());
+      e.insert(e.end(), o.key.begin(), o.key.end());
+      e.push_back(o.kind);
+      if (o.kind == TraceOtherSetting::kInt) {
+        putVar(e, zigzag(static_cast<int64_t>(o.bits)));
+      } else if (o.kind == TraceOtherSetting::kStr) {
+        putVar(e, o.text.size());
+        e.insert(e.end(), o.text.begin(), o.text.end());
+      } else if (o.kind != TraceOtherSetting::kNone) {
+        putVar(e, o.bits);
+      }
+      tlvBytes(p, 7, {reinterpret_cast<const char*>(e.data()), e.size()});
+    }
     s = writeChunk(ChunkType::Settings, p);
     if (!s.ok()) return s;
     p.clear();
