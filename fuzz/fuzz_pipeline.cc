@@ -20,6 +20,11 @@
 //   and to pickle in memory and read back. The conversions check that what was written reads back
 //   with the same events, devices and segments; a mismatch is a finding (__builtin_trap), like a
 //   crash or a sanitizer report.
+// One input in eight instead writes text that a reader reads (generate_text.h), then runs the same
+// commands on what `load` makes of it: a torch.profiler Kineto trace or a memory timeline (op
+// chains that touch, op stacks hundreds deep, runs of identical rows, hostile numbers). One in
+// eight writes `ranks --json` shards and merges them as `ranks --merge` does; what the merge writes
+// must read back as the same rows.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -31,8 +36,10 @@
 #include <optional>
 #include <ostream>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "analysis/analyze.h"
@@ -45,11 +52,13 @@
 #include "format/model/snapshot.h"
 #include "format/pickle/snapshot_pickle.h"
 #include "format/trace/trace_writer.h"
+#include "generate_text.h"
 #include "null_stream.h"
 #include "report/export.h"
 #include "report/html/report_data.h"
 #include "report/render.h"
 #include "report/render_blocks.h"
+#include "report/render_compare.h"
 #include "report/render_html.h"
 #include "report/render_timeline.h"
 
@@ -844,22 +853,105 @@ std::optional<int64_t> pickDevice(FuzzedDataProvider& p, const Snapshot& s) {
   return devs[p.ConsumeIntegralInRange<size_t>(0, devs.size() - 1)];
 }
 
+// FUZZ_PIPELINE_PICKLE=FILE: write the generated input to FILE (a snapshot as a pickle, a profiler
+// trace or a shard as its text, shard k of several to FILE.k), to replay a finding with the
+// command line (memforensics blocks FILE ..., ranks --merge FILE.0 FILE.1) or keep it where the
+// unit tests load it.
+void keepInput(std::span<const uint8_t> bytes, const std::string& suffix = "") {
+  const char* path = std::getenv("FUZZ_PIPELINE_PICKLE");
+  if (!path) return;
+  if (FILE* f = std::fopen((path + suffix).c_str(), "wb")) {
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+}
+
+std::span<const uint8_t> bytesOf(const std::string& text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
+
+[[noreturn]] __attribute__((noinline)) void shardWrittenButRefused() {
+  __builtin_trap();
+}
+[[noreturn]] __attribute__((noinline)) void shardRowsDiffer() {
+  __builtin_trap();
+}
+
+// ranks --merge SHARD...: each shard read as mergeShards (src/cli/cmd_ranks.cc) reads it, the rows
+// merged, outliers marked and both renderings written. What `ranks --json` writes of the merged
+// rows must read back as the same rows (the next level of a merge tree reads it).
+void mergeRankShards(FuzzedDataProvider& p) {
+  std::vector<std::string> shards = fuzz::generateRankShards(p);
+  std::vector<analysis::RankRow> rows;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    keepInput(bytesOf(shards[i]), "." + std::to_string(i));
+    const std::string path = "shard" + std::to_string(i) + ".json";
+    auto got = report::parseRanksJson(shards[i], path);
+    if (!got) {
+      rows.push_back(analysis::failedRankRow(path, got.error().describe()));
+      continue;
+    }
+    for (auto& r : *got) rows.push_back(std::move(r));
+  }
+  analysis::RanksSummary summary = analysis::markOutliers(rows);
+  fuzz::NullBuf nb;
+  std::ostream out(&nb);
+  report::renderRanksText(rows, summary, out);
+  std::ostringstream js;
+  report::renderRanksJson(rows, summary, js);
+  auto back = report::parseRanksJson(js.str(), "merged.json");
+  if (!back) shardWrittenButRefused();
+  if (back->size() != rows.size()) shardRowsDiffer();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const analysis::RankRow &a = rows[i], &b = (*back)[i];
+    if (a.path != b.path || a.error != b.error) shardRowsDiffer();
+    if (!a.error.empty()) continue;
+    if (a.device != b.device || a.peak_reserved != b.peak_reserved ||
+        a.peak_requested != b.peak_requested || a.peak_allocated != b.peak_allocated ||
+        a.ooms != b.ooms || a.high_findings != b.high_findings || a.lines.size() != b.lines.size())
+      shardRowsDiffer();
+    for (size_t k = 0; k < a.lines.size(); ++k) {
+      if (a.lines[k].line != b.lines[k].line || a.lines[k].bytes != b.lines[k].bytes)
+        shardRowsDiffer();
+    }
+  }
+}
+
+void commands(const Snapshot& s, FuzzedDataProvider& p);
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider p(data, size);
+  // What the bytes build: mostly a snapshot in memory; else the text of a torch.profiler trace or
+  // memory timeline, read as `load` reads any input, or `ranks --json` shards to merge.
+  switch (p.ConsumeIntegralInRange<uint32_t>(0, 7)) {
+    case 5:
+    case 6: {
+      const std::string text =
+          p.ConsumeBool() ? fuzz::generateKinetoTrace(p) : fuzz::generateMemoryTimeline(p);
+      keepInput(bytesOf(text));
+      auto snap = format::loadSnapshotBytes(bytesOf(text));
+      if (snap) commands(*snap, p);
+      return 0;
+    }
+    case 7:
+      mergeRankShards(p);
+      return 0;
+    default:
+      break;
+  }
   Snapshot s;
   Builder(p, s).build();
-  // FUZZ_PIPELINE_PICKLE=FILE: write the generated snapshot as a pickle, to replay a finding with
-  // the command line (memforensics blocks FILE ...) or keep it where the unit tests load it.
-  if (const char* path = std::getenv("FUZZ_PIPELINE_PICKLE")) {
-    std::vector<uint8_t> bytes = format::snapshotToPickle(s);
-    if (FILE* f = std::fopen(path, "wb")) {
-      std::fwrite(bytes.data(), 1, bytes.size(), f);
-      std::fclose(f);
-    }
-  }
+  keepInput(format::snapshotToPickle(s));
+  commands(s, p);
+  return 0;
+}
 
+namespace {
+
+// What each command runs on a loaded snapshot, as src/cli runs it, into a null stream.
+void commands(const Snapshot& s, FuzzedDataProvider& p) {
   fuzz::NullBuf nb;
   std::ostream out(&nb);
 
@@ -888,6 +980,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         p.ConsumeRandomLengthString(12),
     };
     for (const auto& text : ats) {
+      if (!s.has_segment_info) break;  // cmd_blocks.cc refuses profiler inputs before this
       auto at = cli::parseAtOption(text);
       if (!at) continue;
       auto r = analysis::computeBlocks(s, pickDevice(p, s), *at);
@@ -950,5 +1043,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // convert --to native / pickle, read back
   roundTrips(s, p);
-  return 0;
 }
+
+}  // namespace
