@@ -262,6 +262,56 @@ TEST(PickleReader, OtherPlainOpcodesAreAccepted) {
   EXPECT_DOUBLE_EQ(s->settings.garbage_collection_threshold, 0.5);
 }
 
+// allocator_settings keys the model does not read are kept with their values, within bounds: a
+// memoized 1 MiB string named by 4,096 keys is not copied 4,096 times (it was, 4 GiB), and past
+// kMaxOtherSettings keys the rest are counted in a warning. A second allocator_settings dict
+// replaces the first, as in Python.
+TEST(PickleReader, OtherAllocatorSettingsAreKeptWithinBounds) {
+  PickleWriter w(4);
+  w.beginDict();
+  w.str("segments");
+  w.beginList();
+  w.endList();
+  w.str("allocator_settings");
+  w.beginDict();
+  w.str("release_lock_on_cudamalloc");
+  w.boolean(true);
+  w.endDict();
+  w.str("allocator_settings");
+  w.beginDict();
+  w.str("pinned_use_cuda_host_register");
+  w.boolean(false);
+  w.str("big");
+  w.str(std::string(size_t{1} << 20, 'x'));
+  const uint32_t big = w.memoCount();
+  w.memoize();
+  for (int i = 0; i < 4096; ++i) {
+    w.str("k" + std::to_string(i));
+    if (i % 2)
+      w.get(big);
+    else
+      w.integer(i);
+  }
+  w.endDict();
+  w.endDict();
+  auto s = read(w.finish());
+  ASSERT_TRUE(s.ok()) << s.error().describe();
+  const auto& other = s->settings.other;
+  ASSERT_EQ(other.size(), kMaxOtherSettings);
+  EXPECT_EQ(other[0].key, "pinned_use_cuda_host_register");  // the first dict is gone
+  EXPECT_EQ(other[0].kind, OtherSetting::Kind::Bool);
+  EXPECT_EQ(other[0].i, 0);
+  EXPECT_EQ(other[1].key, "k0");  // "big" is over kMaxOtherSettingBytes
+  EXPECT_EQ(other[1].kind, OtherSetting::Kind::Int);
+  size_t bytes = 0;
+  for (const auto& o : other) bytes += o.key.size() + o.s.size();
+  EXPECT_LT(bytes, kMaxOtherSettings * kMaxOtherSettingBytes);
+  bool warned = false;
+  for (const auto& wn : s->load_warnings)
+    warned |= wn.find("allocator_settings entries not kept") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
 TEST(PickleReader, AllocatorSettingsRoundupDivisions) {
   PickleWriter w(4);
   w.beginDict();

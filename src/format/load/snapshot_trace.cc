@@ -29,6 +29,8 @@ static_assert(static_cast<uint8_t>(OtherSetting::Kind::Str) == trace::TraceOther
               static_cast<uint8_t>(OtherSetting::Kind::Int) == trace::TraceOtherSetting::kInt &&
               static_cast<uint8_t>(OtherSetting::Kind::Bool) == trace::TraceOtherSetting::kBool &&
               static_cast<uint8_t>(OtherSetting::Kind::None) == trace::TraceOtherSetting::kNone);
+static_assert(kMaxOtherSettings == trace::kMaxTraceOtherSettings &&
+              kMaxOtherSettingBytes == trace::kMaxTraceOtherSettingBytes);
 
 namespace {
 

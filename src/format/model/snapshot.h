@@ -202,6 +202,11 @@ struct Annotation {
 // An allocator_settings key the model does not read (release_lock_on_cudamalloc,
 // pinned_use_cuda_host_register, graph_capture_record_stream_reuse, ...), with its value when it
 // is a scalar, carried as it was so that conversions keep it (docs/file-format.md).
+// Bounds on what a file may carry there (real files hold about 10 short keys): entries past
+// kMaxOtherSettings, and those whose key and value pass kMaxOtherSettingBytes, are dropped and
+// counted (a 17 MB pickle of 4,096 keys naming one memoized 16 MiB string would copy 64 GiB).
+inline constexpr size_t kMaxOtherSettings = 64;
+inline constexpr size_t kMaxOtherSettingBytes = 4096;
 struct OtherSetting {
   enum class Kind : uint8_t { None, Bool, Int, UInt, Float, Str };
   std::string key;

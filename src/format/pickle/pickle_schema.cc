@@ -327,6 +327,7 @@ Status Machine::convertSettings(const Value& v) {
   if (d == nullptr) return Status::Ok();  // tolerate odd settings: they are informational
   auto& s = snap_.settings;
   s.present = true;
+  s.other.clear();  // a repeated allocator_settings key: the last dict counts, as in Python
   if (const Value* c = field(*d, keys_.conf); c && c->kind == VK::Str)
     s.conf = snap_.strings.get(c->id);
   if (const Value* m = field(*d, keys_.max_split_size);
@@ -346,11 +347,19 @@ Status Machine::convertSettings(const Value& v) {
   // Keys the model does not read, kept with their scalar values for the writers (a repeated key:
   // its last value, as Python's dict holds it). Other values (lists, dicts, big ints) are dropped.
   std::unordered_map<uint32_t, size_t> other_at;  // StrId of a key -> its entry
+  size_t dropped = 0;
   for (size_t i = 0; i + 1 < d->size(); i += 2) {
     const Value& k = (*d)[i];
     const Value& val = (*d)[i + 1];
     if (k.kind != VK::Str || k.id == keys_.conf || k.id == keys_.max_split_size ||
         k.id == keys_.gc_threshold || k.id == keys_.expandable_segments || k.id == keys_.roundup) {
+      continue;
+    }
+    const size_t bytes = snap_.strings.get(k.id).size() +
+                         (val.kind == VK::Str ? snap_.strings.get(val.id).size() : 0);
+    if (bytes > kMaxOtherSettingBytes ||
+        (!other_at.count(k.id) && s.other.size() >= kMaxOtherSettings)) {
+      ++dropped;
       continue;
     }
     OtherSetting o;
@@ -386,6 +395,12 @@ Status Machine::convertSettings(const Value& v) {
       s.other.push_back(std::move(o));
     else
       s.other[at->second] = std::move(o);
+  }
+  if (dropped > 0) {
+    snap_.load_warnings.push_back(
+        std::to_string(dropped) + " allocator_settings entries not kept (at most " +
+        std::to_string(kMaxOtherSettings) + " keys the model does not read, of at most " +
+        std::to_string(kMaxOtherSettingBytes) + " bytes each)");
   }
   if (const Value* r = field(*d, keys_.roundup)) {
     if (const Items* rd = asNode(*r, NK::Dict)) {

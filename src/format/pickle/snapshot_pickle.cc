@@ -3,6 +3,7 @@
 // front.
 #include "format/pickle/snapshot_pickle.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string_view>
 
@@ -428,7 +429,13 @@ class Pickler {
     key(kExpandableSegments);
     w_.boolean(st.expandable_segments);
     bool graph_capture_written = false;
+    std::vector<std::string_view> written = {kKeyText[kConf], kKeyText[kMaxSplitSize],
+                                             kKeyText[kGcThreshold], kKeyText[kExpandableSegments],
+                                             kKeyText[kRoundup]};
     for (const OtherSetting& o : st.other) {  // keys the model does not read, as they were
+      // Each key once (a hostile native trace may name a key twice, or one written above).
+      if (std::find(written.begin(), written.end(), o.key) != written.end()) continue;
+      written.push_back(o.key);
       graph_capture_written |= o.key == kKeyText[kGraphCapture];
       w_.str(o.key);
       switch (o.kind) {

@@ -267,6 +267,10 @@ struct TraceAnnotation {
 // A settings key the model does not read, with its scalar value (Settings TLV tag 7: varint key
 // length, key, u8 kind, then for Bool/Int/UInt/Float a varint (Int zigzag, Float its bits), for Str
 // a varint length and the bytes, for None nothing).
+// At most this many tag-7 entries are read, each of at most this many key + value bytes (the
+// model's kMaxOtherSettings and kMaxOtherSettingBytes); the rest are skipped.
+inline constexpr size_t kMaxTraceOtherSettings = 64;
+inline constexpr size_t kMaxTraceOtherSettingBytes = 4096;
 struct TraceOtherSetting {
   enum Kind : uint8_t { kNone = 0, kBool = 1, kInt = 2, kUInt = 3, kFloat = 4, kStr = 5 };
   std::string key;

@@ -596,9 +596,12 @@ Status TraceReader::decodeSettings(std::span<const uint8_t> p) {
         } else if (o.kind != TraceOtherSetting::kNone) {
           o.bits = c.var();
         }
-        if (!c.ok || !c.done() || o.kind > TraceOtherSetting::kStr)
+        // A kind of a newer minor version is skipped; past the model's bounds, entries are
+        // skipped (as the pickle reader drops them).
+        if (!c.ok)
           ok = false;
-        else
+        else if (o.kind <= TraceOtherSetting::kStr && st.other.size() < kMaxTraceOtherSettings &&
+                 o.key.size() + o.text.size() <= kMaxTraceOtherSettingBytes)
           st.other.push_back(std::move(o));
         break;
       }
@@ -610,7 +613,7 @@ Status TraceReader::decodeSettings(std::span<const uint8_t> p) {
   if (!ok) return bad("malformed roundup_power2_divisions or other setting");
   has_settings_ = true;
   settings_conf_ = std::move(conf);
-  settings_ = st;
+  settings_ = std::move(st);
   settings_.conf = settings_conf_;
   return Status::Ok();
 }
