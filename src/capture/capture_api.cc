@@ -144,10 +144,17 @@ bool submit(const CaptureRecord& r, std::shared_ptr<void>&& context) noexcept {
   return rec && rec->record(r, std::move(context));
 }
 
-bool submitNative(const CaptureRecord& r) noexcept {
+bool submit(const CaptureRecord& r, std::shared_ptr<void>&& context,
+            std::shared_ptr<const RecordText>&& text) noexcept {
   Guard g(r.device % kSlots);
   Recorder* rec = g_recorder.load(std::memory_order_seq_cst);
-  return rec && rec->recordNative(r, 1);
+  return rec && rec->record(r, std::move(context), std::move(text));
+}
+
+bool submitNative(const CaptureRecord& r, std::shared_ptr<const RecordText>&& text) noexcept {
+  Guard g(r.device % kSlots);
+  Recorder* rec = g_recorder.load(std::memory_order_seq_cst);
+  return rec && rec->recordNative(r, 1, std::move(text));
 }
 
 bool nativeStacksOn() noexcept {

@@ -81,8 +81,11 @@ Backend* backend();
 // the ring is full). One producer per device at a time (ring.h).
 bool submit(const CaptureRecord& r) noexcept;
 bool submit(const CaptureRecord& r, std::shared_ptr<void>&& context) noexcept;
+// With the event's strings (kept when the backend set RecorderOptions::text); either may be null.
+bool submit(const CaptureRecord& r, std::shared_ptr<void>&& context,
+            std::shared_ptr<const RecordText>&& text) noexcept;
 // Same, with the caller's native stack when native stacks are on.
-bool submitNative(const CaptureRecord& r) noexcept;
+bool submitNative(const CaptureRecord& r, std::shared_ptr<const RecordText>&& text = {}) noexcept;
 bool nativeStacksOn() noexcept;
 
 // For the tests of signal handling: the handler, callable directly.

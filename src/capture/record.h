@@ -2,7 +2,9 @@
 // raw clock ticks into the trace's microseconds.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace memforensics::capture {
 
@@ -27,6 +29,21 @@ static_assert(sizeof(CaptureRecord) == 64, "one cache line per record");
 inline constexpr uint8_t kHasTime = 1;     // `ticks` is valid
 inline constexpr uint8_t kHasContext = 2;  // a stack context sits in the side slot
 inline constexpr uint8_t kHasPcs = 4;      // `npcs` native PCs sit in the side slot
+inline constexpr uint8_t kCompileNA = 8;   // compile_context is "N/A" (no RecordText needed)
+inline constexpr uint8_t kHasText = 16;    // a RecordText sits in the side slot
+// Flags a producer may set itself; the recorder sets the side-slot ones.
+inline constexpr uint8_t kProducerFlags = kHasTime | kCompileNA;
+
+// The strings an allocator event may carry (PyTorch: compile_context_ 2.8+, user_metadata_ 2.10+,
+// which is also the payload of an ANNOTATE entry, 2.14+). Most events carry none, and 2.8+ sets
+// compile_context to "N/A" on every entry unless compile contexts are recorded: that case is the
+// kCompileNA flag, so that the hot path allocates only for events that really have text.
+struct RecordText {
+  std::string compile_context;
+  std::string user_metadata;
+};
+// Longer strings are cut to this many bytes: they are copied under the allocator's lock.
+inline constexpr size_t kMaxRecordTextBytes = 64 * 1024;
 
 // Raw clock ticks -> microseconds since the Unix epoch.
 //

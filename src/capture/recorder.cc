@@ -53,14 +53,16 @@ uint64_t monotonicTicks() {
 }
 
 struct Recorder::Channel {
-  Channel(size_t capacity, uint16_t depth, bool contexts)
+  Channel(size_t capacity, uint16_t depth, bool contexts, bool texts)
       : ring(capacity),
         ctx(contexts ? ring.capacity() : 0),
-        pcs(depth ? ring.capacity() * depth : 0) {}
+        pcs(depth ? ring.capacity() * depth : 0),
+        text(texts ? ring.capacity() : 0) {}
   SpscRing<CaptureRecord> ring;
   std::vector<std::shared_ptr<void>>
       ctx;                 // side slot per ring slot: stack context (with a resolver)
   std::vector<void*> pcs;  // side slots per ring slot: native_depth return addresses
+  std::vector<std::shared_ptr<const RecordText>> text;  // side slot per ring slot (options.text)
 };
 
 Recorder::Recorder(std::string path, const RecorderOptions& options, RecorderHooks hooks)
@@ -92,8 +94,9 @@ Expected<std::unique_ptr<Recorder>> Recorder::create(const std::string& path,
   Status s = r->writer_->begin(meta);
   if (!s.ok()) return s.error();
   for (uint32_t d = 0; d < r->options_.devices; ++d) {
-    r->channels_.push_back(std::make_unique<Channel>(
-        r->options_.ring_capacity, r->options_.native_depth, r->hooks_.resolver != nullptr));
+    r->channels_.push_back(
+        std::make_unique<Channel>(r->options_.ring_capacity, r->options_.native_depth,
+                                  r->hooks_.resolver != nullptr, r->options_.text));
   }
   r->last_time_us_.assign(r->options_.devices, -1);
   if (::pipe2(r->wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -142,12 +145,17 @@ bool Recorder::record(const CaptureRecord& r) noexcept {
   }
   return channels_[r.device]->ring.tryPush([&](CaptureRecord& slot, size_t) {
     slot = r;
-    slot.flags &= kHasTime;
+    slot.flags &= kProducerFlags;
     slot.npcs = 0;
   });
 }
 
 bool Recorder::record(const CaptureRecord& r, std::shared_ptr<void>&& context) noexcept {
+  return record(r, std::move(context), nullptr);
+}
+
+bool Recorder::record(const CaptureRecord& r, std::shared_ptr<void>&& context,
+                      std::shared_ptr<const RecordText>&& text) noexcept {
   if (r.device >= channels_.size()) {
     out_of_range_.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -155,16 +163,22 @@ bool Recorder::record(const CaptureRecord& r, std::shared_ptr<void>&& context) n
   Channel& ch = *channels_[r.device];
   return ch.ring.tryPush([&](CaptureRecord& slot, size_t i) {
     slot = r;
-    slot.flags &= kHasTime;
+    slot.flags &= kProducerFlags;
     slot.npcs = 0;
+    // The side slots are empty here: the writer moved their last values out.
     if (context && !ch.ctx.empty()) {  // without a resolver a context could not be used
       slot.flags |= kHasContext;
-      ch.ctx[i] = std::move(context);  // the slot is empty: the writer moved its last value out
+      ch.ctx[i] = std::move(context);
+    }
+    if (text && !ch.text.empty()) {
+      slot.flags |= kHasText;
+      ch.text[i] = std::move(text);
     }
   });
 }
 
-bool Recorder::recordNative(const CaptureRecord& r, int skip) noexcept {
+bool Recorder::recordNative(const CaptureRecord& r, int skip,
+                            std::shared_ptr<const RecordText>&& text) noexcept {
   if (r.device >= channels_.size()) {
     out_of_range_.fetch_add(1, std::memory_order_relaxed);
     return false;
@@ -182,8 +196,12 @@ bool Recorder::recordNative(const CaptureRecord& r, int skip) noexcept {
   const int keep = std::min(n - from, depth);
   return ch.ring.tryPush([&](CaptureRecord& slot, size_t i) {
     slot = r;
-    slot.flags &= kHasTime;
+    slot.flags &= kProducerFlags;
     slot.npcs = 0;
+    if (text && !ch.text.empty()) {
+      slot.flags |= kHasText;
+      ch.text[i] = std::move(text);
+    }
     if (keep <= 0) return;
     std::memcpy(&ch.pcs[i * static_cast<size_t>(depth)], tmp + from,
                 sizeof(void*) * static_cast<size_t>(keep));
@@ -326,6 +344,10 @@ void Recorder::drainRings() {
         for (uint16_t k = 0; k < r.npcs; ++k)
           pending_pcs_.push_back(reinterpret_cast<uintptr_t>(src[k]));
       }
+      if (r.flags & kHasText) {
+        p.text = static_cast<uint32_t>(pending_text_.size());
+        pending_text_.push_back(std::move(ch.text[i]));
+      }
       if (r.action == 8) saw_oom_ = true;  // oom: written at once
       pending_.push_back(p);
     });
@@ -419,6 +441,15 @@ void Recorder::processPending(FinishMode mode) {
       e.time_us = t;
     }
     if (r.pool_a != 0 || r.pool_b != 0) e.pool = writer_->pool(r.pool_a, r.pool_b);
+    if (r.flags & kCompileNA) {
+      if (na_string_ == 0) na_string_ = writer_->string("N/A");
+      e.compile_context = na_string_;
+    }
+    if ((r.flags & kHasText) && pending_text_[p.text]) {
+      const RecordText& t = *pending_text_[p.text];
+      if (!t.compile_context.empty()) e.compile_context = writer_->string(t.compile_context);
+      if (!t.user_metadata.empty()) e.user_metadata = writer_->string(t.user_metadata);
+    }
     if (r.flags & kHasContext) {
       e.stack = ctx_stack[p.ctx];
     } else if ((r.flags & kHasPcs) && r.npcs > 0) {
@@ -434,6 +465,7 @@ void Recorder::processPending(FinishMode mode) {
   pending_.clear();
   pending_ctx_.clear();  // releases the contexts (PyTorch's release needs no GIL)
   pending_pcs_.clear();
+  pending_text_.clear();
 }
 
 void Recorder::buildFinalState(FinishMode mode) {

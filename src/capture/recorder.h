@@ -90,6 +90,7 @@ struct RecorderOptions {
   int zstd_level = 1;                // 0: stored chunks
   uint64_t checkpoint_every = 1u << 18;
   uint16_t native_depth = 0;  // > 0: recordNative() keeps up to this many return addresses
+  bool text = false;          // record(r, context, text) keeps RecordText (a side slot per record)
   std::string producer = "memforensics capture";
   // Raw clock of CaptureRecord::ticks; default: CLOCK_MONOTONIC nanoseconds.
   uint64_t (*now_ticks)() = nullptr;
@@ -127,9 +128,14 @@ class Recorder {
   bool record(const CaptureRecord& r) noexcept;
   // `context` is moved into the ring's side slot (no allocation) and released by the writer.
   bool record(const CaptureRecord& r, std::shared_ptr<void>&& context) noexcept;
+  // The same with the event's strings (options.text; otherwise they are not kept). `context` and
+  // `text` may each be null.
+  bool record(const CaptureRecord& r, std::shared_ptr<void>&& context,
+              std::shared_ptr<const RecordText>&& text) noexcept;
   // Stores up to native_depth return addresses of the caller (backtrace(3)), skipping `skip`
   // innermost frames. Needs options.native_depth > 0.
-  bool recordNative(const CaptureRecord& r, int skip = 1) noexcept;
+  bool recordNative(const CaptureRecord& r, int skip = 1,
+                    std::shared_ptr<const RecordText>&& text = {}) noexcept;
 
   // ---- control
   // Wakes the writer and waits (at most timeout_ms) until everything recorded so far is in the
@@ -154,8 +160,9 @@ class Recorder {
   struct Channel;
   struct Pending {
     CaptureRecord r;
-    uint32_t ctx = 0;  // index into pending_ctx_ (kHasContext)
-    uint32_t pcs = 0;  // offset into pending_pcs_ (kHasPcs)
+    uint32_t ctx = 0;   // index into pending_ctx_ (kHasContext)
+    uint32_t pcs = 0;   // offset into pending_pcs_ (kHasPcs)
+    uint32_t text = 0;  // index into pending_text_ (kHasText)
   };
   void writerLoop();
   void drainRings();
@@ -182,6 +189,8 @@ class Recorder {
   std::vector<Pending> pending_;
   std::vector<std::shared_ptr<void>> pending_ctx_;
   std::vector<uintptr_t> pending_pcs_;
+  std::vector<std::shared_ptr<const RecordText>> pending_text_;
+  uint32_t na_string_ = 0;  // the writer's id of "N/A" (kCompileNA), 0 until first needed
   std::vector<ResolvedFrame> resolved_frames_;
   std::vector<std::vector<uint32_t>> resolved_stacks_;
   std::vector<uint32_t> batch_frame_ids_;  // resolved frame index -> trace frame id (this batch)

@@ -14,7 +14,7 @@ CaptureRecord toRecord(const TorchEntry& e) noexcept {
   r.device = e.device < 0 ? UINT32_MAX : static_cast<uint32_t>(e.device);
   r.action =
       e.action >= 0 && e.action < kTorchActionCount ? static_cast<uint8_t>(e.action) : uint8_t{10};
-  r.flags = e.has_time ? kHasTime : 0;
+  r.flags = static_cast<uint8_t>((e.has_time ? kHasTime : 0) | (e.compile_na ? kCompileNA : 0));
   return r;
 }
 

@@ -9,7 +9,8 @@
 //   CUDACachingAllocator::snapshot() -> SnapshotInfo{segments: SegmentInfo{device, address,
 //       total_size, stream, is_large, is_expandable, owner_private_pool_id, blocks: BlockInfo{size,
 //       requested_size, allocated, active}}}
-//   TraceEntry{action_, device_, addr_, context_, stream_, size_, time_.approx_t_, mempool_ (2.8+)}
+//   TraceEntry{action_, device_, addr_, context_, stream_, size_, time_.approx_t_, mempool_ (2.8+),
+//       compile_context_ (2.8+), user_metadata_ (2.10+)}; snapshot(MempoolId_t, include_traces)
 //   c10::getApproximateTime(), c10::cuda::device_count()
 //   torch::CapturedTraceback, torch::symbolize -> SymbolizedTracebacks{all_frames, tracebacks}
 //
@@ -89,29 +90,26 @@ bool thisThreadHoldsGil() {
          p.gil_check() != 0;
 }
 
-// The fields of a TraceEntry, whatever its version: fields that appeared later are read only when
-// the type has them.
+// c10's action ordinals are the format's (torch_entry.h converts by value): checked here, against
+// whichever headers this is compiled with (CI: scripts/torch-headers-check.sh).
+using TE = cca::TraceEntry;
+static_assert(TE::ALLOC == 0 && TE::FREE_REQUESTED == 1 && TE::FREE_COMPLETED == 2 &&
+                  TE::SEGMENT_ALLOC == 3 && TE::SEGMENT_FREE == 4 && TE::SEGMENT_MAP == 5 &&
+                  TE::SEGMENT_UNMAP == 6 && TE::SNAPSHOT == 7 && TE::OOM == kTorchOom,
+              "c10 TraceEntry::Action changed order: update torch_entry.h and format::Action");
 template <typename E>
-TorchEntry fromC10(const E& te) {
-  TorchEntry t;
-  t.action = static_cast<int>(te.action_);
-  t.device = static_cast<int>(te.device_);
-  t.addr = static_cast<uint64_t>(te.addr_);
-  t.size = static_cast<uint64_t>(te.size_);
-  t.stream = static_cast<int64_t>(reinterpret_cast<intptr_t>(te.stream_));
-  t.time_ticks = static_cast<uint64_t>(te.time_.approx_t_);  // raw clock inside a tracker
-  if constexpr (requires {
-                  te.mempool_.first;
-                  te.mempool_.second;
-                }) {
-    t.pool_a = static_cast<uint64_t>(te.mempool_.first);
-    t.pool_b = static_cast<uint64_t>(te.mempool_.second);
+constexpr bool annotateIsNine() {
+  if constexpr (kEntryHasAnnotate<E>) {
+    return static_cast<int>(E::ANNOTATE) == 9;
+  } else {
+    return true;
   }
-  return t;
 }
+static_assert(annotateIsNine<TE>(), "c10 TraceEntry::ANNOTATE is not 9 (format::Action::Annotate)");
 
 // The tracker: runs under the device's allocator mutex. Copies 64 bytes (and a shared_ptr when
-// PyTorch gathered a stack) and returns; never throws, never takes the GIL.
+// PyTorch gathered a stack, and the entry's strings when it has any: user_metadata_, an ANNOTATE
+// payload, a recorded compile context) and returns; never throws, never takes the GIL.
 void onTrace(const cca::TraceEntry& te) noexcept {
   // snapshot() records its SNAPSHOT entries with device 0 whichever device's allocator (and lock)
   // records them: with several devices they would land in device 0's ring from a second producer
@@ -120,12 +118,16 @@ void onTrace(const cca::TraceEntry& te) noexcept {
   if (te.action_ == cca::TraceEntry::SNAPSHOT && g_multi_device.load(std::memory_order_relaxed))
     return;
   const CaptureRecord r = toRecord(fromC10(te));
+  std::shared_ptr<const RecordText> text;
+  if constexpr (kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>) text = textOf(te);
   if (te.context_ && g_stacks.load(std::memory_order_relaxed)) {
-    submit(r, std::shared_ptr<void>(te.context_));
+    submit(r, std::shared_ptr<void>(te.context_), std::move(text));
   } else if (r.action == 0 && nativeStacksOn()) {
-    submitNative(r);
+    submitNative(r, std::move(text));
+  } else if (text) {
+    submit(r, nullptr, std::move(text));
   } else {
-    submit(r);
+    submit(r);  // the common case: 64 bytes, nothing beside them
   }
 }
 
@@ -181,7 +183,9 @@ class TorchResolver : public StackResolver {
 // The allocator's own end state (exact block sizes), when it is safe to ask for it.
 bool finalState(FinishMode mode, std::vector<FinalSegment>& out) {
   if (mode != FinishMode::Stop || !g_attached.load()) return false;
-  cca::SnapshotInfo snap = cca::snapshot();
+  cca::CUDAAllocator* a = cca::get();
+  if (a == nullptr) return false;
+  cca::SnapshotInfo snap = snapshotWithoutTraces(*a);
   for (const auto& s : snap.segments) {
     FinalSegment f;
     f.device = static_cast<uint32_t>(s.device);
@@ -259,6 +263,7 @@ class TorchBackend : public Backend {
     ro.ns_per_tick_guess = measureNsPerTick();
     ro.producer = "memforensics capture (libmemforensics_torch)";
     g_stacks.store(options.stacks);
+    ro.text = kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>;
     if (options.stacks) hooks.resolver = std::make_shared<TorchResolver>();
     hooks.final_state = &finalState;
     hooks.on_tick = [] { tryAttach(); };
