@@ -157,6 +157,10 @@ bool submitNative(const CaptureRecord& r, std::shared_ptr<const RecordText>&& te
   return rec && rec->recordNative(r, 1, std::move(text));
 }
 
+bool recording() noexcept {
+  return g_recorder.load(std::memory_order_relaxed) != nullptr;
+}
+
 bool nativeStacksOn() noexcept {
   return g_native.load(std::memory_order_relaxed);
 }

@@ -87,6 +87,9 @@ bool submit(const CaptureRecord& r, std::shared_ptr<void>&& context,
 // Same, with the caller's native stack when native stacks are on.
 bool submitNative(const CaptureRecord& r, std::shared_ptr<const RecordText>&& text = {}) noexcept;
 bool nativeStacksOn() noexcept;
+// Whether a recorder is active now: lets an adapter skip work (copying an entry's strings) that
+// submit() would throw away. A hint only: submit() decides.
+bool recording() noexcept;
 
 // For the tests of signal handling: the handler, callable directly.
 void handleSignalForTest(int sig);

@@ -90,7 +90,7 @@ Expected<std::unique_ptr<Recorder>> Recorder::create(const std::string& path,
   TraceMeta meta;
   meta.producer = r->options_.producer;
   meta.source_format = "capture";
-  meta.traits = kCaptureTraits;
+  meta.traits = kCaptureTraits | r->options_.traits;
   Status s = r->writer_->begin(meta);
   if (!s.ok()) return s.error();
   for (uint32_t d = 0; d < r->options_.devices; ++d) {
@@ -446,9 +446,17 @@ void Recorder::processPending(FinishMode mode) {
       e.compile_context = na_string_;
     }
     if ((r.flags & kHasText) && pending_text_[p.text]) {
-      const RecordText& t = *pending_text_[p.text];
-      if (!t.compile_context.empty()) e.compile_context = writer_->string(t.compile_context);
-      if (!t.user_metadata.empty()) e.user_metadata = writer_->string(t.user_metadata);
+      // Producers hand the same RecordText on while an entry's strings do not change (a thread's
+      // user metadata stays set for many allocations): its ids are looked up once.
+      const RecordText* t = pending_text_[p.text].get();
+      if (t != last_text_) {
+        last_text_ = t;
+        last_text_ref_ = pending_text_[p.text];  // keeps the address from being reused
+        last_compile_ = t->compile_context.empty() ? 0 : writer_->string(t->compile_context);
+        last_user_ = t->user_metadata.empty() ? 0 : writer_->string(t->user_metadata);
+      }
+      if (last_compile_ != 0) e.compile_context = last_compile_;
+      if (last_user_ != 0) e.user_metadata = last_user_;
     }
     if (r.flags & kHasContext) {
       e.stack = ctx_stack[p.ctx];

@@ -91,11 +91,20 @@ struct RecorderOptions {
   uint64_t checkpoint_every = 1u << 18;
   uint16_t native_depth = 0;  // > 0: recordNative() keeps up to this many return addresses
   bool text = false;          // record(r, context, text) keeps RecordText (a side slot per record)
+  // FormatTraits bits of what the events carry beyond a 2.2 snapshot's keys (kTrait* below): a
+  // capture converted to a pickle writes those keys, as the PyTorch it ran on does.
+  uint64_t traits = 0;
   std::string producer = "memforensics capture";
   // Raw clock of CaptureRecord::ticks; default: CLOCK_MONOTONIC nanoseconds.
   uint64_t (*now_ticks)() = nullptr;
   double ns_per_tick_guess = 1.0;
 };
+
+// FormatTraits bits (format/load/snapshot_trace.cc, kTraitBits: the order is part of the format).
+inline constexpr uint64_t kTraitCompileContext = uint64_t{1} << 8;
+inline constexpr uint64_t kTraitUserMetadata = uint64_t{1} << 10;
+inline constexpr uint64_t kTraitPoolId = uint64_t{1} << 11;
+inline constexpr uint64_t kTraitAnnotateAction = uint64_t{1} << 13;
 
 struct RecorderHooks {
   std::shared_ptr<StackResolver> resolver;  // for records with kHasContext
@@ -191,6 +200,9 @@ class Recorder {
   std::vector<uintptr_t> pending_pcs_;
   std::vector<std::shared_ptr<const RecordText>> pending_text_;
   uint32_t na_string_ = 0;  // the writer's id of "N/A" (kCompileNA), 0 until first needed
+  const RecordText* last_text_ = nullptr;  // the last RecordText interned, and its string ids
+  std::shared_ptr<const RecordText> last_text_ref_;
+  uint32_t last_compile_ = 0, last_user_ = 0;
   std::vector<ResolvedFrame> resolved_frames_;
   std::vector<std::vector<uint32_t>> resolved_stacks_;
   std::vector<uint32_t> batch_frame_ids_;  // resolved frame index -> trace frame id (this batch)

@@ -100,17 +100,22 @@ TorchEntry fromC10(const E& te) noexcept {
 }
 
 // `s` cut to at most kMaxRecordTextBytes, at a UTF-8 character boundary.
+// (Text that is not UTF-8 is cut at the limit: at most 3 bytes are stepped back.)
 inline std::string_view cutRecordText(std::string_view s) noexcept {
   if (s.size() <= kMaxRecordTextBytes) return s;
   size_t n = kMaxRecordTextBytes;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  while (n > kMaxRecordTextBytes - 3 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  if ((static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) n = kMaxRecordTextBytes;
   return s.substr(0, n);
 }
 
 // The entry's strings when it has any beyond compile_context "N/A" (that one is a flag, see
 // fromC10); null otherwise, and when the copy cannot be allocated (the event keeps no text then).
+// `last` is the previous entry's text on the same device (PyTorch stamps a thread's user metadata
+// on every entry while it is set): when the strings are the same it is shared, not copied.
 template <typename E>
-std::shared_ptr<const RecordText> textOf(const E& te) noexcept {
+std::shared_ptr<const RecordText> textOf(
+    const E& te, const std::shared_ptr<const RecordText>& last = {}) noexcept {
   std::string_view compile, user;
   if constexpr (kEntryHasCompileContext<E>) {
     compile = te.compile_context_;
@@ -118,10 +123,13 @@ std::shared_ptr<const RecordText> textOf(const E& te) noexcept {
   }
   if constexpr (kEntryHasUserMetadata<E>) user = te.user_metadata_;
   if (compile.empty() && user.empty()) return nullptr;
+  compile = cutRecordText(compile);
+  user = cutRecordText(user);
+  if (last && last->compile_context == compile && last->user_metadata == user) return last;
   try {
     auto t = std::make_shared<RecordText>();
-    t->compile_context = cutRecordText(compile);
-    t->user_metadata = cutRecordText(user);
+    t->compile_context = compile;
+    t->user_metadata = user;
     return t;
   } catch (const std::bad_alloc&) {
     return nullptr;

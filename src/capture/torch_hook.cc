@@ -107,6 +107,8 @@ constexpr bool annotateIsNine() {
 }
 static_assert(annotateIsNine<TE>(), "c10 TraceEntry::ANNOTATE is not 9 (format::Action::Annotate)");
 
+constexpr uint32_t kTextCacheDevices = 64;
+
 // The tracker: runs under the device's allocator mutex. Copies 64 bytes (and a shared_ptr when
 // PyTorch gathered a stack, and the entry's strings when it has any: user_metadata_, an ANNOTATE
 // payload, a recorded compile context) and returns; never throws, never takes the GIL.
@@ -119,7 +121,22 @@ void onTrace(const cca::TraceEntry& te) noexcept {
     return;
   const CaptureRecord r = toRecord(fromC10(te));
   std::shared_ptr<const RecordText> text;
-  if constexpr (kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>) text = textOf(te);
+  if constexpr (kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>) {
+    // Not while nothing records (the tracker stays attached after stop()). The previous entry's
+    // text of this device is shared when the strings are the same: only this device's producer,
+    // under its allocator lock, touches its cache slot.
+    // The last RecordText per device; never destroyed: a tracker may run during exit.
+    static auto* const cache = new std::shared_ptr<const RecordText>[kTextCacheDevices];
+    if (recording()) {
+      if (r.device < kTextCacheDevices) {
+        std::shared_ptr<const RecordText>& last = cache[r.device];
+        text = textOf(te, last);
+        if (text) last = text;
+      } else {
+        text = textOf(te);
+      }
+    }
+  }
   if (te.context_ && g_stacks.load(std::memory_order_relaxed)) {
     submit(r, std::shared_ptr<void>(te.context_), std::move(text));
   } else if (r.action == 0 && nativeStacksOn()) {
@@ -264,6 +281,12 @@ class TorchBackend : public Backend {
     ro.producer = "memforensics capture (libmemforensics_torch)";
     g_stacks.store(options.stacks);
     ro.text = kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>;
+    // What this PyTorch's own snapshot would carry, so that a capture converted to a pickle has
+    // the same keys.
+    if constexpr (kEntryHasCompileContext<TE>) ro.traits |= kTraitCompileContext;
+    if constexpr (kEntryHasUserMetadata<TE>) ro.traits |= kTraitUserMetadata;
+    if constexpr (kEntryHasMempool<TE>) ro.traits |= kTraitPoolId;
+    if constexpr (kEntryHasAnnotate<TE>) ro.traits |= kTraitAnnotateAction;
     if (options.stacks) hooks.resolver = std::make_shared<TorchResolver>();
     hooks.final_state = &finalState;
     hooks.on_tick = [] { tryAttach(); };

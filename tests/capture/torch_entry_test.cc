@@ -12,6 +12,7 @@
 #include "capture/recorder.h"
 #include "capture_test_util.h"
 #include "format/load/load.h"
+#include "format/pickle/snapshot_pickle.h"
 
 namespace mc = memforensics::capture;
 namespace mt = memforensics::format::trace;
@@ -303,6 +304,7 @@ TEST(TorchEntry, EntryStringsReachTheLoadedSnapshot) {
   mc::RecorderOptions o;
   o.text = true;
   o.native_depth = 8;
+  o.traits = mc::kTraitCompileContext | mc::kTraitUserMetadata | mc::kTraitAnnotateAction;
   auto r = mc::Recorder::create(path, o);
   ASSERT_TRUE(r.ok());
   const uint64_t seg = 0x7f00'0000'0000;
@@ -346,6 +348,75 @@ TEST(TorchEntry, EntryStringsReachTheLoadedSnapshot) {
     EXPECT_EQ(snap->strings.get(n.user_metadata), steps[i].user) << i;
   }
   EXPECT_NE(tr[3].stack, 0u);  // the native stack is kept beside the strings
+
+  // Exported as PyTorch writes them: the pickle carries both keys on every entry.
+  std::vector<uint8_t> pickle;
+  ASSERT_TRUE(memforensics::format::writeSnapshotPickle(*snap, [&](std::span<const uint8_t> b) {
+                pickle.insert(pickle.end(), b.begin(), b.end());
+                return memforensics::Status::Ok();
+              }).ok());
+  auto back = memforensics::format::loadSnapshotBytes(pickle);
+  ASSERT_TRUE(back.ok()) << back.error().describe();
+  EXPECT_TRUE(back->traits.has_compile_context);
+  EXPECT_TRUE(back->traits.has_user_metadata);
+  auto tb = back->trace(0);
+  ASSERT_EQ(tb.size(), std::size(steps));
+  for (size_t i = 0; i < tb.size(); ++i) {
+    const auto& n = back->notesOf(tb[i]);
+    EXPECT_EQ(back->strings.get(n.compile_context), steps[i].compile) << i;
+    EXPECT_EQ(back->strings.get(n.user_metadata), steps[i].user) << i;
+  }
+}
+
+TEST(TorchEntry, UnchangedStringsAreSharedNotCopied) {
+  Entry214 e;
+  e.compile_context_ = "N/A";
+  e.user_metadata_ = "epoch=3";
+  auto first = mc::textOf(e);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(mc::textOf(e, first), first);  // the same strings: the same object
+  e.user_metadata_ = "epoch=4";
+  auto second = mc::textOf(e, first);
+  ASSERT_NE(second, nullptr);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(second->user_metadata, "epoch=4");
+  e.user_metadata_.clear();
+  EXPECT_EQ(mc::textOf(e, second), nullptr);  // nothing to carry: no object at all
+}
+
+TEST(TorchEntry, TextOfARefusedRecordStaysWithTheCaller) {
+  const std::string path = mc::testing::tempPath("torch_full.bin");
+  mc::RecorderOptions o;
+  o.text = true;
+  o.ring_capacity = 2;
+  o.poll_us = 1'000'000;  // the writer does not drain while the ring fills
+  auto r = mc::Recorder::create(path, o);
+  ASSERT_TRUE(r.ok());
+  auto text = std::make_shared<const mc::RecordText>(mc::RecordText{"", "payload"});
+  std::weak_ptr<const mc::RecordText> watch = text;
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 8; ++i) {
+    Entry214 e;
+    e.size_ = 64;
+    std::shared_ptr<const mc::RecordText> mine = text;
+    if ((*r)->record(mc::toRecord(mc::fromC10(e)), nullptr, std::move(mine))) {
+      ++accepted;
+      EXPECT_EQ(mine, nullptr);  // moved into the side slot
+    } else {
+      ++refused;
+      EXPECT_EQ(mine, text);  // not taken: the caller still holds it
+    }
+  }
+  EXPECT_GE(refused, 1);
+  text.reset();
+  ASSERT_TRUE((*r)->stop().ok());
+  r->reset();
+  EXPECT_TRUE(watch.expired());  // every copy released once the recorder is gone
+  auto snap = memforensics::format::loadSnapshotFile(path);
+  ASSERT_TRUE(snap.ok()) << snap.error().describe();
+  ASSERT_EQ(snap->trace(0).size(), static_cast<size_t>(accepted));
+  for (const auto& ev : snap->trace(0))
+    EXPECT_EQ(snap->strings.get(snap->notesOf(ev).user_metadata), "payload");
 }
 
 TEST(TorchEntry, StringsAreDroppedWhenTheRecorderKeepsNone) {

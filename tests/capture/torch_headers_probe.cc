@@ -9,6 +9,13 @@
 namespace cca = c10::cuda::CUDACachingAllocator;
 namespace mc = memforensics::capture;
 
+// The script always passes these four (a misspelt define would otherwise skip its check).
+#if !defined(MEMF_EXPECT_MEMPOOL) || !defined(MEMF_EXPECT_COMPILE_CONTEXT) || \
+    !defined(MEMF_EXPECT_USER_METADATA) || !defined(MEMF_EXPECT_ANNOTATE)
+#error \
+    "scripts/torch-headers-check.sh passes MEMF_EXPECT_{MEMPOOL,COMPILE_CONTEXT,USER_METADATA,ANNOTATE}"
+#endif
+
 using Entry = cca::TraceEntry;
 using Allocator = cca::CUDAAllocator;
 
