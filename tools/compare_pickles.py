@@ -12,12 +12,22 @@ them so), a block's address falls back to the running offset in its segment,
 and its frames and requested size to the legacy history[0] entry; frames are compared as
 (filename, line, name) triples.
 
+With --deep, everything Python loads must be equal instead (every key, every list item, every
+type but int/float widths), except under paths matching an --allow pattern: a difference the
+converter declared ("does not keep ..."). Paths read like segments[3].blocks[0].history[2].addr;
+a pattern is an fnmatch pattern over that path with the indexes written [*] (e.g.
+"segments[*].blocks[*].history[*].addr"); a list whose length differs is reported as
+LIST.__len__ (e.g. "segments[*].blocks[*].history.__len__"), and its common items are compared.
+
 Usage:
   compare_pickles.py ORIGINAL WRITTEN
   compare_pickles.py --dirs ORIGINAL_DIR WRITTEN_DIR   (every ORIGINAL_DIR/*.pickle; exit 0 with a
                                                        message when ORIGINAL_DIR does not exist)
+  compare_pickles.py --deep [--allow PATTERN]... ORIGINAL WRITTEN
 Prints the first difference of each file with its path; exits 1 on any difference.
 """
+import fnmatch
+import re
 import os
 import pickle
 import sys
@@ -204,7 +214,80 @@ def compare(original, written):
     return None, c.counts
 
 
+def deep_differences(a, b, allow=(), limit=20):
+    """Every difference between two loaded pickles (at most `limit`), as (pattern path, message),
+    skipping paths that match an `allow` pattern."""
+    out = []
+
+    def allowed(path):
+        pattern = re.sub(r"\[\d+\]", "[*]", path)
+        return any(fnmatch.fnmatchcase(pattern, p.replace("[", "[[]")) for p in allow)
+
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def differ(path, what):
+        if not allowed(path):
+            out.append((path, what))
+
+    def walk(x, y, path):
+        if len(out) >= limit:
+            return
+        if type(x) is not type(y) and not (number(x) and number(y)):
+            differ(path, f"{type(x).__name__} became {type(y).__name__}")
+        elif isinstance(x, dict):
+            for k in x:
+                sub = f"{path}.{k}" if path else str(k)
+                if k not in y:
+                    differ(sub, "missing from the written file")
+                else:
+                    walk(x[k], y[k], sub)
+            for k in y:
+                if k not in x:
+                    differ(f"{path}.{k}" if path else str(k), "added by the written file")
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                differ(f"{path}.__len__", f"{len(x)} items became {len(y)}")
+            for i, (xi, yi) in enumerate(zip(x, y)):
+                walk(xi, yi, f"{path}[{i}]")
+        elif x != y and not (isinstance(x, float) and isinstance(y, float) and x != x and y != y):
+            differ(path, f"{x!r:.80} became {y!r:.80}")
+
+    walk(a, b, "")
+    return out
+
+
+def main_deep(argv):
+    allow, files = [], []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--allow" and i + 1 < len(argv):
+            allow.append(argv[i + 1])
+            i += 2
+        else:
+            files.append(argv[i])
+            i += 1
+    if len(files) != 2:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    try:
+        a, b = load(files[0]), load(files[1])
+    except Exception as e:  # a file that does not load is a difference too
+        print(f"FAIL {os.path.basename(files[0])}: cannot load: {type(e).__name__}: {e}")
+        return 1
+    diffs = deep_differences(a, b, allow)
+    name = os.path.basename(files[0])
+    if not diffs:
+        print(f"ok   {name}: equal as Python loads them" + (f" (allowed: {', '.join(allow)})" if allow else ""))
+        return 0
+    for path, what in diffs:
+        print(f"FAIL {name}: {path or '(root)'}: {what}")
+    return 1
+
+
 def main(argv):
+    if len(argv) >= 2 and argv[1] == "--deep":
+        return main_deep(argv[2:])
     if len(argv) == 4 and argv[1] == "--dirs":
         orig_dir, written_dir = argv[2], argv[3]
         if not os.path.isdir(orig_dir):

@@ -243,6 +243,12 @@ int convert(const ConvertArgs& a) {
     printError(s.error().describe());
     return kExitError;
   }
+  if (*target == Target::Native || *target == Target::Pickle) {
+    // Round trips keep every field the model holds (tools/compare_pickles.py --deep checks it on
+    // the real files); what it does not hold is said, not dropped silently.
+    for (const std::string& n : mf::format::notKeptNotes(*snap))
+      printWarning((a.out == "-" ? std::string("the output") : a.out) + " does not keep " + n);
+  }
   return kExitOk;
 }
 

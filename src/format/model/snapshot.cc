@@ -222,6 +222,43 @@ std::string_view sourceFormatName(SourceFormat f) {
   return "pickle";
 }
 
+std::vector<std::string> notKeptNotes(const Snapshot& s) {
+  std::vector<std::string> out;
+  const NotKept& nk = s.not_kept;
+  if (nk.legacy_history_entries > 0 || nk.legacy_history_firsts > 0) {
+    std::string n = "of the blocks' legacy history (PyTorch 1.13-2.0): ";
+    if (nk.legacy_history_entries > 0)
+      n += std::to_string(nk.legacy_history_entries) + " entries after each block's first";
+    if (nk.legacy_history_firsts > 0) {
+      if (nk.legacy_history_entries > 0) n += ", and ";
+      n += std::to_string(nk.legacy_history_firsts) +
+           " first entries' addr or real_size that differ from the block's address or "
+           "requested_size (written as the block's)";
+    }
+    out.push_back(n + "; the first entry's frames are kept");
+  }
+  if (nk.settings_values > 0) {
+    std::string n =
+        std::to_string(nk.settings_values) + " allocator_settings values that are lists or dicts (";
+    for (size_t i = 0; i < nk.settings_keys.size(); ++i)
+      n += (i ? ", '" : "'") + nk.settings_keys[i] + "'";
+    if (nk.settings_values > nk.settings_keys.size()) n += ", ...";
+    out.push_back(n + ")");
+  }
+  if (!s.ignored_keys.empty()) {
+    std::string n = "the contents of top-level keys it does not understand (";
+    for (size_t i = 0; i < s.ignored_keys.size() && i < NotKept::kNamedNotKept; ++i)
+      n += (i ? ", '" : "'") + s.ignored_keys[i] + "'";
+    if (s.ignored_keys.size() > NotKept::kNamedNotKept) n += ", ...";
+    out.push_back(n + ")");
+  }
+  if (s.traits.has_host_traces) {
+    out.push_back("pinned host memory (2.14 host_segments, host_traces: " +
+                  std::to_string(s.host_trace_events) + " events counted, not kept)");
+  }
+  return out;
+}
+
 std::string FormatTraits::era() const {
   // Newest evidence wins; each clue is a field that first appeared in that release.
   if (has_host_traces || has_annotate_action) return "2.14+";

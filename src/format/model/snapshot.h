@@ -281,6 +281,31 @@ class DeferredEvents {
 // Snapshot::reserved_recorded).
 inline constexpr std::string_view kReservedAbsentNote = "reserved is absent";
 
+// What a reader saw in the file but the model does not hold (the analysis needs none of it), so
+// that `convert` can say what its output leaves out.
+struct NotKept {
+  // 1.13-2.0 block `history`: the entries after each block's first (the first names the block's
+  // allocation: its frames and real_size are the block's stack and requested size), and first
+  // entries whose addr or real_size is not the block's address or requested_size (a merged free
+  // block's older allocations).
+  uint64_t legacy_history_entries = 0;
+  uint64_t legacy_history_firsts = 0;
+  // allocator_settings values that are neither None, bool, number nor string (lists, dicts), by
+  // key (the first few named).
+  uint64_t settings_values = 0;
+  std::vector<std::string> settings_keys;  // at most kNamedNotKept
+  static constexpr size_t kNamedNotKept = 8;
+  bool empty() const {
+    return legacy_history_entries == 0 && legacy_history_firsts == 0 && settings_values == 0;
+  }
+};
+
+struct Snapshot;
+// One line per kind of thing the model does not hold (NotKept, top-level keys not understood,
+// 2.14 pinned host memory), for `convert` to say what a native trace or pickle written from `s`
+// leaves out. Empty when the model holds the whole input.
+std::vector<std::string> notKeptNotes(const Snapshot& s);
+
 struct Snapshot {
   SourceFormat source = SourceFormat::Pickle;
   int pickle_protocol = 0;
@@ -309,6 +334,7 @@ struct Snapshot {
   std::vector<Annotation> annotations;
   AllocatorSettings settings;
   std::vector<std::string> ignored_keys;  // top-level keys we do not understand, for the report
+  NotKept not_kept;
   // Native traces: what the trace was converted from (e.g. "pickle, protocol 4, 3145433 bytes"),
   // or "live capture (PRODUCER)"; and what the reader had to say (a cut-off file, dropped
   // events...).

@@ -227,7 +227,20 @@ Status Machine::convertSegments(const Value& v, const char* name) {
         snap_.traits.has_block_history = true;
         const Items* hl = asNode(*h, NK::List);
         const Items* h0 = hl && !hl->empty() ? asNode((*hl)[0], NK::Dict) : nullptr;
+        if (hl != nullptr && hl->size() > 1)
+          snap_.not_kept.legacy_history_entries += hl->size() - 1;
         if (h0 != nullptr) {
+          // The writer derives history[0] from the block: an addr or real_size that differs from
+          // the block's address or requested_size (its own key) is not kept.
+          const auto differs = [&](StrId key, uint64_t block_value) {
+            const Value* v = field(*h0, key);
+            return v != nullptr && (v->kind == VK::Int || v->kind == VK::UInt) &&
+                   static_cast<uint64_t>(v->i) != block_value;
+          };
+          if (differs(keys_.addr, b.address) ||
+              (b.has_requested_size && differs(keys_.real_size, b.requested_size))) {
+            ++snap_.not_kept.legacy_history_firsts;
+          }
           Status hcharged = chargeRecords(h0->size() / 2, bpath.str() + ".history[0]");
           if (!hcharged.ok()) return hcharged;
           if (b.stack == kNoStack) {
@@ -387,8 +400,12 @@ Status Machine::convertSettings(const Value& v) {
         o.kind = OtherSetting::Kind::Str;
         o.s = std::string(snap_.strings.get(val.id));
         break;
-      default:
+      default: {
+        NotKept& nk = snap_.not_kept;
+        ++nk.settings_values;
+        if (nk.settings_keys.size() < NotKept::kNamedNotKept) nk.settings_keys.push_back(o.key);
         continue;
+      }
     }
     auto [at, fresh] = other_at.try_emplace(k.id, s.other.size());
     if (fresh)
