@@ -3,15 +3,19 @@
 
 Modes that need a CUDA GPU and PyTorch >= 2.2 (torch is imported only by them):
 
-  gpu_check.py compare  --lib LIB --memforensics BIN --out DIR [--steps N]
+  gpu_check.py compare  --lib LIB --memforensics BIN --out DIR [--steps N] [--no-graph] [--no-oom-child]
       A small training loop (MLP, forward, backward, Adam, temporaries) with PyTorch's own history
-      (_record_memory_history, context "alloc", Python stacks) and the hook recording at once;
-      PyTorch's snapshot and the native trace must agree event by event (action, address, size,
-      stream, stacks of allocs; times within a tolerance) and in `memforensics analyze --json`
-      (events by action, peaks, final state, segments). Then the same in a child process that
-      ends in a deliberate, uncaught OOM: the OOM must be in its trace 300 ms after the exception,
-      its snapshot (dumped in the except clause) must agree with the trace up to the OOM, and the
-      trace must read complete after the child died of the exception. Writes DIR/compare.json.
+      (_record_memory_history, context "alloc", Python stacks) and the hook recording at once,
+      then the model's forward captured into a CUDA graph and replayed (a private memory pool;
+      --no-graph leaves it out); PyTorch's snapshot and the native trace must agree event by event
+      (action, address, size, stream, stacks of allocs; times within a tolerance) and in
+      `memforensics analyze --json` (events by action, peaks, final state, segments). Then the
+      same in a child process that ends in a deliberate, uncaught OOM (not with --no-oom-child):
+      the OOM must be in its trace 300 ms after the exception, its snapshot (dumped in the except
+      clause) must agree with the trace up to the OOM, and the trace must read complete after the
+      child died of the exception. Writes DIR/compare.json. gpu-check.sh runs it twice: with the
+      environment's allocator settings, and with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+      (segment_map / segment_unmap instead of segment_alloc / segment_free).
   gpu_check.py env      --lib LIB --memforensics BIN --out DIR
       MEMFORENSICS_OUT starts the recording when the library is loaded. DIR/env.json.
   gpu_check.py overhead --lib LIB --config CONFIG --steps N
@@ -26,11 +30,16 @@ Modes without torch:
       `memforensics record` around PROG (scripts/gpu_check_calls.cu), which logs every call it
       makes; every call must be in the trace as docs/capture.md's table says. DIR/cupti.json.
   gpu_check.py report   --out DIR
-      DIR/results.json and DIR/results.md from the sections' JSON files.
+      DIR/results.json and DIR/results.md from the sections' JSON files (DIR/expandable/ holds
+      the second compare run's).
+  gpu_check.py hook-sources
+      The sources of the CMake target memforensics_torch, one path a line, read from the
+      CMakeLists.txt files: what gpu-check.sh's direct-compiler route compiles.
   gpu_check.py selftest --memforensics BIN --out DIR
       The comparison logic of compare and cupti on fabricated files (a PyTorch-format snapshot
-      made by tools/snapshot_fixture.py, converted to a native trace by BIN, and a fabricated call
-      log): agreeing pairs must pass, altered ones must fail. Part of `gpu-check.sh --dry-run`.
+      made by tools/snapshot_fixture.py, converted to a native trace by BIN; a trace of
+      expandable segments; a fabricated call log): agreeing pairs must pass, altered ones must
+      fail; the report of fabricated results; hook-sources. Part of `gpu-check.sh --dry-run`.
 """
 import argparse
 import glob
@@ -42,6 +51,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,6 +87,45 @@ def step(model, opt, x, y):
     for k in range(1, 6):
         t = torch.empty(k * 123457, device=x.device)
         del t
+
+
+def graph_capture(model, x):
+    """The model's forward (no grad) captured into a CUDA graph and replayed 3 times, then the
+    graph and its output deleted. torch.cuda.graph synchronizes and empties the cache first, and
+    the capture allocates from the graph's private memory pool: PyTorch's history and the hook
+    must record all of it alike. Warm-up on a side stream first, as PyTorch's CUDA graph docs
+    require. Returns a list of errors: a capture that fails is reported, and the caller goes on
+    to compare what was recorded."""
+    torch = torch_module()
+    try:
+        with torch.no_grad():
+            static_x = x.clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    model(static_x)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_out = model(static_x)
+            for _ in range(3):
+                g.replay()
+            torch.cuda.synchronize()
+            del static_out, g, static_x
+    except Exception as e:  # noqa: BLE001 (reported as a mismatch; the loop's events still compared)
+        return [f"CUDA graph capture or replay failed: {e!r}"[:500]]
+    return []
+
+
+def pool_events(memforensics, native):
+    """Events the hook's trace attributes to a memory pool other than the default one: with
+    PyTorch >= 2.8 (TraceEntry::mempool_), those of the CUDA graph's private pool. Only counted
+    for the report: None when the dump fails."""
+    try:
+        return sum(1 for e in parse_dump(run([memforensics, "dump", native])) if e["pool"])
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def record_history(max_entries):
@@ -119,6 +168,11 @@ ANALYZE_KEYS = ("peak_reserved_bytes", "peak_requested_bytes", "peak_allocated_b
                 "oom_count")
 
 
+# What a trace may hold after the snapshot's last event (a child that died after dumping): frees,
+# and with expandable segments the unmapping that replaces segment_free.
+AFTER_SNAPSHOT_ACTIONS = ("free_requested", "free_completed", "segment_free", "segment_unmap")
+
+
 def compare_pair(memforensics, theirs, native, workdir, time_tolerance_us=2000, prefix=False):
     """PyTorch's snapshot `theirs` against the hook's trace `native`. With prefix, the trace may
     go on after the snapshot's last event (a child that died after dumping) as long as it only
@@ -139,9 +193,10 @@ def compare_pair(memforensics, theirs, native, workdir, time_tolerance_us=2000, 
         if prefix and len(tb) > len(ta):
             extra = tb[len(ta):]
             stats["events_after_snapshot"] += len(extra)
-            bad = [e["action"] for e in extra if e["action"] not in ("free_requested", "free_completed", "segment_free")]
+            bad = [e["action"] for e in extra if e["action"] not in AFTER_SNAPSHOT_ACTIONS]
             if bad:
-                errors.append(f"device {d}: after the snapshot's last event the trace has {bad[:5]} (only frees expected)")
+                errors.append(f"device {d}: after the snapshot's last event the trace has {bad[:5]} "
+                              "(only frees and unmaps expected)")
             tb = tb[:len(ta)]
         if len(ta) != len(tb):
             errors.append(f"device {d}: PyTorch has {len(ta)} events, the hook {len(tb)}")
@@ -284,6 +339,69 @@ def compare_cupti(calls, events):
     return errors, stats
 
 
+# ---- the hook's sources, for the build without CMake ---------------------------------------------
+
+def cmake_call_args(text, command, first):
+    """The arguments of the CMake call `command(first ...)` in text, split at whitespace; None when
+    there is no such call. Enough for the plain source lists of these files (no quoting, no
+    generator expressions)."""
+    m = re.search(r"^\s*" + command + r"\(\s*" + re.escape(first) + r"\s+([^)]*)\)", text, re.MULTILINE)
+    return m.group(1).split() if m else None
+
+
+def hook_sources(root=ROOT):
+    """The .cc files of the CMake target memforensics_torch (src/capture/CMakeLists.txt): its own
+    sources, MEMF_CAPTURE_CORE_SOURCES, and the sources of memf_trace and memf_common, which it
+    compiles again with LibTorch's flags. Raises ValueError when the files no longer read as
+    expected, so that the direct-compiler route fails loudly rather than links an incomplete
+    library."""
+    def read(rel):
+        with open(os.path.join(root, rel)) as f:
+            return f.read()
+
+    def listed(rel, command, first):
+        a = cmake_call_args(read(rel), command, first)
+        if a is None:
+            raise ValueError(f"{rel}: no {command}({first} ...)")
+        return a
+
+    capture = read("src/capture/CMakeLists.txt")
+    lists = {
+        "MEMF_CAPTURE_CORE_SOURCES": ["src/capture/" + f for f in listed("src/capture/CMakeLists.txt", "set",
+                                                                        "MEMF_CAPTURE_CORE_SOURCES")],
+        "memf_trace_sources": ["src/format/" + f for f in listed("src/format/CMakeLists.txt", "add_library",
+                                                                 "memf_trace")[1:]],
+        "memf_common_sources": ["src/common/" + f for f in listed("src/common/CMakeLists.txt", "add_library",
+                                                                  "memf_common")[1:]],
+    }
+    target = cmake_call_args(capture, "add_library", "memforensics_torch")
+    if target is None or target[:1] != ["SHARED"]:
+        raise ValueError("src/capture/CMakeLists.txt: no add_library(memforensics_torch SHARED ...)")
+    out = []
+    for tok in target[1:]:
+        if tok.endswith((".h", ".hpp")):
+            continue
+        v = re.fullmatch(r"\$\{(\w+)\}", tok)
+        if v:
+            if v.group(1) not in lists:
+                raise ValueError(f"src/capture/CMakeLists.txt: memforensics_torch lists ${{{v.group(1)}}}, "
+                                 "which gpu_check.py does not know")
+            out += lists[v.group(1)]
+        else:
+            out.append("src/capture/" + tok)
+    for rel in out:
+        if not os.path.isfile(os.path.join(root, rel)):
+            raise ValueError(f"memforensics_torch source {rel}: not in the tree")
+    return [os.path.join(root, rel) for rel in dict.fromkeys(out)]
+
+
+def print_hook_sources(args):  # noqa: ARG001
+    try:
+        print("\n".join(hook_sources()))
+    except (OSError, ValueError) as e:
+        sys.exit(f"hook-sources: {e}")
+
+
 # ---- GPU modes ----------------------------------------------------------------------------------
 
 def compare(args):
@@ -299,18 +417,30 @@ def compare(args):
     model, opt, x, y = model_and_data("cuda")
     for _ in range(args.steps):
         step(model, opt, x, y)
+    graph_errors = graph_capture(model, x) if args.graph else []
     torch.cuda.synchronize()
     torch.cuda.memory._dump_snapshot(theirs)
     assert torch.ops.memforensics.stop(), "stop() failed"
     torch.cuda.memory._record_memory_history(enabled=None)
     errors, stats = compare_pair(args.memforensics, theirs, native, args.out, args.time_tolerance_us)
+    errors = graph_errors + errors
+    stats["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    stats["graph"] = args.graph
+    if args.graph:
+        stats["graph_pool_events"] = pool_events(args.memforensics, native)
     result = {"ok": not errors, "loop": stats, "errors": errors[:40]}
     if errors:
         print_errors(errors, "training loop")
     else:
+        graph = f"; CUDA graph: {stats['graph_pool_events']} private-pool events" if args.graph else ""
         print(f"compare: {stats['events_compared']} events agree ({stats['alloc_stacks_compared']} alloc stacks, "
               f"max time difference {stats['max_time_difference_us']} us); analyze agrees on {stats['devices']} "
-              f"device(s); native {stats['native_bytes']} bytes vs pickle {stats['pickle_bytes']} bytes")
+              f"device(s); native {stats['native_bytes']} bytes vs pickle {stats['pickle_bytes']} bytes{graph}")
+
+    if not args.oom_child:
+        result["oom_child"] = {"skipped": True}
+        write_json(os.path.join(args.out, "compare.json"), result)
+        sys.exit(0 if result["ok"] else 1)
 
     # The OOM child: dies of the exception; its trace must hold the OOM and read complete.
     child_native = os.path.join(args.out, "oom_child.bin")
@@ -493,6 +623,7 @@ def report(args):
     res["machine"] = load_json(os.path.join(out, "machine.json"), {})
     res["build"] = load_json(os.path.join(out, "build.json"), {})
     res["compare"] = load_json(os.path.join(out, "compare.json"))
+    res["compare_expandable"] = load_json(os.path.join(out, "expandable", "compare.json"))
     res["env"] = load_json(os.path.join(out, "env.json"))
     res["cupti"] = load_json(os.path.join(out, "cupti.json"))
     rows = []
@@ -510,28 +641,42 @@ def report(args):
     m = res["machine"]
     lines = ["# memforensics GPU check", "",
              f"{res['date_utc']}; {m.get('gpu', '?')}; driver {m.get('driver', '?')}; torch {m.get('torch', '?')} "
-             f"(CUDA {m.get('torch_cuda', '?')}); nvcc {m.get('nvcc', '?')}; {m.get('glibc', '')}", "",
-             "| check | result | details |", "|---|---|---|"]
+             f"(CUDA {m.get('torch_cuda', '?')}); nvcc {m.get('nvcc', '?')}; {m.get('cmake', '')}; {m.get('glibc', '')}",
+             "", "| check | result | details |", "|---|---|---|"]
     b = res["build"]
-    lines.append(f"| build (capture-only, on this machine) | {status('build')} | torch route: {b.get('torch_route', '?')}; "
-                 f"CUPTI: {b.get('cupti', '?')}; {b.get('seconds', '?')} s |")
-    c = res["compare"] or {}
-    loop = c.get("loop", {})
-    lines.append(f"| hook vs `_record_memory_history` (training loop) | {status('compare')} | "
-                 f"{loop.get('events_compared', '?')} events, {loop.get('alloc_stacks_compared', '?')} alloc stacks, "
-                 f"max time difference {loop.get('max_time_difference_us', '?')} us, peaks {loop.get('peaks', '?')} |")
-    oc = c.get("oom_child", {})
-    lines.append(f"| OOM in a child process | {status('compare')} | exit {oc.get('exit_code', '?')}, OOM in the file after "
-                 f"300 ms: {oc.get('oom_in_file_after_300ms', '?')}, {oc.get('events_compared', '?')} events agree, "
-                 f"{oc.get('events_after_snapshot', '?')} frees after the dump, warnings {oc.get('trace_warnings', '?')} |")
+    lines.append(f"| build `libmemforensics_torch.so` (on this machine) | {status('build_hook')} | "
+                 f"route: {b.get('torch_route', '?')}; tried: {b.get('routes_tried', '?')}; {b.get('seconds', '?')} s |")
+    lines.append(f"| build `libmemforensics_cupti.so` (capture-only CMake) | {status('build_cupti')} | "
+                 f"libcupti: {b.get('cupti', '?')}; {b.get('cupti_seconds', '?')} s |")
+    for name, what in (("compare", "training loop"), ("compare_expandable", "training loop, expandable segments")):
+        loop = (res[name] or {}).get("loop")
+        if not loop:
+            lines.append(f"| hook vs `_record_memory_history` ({what}) | {status(name)} | no results (gpu-check.log) |")
+            continue
+        graph = (f"CUDA graph: {loop.get('graph_pool_events', '?')} private-pool events"
+                 if loop.get("graph") else "no CUDA graph")
+        conf = loop.get("alloc_conf") or "unset"
+        lines.append(f"| hook vs `_record_memory_history` ({what}) | {status(name)} | "
+                     f"PYTORCH_CUDA_ALLOC_CONF {conf}; {loop.get('events_compared', '?')} events, "
+                     f"{loop.get('alloc_stacks_compared', '?')} alloc stacks, max time difference "
+                     f"{loop.get('max_time_difference_us', '?')} us; {graph}; peaks {loop.get('peaks', '?')} |")
+    oc = (res["compare"] or {}).get("oom_child")
+    if oc:
+        lines.append(f"| OOM in a child process | {status('compare')} | exit {oc.get('exit_code', '?')}, OOM in the file "
+                     f"after 300 ms: {oc.get('oom_in_file_after_300ms', '?')}, {oc.get('events_compared', '?')} events "
+                     f"agree, {oc.get('events_after_snapshot', '?')} frees after the dump, "
+                     f"warnings {oc.get('trace_warnings', '?')} |")
+    else:
+        lines.append(f"| OOM in a child process | {status('compare')} | no results (gpu-check.log) |")
     e = res["env"] or {}
     lines.append(f"| `MEMFORENSICS_OUT` | {status('env')} | {e.get('allocs', '?')} allocation(s), warnings {e.get('warnings', '?')} |")
     cu = res["cupti"] or {}
     lines.append(f"| CUPTI library under `memforensics record` | {status('cupti')} | {cu.get('calls', '?')} calls, "
                  f"{cu.get('matched_events', '?')}/{cu.get('expected_events', '?')} expected events, "
                  f"{len(cu.get('extra', []))} other events |")
-    for name in ("compare", "env", "cupti"):
-        errs = (res[name] or {}).get("errors") or []
+    for name in ("compare", "compare_expandable", "env", "cupti"):
+        r = res[name] or {}
+        errs = list(r.get("errors") or []) + list((r.get("oom_child") or {}).get("errors") or [])
         for err in errs[:5]:
             cell = " ".join(str(err).split()).replace("|", "/")[:300]
             lines.append(f"| {name}: mismatch | | {cell} |")
@@ -562,6 +707,49 @@ t +1 oom 40GiB device_free=1GiB
 t +1 free @y
 t +1 free @z
 """
+
+
+def expandable_selftest_trace():
+    """A trace as expandable segments make it: one segment's range mapped in two 2 MiB steps and
+    unmapped in two at the end; allocs with Python stacks, frees with the alloc's stack (context
+    "alloc")."""
+    base = 0x7f2000000000
+    mib = 1 << 20
+    s1 = [{"filename": "/w/train.py", "line": 10, "name": "step"},
+          {"filename": "/w/train.py", "line": 20, "name": "main"}]
+    s2 = [{"filename": "/w/model.py", "line": 5, "name": "forward"}] + s1
+    evs = []
+
+    def ev(action, addr, size, frames=None):
+        e = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1000 + len(evs)}
+        if frames is not None:
+            e["frames"] = frames
+        evs.append(e)
+
+    ev("segment_map", base, 2 * mib)
+    ev("alloc", base, mib, s1)
+    ev("segment_map", base + 2 * mib, 2 * mib)
+    ev("alloc", base + mib, 3 * mib, s2)
+    ev("free_requested", base, mib, s1)
+    ev("free_completed", base, mib, s1)
+    ev("alloc", base, 512 * 1024, s2)
+    ev("free_requested", base + mib, 3 * mib, s2)
+    ev("free_completed", base + mib, 3 * mib, s2)
+    ev("free_requested", base, 512 * 1024, s2)
+    ev("free_completed", base, 512 * 1024, s2)
+    ev("segment_unmap", base + 2 * mib, 2 * mib)
+    ev("segment_unmap", base, 2 * mib)
+    return evs
+
+
+def write_pair(memforensics, out, name, events):
+    """A PyTorch-format snapshot of device 0's events and its conversion to a native trace."""
+    path = os.path.join(out, f"self_{name}.pickle")
+    with open(path, "wb") as f:
+        pickle.dump({"segments": [], "device_traces": [events]}, f, protocol=4)
+    native = os.path.join(out, f"self_{name}.bin")
+    run([memforensics, "convert", path, "-o", native, "--to", "native"])
+    return path, native
 
 
 def selftest(args):
@@ -607,6 +795,30 @@ def selftest(args):
     if errors or st["events_after_snapshot"] != 1:
         failures.append(f"prefix comparison: {errors[:3]} {st.get('events_after_snapshot')}")
 
+    # Expandable segments (compare_expandable): segments are mapped and unmapped, never allocated.
+    exp_events = expandable_selftest_trace()
+    exp_theirs, exp_native = write_pair(args.memforensics, args.out, "expandable", exp_events)
+    errors, st = compare_pair(args.memforensics, exp_theirs, exp_native, args.out)
+    if errors or st["events_compared"] != len(exp_events) or st["alloc_stacks_compared"] < 3:
+        failures.append(f"expandable segments: an agreeing pair does not compare equal: {errors[:3]} {st}")
+    map2 = [i for i, e in enumerate(exp_events) if e["action"] == "segment_map"][1]
+    exp_cases = {
+        "size": ([dict(e, size=e["size"] + (2 << 20)) if i == map2 else e for i, e in enumerate(exp_events)],
+                 "size"),
+        "missing": ([e for e in exp_events if e["action"] != "segment_unmap"], "events"),
+    }
+    for name, (evs, needle) in exp_cases.items():
+        bad = write_pair(args.memforensics, args.out, f"expandable_{name}", evs)[1]
+        errors, _ = compare_pair(args.memforensics, exp_theirs, bad, args.out)
+        if not any(needle in e for e in errors):
+            failures.append(f"expandable segments: altered pair '{name}' not caught (errors: {errors[:3]})")
+    # A child that died after its snapshot may go on unmapping.
+    last_alloc = max(i for i, e in enumerate(exp_events) if e["action"] == "alloc")
+    cut_theirs = write_pair(args.memforensics, args.out, "expandable_cut", exp_events[:last_alloc + 1])[0]
+    errors, st = compare_pair(args.memforensics, cut_theirs, exp_native, args.out, prefix=True)
+    if errors or st["events_after_snapshot"] != len(exp_events) - last_alloc - 1:
+        failures.append(f"expandable segments, prefix: {errors[:3]} {st.get('events_after_snapshot')}")
+
     # CUPTI: a fabricated call log and the trace the docs' table gives for it.
     g = 2 << 20
     calls = [
@@ -645,6 +857,10 @@ def selftest(args):
                                                             "size": 4096, "stream": 0, "time_us": 5000}]))
     if errors or st["matched_events"] != len(exp) or len(st["extra"]) != 1:
         failures.append(f"CUPTI: an agreeing trace does not compare equal: {errors[:3]} {st}")
+    # compare's count of the CUDA graph's private-pool events reads pools the same way.
+    n_pool = pool_events(args.memforensics, os.path.join(args.out, "self_cupti_None_1.bin"))
+    if n_pool != sum(1 for x in exp if x[3]):
+        failures.append(f"pool_events: {n_pool}, expected {sum(1 for x in exp if x[3])}")
     unmap_idx = next(i for i, x in enumerate(exp) if x[0] == "segment_unmap")
     for drop, needle in ((0, "missing segment_alloc"), (unmap_idx, "missing segment_unmap")):
         errors, _ = compare_cupti(calls, trace_of(exp, drop=drop))
@@ -655,8 +871,47 @@ def selftest(args):
     if not any("stream-ordered" in e for e in errors):
         failures.append(f"CUPTI: a stream-ordered allocation without stream/pool not caught ({errors[:3]})")
 
-    # The report renders from fabricated sections.
-    write_json(os.path.join(args.out, "sections.json"), {"build": "ok", "compare": "ok"})
+    # hook-sources: the tree's lists, and a target list it cannot resolve refused.
+    srcs = []
+    try:
+        srcs = [os.path.relpath(x, ROOT) for x in hook_sources()]
+        for want in ("src/capture/torch_hook.cc", "src/capture/recorder.cc", "src/format/trace/trace_writer.cc",
+                     "src/common/status.cc"):
+            if want not in srcs:
+                failures.append(f"hook-sources: {want} not in {srcs}")
+    except (OSError, ValueError) as e:
+        failures.append(f"hook-sources: {e}")
+    with tempfile.TemporaryDirectory() as fake:
+        for rel, text in (("src/capture/CMakeLists.txt", "set(MEMF_CAPTURE_CORE_SOURCES a.cc)\n"
+                                                          "add_library(memforensics_torch SHARED h.cc ${other})\n"),
+                          ("src/format/CMakeLists.txt", "add_library(memf_trace STATIC trace/t.cc)\n"),
+                          ("src/common/CMakeLists.txt", "add_library(memf_common STATIC c.cc)\n"),
+                          ("src/capture/h.cc", ""), ("src/capture/a.cc", ""), ("src/format/trace/t.cc", ""),
+                          ("src/common/c.cc", "")):
+            os.makedirs(os.path.dirname(os.path.join(fake, rel)), exist_ok=True)
+            with open(os.path.join(fake, rel), "w") as f:
+                f.write(text)
+        try:
+            hook_sources(fake)
+            failures.append("hook-sources: an unknown ${other} in the target's sources not refused")
+        except ValueError:
+            pass
+
+    # The report renders from fabricated sections, both compare runs as rows of their own.
+    write_json(os.path.join(args.out, "sections.json"),
+               {"build_hook": "ok", "build_cupti": "ok", "compare": "ok", "compare_expandable": "FAILED (exit 1)"})
+    write_json(os.path.join(args.out, "build.json"), {"torch_route": "direct", "routes_tried": "python package direct",
+                                                      "seconds": 41, "cupti": "/x/libcupti.so", "cupti_seconds": 17})
+    write_json(os.path.join(args.out, "compare.json"),
+               {"ok": True, "errors": [], "loop": {"events_compared": 1111, "alloc_stacks_compared": 222,
+                                                   "max_time_difference_us": 3, "graph": True, "graph_pool_events": 17,
+                                                   "alloc_conf": ""},
+                "oom_child": {"exit_code": 1, "events_compared": 55, "errors": []}})
+    os.makedirs(os.path.join(args.out, "expandable"), exist_ok=True)
+    write_json(os.path.join(args.out, "expandable", "compare.json"),
+               {"ok": False, "errors": ["device 0 event 9: size 4 (PyTorch) != 5 (hook)"],
+                "loop": {"events_compared": 999, "alloc_stacks_compared": 111, "max_time_difference_us": 4,
+                         "graph": False, "alloc_conf": "expandable_segments:True"}, "oom_child": {"skipped": True}})
     with open(os.path.join(args.out, "overhead.jsonl"), "w") as f:
         f.write(json.dumps({"config": "baseline", "steps": 3, "median_step_ms": 2.0, "min_step_ms": 1.9,
                             "file_bytes": 0}) + "\n")
@@ -673,19 +928,34 @@ def selftest(args):
         md = f.read()
     if "| hook | 2.100 | +5.0% | 1234 |" not in md:
         failures.append("report: the overhead table is not as expected")
+    for needle in ("| hook vs `_record_memory_history` (training loop) | ok | PYTORCH_CUDA_ALLOC_CONF unset; 1111 events",
+                   "CUDA graph: 17 private-pool events",
+                   "| hook vs `_record_memory_history` (training loop, expandable segments) | FAILED (exit 1) | "
+                   "PYTORCH_CUDA_ALLOC_CONF expandable_segments:True; 999 events",
+                   "| compare_expandable: mismatch | | device 0 event 9: size 4 (PyTorch) != 5 (hook) |",
+                   "| build `libmemforensics_torch.so` (on this machine) | ok | route: direct;",
+                   "| OOM in a child process | ok | exit 1,"):
+        if needle not in md:
+            failures.append(f"report: no '{needle}' in results.md")
     for p in glob.glob(os.path.join(args.out, "self_*")):
         os.unlink(p)
+    for p in ("compare.json", "expandable/compare.json", "build.json"):
+        os.unlink(os.path.join(args.out, p))
+    os.rmdir(os.path.join(args.out, "expandable"))
     if failures:
         for f_ in failures:
             print("SELFTEST FAILED:", f_, file=sys.stderr)
         sys.exit(1)
     print(f"selftest: snapshot/trace comparison ({stats['events_compared']} events; 4 alterations and the prefix "
-          f"rule caught), CUPTI call-log comparison ({len(exp)} expected events; 3 alterations caught), report: OK")
+          f"rule caught), expandable segments ({len(exp_events)} events; 2 alterations and the prefix rule caught), "
+          f"CUPTI call-log comparison ({len(exp)} expected events; 3 alterations caught), pool count, "
+          f"hook-sources ({len(srcs)} files), report with both compare runs: OK")
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["compare", "oom-child", "env", "overhead", "cupti", "report", "selftest"])
+    p.add_argument("mode", choices=["compare", "oom-child", "env", "overhead", "cupti", "report", "selftest",
+                                    "hook-sources"])
     p.add_argument("--lib")
     p.add_argument("--memforensics")
     p.add_argument("--out", default="/tmp/memf_gpu_check")
@@ -694,13 +964,17 @@ def main():
     p.add_argument("--time-tolerance-us", type=int, default=2000)
     p.add_argument("--calls-program")
     p.add_argument("--cupti-lib")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare: capture and replay a CUDA graph after the loop (default on)")
+    p.add_argument("--no-oom-child", dest="oom_child", action="store_false",
+                   help="compare: leave out the child process that dies of an OOM")
     args = p.parse_args()
     needs_gpu = args.mode in ("compare", "oom-child", "env", "overhead")
     if needs_gpu and not torch_module().cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         sys.exit(2)
     {"compare": compare, "oom-child": oom_child, "env": env_start, "overhead": overhead, "cupti": cupti,
-     "report": report, "selftest": selftest}[args.mode](args)
+     "report": report, "selftest": selftest, "hook-sources": print_hook_sources}[args.mode](args)
 
 
 if __name__ == "__main__":

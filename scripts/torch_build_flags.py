@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Prints CMake set() lines describing the installed PyTorch, for building libmemforensics_torch.so
-without Torch's CMake package (which insists on a CUDA toolkit). Used by src/capture/CMakeLists.txt
-when MEMF_TORCH_PYTHON is set."""
+"""Describes the installed PyTorch, for building libmemforensics_torch.so without Torch's CMake
+package (which insists on a CUDA toolkit).
+
+  torch_build_flags.py           CMake set() lines; src/capture/CMakeLists.txt includes them when
+                                 MEMF_TORCH_PYTHON is set.
+  torch_build_flags.py --flags   "KIND VALUE" lines for a build without CMake
+                                 (scripts/gpu-check.sh's direct-compiler route): "version V",
+                                 "cuda ON|OFF", "include DIR" (one per directory), "define
+                                 _GLIBCXX_USE_CXX11_ABI=N", "libdir DIR". One value per line, so
+                                 that paths with spaces survive a `read -r kind value` loop.
+"""
 import glob
 import os
 import sys
@@ -19,9 +27,23 @@ for sp in sys.path:
 # Python.h: torch/csrc headers may include it.
 import sysconfig
 includes.append(sysconfig.get_paths()["include"])
+includes = list(dict.fromkeys(includes))
 version = torch.__version__.split("+")[0]
-print(f'set(MEMF_TORCH_VERSION "{version}")')
-print(f'set(MEMF_TORCH_CUDA {"ON" if torch.version.cuda else "OFF"})')
-print(f'set(MEMF_TORCH_CXX11_ABI {int(torch._C._GLIBCXX_USE_CXX11_ABI)})')
-print(f'set(MEMF_TORCH_LIBDIR "{os.path.join(root, "lib")}")')
-print('set(MEMF_TORCH_INCLUDES "{}")'.format(";".join(dict.fromkeys(includes))))
+cuda = "ON" if torch.version.cuda else "OFF"
+abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+libdir = os.path.join(root, "lib")
+if sys.argv[1:] == ["--flags"]:
+    print(f"version {version}")
+    print(f"cuda {cuda}")
+    for d in includes:
+        print(f"include {d}")
+    print(f"define _GLIBCXX_USE_CXX11_ABI={abi}")
+    print(f"libdir {libdir}")
+elif sys.argv[1:]:
+    sys.exit(f"usage: {sys.argv[0]} [--flags]")
+else:
+    print(f'set(MEMF_TORCH_VERSION "{version}")')
+    print(f'set(MEMF_TORCH_CUDA {cuda})')
+    print(f'set(MEMF_TORCH_CXX11_ABI {abi})')
+    print(f'set(MEMF_TORCH_LIBDIR "{libdir}")')
+    print('set(MEMF_TORCH_INCLUDES "{}")'.format(";".join(includes)))
