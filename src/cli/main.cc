@@ -247,7 +247,7 @@ int convert(const ConvertArgs& a) {
     // Round trips keep every field the model holds (tools/compare_pickles.py --deep checks it on
     // the real files); what it does not hold is said, not dropped silently.
     for (const std::string& n : mf::format::notKeptNotes(*snap))
-      printWarning((a.out == "-" ? std::string("the output") : a.out) + " does not keep " + n);
+      printWarning((a.out == "-" ? std::string("the output") : a.out) + " does not keep: " + n);
   }
   return kExitOk;
 }

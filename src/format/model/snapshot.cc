@@ -226,7 +226,7 @@ std::vector<std::string> notKeptNotes(const Snapshot& s) {
   std::vector<std::string> out;
   const NotKept& nk = s.not_kept;
   if (nk.legacy_history_entries > 0 || nk.legacy_history_firsts > 0) {
-    std::string n = "of the blocks' legacy history (PyTorch 1.13-2.0): ";
+    std::string n = "legacy block history (PyTorch 1.13-2.0): ";
     if (nk.legacy_history_entries > 0)
       n += std::to_string(nk.legacy_history_entries) + " entries after each block's first";
     if (nk.legacy_history_firsts > 0) {
@@ -235,7 +235,7 @@ std::vector<std::string> notKeptNotes(const Snapshot& s) {
            " first entries' addr or real_size that differ from the block's address or "
            "requested_size (written as the block's)";
     }
-    out.push_back(n + "; the first entry's frames are kept");
+    out.push_back(n + "; each block's first entry's frames are kept");
   }
   if (nk.settings_values > 0) {
     std::string n =
@@ -246,7 +246,7 @@ std::vector<std::string> notKeptNotes(const Snapshot& s) {
     out.push_back(n + ")");
   }
   if (!s.ignored_keys.empty()) {
-    std::string n = "the contents of top-level keys it does not understand (";
+    std::string n = "the contents of top-level keys the reader does not understand (";
     for (size_t i = 0; i < s.ignored_keys.size() && i < NotKept::kNamedNotKept; ++i)
       n += (i ? ", '" : "'") + s.ignored_keys[i] + "'";
     if (s.ignored_keys.size() > NotKept::kNamedNotKept) n += ", ...";
