@@ -943,7 +943,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Snapshot s;
   Builder(p, s).build();
-  keepInput(format::snapshotToPickle(s));
+  if (std::getenv("FUZZ_PIPELINE_PICKLE") != nullptr) {  // a pickle per run only when kept
+    keepInput(format::snapshotToPickle(s));
+  }
   commands(s, p);
   return 0;
 }

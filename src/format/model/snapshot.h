@@ -207,6 +207,16 @@ struct Annotation {
 // counted (a 17 MB pickle of 4,096 keys naming one memoized 16 MiB string would copy 64 GiB).
 inline constexpr size_t kMaxOtherSettings = 64;
 inline constexpr size_t kMaxOtherSettingBytes = 4096;
+// The allocator_settings keys the model reads into AllocatorSettings' own fields: never carried
+// as an OtherSetting (the readers skip them, the pickle writer writes them from the fields).
+inline constexpr std::string_view kModelSettingsKeys[] = {
+    "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold",
+    "expandable_segments", "roundup_power2_divisions"};
+inline bool isModelSettingsKey(std::string_view key) {
+  for (std::string_view k : kModelSettingsKeys)
+    if (k == key) return true;
+  return false;
+}
 struct OtherSetting {
   enum class Kind : uint8_t { None, Bool, Int, UInt, Float, Str };
   std::string key;

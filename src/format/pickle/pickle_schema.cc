@@ -364,10 +364,7 @@ Status Machine::convertSettings(const Value& v) {
   for (size_t i = 0; i + 1 < d->size(); i += 2) {
     const Value& k = (*d)[i];
     const Value& val = (*d)[i + 1];
-    if (k.kind != VK::Str || k.id == keys_.conf || k.id == keys_.max_split_size ||
-        k.id == keys_.gc_threshold || k.id == keys_.expandable_segments || k.id == keys_.roundup) {
-      continue;
-    }
+    if (k.kind != VK::Str || isModelSettingsKey(snap_.strings.get(k.id))) continue;
     const size_t bytes = snap_.strings.get(k.id).size() +
                          (val.kind == VK::Str ? snap_.strings.get(val.id).size() : 0);
     if (bytes > kMaxOtherSettingBytes ||

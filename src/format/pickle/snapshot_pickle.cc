@@ -105,6 +105,14 @@ constexpr std::string_view kKeyText[kKeyCount] = {
     "inactive",
 };
 
+// The settings written from AllocatorSettings' own fields are the model's keys (one list:
+// kModelSettingsKeys).
+static_assert(kKeyText[kConf] == kModelSettingsKeys[0] &&
+              kKeyText[kMaxSplitSize] == kModelSettingsKeys[1] &&
+              kKeyText[kGcThreshold] == kModelSettingsKeys[2] &&
+              kKeyText[kExpandableSegments] == kModelSettingsKeys[3] &&
+              kKeyText[kRoundup] == kModelSettingsKeys[4]);
+
 constexpr uint32_t kUnset = ~uint32_t{0};
 // Python's pickler closes an APPENDS batch every 1000 items; so do we (see
 // PickleWriter::listBatch).
@@ -429,12 +437,13 @@ class Pickler {
     key(kExpandableSegments);
     w_.boolean(st.expandable_segments);
     bool graph_capture_written = false;
-    std::vector<std::string_view> written = {kKeyText[kConf], kKeyText[kMaxSplitSize],
-                                             kKeyText[kGcThreshold], kKeyText[kExpandableSegments],
-                                             kKeyText[kRoundup]};
+    std::vector<std::string_view> written;
     for (const OtherSetting& o : st.other) {  // keys the model does not read, as they were
       // Each key once (a hostile native trace may name a key twice, or one written above).
-      if (std::find(written.begin(), written.end(), o.key) != written.end()) continue;
+      if (isModelSettingsKey(o.key) ||
+          std::find(written.begin(), written.end(), o.key) != written.end()) {
+        continue;
+      }
       written.push_back(o.key);
       graph_capture_written |= o.key == kKeyText[kGraphCapture];
       w_.str(o.key);
