@@ -337,6 +337,12 @@ with open(sys.argv[1], "w") as f:
 PY
 }
 
+# keep_build_log NAME LOG: appends a failed build's log to $out/build.log under a header. One file
+# for every route: the device tool returns at most 8 files from $OUT.
+keep_build_log() {
+  { echo "==== $1 ($2)"; cat "$2"; } >>"$out/build.log"
+}
+
 # cmake_route NAME TARGET CONFIGURE_ARGS...: configures $work/NAME capture-only and builds TARGET;
 # on failure the end of the log is printed and the log copied to $out.
 cmake_route() {
@@ -350,9 +356,10 @@ cmake_route() {
   tmo cmake -S "$root" -B "$work/$name" "${generator[@]}" "${cmake_common[@]}" "$@" >"$log" 2>&1 &&
     tmo cmake --build "$work/$name" -j"$(nproc)" --target "$target" >>"$log" 2>&1 || rc=$?
   if [ "$rc" -ne 0 ]; then
-    echo "$name: failed (exit $rc); the end of its log ($out/$name.log):"
+    echo "$name: failed (exit $rc); its first errors and the end of its log ($out/build.log):"
+    grep -n -m10 -E 'error|Error' "$log"
     tail -30 "$log"
-    cp "$log" "$out/$name.log"
+    keep_build_log "$name" "$log"
   fi
   return "$rc"
 }
@@ -422,11 +429,11 @@ hook_direct() {
     i=$((i + 1))
   done
   for i in "${!pids[@]}"; do
-    if ! wait "${pids[$i]}"; then
+    wait "${pids[$i]}" || {
       rc=$?
       echo "hook-direct: ${srcs[$i]} did not compile (exit $rc):"
       head -40 "${objs[$i]}.log"
-    fi
+    }
     cat "${objs[$i]}.log" >>"$log"
   done
   if [ "$rc" -eq 0 ]; then
@@ -435,7 +442,7 @@ hook_direct() {
     [ "$rc" -eq 0 ] || { echo "hook-direct: the link failed (exit $rc):"; tail -30 "$log"; }
   fi
   if [ "$rc" -ne 0 ]; then
-    cp "$log" "$out/hook-direct.log"
+    keep_build_log hook-direct "$log"
     return "$rc"
   fi
   hook_so=$dir/libmemforensics_torch.so
@@ -518,6 +525,7 @@ cupti() {
   local lib
   lib=$(cupti_lib)
   [ -n "$lib" ] || { echo "no libmemforensics_cupti.so"; return 1; }
+  [ -x "$calls_program" ] || { echo "no gpu_check_calls program (the calls_program section failed)"; return 1; }
   echo "CUPTI library: $lib"
   local d=
   [ -n "$cupti_so" ] && d=$(dirname "$cupti_so")
@@ -530,13 +538,19 @@ cupti() {
 }
 env_start() { have_hook || return 1; tmo "$py" "$root/scripts/gpu_check.py" env --lib "$hook_so" --memforensics "$bin" --out "$res"; }
 overhead() {
-  have_hook || return 1
   : >"$res/overhead.jsonl"
-  local cfg
+  local cfg rc=0
+  # baseline and history need no hook: without one they still give PyTorch's own cost.
   for cfg in baseline hook history hook_stacks hook_native; do
-    tmo "$py" "$root/scripts/gpu_check.py" overhead --lib "$hook_so" --config "$cfg" --steps "$steps" |
+    if [ "${cfg#hook}" != "$cfg" ] && [ -z "$hook_so" ]; then
+      echo "overhead $cfg: skipped (no libmemforensics_torch.so)"
+      rc=1
+      continue
+    fi
+    tmo "$py" "$root/scripts/gpu_check.py" overhead --lib "${hook_so:-none}" --config "$cfg" --steps "$steps" |
       tee -a "$res/overhead.jsonl" || return 1
   done
+  return "$rc"
 }
 
 # Most valuable first: a run cut short by the budget loses the overhead table, not the comparisons.

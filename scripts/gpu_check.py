@@ -136,7 +136,11 @@ def record_history(max_entries):
 # ---- helpers ------------------------------------------------------------------------------------
 
 def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+    try:
+        return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+    except subprocess.CalledProcessError as e:  # say why before the caller reports the failure
+        print(f"{' '.join(map(str, cmd))} exited {e.returncode}:\n{(e.stderr or '')[-2000:]}", file=sys.stderr)
+        raise
 
 
 def analyze(binary, path):
@@ -422,7 +426,10 @@ def compare(args):
     torch.cuda.memory._dump_snapshot(theirs)
     assert torch.ops.memforensics.stop(), "stop() failed"
     torch.cuda.memory._record_memory_history(enabled=None)
-    errors, stats = compare_pair(args.memforensics, theirs, native, args.out, args.time_tolerance_us)
+    try:
+        errors, stats = compare_pair(args.memforensics, theirs, native, args.out, args.time_tolerance_us)
+    except (OSError, ValueError, KeyError, subprocess.CalledProcessError, pickle.UnpicklingError) as e:
+        errors, stats = [f"the comparison itself failed: {e!r}"[:500]], {}
     errors = graph_errors + errors
     stats["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     stats["graph"] = args.graph
@@ -431,7 +438,7 @@ def compare(args):
     result = {"ok": not errors, "loop": stats, "errors": errors[:40]}
     if errors:
         print_errors(errors, "training loop")
-    else:
+    elif stats:
         graph = f"; CUDA graph: {stats['graph_pool_events']} private-pool events" if args.graph else ""
         print(f"compare: {stats['events_compared']} events agree ({stats['alloc_stacks_compared']} alloc stacks, "
               f"max time difference {stats['max_time_difference_us']} us); analyze agrees on {stats['devices']} "
@@ -441,13 +448,21 @@ def compare(args):
         result["oom_child"] = {"skipped": True}
         write_json(os.path.join(args.out, "compare.json"), result)
         sys.exit(0 if result["ok"] else 1)
+    # The loop's result is kept whatever the child does (a hang, a failed read).
+    result["oom_child"] = {"errors": ["the OOM child's checks did not finish"]}
+    write_json(os.path.join(args.out, "compare.json"), result)
 
     # The OOM child: dies of the exception; its trace must hold the OOM and read complete.
     child_native = os.path.join(args.out, "oom_child.bin")
     child_pickle = os.path.join(args.out, "oom_child.pickle")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "oom-child", "--lib", args.lib, "--memforensics",
-                        args.memforensics, "--out", args.out, "--steps", str(max(2, args.steps // 5))],
-                       capture_output=True, text=True)
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "oom-child", "--lib", args.lib,
+                            "--memforensics", args.memforensics, "--out", args.out,
+                            "--steps", str(max(2, args.steps // 5))],
+                           capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        p = subprocess.CompletedProcess(e.cmd, -9, "", err + "\n(killed after 60 s)")
     child = {"exit_code": p.returncode, "stderr_tail": p.stderr[-600:]}
     cerrors = []
     if "OutOfMemoryError" not in p.stderr or p.returncode == 0:
@@ -460,6 +475,24 @@ def compare(args):
             cerrors.append("the OOM was not in the child's trace 300 ms after OutOfMemoryError")
     else:
         cerrors.append("the child wrote no mid-run check (it failed before its OOM)")
+    try:
+        check_oom_child(args, child, cerrors, child_native, child_pickle)
+    except (OSError, ValueError, KeyError, subprocess.CalledProcessError, pickle.UnpicklingError) as e:
+        cerrors.append(f"checking the child's files failed: {e!r}"[:500])
+    if cerrors:
+        print_errors(cerrors, "OOM child")
+    else:
+        print(f"compare: OOM child: {child['events_compared']} events agree up to the OOM, "
+              f"{child['events_after_snapshot']} frees after it, trace complete after the uncaught OOM")
+    result["oom_child"] = child
+    result["oom_child"]["errors"] = cerrors[:40]
+    result["ok"] = result["ok"] and not cerrors
+    write_json(os.path.join(args.out, "compare.json"), result)
+    sys.exit(0 if result["ok"] else 1)
+
+
+def check_oom_child(args, child, cerrors, child_native, child_pickle):
+    """compare's checks of the OOM child's trace and snapshot, into child and cerrors."""
     if os.path.exists(child_native) and os.path.exists(child_pickle):
         j = analyze(args.memforensics, child_native)
         child["trace_warnings"] = j["input"].get("warnings") or []
@@ -474,16 +507,6 @@ def compare(args):
         child.update(s2)
     else:
         cerrors.append("the child left no trace or no snapshot")
-    if cerrors:
-        print_errors(cerrors, "OOM child")
-    else:
-        print(f"compare: OOM child: {child['events_compared']} events agree up to the OOM, "
-              f"{child['events_after_snapshot']} frees after it, trace complete after the uncaught OOM")
-    result["oom_child"] = child
-    result["oom_child"]["errors"] = cerrors[:40]
-    result["ok"] = result["ok"] and not cerrors
-    write_json(os.path.join(args.out, "compare.json"), result)
-    sys.exit(0 if result["ok"] else 1)
 
 
 def oom_child(args):
@@ -969,7 +992,7 @@ def main():
     p.add_argument("--no-oom-child", dest="oom_child", action="store_false",
                    help="compare: leave out the child process that dies of an OOM")
     args = p.parse_args()
-    needs_gpu = args.mode in ("compare", "oom-child", "env", "overhead")
+    needs_gpu = args.mode in ("compare", "oom-child", "overhead")  # env's parent only starts a child
     if needs_gpu and not torch_module().cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         sys.exit(2)
