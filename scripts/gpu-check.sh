@@ -191,7 +191,7 @@ trap 'stopped_by=SIGINT; exit 130' INT
 trap 'stopped_by=SIGHUP; exit 129' HUP
 
 # ---- versions, before anything can fail ----------------------------------------------------------
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+nvcc=$(command -v nvcc || ls -d /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1 || true)
 cxx=${CXX:-$(command -v g++ || command -v c++ || true)}
 # version_line LABEL PATTERN CMD...: the first line of CMD's output matching PATTERN (grep -E), or
 # "not found" without CMD; at most 30 s, and never a failure.
