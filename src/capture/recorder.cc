@@ -170,11 +170,16 @@ bool Recorder::record(const CaptureRecord& r, std::shared_ptr<void>&& context,
       slot.flags |= kHasContext;
       ch.ctx[i] = std::move(context);
     }
-    if (text && !ch.text.empty()) {
-      slot.flags |= kHasText;
-      ch.text[i] = std::move(text);
-    }
+    putText(ch, slot, i, std::move(text));
   });
+}
+
+void Recorder::putText(Channel& ch, CaptureRecord& slot, size_t i,
+                       std::shared_ptr<const RecordText>&& text) noexcept {
+  if (text && !ch.text.empty()) {  // without options.text there is no side slot
+    slot.flags |= kHasText;
+    ch.text[i] = std::move(text);
+  }
 }
 
 bool Recorder::recordNative(const CaptureRecord& r, int skip,
@@ -198,10 +203,7 @@ bool Recorder::recordNative(const CaptureRecord& r, int skip,
     slot = r;
     slot.flags &= kProducerFlags;
     slot.npcs = 0;
-    if (text && !ch.text.empty()) {
-      slot.flags |= kHasText;
-      ch.text[i] = std::move(text);
-    }
+    putText(ch, slot, i, std::move(text));
     if (keep <= 0) return;
     std::memcpy(&ch.pcs[i * static_cast<size_t>(depth)], tmp + from,
                 sizeof(void*) * static_cast<size_t>(keep));
@@ -448,12 +450,11 @@ void Recorder::processPending(FinishMode mode) {
     if ((r.flags & kHasText) && pending_text_[p.text]) {
       // Producers hand the same RecordText on while an entry's strings do not change (a thread's
       // user metadata stays set for many allocations): its ids are looked up once.
-      const RecordText* t = pending_text_[p.text].get();
-      if (t != last_text_) {
-        last_text_ = t;
-        last_text_ref_ = pending_text_[p.text];  // keeps the address from being reused
-        last_compile_ = t->compile_context.empty() ? 0 : writer_->string(t->compile_context);
-        last_user_ = t->user_metadata.empty() ? 0 : writer_->string(t->user_metadata);
+      if (pending_text_[p.text] != last_text_) {
+        last_text_ = pending_text_[p.text];  // held: its address cannot be reused meanwhile
+        const RecordText& t = *last_text_;
+        last_compile_ = t.compile_context.empty() ? 0 : writer_->string(t.compile_context);
+        last_user_ = t.user_metadata.empty() ? 0 : writer_->string(t.user_metadata);
       }
       if (last_compile_ != 0) e.compile_context = last_compile_;
       if (last_user_ != 0) e.user_metadata = last_user_;

@@ -173,6 +173,9 @@ class Recorder {
     uint32_t pcs = 0;   // offset into pending_pcs_ (kHasPcs)
     uint32_t text = 0;  // index into pending_text_ (kHasText)
   };
+  // Hot path: moves `text` into slot i's side slot and flags the record (options.text only).
+  static void putText(Channel& ch, CaptureRecord& slot, size_t i,
+                      std::shared_ptr<const RecordText>&& text) noexcept;
   void writerLoop();
   void drainRings();
   void processPending(FinishMode mode);
@@ -200,8 +203,7 @@ class Recorder {
   std::vector<uintptr_t> pending_pcs_;
   std::vector<std::shared_ptr<const RecordText>> pending_text_;
   uint32_t na_string_ = 0;  // the writer's id of "N/A" (kCompileNA), 0 until first needed
-  const RecordText* last_text_ = nullptr;  // the last RecordText interned, and its string ids
-  std::shared_ptr<const RecordText> last_text_ref_;
+  std::shared_ptr<const RecordText> last_text_;  // the last RecordText interned, and its ids
   uint32_t last_compile_ = 0, last_user_ = 0;
   std::vector<ResolvedFrame> resolved_frames_;
   std::vector<std::vector<uint32_t>> resolved_stacks_;

@@ -123,9 +123,9 @@ void onTrace(const cca::TraceEntry& te) noexcept {
   std::shared_ptr<const RecordText> text;
   if constexpr (kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>) {
     // Not while nothing records (the tracker stays attached after stop()). The previous entry's
-    // text of this device is shared when the strings are the same: only this device's producer,
-    // under its allocator lock, touches its cache slot.
-    // The last RecordText per device; never destroyed: a tracker may run during exit.
+    // text of this device (cache, never destroyed: a tracker may run during exit) is shared when
+    // the strings are the same: only this device's producer, under its allocator lock, touches
+    // its slot.
     static auto* const cache = new std::shared_ptr<const RecordText>[kTextCacheDevices];
     if (recording()) {
       if (r.device < kTextCacheDevices) {

@@ -222,6 +222,17 @@ std::string_view sourceFormatName(SourceFormat f) {
   return "pickle";
 }
 
+namespace {
+// "'a', 'b', ..." of the first NotKept::kNamedNotKept names; ", ..." when `total` says more exist.
+std::string quotedNames(const std::vector<std::string>& names, size_t total) {
+  std::string n;
+  for (size_t i = 0; i < names.size() && i < NotKept::kNamedNotKept; ++i)
+    n += (i ? ", '" : "'") + names[i] + "'";
+  if (total > std::min(names.size(), NotKept::kNamedNotKept)) n += ", ...";
+  return n;
+}
+}  // namespace
+
 std::vector<std::string> notKeptNotes(const Snapshot& s) {
   std::vector<std::string> out;
   const NotKept& nk = s.not_kept;
@@ -238,19 +249,13 @@ std::vector<std::string> notKeptNotes(const Snapshot& s) {
     out.push_back(n + "; each block's first entry's frames are kept");
   }
   if (nk.settings_values > 0) {
-    std::string n =
-        std::to_string(nk.settings_values) + " allocator_settings values that are lists or dicts (";
-    for (size_t i = 0; i < nk.settings_keys.size(); ++i)
-      n += (i ? ", '" : "'") + nk.settings_keys[i] + "'";
-    if (nk.settings_values > nk.settings_keys.size()) n += ", ...";
-    out.push_back(n + ")");
+    out.push_back(std::to_string(nk.settings_values) +
+                  " allocator_settings values that are lists or dicts (" +
+                  quotedNames(nk.settings_keys, nk.settings_values) + ")");
   }
   if (!s.ignored_keys.empty()) {
-    std::string n = "the contents of top-level keys the reader does not understand (";
-    for (size_t i = 0; i < s.ignored_keys.size() && i < NotKept::kNamedNotKept; ++i)
-      n += (i ? ", '" : "'") + s.ignored_keys[i] + "'";
-    if (s.ignored_keys.size() > NotKept::kNamedNotKept) n += ", ...";
-    out.push_back(n + ")");
+    out.push_back("the contents of top-level keys the reader does not understand (" +
+                  quotedNames(s.ignored_keys, s.ignored_keys.size()) + ")");
   }
   if (s.traits.has_host_traces) {
     out.push_back("pinned host memory (2.14 host_segments, host_traces: " +

@@ -305,9 +305,6 @@ struct NotKept {
   uint64_t settings_values = 0;
   std::vector<std::string> settings_keys;  // at most kNamedNotKept
   static constexpr size_t kNamedNotKept = 8;
-  bool empty() const {
-    return legacy_history_entries == 0 && legacy_history_firsts == 0 && settings_values == 0;
-  }
 };
 
 struct Snapshot;
