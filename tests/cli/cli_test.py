@@ -3,8 +3,7 @@
 
 Usage: cli_test.py MEMFORENSICS_BINARY REPO_ROOT REAL_SNAPSHOTS_DIR
 
-* golden output: `analyze` (text and JSON) and `dump` on every sample in snapshots/ compared byte
-  for byte with tests/golden/expected/ (MEMF_UPDATE_GOLDEN=1 rewrites them);
+* `analyze` runs on every sample in snapshots/ (their goldens: tests/golden/golden_test.py);
 * the sample pickle is what tools/snapshot_fixture.py makes from its .fixture (no stale sample);
 * exit codes: 0 ok, 1 bad usage, 2 unreadable or hostile input, with a message naming the problem;
 * output safety: standard output write errors are exit 2, `-o` never replaces a device or FIFO
@@ -29,10 +28,8 @@ import threading
 import time
 
 BIN, ROOT, REAL = sys.argv[1], sys.argv[2], sys.argv[3]
-UPDATE = os.environ.get("MEMF_UPDATE_GOLDEN") == "1"
 # The text report wraps to COLUMNS when it is set: the expected outputs are at the default 100.
 os.environ.pop("COLUMNS", None)
-EXPECTED = os.path.join(ROOT, "tests", "golden", "expected")
 passed = failed = 0
 
 
@@ -49,27 +46,6 @@ def run(*args, cwd=None):
     return subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd)
 
 
-def golden(name, text):
-    path = os.path.join(EXPECTED, name)
-    if UPDATE or not os.path.exists(path):
-        if not UPDATE:
-            check(f"golden {name}", False, f"missing {path} (run with MEMF_UPDATE_GOLDEN=1)")
-            return
-        os.makedirs(EXPECTED, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    with open(path) as f:
-        want = f.read()
-    if want != text:
-        import difflib
-        diff = "".join(list(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                                 "expected", "actual"))[:40])
-        check(f"golden {name}", False, "\n" + diff)
-    else:
-        check(f"golden {name}", True)
-
-
 samples = sorted(f for f in os.listdir(os.path.join(ROOT, "snapshots")) if f.endswith(".pickle"))
 check("samples exist", len(samples) > 0, "no .pickle in snapshots/")
 for sample in samples:
@@ -77,13 +53,7 @@ for sample in samples:
     # Run from the repository root with a relative path so the output is machine independent.
     r = run("analyze", os.path.join("snapshots", sample), cwd=ROOT)
     check(f"analyze {sample} exit", r.returncode == 0, r.stderr)
-    golden(f"{stem}.analyze.txt", r.stdout)
-    r = run("analyze", "--json", os.path.join("snapshots", sample), cwd=ROOT)
-    check(f"analyze --json {sample} exit", r.returncode == 0, r.stderr)
-    golden(f"{stem}.analyze.json", r.stdout)
-    r = run("dump", "--stacks", os.path.join("snapshots", sample), cwd=ROOT)
-    check(f"dump {sample} exit", r.returncode == 0, r.stderr)
-    golden(f"{stem}.dump.txt", r.stdout)
+    check(f"analyze {sample} names its input", "snapshots/" + sample in r.stdout, r.stdout[:200])
     fixture = os.path.join(ROOT, "snapshots", stem + ".fixture")
     if os.path.exists(fixture):
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,25 +1,34 @@
 #!/usr/bin/env python3
-"""Byte-exact goldens of the CLI's outputs on every input (ctest `goldens`, docs/testing.md).
+"""Goldens of the CLI's outputs on every input (ctest `goldens`, docs/testing.md): byte-exact where
+the bytes are the contract, invariants against analyze where only the figures are.
 
 Usage: golden_test.py MEMFORENSICS_BINARY REPO_ROOT REAL_SNAPSHOTS_DIR [--jobs N] [--only SUBSTR]
                       [--native]
 
 Inputs: snapshots/*.pickle, snapshots/scenarios/*.pickle and every .pickle / .html file in
 REAL_SNAPSHOTS_DIR (../shared/snapshots-real, read in place; skipped with a note when absent).
-For each input, into tests/golden/expected/<input-stem>/:
+
+Stored byte for byte in tests/golden/expected/<input-stem>/:
 
   analyze.txt               analyze
   analyze-frames.txt        analyze --top-frames 10
   analyze.json              analyze --json
-  timeline.json             timeline --json
+  dump.txt                  dump --stacks                   (the samples in snapshots/ only)
   blocks-peak.json          blocks --json --at peak         (per device: blocks-peak.dev<N>.json
   blocks-oom.json           blocks --json --at oom           when the file has several devices;
                                                              -oom only where the device has an OOM)
+
+Checked by invariants against the same input's analyze --json (tests/golden/invariants.py), not
+stored: their layout may change, their figures may not:
+
+  timeline.json             timeline --json
   report-data.json          report -o -: the JSON of <script id="memf-data"> only, not the page
   perfetto.json             convert --to perfetto -o -
   collapsed.folded          convert --to collapsed -o -
   collapsed-allocated.folded  convert --to collapsed --value allocated -o -
   collapsed-user.folded     convert --to collapsed --user-frames -o -
+
+Each invariant check is itself tested: mutations of the sample's outputs (MUTATIONS) must fail it.
 
 Every command runs in the input's own folder with the file's bare name as its argument, so no
 output holds a machine-specific path (checked: no output may contain the repository's, the real
@@ -36,13 +45,15 @@ Nondeterministic fields normalized: none in the stored outputs. The HTML page's 
 (template, style, script) is checked to be the same for every input.
 
 --native (ctest `goldens_native`): each input is converted to a native trace (`convert --to
-native`), and every command above on the .bin must give the pickle's golden, except for what
-describes the file itself: the top-level `path`, in `input` the format, size, origin, pickle
-protocol and the counts of interned strings, frames and stacks (the pickle reader also interns
-what the model does not keep, e.g. legacy history entries after the first), Perfetto's
-otherData.source_format, the report's what-if panel's `file`, and the text outputs' header (up to the first empty line). Differences
-known to be bugs are listed in KNOWN_NATIVE with their cause; such an entry that no longer differs
-is a failure too, so the fix removes it. This mode never writes goldens.
+native`), and every command above on the .bin must give the pickle's output (its golden, or for
+an output checked by invariants the same command's output on the pickle, whose invariants are
+checked too), except for what describes the file itself: the top-level `path`, in `input` the
+format, size, origin, pickle protocol and the counts of interned strings, frames and stacks (the
+pickle reader also interns what the model does not keep, e.g. legacy history entries after the
+first), Perfetto's otherData.source_format, the report's what-if panel's `file`, and the text
+outputs' header (up to the first empty line); `dump`, which prints the file's interned ids, is not
+compared. Differences known to be bugs are listed in KNOWN_NATIVE with their cause; such an entry
+that no longer differs is a failure too, so the fix removes it. This mode never writes goldens.
 
 MEMF_UPDATE_GOLDEN=1 rewrites the goldens that differ, writes missing ones and deletes stale ones.
 On a mismatch the file and the first 40 lines of a unified diff are printed. Every golden diff that
@@ -57,6 +68,9 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import invariants  # noqa: E402
 
 GZIP_ABOVE = 256 * 1024  # stored files larger than this are kept as .gz
 DIFF_LINES = 40  # lines of unified diff printed per mismatch
@@ -80,7 +94,6 @@ UPDATE = os.environ.get("MEMF_UPDATE_GOLDEN") == "1"
 # The text report wraps to COLUMNS when it is set: the expected outputs are at the default 100.
 os.environ.pop("COLUMNS", None)
 EXPECTED = os.path.join(ROOT, "tests", "golden", "expected")
-# Top-level files in EXPECTED belong to tests/cli/cli_test.py; this runner owns the folders.
 
 failures = []
 notes = []
@@ -298,8 +311,23 @@ def compare(stem, name, data):
     failures.append(f"{where}: differs\n{show_diff(want, data)}")
 
 
-def commands(devices):
-    """(golden name, argv before the file name, kind) for an input with these devices."""
+# Outputs checked by invariants against analyze --json (tests/golden/invariants.py), not stored:
+# their figures must equal analyze's, their layout is free to change.
+INVARIANT_CHECKS = {
+    "timeline.json": lambda out, an: invariants.check_timeline(json.loads(out), an),
+    "report-data.json": lambda out, an: invariants.check_report(json.loads(out), an),
+    "perfetto.json": lambda out, an: invariants.check_perfetto(json.loads(out), an),
+    "collapsed.folded": lambda out, an: invariants.check_collapsed(out.decode(), an, "requested"),
+    "collapsed-allocated.folded":
+        lambda out, an: invariants.check_collapsed(out.decode(), an, "allocated"),
+    "collapsed-user.folded": lambda out, an: invariants.check_collapsed(out.decode(), an,
+                                                                        "requested"),
+}
+
+
+def commands(devices, folder):
+    """(output name, argv before the file name, kind) for an input with these devices in this
+    folder. Names in INVARIANT_CHECKS are checked, the others stored as goldens."""
     cmds = [
         ("analyze.txt", ["analyze"], "text"),
         ("analyze-frames.txt", ["analyze", "--top-frames", "10"], "text"),
@@ -312,6 +340,9 @@ def commands(devices):
         ("collapsed-user.folded", ["convert", "--to", "collapsed", "--user-frames", "-o", "-"],
          "text"),
     ]
+    # Every event and stack, for the samples in snapshots/ only (a real file's dump is megabytes).
+    if os.path.realpath(folder) == os.path.realpath(os.path.join(ROOT, "snapshots")):
+        cmds.append(("dump.txt", ["dump", "--stacks"], "text"))
     for dev, has_oom in devices:
         suffix = "" if len(devices) == 1 else f".dev{dev}"
         sel = ["--device", str(dev)] if len(devices) > 1 else []
@@ -320,6 +351,102 @@ def commands(devices):
             cmds.append((f"blocks-oom{suffix}.json", ["blocks", "--json", "--at", "oom", *sel],
                          "json"))
     return cmds
+
+
+def check_invariants(where, name, out, an):
+    """Runs the output's invariant checks; a check that raises is a failure too."""
+    try:
+        problems = INVARIANT_CHECKS[name](out, an)
+    except Exception as e:  # a missing field or a malformed output
+        problems = [f"the check raised {type(e).__name__}: {e}"]
+    for p in problems[:8]:
+        failures.append(f"{where}: invariant: {p}")
+    if len(problems) > 8:
+        failures.append(f"{where}: invariant: ... and {len(problems) - 8} more")
+
+
+def one_document(out):
+    docs = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    if len(docs) != 1:
+        raise ValueError(f"{len(docs)} JSON documents")
+    return docs[0]
+
+
+def output_bytes(kind, out, where, shells=None, stem=None):
+    """What is compared or checked of a command's stdout: laid-out JSON, the report's data, or
+    the text; None (after a failure) when the report page has no data block."""
+    if kind == "json":
+        return stored_json(out)
+    if kind == "report":
+        try:
+            raw, shell = split_report(out)
+        except ValueError as e:
+            failures.append(f"{where}: {e}")
+            return None
+        if shells is not None:
+            shells.setdefault(shell, []).append(stem)
+        return stored_json(raw)
+    return out
+
+
+# ---- Self-test of the invariants ----------------------------------------------------------------
+
+# Each mutation breaks one figure the way a bug would; every one must be caught. Run on the sample's
+# outputs whenever they were produced.
+def _bump_point(doc):
+    doc["devices"][0]["points"][-1][2] += 512  # reserved at the last event
+
+
+def _drop_block(doc):
+    for d in doc["devices"]:
+        for k in d["keyframes"]:
+            if k["blocks"]:
+                k["blocks"][0] += 512  # a block 512 bytes larger than it is
+                return
+
+
+def _icicle_self(doc):
+    doc["devices"][0]["icicle"]["self"][-1] += 1
+
+
+def _analysis(doc):
+    doc["analysis"]["devices"][0]["segments"] += 1
+
+
+def _last_counter(doc):
+    for e in reversed(doc["traceEvents"]):
+        if e.get("ph") == "C" and e["name"] == "allocated":
+            e["args"]["bytes"] += 512
+            return
+
+
+MUTATIONS = [
+    ("timeline.json", "a point above the end state", _bump_point),
+    ("report-data.json", "a block that overruns its segment", _drop_block),
+    ("report-data.json", "a call-tree node whose self bytes are off", _icicle_self),
+    ("report-data.json", "an analysis that is not analyze's", _analysis),
+    ("perfetto.json", "a last allocated counter off the final state", _last_counter),
+    ("collapsed.folded", "a stack left out", lambda lines: lines.pop(0)),
+    ("collapsed-allocated.folded", "a stack counted twice", lambda lines: lines.append(lines[0])),
+]
+
+
+def selftest_invariants(outputs, an):
+    """outputs: name -> bytes of one input. Every mutation must make its check fail."""
+    for name, what, mutate in MUTATIONS:
+        if name not in outputs:
+            failures.append(f"invariant self-test: no {name} of the sample")
+            continue
+        if name.endswith(".folded"):
+            lines = outputs[name].decode().splitlines()
+            mutate(lines)
+            data = ("\n".join(lines) + "\n").encode()
+        else:
+            doc = json.loads(outputs[name])
+            mutate(doc)
+            data = json.dumps(doc).encode()
+        if not INVARIANT_CHECKS[name](data, an):
+            failures.append(f"invariant self-test: {name} with {what} passed its checks")
 
 
 def main():
@@ -344,19 +471,22 @@ def main():
         firsts = list(ex.map(first, inputs))
     jobs = []
     produced = {}
+    analyses = {}  # stem -> analyze's parsed document
     for (stem, d, f), (rc, out, err) in zip(inputs, firsts):
         produced[stem] = {"analyze.json"}
         if rc != 0:
             failures.append(f"{stem}: analyze --json exit {rc}: {err.decode(errors='replace')}")
             continue
         compare(stem, "analyze.json", stored_json(out))
-        devices = []
-        for line in out.decode().splitlines():
-            if line.strip():
-                for dev in json.loads(line)["devices"]:
-                    devices.append((dev["device"], bool(dev.get("ooms"))))
-        for name, argv, kind in commands(devices):
-            produced[stem].add(name)
+        try:
+            analyses[stem] = one_document(out)
+        except ValueError as e:
+            failures.append(f"{stem}: analyze --json: {e}")
+            continue
+        devices = [(dev["device"], bool(dev.get("ooms"))) for dev in analyses[stem]["devices"]]
+        for name, argv, kind in commands(devices, d):
+            if name not in INVARIANT_CHECKS:
+                produced[stem].add(name)
             jobs.append((stem, d, f, name, argv, kind))
 
     def second(job):
@@ -364,25 +494,30 @@ def main():
         return job, run(d, [*argv, f])
 
     shells = {}
+    checked = 0
+    sample_outputs = {}
     with ThreadPoolExecutor(JOBS) as ex:
         for (stem, d, f, name, argv, kind), (rc, out, err) in ex.map(second, jobs):
             if rc != 0:
                 failures.append(f"{stem}/{name}: {' '.join(argv)} exit {rc}: "
                                 f"{err.decode(errors='replace')}")
                 continue
-            if kind == "json":
-                data = stored_json(out)
-            elif kind == "report":
-                try:
-                    raw, shell = split_report(out)
-                except ValueError as e:
-                    failures.append(f"{stem}/{name}: {e}")
-                    continue
-                shells.setdefault(shell, []).append(stem)
-                data = stored_json(raw)
+            data = output_bytes(kind, out, f"{stem}/{name}", shells, stem)
+            if data is None:
+                continue
+            if name in INVARIANT_CHECKS:
+                bad = machine_paths(stem, data)
+                if bad:
+                    failures.append(f"{stem}/{name}: output contains the machine-specific path "
+                                    f"{bad[0]}")
+                check_invariants(f"{stem}/{name}", name, data, analyses[stem])
+                checked += 1
+                if stem == "sample_training":
+                    sample_outputs[name] = data
             else:
-                data = out
-            compare(stem, name, data)
+                compare(stem, name, data)
+    if "sample_training" in analyses:
+        selftest_invariants(sample_outputs, analyses["sample_training"])
     if len(shells) > 1:
         groups = "; ".join(f"{len(v)} like {v[0]}" for v in shells.values())
         failures.append(f"report pages differ outside their data and nonce: {groups}")
@@ -391,8 +526,14 @@ def main():
     if os.path.isdir(EXPECTED) and not ONLY:
         for stem in sorted(os.listdir(EXPECTED)):
             folder = os.path.join(EXPECTED, stem)
-            if not os.path.isdir(folder):
-                continue  # tests/cli/cli_test.py's goldens
+            if not os.path.isdir(folder):  # goldens live in the input's folder only
+                if UPDATE:
+                    os.remove(folder)
+                    notes.append(f"removed stale {stem}")
+                else:
+                    failures.append(f"tests/golden/expected/{stem}: not in an input's folder "
+                                    "(stale)")
+                continue
             if stem not in produced:
                 if not real_present:
                     continue  # perhaps a real snapshot's folder, while they are absent
@@ -423,8 +564,8 @@ def main():
     for f in failures:
         print("FAIL " + f)
     count = sum(len(v) for v in produced.values())
-    print(f"{len(inputs)} inputs, {count} goldens, {len(failures)} failed, "
-          f"{time.time() - t0:.1f} s")
+    print(f"{len(inputs)} inputs, {count} goldens, {checked} outputs checked by invariants, "
+          f"{len(failures)} failed, {time.time() - t0:.1f} s")
     return 1 if failures else 0
 
 
@@ -490,63 +631,89 @@ def main_native():
 
         with ThreadPoolExecutor(JOBS) as ex:
             converted = list(ex.map(convert, inputs))
-        jobs = []
+        firsts = []
         for (stem, d, f), (rc, out, err) in zip(inputs, converted):
             if rc != 0:
                 failures.append(f"{stem}: convert --to native exit {rc}: "
                                 f"{err.decode(errors='replace')}")
                 continue
-            want = read_golden(stem, "analyze.json")
-            if want is None:
+            if read_golden(stem, "analyze.json") is None:
                 failures.append(f"{stem}: no analyze.json golden (run the goldens first)")
                 continue
-            devices = []
-            for dev in normalize_native("analyze.json", want)[0]["devices"]:
-                devices.append((dev["device"], bool(dev.get("ooms"))))
-            jobs.append((stem, "analyze.json", ["analyze", "--json"], "json"))
-            for name, argv, kind in commands(devices):
-                jobs.append((stem, name, argv, kind))
+            firsts.append((stem, d, f))
 
         def one(job):
-            stem, name, argv, kind = job
-            return job, run(tmp, [*argv, stem + ".bin"])
+            stem, d, f, name, argv, kind = job
+            got = run(tmp, [*argv, stem + ".bin"])
+            # An output checked by invariants has no golden: the pickle's own output is the peer.
+            peer = run(d, [*argv, f]) if name in INVARIANT_CHECKS else None
+            return job, got, peer
 
         count = 0
-        with ThreadPoolExecutor(JOBS) as ex:
-            for (stem, name, argv, kind), (rc, out, err) in ex.map(one, jobs):
-                count += 1
-                where = f"{stem}.bin {name}"
-                if rc != 0:
-                    failures.append(f"{where}: {' '.join(argv)} exit {rc}: "
-                                    f"{err.decode(errors='replace')}")
-                    continue
-                if kind == "json":
-                    data = stored_json(out)
-                elif kind == "report":
-                    try:
-                        data = stored_json(split_report(out)[0])
-                    except ValueError as e:
-                        failures.append(f"{where}: {e}")
-                        continue
-                else:
-                    data = out
+        analyses = {}
+
+        def outcome(job, got, peer):
+            nonlocal count
+            stem, d, f, name, argv, kind = job
+            rc, out, err = got
+            count += 1
+            where = f"{stem}.bin {name}"
+            if rc != 0:
+                failures.append(f"{where}: {' '.join(argv)} exit {rc}: "
+                                f"{err.decode(errors='replace')}")
+                return
+            data = output_bytes(kind, out, where)
+            if data is None:
+                return
+            if name == "analyze.json":
+                try:
+                    analyses[stem] = one_document(out)
+                except ValueError as e:
+                    failures.append(f"{where}: {e}")
+            if name in INVARIANT_CHECKS:
+                if stem in analyses:
+                    check_invariants(where, name, data, analyses[stem])
+                if peer[0] != 0:
+                    failures.append(f"{stem}/{name} (the pickle's): exit {peer[0]}")
+                    return
+                want = output_bytes(kind, peer[1], f"{stem}/{name}")
+                if want is None:
+                    return
+            else:
                 want = read_golden(stem, name)
                 if want is None:
                     failures.append(f"{where}: no golden for the pickle")
-                    continue
-                a, b = normalize_native(name, want), normalize_native(name, data)
-                known = KNOWN_NATIVE.get((stem, name))
-                if known is not None:
-                    seen_known.add((stem, name))
-                    if a == b:
-                        failures.append(f"{where}: listed in KNOWN_NATIVE but equal now: remove "
-                                        "the entry")
-                    else:
-                        notes.append(f"known difference {where}: {known}")
-                    continue
-                if a != b:
-                    failures.append(f"{where}: differs from the pickle's golden\n"
-                                    f"{show_diff(as_bytes(a), as_bytes(b))}")
+                    return
+            a, b = normalize_native(name, want), normalize_native(name, data)
+            known = KNOWN_NATIVE.get((stem, name))
+            if known is not None:
+                seen_known.add((stem, name))
+                if a == b:
+                    failures.append(f"{where}: listed in KNOWN_NATIVE but equal now: remove "
+                                    "the entry")
+                else:
+                    notes.append(f"known difference {where}: {known}")
+                return
+            if a != b:
+                failures.append(f"{where}: differs from the pickle's output\n"
+                                f"{show_diff(as_bytes(a), as_bytes(b))}")
+
+        # analyze --json first: the invariants of the other outputs are checked against it.
+        with ThreadPoolExecutor(JOBS) as ex:
+            for res in ex.map(one, [(stem, d, f, "analyze.json", ["analyze", "--json"], "json")
+                                    for stem, d, f in firsts]):
+                outcome(*res)
+        jobs = []
+        for stem, d, f in firsts:
+            if stem not in analyses:
+                continue
+            devices = [(dev["device"], bool(dev.get("ooms"))) for dev in analyses[stem]["devices"]]
+            # dump prints the file's own interned ids, which a conversion renumbers: not compared.
+            jobs += [(stem, d, f, name, argv, kind) for name, argv, kind in commands(devices, d)
+                     if name != "dump.txt"]
+        with ThreadPoolExecutor(JOBS) as ex:
+            for res in ex.map(one, jobs):
+                outcome(*res)
     finally:
         for f in os.listdir(tmp):
             os.remove(os.path.join(tmp, f))

@@ -1,0 +1,347 @@
+"""What the derived outputs must agree on with `analyze --json` (docs/testing.md, "Invariants").
+
+The timeline, the report's data, the Perfetto export and the folded stacks are views of the same
+replay that `analyze --json` summarises; their byte layout is theirs to change, their figures are
+not. Each check_* function takes the output and analyze's parsed document and returns a list of
+problems (empty when every invariant holds). Nothing here knows the expected figures of an input:
+every number is compared with another output of the same run, or with a sum over the same output.
+"""
+import json
+
+PEAKS = ("reserved", "allocated", "requested", "active")
+COLUMNS = ["event", "time_us", "reserved", "allocated", "requested", "pending_free"]
+
+
+def _devices(an):
+    return {d["device"]: d for d in an["devices"]}
+
+
+def _peak(dev, kind):
+    return (dev[f"peak_{kind}_bytes"], dev[f"peak_{kind}_event"], dev[f"peak_{kind}_time_us"])
+
+
+def _series(where, rows, dev, out, has_active=False):
+    """A device's series of points (rows of COLUMNS) against analyze's device: the start state,
+    the peaks reached at their events and never exceeded, the end state, event order."""
+    n = dev["events"]
+    if not rows:
+        out.append(f"{where}: no points")
+        return
+    events = [r[0] for r in rows]
+    if events[0] != -1:
+        out.append(f"{where}: the first point is event {events[0]}, not the start state (-1)")
+    if any(b <= a for a, b in zip(events, events[1:])):
+        out.append(f"{where}: point events are not strictly increasing")
+    if n and events[-1] != n - 1:
+        out.append(f"{where}: the last point is event {events[-1]}, not the last event {n - 1}")
+    at = {r[0]: r for r in rows}
+    for col, kind in ((2, "reserved"), (3, "allocated"), (4, "requested")):
+        peak, ev, _ = _peak(dev, kind)
+        top = max(r[col] for r in rows)
+        if top != peak:
+            out.append(f"{where}: highest {kind} point {top} != analyze's peak {peak}")
+        if n and ev is not None and ev in at and at[ev][col] != peak:
+            out.append(f"{where}: {kind} at the peak's event {ev} is {at[ev][col]}, not {peak}")
+        if n and ev is not None and ev not in at:
+            out.append(f"{where}: the {kind} peak's event {ev} has no point")
+    start = rows[0]
+    if start[2] != dev["start_reserved_bytes"] or start[4] != dev["start_requested_bytes"]:
+        out.append(f"{where}: start point {start[2:5]} != analyze's start "
+                   f"(reserved {dev['start_reserved_bytes']}, requested "
+                   f"{dev['start_requested_bytes']})")
+    final = dev.get("final")
+    if n and final:
+        last = rows[-1]
+        want = [final["reserved_bytes"], final["allocated_bytes"], final["requested_bytes"],
+                final["pending_free_bytes"]]
+        if list(last[2:6]) != want:
+            out.append(f"{where}: last point {list(last[2:6])} != analyze's final state {want}")
+
+
+def _ooms(where, got, dev, out):
+    want = [(o["event"], o["request_bytes"]) for o in dev.get("ooms", [])]
+    have = [(o["event"], o["request_bytes"]) for o in got]
+    if have[: len(want)] != want or len(have) != dev.get("oom_count", len(want)):
+        out.append(f"{where}: OOMs {have[:4]}... ({len(have)}) != analyze's {want[:4]}... "
+                   f"({dev.get('oom_count')})")
+
+
+def check_timeline(doc, an):
+    out = []
+    devs = _devices(an)
+    got = {d["device"]: d for d in doc["devices"]}
+    if sorted(got) != sorted(devs):
+        out.append(f"timeline devices {sorted(got)} != analyze's {sorted(devs)}")
+    if doc.get("point_columns") != COLUMNS:
+        out.append(f"timeline point_columns {doc.get('point_columns')}")
+    for d, t in got.items():
+        dev = devs.get(d)
+        if dev is None:
+            continue
+        where = f"timeline cuda:{d}"
+        if t["events"] != dev["events"] or t["total_points"] != dev["events"] + 1:
+            out.append(f"{where}: events {t['events']} / points {t['total_points']} != analyze's "
+                       f"{dev['events']} events")
+        if t["kept_points"] != len(t["points"]):
+            out.append(f"{where}: kept_points {t['kept_points']} != {len(t['points'])} points")
+        if not t["downsampled"] and (t["bucket_size"] != 1 or
+                                     len(t["points"]) != t["total_points"]):
+            out.append(f"{where}: not downsampled but {len(t['points'])} of "
+                       f"{t['total_points']} points kept (bucket {t['bucket_size']})")
+        for kind in PEAKS:
+            mine = (t[f"peak_{kind}_bytes"], t[f"peak_{kind}_event"], t[f"peak_{kind}_time_us"])
+            if mine != _peak(dev, kind):
+                out.append(f"{where}: peak {kind} {mine} != analyze's {_peak(dev, kind)}")
+        _series(where, t["points"], dev, out)
+        if t["points"] and t["peak_pending_free_bytes"] != max(r[5] for r in t["points"]):
+            out.append(f"{where}: peak_pending_free_bytes is not the highest pending point")
+        _ooms(where, t["ooms"], dev, out)
+        for p in t["phases"]:
+            # An empty phase ends one event before it starts.
+            if not (0 <= p["first_event"] <= p["last_event"] + 1 <= dev["events"]):
+                out.append(f"{where}: phase {p['name']!r} spans events {p['first_event']}.."
+                           f"{p['last_event']} outside 0..{dev['events'] - 1}")
+            if (p["peak_requested_bytes"] or 0) > dev["peak_requested_bytes"]:
+                out.append(f"{where}: phase {p['name']!r} peaks above the device's peak")
+    return out
+
+
+def check_collapsed(text, an, value):
+    """Folded stacks of the live blocks at a peak: per `cuda:N` root the bytes add up to the
+    device's peak (requested, or allocated with --value allocated)."""
+    out = []
+    sums = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        stack, _, num = line.rpartition(" ")
+        if not stack or not num.isdigit() or int(num) == 0:
+            out.append(f"collapsed line {i}: not 'frames BYTES' with BYTES > 0: {line[:80]!r}")
+            continue
+        root = stack.split(";")[0]
+        sums[root] = sums.get(root, 0) + int(num)
+    for d, dev in _devices(an).items():
+        want = dev[f"peak_{value}_bytes"]
+        got = sums.pop(f"cuda:{d}", 0)
+        if got != want:
+            out.append(f"collapsed cuda:{d}: {got} bytes != analyze's peak {value} {want}")
+    if sums:
+        out.append(f"collapsed roots with no device in analyze: {sorted(sums)[:4]}")
+    return out
+
+
+def check_perfetto(doc, an):
+    """Counter tracks per device: highest value = analyze's peak, last value = its final state;
+    one instant per peak, one per OOM; begin and end slices balanced."""
+    out = []
+    events = doc["traceEvents"]
+    pid_dev = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            name = e["args"]["name"]
+            if name.startswith("GPU "):
+                pid_dev[e["pid"]] = int(name[4:])
+    devs = _devices(an)
+    if sorted(pid_dev.values()) != sorted(devs):
+        out.append(f"perfetto devices {sorted(pid_dev.values())} != analyze's {sorted(devs)}")
+    counters, instants, depth, last_ts = {}, {}, {}, {}
+    for e in events:
+        d = pid_dev.get(e.get("pid"))
+        ph = e.get("ph")
+        if ph == "M":
+            continue
+        if d is None:
+            out.append(f"perfetto: event on pid {e.get('pid')} with no GPU process")
+            break
+        if e["ts"] < 0:
+            out.append(f"perfetto cuda:{d}: negative ts {e['ts']}")
+        if ph == "C":
+            key = (d, e["name"])
+            if e["ts"] < last_ts.get(key, 0):
+                out.append(f"perfetto cuda:{d} {e['name']}: counter goes back in time")
+            last_ts[key] = e["ts"]
+            s = counters.setdefault(key, [None, 0])
+            s[0] = e["args"]["bytes"]
+            s[1] = max(s[1], s[0])
+        elif ph == "i":
+            instants[(d, e["name"])] = instants.get((d, e["name"]), 0) + 1
+        elif ph in ("B", "E"):
+            k = (d, e.get("tid"))
+            depth[k] = depth.get(k, 0) + (1 if ph == "B" else -1)
+            if depth[k] < 0:
+                out.append(f"perfetto cuda:{d}: an end with no begin")
+    if any(v != 0 for v in depth.values()):
+        out.append("perfetto: begin and end slices are not balanced")
+    for d, dev in devs.items():
+        final = dev.get("final")
+        for kind, fkey in (("reserved", "reserved_bytes"), ("allocated", "allocated_bytes"),
+                           ("requested", "requested_bytes")):
+            last, top = counters.get((d, kind), [0, 0])
+            if top != dev[f"peak_{kind}_bytes"]:
+                out.append(f"perfetto cuda:{d}: highest {kind} {top} != analyze's peak "
+                           f"{dev[f'peak_{kind}_bytes']}")
+            if final and dev["events"] and last != final[fkey]:
+                out.append(f"perfetto cuda:{d}: last {kind} {last} != analyze's final "
+                           f"{final[fkey]}")
+        if dev["events"]:
+            for kind in ("reserved", "allocated", "requested"):
+                if instants.get((d, f"peak {kind}"), 0) != 1:
+                    out.append(f"perfetto cuda:{d}: {instants.get((d, f'peak {kind}'), 0)} "
+                               f"'peak {kind}' instants, not 1")
+        if instants.get((d, "OOM"), 0) != dev.get("oom_count", 0):
+            out.append(f"perfetto cuda:{d}: {instants.get((d, 'OOM'), 0)} OOM instants != "
+                       f"analyze's {dev.get('oom_count', 0)}")
+    return out
+
+
+def _icicle(where, t, out, root_bytes, at_most):
+    n = len(t["frame"])
+    if not n:
+        return
+    if not all(len(t[k]) == n for k in ("parent", "bytes", "self", "blocks")):
+        out.append(f"{where}: icicle arrays of different lengths")
+        return
+    child = [0] * n
+    for i in range(1, n):
+        p = t["parent"][i]
+        if not 0 <= p < i:
+            out.append(f"{where}: icicle node {i} has parent {p}")
+            return
+        child[p] += t["bytes"][i]
+    for i in range(n):
+        if t["self"][i] + child[i] != t["bytes"][i]:
+            out.append(f"{where}: icicle node {i}: self {t['self'][i]} + children {child[i]} != "
+                       f"{t['bytes'][i]}")
+            return
+    if root_bytes is not None and t["bytes"][0] != root_bytes:
+        out.append(f"{where}: icicle root {t['bytes'][0]} != {root_bytes}, the requested bytes "
+                   "of the allocated blocks")
+    if t["bytes"][0] > at_most:
+        out.append(f"{where}: icicle root {t['bytes'][0]} > {at_most} requested")
+
+
+def _keyframe(where, k, out):
+    """A block map covers its segments exactly and adds up to the moment's counters. Returns the
+    requested bytes of its allocated (not pending-free) blocks, or None without a map."""
+    seg, blk = k["segments"], k["blocks"]
+    if not seg:
+        return None
+    reserved = allocated = requested = pending = held = 0
+    pos = 0
+    for s in range(0, len(seg), 6):
+        size, n = seg[s + 1], seg[s + 5]
+        reserved += size
+        covered = 0
+        end = pos + n
+        while pos < end:
+            bsize, breq, code = blk[pos], blk[pos + 1], blk[pos + 2]
+            covered += bsize
+            if code & 32:  # a run of small blocks: count, free bytes, pending bytes
+                free, pend = blk[pos + 4], blk[pos + 5]
+                allocated += bsize - free - pend
+                pending += pend
+                requested += breq
+                held += breq if not pend else 0  # a run's requested bytes are not split by state
+                pos += 6
+            else:
+                state = code & 3
+                if state == 1:
+                    allocated += bsize
+                    held += breq
+                elif state == 2:
+                    pending += bsize
+                if state:
+                    requested += breq
+                pos += 5
+        if covered != size:
+            out.append(f"{where}: segment at {seg[s]}: blocks cover {covered} of {size} bytes")
+            return None
+    if pos != len(blk):
+        out.append(f"{where}: {len(blk) - pos} block values belong to no segment")
+    at = k["at"]
+    if reserved != at["reserved_bytes"]:
+        out.append(f"{where}: segments add up to {reserved}, reserved is {at['reserved_bytes']}")
+    if (allocated, pending) != (at["allocated_bytes"], at["pending_free_bytes"]):
+        out.append(f"{where}: blocks add up to {allocated} allocated and {pending} pending "
+                   f"free, the counters say {at['allocated_bytes']} and "
+                   f"{at['pending_free_bytes']}")
+    if requested != at["requested_bytes"]:
+        out.append(f"{where}: requested bytes of the blocks add up to {requested}, requested "
+                   f"is {at['requested_bytes']}")
+    return held
+
+
+def check_report(doc, an):
+    """The report's data: its analysis is analyze's document, its series and block maps are the
+    same replay's."""
+    out = []
+    mine = json.loads(json.dumps(doc["analysis"]))
+    for d in mine["devices"]:
+        d.pop("top_frames_at_requested_peak", None)
+    if mine != an:
+        out.append("report: its analysis differs from analyze --json")
+    # The page's headline box: analyze's headline without the count of warnings left out of it.
+    want = {k: v for k, v in an["headline"].items() if k != "other_warnings"}
+    if doc["headline"] != want:
+        out.append("report: its headline differs from analyze's")
+    devs = _devices(an)
+    for t in doc["devices"]:
+        d = t["device"]
+        dev = devs.get(d)
+        where = f"report cuda:{d}"
+        if dev is None:
+            out.append(f"{where}: no such device in analyze")
+            continue
+        if t["events"] != dev["events"] or t["total_points"] != dev["events"] + 1:
+            out.append(f"{where}: {t['events']} events != analyze's {dev['events']}")
+        for kind in PEAKS:
+            p = t["peaks"][kind]
+            none = lambda x: None if x == -1 else x  # the page writes an unknown moment as -1
+            if (p["bytes"], none(p["event"]), none(p["time_us"])) != _peak(dev, kind):
+                out.append(f"{where}: peak {kind} {p} != analyze's {_peak(dev, kind)}")
+        pts = t["points"]
+        if pts is None:
+            if dev["events"]:
+                out.append(f"{where}: no points for {dev['events']} events")
+            continue
+        cols = [pts.get("pending" if c == "pending_free" else c) for c in COLUMNS]
+        if cols[1] is None:  # no times in the file
+            cols[1] = [None] * len(cols[0])
+        rows = list(zip(*cols))
+        _series(where, rows, dev, out)
+        _ooms(where, t["ooms"], dev, out)
+        # Call trees leave pending-free blocks out (as `analyze --top-frames` does): a tree's root
+        # is the requested bytes of the moment's allocated blocks, from its block map where the
+        # moment has one, and never more than the moment's requested bytes.
+        at = {r[0]: r for r in rows}
+        held = {}
+        for k in t["keyframes"]:
+            kw = f"{where} keyframe at event {k['event']}"
+            if t["layout_exact"]:
+                held[k["event"]] = _keyframe(kw, k, out)
+            r = at.get(k["event"])
+            c = k["at"]
+            if r is not None and t["layout_exact"]:
+                # The model's blocks keep a large block's unsplit slack (up to 1 MiB), which the
+                # trace does not record: its allocated and pending-free bytes can only be higher,
+                # and equal the timeline's where analyze says allocated bytes are exact.
+                same = (r[2], r[4]) == (c["reserved_bytes"], c["requested_bytes"])
+                slack = [c["allocated_bytes"] - r[3], c["pending_free_bytes"] - r[5]]
+                if not same or min(slack) < 0 or (dev["allocated_exact"] and any(slack)):
+                    out.append(f"{kw}: counters {c} against the timeline's point {list(r[2:6])}")
+            if k["icicle_source"] != "none" and k["icicle"]["frame"]:
+                _icicle(kw, k["icicle"], out, held.get(k["event"]), c["requested_bytes"])
+        _icicle(f"{where} peak tree", t["icicle"], out, held.get(t["icicle_event"]),
+                dev["peak_requested_bytes"])
+    w = doc.get("whatif") or {}
+    if w.get("present"):
+        dev = devs.get(w["device"])
+        base = [r for r in w["rows"] if r["baseline"]]
+        if len(base) != 1:
+            out.append(f"report what-if: {len(base)} baseline rows")
+        elif dev is not None and w["complete_history"] and base[0]["exact"]:
+            b = base[0]
+            if (b["peak_reserved_bytes"], b["oom_count"]) != (dev["peak_reserved_bytes"],
+                                                             dev["oom_count"]):
+                out.append(f"report what-if: the exact baseline gives peak "
+                           f"{b['peak_reserved_bytes']} and {b['oom_count']} OOMs, the file "
+                           f"{dev['peak_reserved_bytes']} and {dev['oom_count']}")
+    return out
