@@ -41,8 +41,8 @@ CLI::App* addBlocksCommand(CLI::App& app) {
       ->required();
   bl->add_option("--at", g_args.at,
                  "peak (requested-bytes peak, default), oom (the first OOM), an event index (-1 = "
-                 "start state), "
-                 "or tTIME_US (the last event at or before that time)");
+                 "start state), tTIME_US (the last event at or before that time), or t+DURATION as "
+                 "analyze prints moments (t+1.442s, t+105.1ms, t+250us: since the first event)");
   bl->add_option("--device", g_args.device,
                  "CUDA device ordinal (default: the device with the OOM, else the first with a "
                  "trace)")

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/at_option.h"  // --at is parsed by the CLI (header-only)
+#include "common/format_bytes.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
 #include "report/render_blocks.h"
@@ -55,6 +56,40 @@ TEST(BlocksAt, Parses) {
   EXPECT_FALSE(cli::parseAtOption("t").ok());
   EXPECT_FALSE(cli::parseAtOption("12x").ok());
   EXPECT_FALSE(cli::parseAtOption("").ok());
+}
+
+// The relative times analyze prints (formatDurationUs after "t+") name the end of the interval
+// their rounding stands for, in whole microseconds.
+TEST(BlocksAt, ParsesThePrintedRelativeTimes) {
+  auto us = [](std::string_view s) -> int64_t {
+    auto a = cli::parseAtOption(s);
+    EXPECT_TRUE(a.ok()) << s;
+    if (!a.ok()) return -1;
+    EXPECT_EQ(a->kind, BlocksAt::Kind::Elapsed) << s;
+    return a->value;
+  };
+  EXPECT_EQ(us("t+1.442 s"), 1'442'500);
+  EXPECT_EQ(us("t+1.442s"), 1'442'500);
+  EXPECT_EQ(us("t+105.1ms"), 105'150);
+  EXPECT_EQ(us("t+105.1 ms"), 105'150);
+  EXPECT_EQ(us("t+250us"), 250);
+  EXPECT_EQ(us("t+250 us"), 250);
+  EXPECT_EQ(us("t+0.000001 s"), 1);  // 1.5 us, floored
+  EXPECT_EQ(us("t+999999999999.999 s"), 999'999'999'999'999'500);
+  for (const int64_t t : {0LL, 1LL, 999LL, 1000LL, 105'149LL, 999'999LL, 1'000'000LL, 1'442'499LL,
+                          86'400'000'000LL}) {
+    // What analyze prints for a moment t after the first event reads back at or after t, and
+    // less than one printed unit after it.
+    const std::string printed = "t+" + formatDurationUs(t);
+    const int64_t back = us(printed);
+    EXPECT_GE(back, t) << printed;
+    const int64_t unit = t < 1000 ? 1 : t < 1'000'000 ? 100 : 1000;
+    EXPECT_LT(back - t, unit) << printed;
+  }
+  for (const char* bad : {"t+", "t+s", "t+1.5h", "t+1.5 h", "t+-1s", "t+1..5s", "t+1.5  s",
+                          "t+1234567890123456789 us", "t+999999999999999999 s"}) {
+    EXPECT_FALSE(cli::parseAtOption(bad).ok()) << bad;
+  }
 }
 
 TEST(Blocks, OomThatFitsTheFreeBytesButNoBlockIsFragmentation) {
@@ -117,6 +152,13 @@ TEST(Blocks, PeakEventAndTimeSelectTheRightState) {
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->event, 2);
   EXPECT_EQ(t->allocated_bytes, 8 * kMiB);
+  // The first event is at 10 us: t+2us is the same moment as t12.
+  auto since = computeBlocks(snap, 0, {BlocksAt::Kind::Elapsed, 2});
+  ASSERT_TRUE(since.ok());
+  EXPECT_EQ(since->event, 2);
+  auto far = computeBlocks(snap, 0, {BlocksAt::Kind::Elapsed, INT64_MAX});
+  ASSERT_TRUE(far.ok());
+  EXPECT_EQ(far->event, 9);  // no overflow past the last event
   EXPECT_FALSE(computeBlocks(snap, 0, {BlocksAt::Kind::Event, 10}).ok());
   EXPECT_FALSE(computeBlocks(snap, 3, {BlocksAt::Kind::Peak, 0}).ok());
 }

@@ -251,6 +251,29 @@ if os.path.isdir(REAL):
         check("blocks text map", r.returncode == 0 and "legend:" in r.stdout and "layout: exact" in r.stdout,
               r.stdout[:300])
 
+# `blocks --at` takes the moments analyze prints ("at event N (t+1.442 s)") as they are: the moment
+# it resolves is event N or a later one within the printed figure's rounding (issue 29 item 7).
+UNIT_US = {"us": 1, "ms": 1000, "s": 1000000}
+for path in inputs:
+    name = os.path.basename(path)
+    doc = run("analyze", "--json", path)
+    text = run("analyze", path)
+    if doc.returncode != 0 or text.returncode != 0 or len(json.loads(doc.stdout)["devices"]) != 1:
+        continue
+    first_us = json.loads(doc.stdout)["devices"][0]["first_time_us"]
+    moments = re.findall(r"at event (\d+) \(t\+([0-9.]+) ?(us|ms|s)\)", text.stdout)
+    for event, num, unit in sorted(set(moments)):
+        frac = len(num.split(".")[1]) if "." in num else 0
+        bound = int((2 * int(num.replace(".", "")) + 1) * UNIT_US[unit] // (2 * 10 ** frac))
+        for arg in (f"t+{num} {unit}", f"t+{num}{unit}"):
+            r = run("blocks", path, "--at", arg, "--json")
+            ok = r.returncode == 0
+            got = json.loads(r.stdout) if ok else {}
+            ok = ok and got["event"] >= int(event) and got["time_us"] - first_us <= bound
+            check(f"blocks --at {arg!r} on {name} is event {event}'s moment", ok,
+                  r.stderr or f"event {got.get('event')} at {got.get('time_us')}, "
+                  f"first {first_us}, bound {bound}")
+
 # `timeline`: its peaks are `analyze`'s on every real snapshot and the sample; --csv has the
 # documented columns; downsampling keeps the exact peaks and every OOM.
 TIMELINE_CSV = ["device", "event", "time_us", "reserved", "allocated", "requested", "pending_free"]

@@ -100,12 +100,19 @@ Expected<int64_t> resolveBlocksAt(const DeviceFacts& facts, const BlocksAt& at) 
                      " events (-1 = the start state)"};
       }
       return at.value;
-    case BlocksAt::Kind::Time: {
+    case BlocksAt::Kind::Time:
+    case BlocksAt::Kind::Elapsed: {
+      int64_t until = at.value;
+      if (at.kind == BlocksAt::Kind::Elapsed) {
+        const int64_t t0 = facts.summary.first_time_us;
+        if (t0 < 0) return Error{"device " + std::to_string(d) + " has no time_us in its trace"};
+        until = t0 > INT64_MAX - at.value ? INT64_MAX : t0 + at.value;
+      }
       bool any_time = false;
       for (size_t i = 0; i < events.size(); ++i) {
         if (events[i].time_us < 0) continue;
         any_time = true;
-        if (events[i].time_us <= at.value) event = static_cast<int64_t>(i);
+        if (events[i].time_us <= until) event = static_cast<int64_t>(i);
       }
       if (!any_time) return Error{"device " + std::to_string(d) + " has no time_us in its trace"};
       return event;

@@ -28,7 +28,9 @@ namespace memforensics::analysis {
 // Where to look: the requested-bytes peak, the first OOM, an event index (-1 = the start state),
 // or the last event at or before a time_us. (The CLI parses `--at` into this: cli/cmd_blocks.cc.)
 struct BlocksAt {
-  enum class Kind : uint8_t { Peak, Oom, Event, Time };
+  // Time: the last event at or before `value` (time_us); Elapsed: the same at the device's first
+  // event time + `value` microseconds (the t+... moments the text output prints).
+  enum class Kind : uint8_t { Peak, Oom, Event, Time, Elapsed };
   Kind kind = Kind::Peak;
   int64_t value = 0;
 };
