@@ -26,10 +26,11 @@ using namespace format::trace;
 
 namespace {
 
-// FormatTraits bits (format/load/snapshot_trace.cc, kTraitBits order) of what a capture holds:
-// device traces, block addresses, segment pool ids and event times, as a PyTorch 2.2+ snapshot
-// does. A capture converted to a pickle then carries the same keys as PyTorch's own file.
-constexpr uint64_t kCaptureTraits = (1u << 1) | (1u << 3) | (1u << 4) | (1u << 5);
+// FormatTraits of what a capture holds: device traces, block addresses, segment pool ids and
+// event times, as a PyTorch 2.2+ snapshot does. A capture converted to a pickle then carries the
+// same keys as PyTorch's own file.
+constexpr uint64_t kCaptureTraits =
+    traits::kDeviceTraces | traits::kBlockAddress | traits::kSegmentPoolId | traits::kTimeUs;
 
 // Batches larger than this are written without waiting for the flush interval.
 constexpr size_t kMaxPending = 1u << 16;

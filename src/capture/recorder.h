@@ -91,20 +91,15 @@ struct RecorderOptions {
   uint64_t checkpoint_every = 1u << 18;
   uint16_t native_depth = 0;  // > 0: recordNative() keeps up to this many return addresses
   bool text = false;          // record(r, context, text) keeps RecordText (a side slot per record)
-  // FormatTraits bits of what the events carry beyond a 2.2 snapshot's keys (kTrait* below): a
-  // capture converted to a pickle writes those keys, as the PyTorch it ran on does.
+  // FormatTraits bits of what the events carry beyond a 2.2 snapshot's keys
+  // (format::trace::traits::, e.g. kCompileContext): a capture converted to a pickle writes those
+  // keys, as the PyTorch it ran on does.
   uint64_t traits = 0;
   std::string producer = "memforensics capture";
   // Raw clock of CaptureRecord::ticks; default: CLOCK_MONOTONIC nanoseconds.
   uint64_t (*now_ticks)() = nullptr;
   double ns_per_tick_guess = 1.0;
 };
-
-// FormatTraits bits (format/load/snapshot_trace.cc, kTraitBits: the order is part of the format).
-inline constexpr uint64_t kTraitCompileContext = uint64_t{1} << 8;
-inline constexpr uint64_t kTraitUserMetadata = uint64_t{1} << 10;
-inline constexpr uint64_t kTraitPoolId = uint64_t{1} << 11;
-inline constexpr uint64_t kTraitAnnotateAction = uint64_t{1} << 13;
 
 struct RecorderHooks {
   std::shared_ptr<StackResolver> resolver;  // for records with kHasContext

@@ -48,6 +48,7 @@
 
 namespace cca = c10::cuda::CUDACachingAllocator;
 using namespace memforensics::capture;
+namespace trace_traits = memforensics::format::trace::traits;
 
 namespace {
 
@@ -283,10 +284,10 @@ class TorchBackend : public Backend {
     ro.text = kEntryHasCompileContext<TE> || kEntryHasUserMetadata<TE>;
     // What this PyTorch's own snapshot would carry, so that a capture converted to a pickle has
     // the same keys.
-    if constexpr (kEntryHasCompileContext<TE>) ro.traits |= kTraitCompileContext;
-    if constexpr (kEntryHasUserMetadata<TE>) ro.traits |= kTraitUserMetadata;
-    if constexpr (kEntryHasMempool<TE>) ro.traits |= kTraitPoolId;
-    if constexpr (kEntryHasAnnotate<TE>) ro.traits |= kTraitAnnotateAction;
+    if constexpr (kEntryHasCompileContext<TE>) ro.traits |= trace_traits::kCompileContext;
+    if constexpr (kEntryHasUserMetadata<TE>) ro.traits |= trace_traits::kUserMetadata;
+    if constexpr (kEntryHasMempool<TE>) ro.traits |= trace_traits::kPoolId;
+    if constexpr (kEntryHasAnnotate<TE>) ro.traits |= trace_traits::kAnnotateAction;
     if (options.stacks) hooks.resolver = std::make_shared<TorchResolver>();
     hooks.final_state = &finalState;
     hooks.on_tick = [] { tryAttach(); };

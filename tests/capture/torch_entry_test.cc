@@ -304,7 +304,9 @@ TEST(TorchEntry, EntryStringsReachTheLoadedSnapshot) {
   mc::RecorderOptions o;
   o.text = true;
   o.native_depth = 8;
-  o.traits = mc::kTraitCompileContext | mc::kTraitUserMetadata | mc::kTraitAnnotateAction;
+  o.traits = memforensics::format::trace::traits::kCompileContext |
+             memforensics::format::trace::traits::kUserMetadata |
+             memforensics::format::trace::traits::kAnnotateAction;
   auto r = mc::Recorder::create(path, o);
   ASSERT_TRUE(r.ok());
   const uint64_t seg = 0x7f00'0000'0000;

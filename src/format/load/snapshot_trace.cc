@@ -63,16 +63,37 @@ size_t forEachMetaLine(std::string_view all, bool keep_empty, const F& fn) {
   return more;
 }
 
-// The FormatTraits flags in a fixed bit order (append only: the order is part of the format).
-constexpr bool FormatTraits::*kTraitBits[] = {
-    &FormatTraits::top_level_list,         &FormatTraits::has_device_traces,
-    &FormatTraits::has_block_history,      &FormatTraits::has_block_address,
-    &FormatTraits::has_segment_pool_id,    &FormatTraits::has_time_us,
-    &FormatTraits::has_allocator_settings, &FormatTraits::has_annotations_key,
-    &FormatTraits::has_compile_context,    &FormatTraits::has_graph_capture_key,
-    &FormatTraits::has_user_metadata,      &FormatTraits::has_pool_id,
-    &FormatTraits::has_host_traces,        &FormatTraits::has_annotate_action,
+// Each FormatTraits flag and its bit in the Meta chunk (format/trace/trace_format.h, traits::).
+struct TraitBit {
+  uint64_t bit;
+  bool FormatTraits::*flag;
 };
+constexpr TraitBit kTraitBits[] = {
+    {trace::traits::kTopLevelList, &FormatTraits::top_level_list},
+    {trace::traits::kDeviceTraces, &FormatTraits::has_device_traces},
+    {trace::traits::kBlockHistory, &FormatTraits::has_block_history},
+    {trace::traits::kBlockAddress, &FormatTraits::has_block_address},
+    {trace::traits::kSegmentPoolId, &FormatTraits::has_segment_pool_id},
+    {trace::traits::kTimeUs, &FormatTraits::has_time_us},
+    {trace::traits::kAllocatorSettings, &FormatTraits::has_allocator_settings},
+    {trace::traits::kAnnotationsKey, &FormatTraits::has_annotations_key},
+    {trace::traits::kCompileContext, &FormatTraits::has_compile_context},
+    {trace::traits::kGraphCaptureKey, &FormatTraits::has_graph_capture_key},
+    {trace::traits::kUserMetadata, &FormatTraits::has_user_metadata},
+    {trace::traits::kPoolId, &FormatTraits::has_pool_id},
+    {trace::traits::kHostTraces, &FormatTraits::has_host_traces},
+    {trace::traits::kAnnotateAction, &FormatTraits::has_annotate_action},
+};
+static_assert(std::size(kTraitBits) == trace::traits::kCount, "a FormatTraits flag has no bit");
+constexpr bool traitBitsDistinct() {
+  uint64_t seen = 0;
+  for (const TraitBit& t : kTraitBits) {
+    if ((t.bit & (t.bit - 1)) != 0 || (seen & t.bit) != 0) return false;
+    seen |= t.bit;
+  }
+  return true;
+}
+static_assert(traitBitsDistinct(), "two FormatTraits flags share a bit");
 
 std::string joinKeys(const std::vector<std::string>& keys) {
   std::string out;
@@ -87,13 +108,15 @@ std::string joinKeys(const std::vector<std::string>& keys) {
 
 uint64_t traitsToBits(const FormatTraits& t) {
   uint64_t bits = 0;
-  for (size_t i = 0; i < std::size(kTraitBits); ++i) bits |= uint64_t{t.*kTraitBits[i]} << i;
+  for (const TraitBit& b : kTraitBits) {
+    if (t.*b.flag) bits |= b.bit;
+  }
   return bits;
 }
 
 FormatTraits traitsFromBits(uint64_t bits) {
   FormatTraits t;
-  for (size_t i = 0; i < std::size(kTraitBits); ++i) t.*kTraitBits[i] = (bits >> i) & 1;
+  for (const TraitBit& b : kTraitBits) t.*b.flag = (bits & b.bit) != 0;
   return t;
 }
 

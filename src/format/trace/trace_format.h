@@ -290,13 +290,33 @@ struct TraceSettings {
   std::vector<TraceOtherSetting> other;
 };
 
+// TraceMeta::traits: which PyTorch snapshot keys the source had (format::FormatTraits), one bit
+// per flag in this order. Append only: the bit positions are part of the format.
+namespace traits {
+inline constexpr uint64_t kTopLevelList = uint64_t{1} << 0;
+inline constexpr uint64_t kDeviceTraces = uint64_t{1} << 1;
+inline constexpr uint64_t kBlockHistory = uint64_t{1} << 2;
+inline constexpr uint64_t kBlockAddress = uint64_t{1} << 3;
+inline constexpr uint64_t kSegmentPoolId = uint64_t{1} << 4;
+inline constexpr uint64_t kTimeUs = uint64_t{1} << 5;
+inline constexpr uint64_t kAllocatorSettings = uint64_t{1} << 6;
+inline constexpr uint64_t kAnnotationsKey = uint64_t{1} << 7;
+inline constexpr uint64_t kCompileContext = uint64_t{1} << 8;
+inline constexpr uint64_t kGraphCaptureKey = uint64_t{1} << 9;
+inline constexpr uint64_t kUserMetadata = uint64_t{1} << 10;
+inline constexpr uint64_t kPoolId = uint64_t{1} << 11;
+inline constexpr uint64_t kHostTraces = uint64_t{1} << 12;
+inline constexpr uint64_t kAnnotateAction = uint64_t{1} << 13;
+inline constexpr int kCount = 14;
+}  // namespace traits
+
 // Where the content came from (Meta chunk). All fields optional in the file.
 struct TraceMeta {
   std::string_view producer;       // e.g. "memforensics 0.1.0 convert", "memforensics capture"
   std::string_view source_format;  // "pickle", "memory_viz_html", "json", "capture"
   uint64_t source_bytes = 0;       // size of the file it was converted from
   uint32_t pickle_protocol = 0;
-  uint64_t traits = 0;  // FormatTraits as a bit set (see snapshot_trace.cc)
+  uint64_t traits = 0;  // FormatTraits as a bit set (traits:: above)
   uint64_t host_trace_events = 0;
   std::string_view ignored_keys;  // top-level keys of the source that were not kept, '\n'-joined
   // What the reader of the source said about it (load warnings, e.g. out-of-range time_us values
