@@ -28,6 +28,8 @@ stored: their layout may change, their figures may not:
   collapsed-allocated.folded  convert --to collapsed --value allocated -o -
   collapsed-user.folded     convert --to collapsed --user-frames -o -
 
+Checks across one input's outputs (cross_problems): the report's points and phases are the
+timeline's, Perfetto's counters its series, the folded stacks the blocks of `blocks --at peak`.
 Each invariant check is itself tested: mutations of the sample's outputs (MUTATIONS) must fail it.
 
 Every command runs in the input's own folder with the file's bare name as its argument, so no
@@ -316,12 +318,13 @@ def compare(stem, name, data):
 INVARIANT_CHECKS = {
     "timeline.json": lambda out, an: invariants.check_timeline(json.loads(out), an),
     "report-data.json": lambda out, an: invariants.check_report(json.loads(out), an),
+    "report-data-runs.json": lambda out, an: invariants.check_report(json.loads(out), an),
     "perfetto.json": lambda out, an: invariants.check_perfetto(json.loads(out), an),
     "collapsed.folded": lambda out, an: invariants.check_collapsed(out.decode(), an, "requested"),
     "collapsed-allocated.folded":
         lambda out, an: invariants.check_collapsed(out.decode(), an, "allocated"),
     "collapsed-user.folded": lambda out, an: invariants.check_collapsed(out.decode(), an,
-                                                                        "requested"),
+                                                                        "requested", user=True),
 }
 
 
@@ -343,6 +346,11 @@ def commands(devices, folder):
     # Every event and stack, for the samples in snapshots/ only (a real file's dump is megabytes).
     if os.path.realpath(folder) == os.path.realpath(os.path.join(ROOT, "snapshots")):
         cmds.append(("dump.txt", ["dump", "--stacks"], "text"))
+    # A block budget small enough that neighbouring small blocks are merged into runs, for the
+    # scenarios: the block-map invariants on runs (mixed allocated and pending-free) get inputs.
+    if os.path.realpath(folder) == os.path.realpath(os.path.join(ROOT, "snapshots", "scenarios")):
+        cmds.append(("report-data-runs.json", ["report", "--max-blocks", "1000", "-o", "-"],
+                     "report"))
     for dev, has_oom in devices:
         suffix = "" if len(devices) == 1 else f".dev{dev}"
         sel = ["--device", str(dev)] if len(devices) > 1 else []
@@ -363,6 +371,43 @@ def check_invariants(where, name, out, an):
         failures.append(f"{where}: invariant: {p}")
     if len(problems) > 8:
         failures.append(f"{where}: invariant: ... and {len(problems) - 8} more")
+
+
+def cross_problems(outs, an):
+    """Checks across one input's outputs: the views agree with each other (the report's points
+    and phases are the timeline's, Perfetto's counters its series), the two folded-stack values
+    name the same stacks, and the folded stacks' held and pending-free bytes are the blocks of
+    `blocks --at peak`."""
+    try:
+        problems = []
+        if all(n in outs for n in ("timeline.json", "report-data.json", "perfetto.json")):
+            problems += invariants.check_cross(json.loads(outs["timeline.json"]),
+                                               json.loads(outs["report-data.json"]),
+                                               json.loads(outs["perfetto.json"]), an)
+        if "collapsed.folded" in outs and "collapsed-allocated.folded" in outs:
+            problems += invariants.check_collapsed_pair(outs["collapsed.folded"].decode(),
+                                                        outs["collapsed-allocated.folded"].decode(),
+                                                        an)
+        devices = [d["device"] for d in an["devices"]]
+        blocks = {}
+        for d in devices:
+            name = "blocks-peak.json" if len(devices) == 1 else f"blocks-peak.dev{d}.json"
+            if name in outs:
+                blocks[d] = json.loads(outs[name])
+        if "collapsed.folded" in outs:
+            problems += invariants.check_collapsed_extra(outs["collapsed.folded"].decode(), an,
+                                                         "requested", blocks=blocks)
+    except Exception as e:  # a missing field or a malformed output
+        problems = [f"the check raised {type(e).__name__}: {e}"]
+    return problems
+
+
+def cross_invariants(stem, outs, an):
+    problems = cross_problems(outs, an)
+    for p in problems[:8]:
+        failures.append(f"{stem}: invariant across outputs: {p}")
+    if len(problems) > 8:
+        failures.append(f"{stem}: invariant across outputs: ... and {len(problems) - 8} more")
 
 
 def one_document(out):
@@ -391,13 +436,13 @@ def output_bytes(kind, out, where, shells=None, stem=None):
 
 # ---- Self-test of the invariants ----------------------------------------------------------------
 
-# Each mutation breaks one figure the way a bug would; every one must be caught. Run on the sample's
-# outputs whenever they were produced.
+# Each mutation breaks one figure the way a renderer bug would; every one must be caught, by the
+# output's own checks or by the checks across outputs. Run on the sample's outputs.
 def _bump_point(doc):
     doc["devices"][0]["points"][-1][2] += 512  # reserved at the last event
 
 
-def _drop_block(doc):
+def _block_overrun(doc):
     for d in doc["devices"]:
         for k in d["keyframes"]:
             if k["blocks"]:
@@ -420,19 +465,59 @@ def _last_counter(doc):
             return
 
 
+def _point_time(doc):
+    t = doc["devices"][0]["points"]["time_us"]
+    i = next(i for i in range(len(t) // 2, len(t)) if t[i - 1] < t[i])
+    t[i] = t[i - 1]  # still in order
+
+
+def _oom_keyframe(doc):
+    d = doc["devices"][0]
+    ooms = {o["event"] for o in d["ooms"]}
+    d["keyframes"] = [k for k in d["keyframes"] if k["event"] not in ooms]
+
+
+def _phase_name(doc):
+    doc["devices"][0]["phases"][0]["name"] += "x"
+
+
+def _oom_request(doc):
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "i" and e["name"] == "OOM":
+            e["args"]["request_bytes"] += 512
+            return
+
+
+def _swap_bytes(lines):
+    split = [line.rpartition(" ") for line in lines]
+    a = 0
+    b = next(i for i, s in enumerate(split) if s[2] != split[a][2])  # two stacks, unlike bytes
+    lines[a], lines[b] = f"{split[a][0]} {split[b][2]}", f"{split[b][0]} {split[a][2]}"
+
+
+def _frame_name(lines):
+    lines[0] = lines[0].replace("(", "(x", 1)
+
+
 MUTATIONS = [
     ("timeline.json", "a point above the end state", _bump_point),
-    ("report-data.json", "a block that overruns its segment", _drop_block),
+    ("report-data.json", "a block that overruns its segment", _block_overrun),
     ("report-data.json", "a call-tree node whose self bytes are off", _icicle_self),
     ("report-data.json", "an analysis that is not analyze's", _analysis),
+    ("report-data.json", "a point's time off, still in order", _point_time),
+    ("report-data.json", "no block map at the OOM", _oom_keyframe),
+    ("report-data.json", "a phase's name off", _phase_name),
     ("perfetto.json", "a last allocated counter off the final state", _last_counter),
+    ("perfetto.json", "an OOM's request off", _oom_request),
     ("collapsed.folded", "a stack left out", lambda lines: lines.pop(0)),
+    ("collapsed.folded", "two stacks' bytes swapped", _swap_bytes),
     ("collapsed-allocated.folded", "a stack counted twice", lambda lines: lines.append(lines[0])),
+    ("collapsed-user.folded", "a frame's name off", _frame_name),
 ]
 
 
 def selftest_invariants(outputs, an):
-    """outputs: name -> bytes of one input. Every mutation must make its check fail."""
+    """outputs: name -> bytes of one input. Every mutation must make a check fail."""
     for name, what, mutate in MUTATIONS:
         if name not in outputs:
             failures.append(f"invariant self-test: no {name} of the sample")
@@ -445,7 +530,8 @@ def selftest_invariants(outputs, an):
             doc = json.loads(outputs[name])
             mutate(doc)
             data = json.dumps(doc).encode()
-        if not INVARIANT_CHECKS[name](data, an):
+        if not INVARIANT_CHECKS[name](data, an) and not cross_problems({**outputs, name: data},
+                                                                       an):
             failures.append(f"invariant self-test: {name} with {what} passed its checks")
 
 
@@ -495,7 +581,7 @@ def main():
 
     shells = {}
     checked = 0
-    sample_outputs = {}
+    outputs = {}  # stem -> name -> bytes, for the checks across outputs
     with ThreadPoolExecutor(JOBS) as ex:
         for (stem, d, f, name, argv, kind), (rc, out, err) in ex.map(second, jobs):
             if rc != 0:
@@ -512,12 +598,13 @@ def main():
                                     f"{bad[0]}")
                 check_invariants(f"{stem}/{name}", name, data, analyses[stem])
                 checked += 1
-                if stem == "sample_training":
-                    sample_outputs[name] = data
             else:
                 compare(stem, name, data)
-    if "sample_training" in analyses:
-        selftest_invariants(sample_outputs, analyses["sample_training"])
+            outputs.setdefault(stem, {})[name] = data
+    for stem, outs in sorted(outputs.items()):
+        cross_invariants(stem, outs, analyses[stem])
+    if "sample_training" in outputs:
+        selftest_invariants(outputs["sample_training"], analyses["sample_training"])
     if len(shells) > 1:
         groups = "; ".join(f"{len(v)} like {v[0]}" for v in shells.values())
         failures.append(f"report pages differ outside their data and nonce: {groups}")
