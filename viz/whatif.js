@@ -55,6 +55,7 @@
     s.append(el("p", { cls: "caption", text: "base: " + B.base + " · new: " + B.new + " (memforensics diff)" }));
     for (const d of B.devices) {
       s.append(el("h3", { text: "Device " + d.device + (d.in_base ? "" : " (only in this run)") + (d.in_new ? "" : " (only in the baseline)") }));
+      if (d.verdict) s.append(el("p", { cls: "verdict", text: d.verdict }));
       const t = el("table", { cls: "small" });
       t.append(el("tr", null, el("th", { text: "" }), el("th", { text: "baseline" }), el("th", { text: "this run" }), el("th", { text: "delta" })));
       for (const k of ["reserved", "requested", "allocated"]) {

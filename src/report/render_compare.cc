@@ -29,8 +29,11 @@ std::string pad(std::string s, size_t w) {
   return s;
 }
 
+// A percentage, except against a base under 1 % of the new value, where it would say nothing a
+// reader can use ("+20620800.0 %"): that grew from almost nothing, as new.
 std::string percent(uint64_t base, uint64_t neu) {
   if (base == 0) return neu == 0 ? "" : " (new)";
+  if (base < neu / 100) return " (new: was " + formatBytesShort(base) + ")";
   char buf[48];
   std::snprintf(
       buf, sizeof buf, " (%+.1f %%)",
@@ -101,6 +104,79 @@ void segmentList(std::ostream& out, const char* title, size_t count, uint64_t by
   if (count > v.size()) out << "      ... " << (count - v.size()) << " more\n";
 }
 
+void groupList(std::ostream& out, const char* title, size_t count, uint64_t bytes,
+               const std::vector<analysis::SegmentGroup>& v) {
+  if (count == 0) return;
+  out << "    " << count << " more in " << title << " (" << formatBytesShort(bytes) << "):\n";
+  size_t shown = 0;
+  for (const auto& g : v) {
+    shown += g.count;
+    out << "      " << pad(std::to_string(g.count) + " x " + formatBytesShort(g.size), 22)
+        << "stream " << g.stream << ", " << (g.is_large ? "large" : "small")
+        << (g.is_expandable ? ", expandable" : "") << "\n";
+  }
+  if (count > shown) out << "      ... " << (count - shown) << " more\n";
+}
+
+// The innermost frame of a stack ("model.py:54 forward"), or what stands for a missing one.
+std::string innermost(const analysis::StackDelta& s) {
+  const auto& frames = s.new_frames.empty() ? s.base_frames : s.new_frames;
+  return frames.empty() ? analysis::framesLine(frames, s.has_stack) : frames.front().display();
+}
+
+// One line that answers "what changed": the peak reserved delta (and the OOMs), then at the
+// requested peak the category that moved most and the stack that moved most in the same
+// direction, with its innermost frame.
+std::string verdictText(const analysis::DeviceDiff& d) {
+  if (!d.in_base) return "only in the new run";
+  if (!d.in_new) return "only in the base run";
+  const auto& res = d.peaks[static_cast<size_t>(PeakKind::Reserved)];
+  std::string v = res.delta == 0
+                      ? "peak reserved unchanged (" + formatBytesShort(res.neu.bytes) + ")"
+                      : "peak reserved " + deltaText(res.base.bytes, res.neu.bytes);
+  if (d.base_ooms != d.new_ooms) {
+    v += "; OOMs " + std::to_string(d.base_ooms) + " -> " + std::to_string(d.new_ooms);
+  }
+  const auto& req = d.peaks[static_cast<size_t>(PeakKind::Requested)];
+  if (!req.has_live) return v;
+  size_t top_c = kCategoryCount;
+  uint64_t top_abs = 0;
+  for (size_t c = 0; c < kCategoryCount; ++c) {
+    const int64_t delta = analysis::signedDelta(req.base_category[c], req.new_category[c]);
+    const uint64_t a = delta < 0 ? 0 - static_cast<uint64_t>(delta) : static_cast<uint64_t>(delta);
+    if (a > top_abs) top_abs = a, top_c = c;
+  }
+  if (top_c == kCategoryCount) return v + "; the same live bytes by category at the requested peak";
+  const auto cat = static_cast<analysis::Category>(top_c);
+  v += "; at the requested peak " +
+       (cat == analysis::Category::Unknown ? std::string("uncategorized")
+                                           : std::string(analysis::categoryName(cat))) +
+       " memory " + deltaText(req.base_category[top_c], req.new_category[top_c]);
+  // The stack that moved most in the direction of the requested peak's change.
+  const bool up = req.delta >= 0;
+  const analysis::StackDelta* top = nullptr;
+  for (const auto* list :
+       up ? std::array{&req.grew, &req.added_stacks} : std::array{&req.shrank, &req.gone_stacks}) {
+    for (const auto& s : *list) {
+      if (s.delta != 0 && (top == nullptr || (up ? s.delta > top->delta : s.delta < top->delta))) {
+        top = &s;
+      }
+    }
+  }
+  if (top != nullptr) {
+    const int64_t delta = top->delta;
+    v += std::string("; most ") + (up ? "from " : "freed at ") + innermost(*top) + " (" +
+         formatBytesSigned(delta) +
+         (top->match == analysis::StackMatch::New ? ", a new stack"
+          : top->match == analysis::StackMatch::Gone
+              ? ", gone"
+              : ": " + formatBytesShort(top->base_bytes) + " -> " +
+                    formatBytesShort(top->new_bytes)) +
+         ")";
+  }
+  return v;
+}
+
 std::string peakWhen(const replay::Peak& p) {
   return p.event < 0 ? "start" : "event " + std::to_string(p.event);
 }
@@ -167,6 +243,7 @@ void renderDiffText(const analysis::DiffResult& r, std::ostream& out) {
     out << "\ndevice " << d.device;
     if (!d.in_base) out << " (only in new)";
     if (!d.in_new) out << " (only in base)";
+    out << "\n  verdict: " << esc(verdictText(d)) << "\n";
     out << "\n  " << pad("", 18) << pad("base", 14) << pad("new", 14) << "delta (new - base)\n";
     for (size_t k = 0; k < kPeakKinds; ++k) {
       figureRow(out, "peak " + std::string(analysis::peakKindName(static_cast<PeakKind>(k))),
@@ -225,13 +302,26 @@ void renderDiffText(const analysis::DiffResult& r, std::ostream& out) {
     out << "\n";
     findingList(out, "appeared", d.appeared);
     findingList(out, "disappeared", d.disappeared);
-    out << "  final segments (" << d.base_segments << " base, " << d.new_segments
-        << " new; matched by address and size, as torch.cuda._memory_viz compare does):\n";
-    segmentList(out, "base", d.only_base_count, d.only_base_bytes, d.only_base);
-    segmentList(out, "new", d.only_new_count, d.only_new_bytes, d.only_new);
-    out << "    by size alone: " << d.only_base_by_size_count << " only in base ("
-        << formatBytesShort(d.only_base_by_size_bytes) << "), " << d.only_new_by_size_count
-        << " only in new (" << formatBytesShort(d.only_new_by_size_bytes) << ")\n";
+    out << "  final segments: " << d.base_segments << " in base ("
+        << formatBytesShort(d.base_segment_bytes) << "), " << d.new_segments << " in new ("
+        << formatBytesShort(d.new_segment_bytes) << ")\n";
+    out << "  by pool, stream and size:";
+    if (d.more_in_base_count == 0 && d.more_in_new_count == 0) {
+      out << " the same segments\n";
+    } else {
+      out << "\n";
+      groupList(out, "base", d.more_in_base_count, d.more_in_base_bytes, d.more_in_base);
+      groupList(out, "new", d.more_in_new_count, d.more_in_new_bytes, d.more_in_new);
+    }
+    out << "  by address and size (as torch.cuda._memory_viz compare matches them): ";
+    if (d.matched_by_address == 0 && d.base_segments > 0 && d.new_segments > 0) {
+      // Two processes: every address differs, and listing them says nothing (--json has them).
+      out << "none in common (the runs' memory is at other addresses; --json lists them)\n";
+    } else {
+      out << d.matched_by_address << " in common\n";
+      segmentList(out, "base", d.only_base_count, d.only_base_bytes, d.only_base);
+      segmentList(out, "new", d.only_new_count, d.only_new_bytes, d.only_new);
+    }
   }
 }
 
@@ -312,17 +402,33 @@ json diffJson(const analysis::DiffResult& r) {
     for (const auto& f : d.appeared) app.push_back(findingJson(f));
     for (const auto& f : d.disappeared) dis.push_back(findingJson(f));
     j["findings"] = {{"appeared", app}, {"disappeared", dis}};
+    auto groups = [](const std::vector<analysis::SegmentGroup>& v) {
+      json a = json::array();
+      for (const auto& g : v) {
+        a.push_back({{"size", g.size},
+                     {"stream", g.stream},
+                     {"is_large", g.is_large},
+                     {"is_expandable", g.is_expandable},
+                     {"count", g.count}});
+      }
+      return a;
+    };
+    j["verdict"] = verdictText(d);
     j["segments"] = {{"matched_by", "address and size"},
+                     {"matched_by_address", d.matched_by_address},
                      {"only_base_count", d.only_base_count},
                      {"only_base_bytes", d.only_base_bytes},
                      {"only_base", segmentsJson(d.only_base)},
                      {"only_new_count", d.only_new_count},
                      {"only_new_bytes", d.only_new_bytes},
                      {"only_new", segmentsJson(d.only_new)},
-                     {"only_base_by_size_count", d.only_base_by_size_count},
-                     {"only_base_by_size_bytes", d.only_base_by_size_bytes},
-                     {"only_new_by_size_count", d.only_new_by_size_count},
-                     {"only_new_by_size_bytes", d.only_new_by_size_bytes}};
+                     {"by_role",
+                      {{"more_in_base_count", d.more_in_base_count},
+                       {"more_in_base_bytes", d.more_in_base_bytes},
+                       {"more_in_base", groups(d.more_in_base)},
+                       {"more_in_new_count", d.more_in_new_count},
+                       {"more_in_new_bytes", d.more_in_new_bytes},
+                       {"more_in_new", groups(d.more_in_new)}}}};
     devs.push_back(j);
   }
   doc["devices"] = devs;

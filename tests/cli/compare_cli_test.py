@@ -4,6 +4,7 @@ the outlier, the merge of shards, hostile inputs). Usage: compare_cli_test.py BI
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,23 @@ check(all(v == 0 for v in d["delta"].values()), "same file twice: every delta 0"
 check(all(not p["stacks"]["new_stacks"] and not p["stacks"]["gone_stacks"] for p in d["peaks"]),
       "same file twice: no new or gone stack")
 
+# A leak against a clean run (fabricated scenarios, one address space): the verdict names the leak's
+# line, the segments by role are the leak's, the address lists are shown.
+rc, out, err = run("diff", "--json", sc("clean_adam"), sc("leak_list_append"))
+d = json.loads(out)["devices"][0]
+check(d["verdict"] == "peak reserved +288.00 MiB (+77.4 %); at the requested peak uncategorized "
+      "memory +288.00 MiB (new: was 16.00 KiB); most from /home/user/tinygpt/train.py:58 "
+      "train_step (+288.00 MiB, a new stack)", f"scenario verdict: {d['verdict']}")
+role = d["segments"]["by_role"]
+check(role["more_in_base_count"] == 0 and role["more_in_new"] == [
+    {"size": 32 << 20, "stream": 0, "is_large": True, "is_expandable": False, "count": 9}],
+      f"scenario: 9 more 32 MiB segments in new ({role})")
+check(d["segments"]["matched_by_address"] == 22, "scenario: 22 segments at the same address")
+rc, text, err = run("diff", sc("clean_adam"), sc("leak_list_append"))
+check(re.search(r"22 in common\n    only in base: 0 \(0 B\)\n    only in new: 9 \(288\.00 MiB\)\n"
+                r"\s+0x[0-9a-f]+ +32\.00 MiB", text) is not None,
+      "scenario: one address space, the address lists are shown")
+
 fp32 = os.path.join(REAL, "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle")
 bf16 = os.path.join(REAL, "silmont2000__assignment2-systems__memory_forward_bf16_128.pickle")
 if os.path.exists(fp32) and os.path.exists(bf16):
@@ -64,6 +82,35 @@ if os.path.exists(fp32) and os.path.exists(bf16):
     check(d["delta"]["peak_requested_bytes"] == 222994432, "real fp32->bf16 requested delta")
     rq = [p for p in d["peaks"] if p["kind"] == "requested"][0]
     check(rq["stacks"]["matched_function_only"] == 1, "real: one stack matched by function only")
+    # The verdict comes first and names the change, the category and the line (issue 29 item 9).
+    check(d["verdict"].startswith("peak reserved +240.00 MiB (+41.2 %); at the requested peak "
+                                  "activation memory +201.38 MiB (new: was 1.00 KiB); most from "),
+          f"real: the verdict names the delta and the category ({d['verdict']})")
+    top = max(rq["stacks"]["grew"] + rq["stacks"]["new_stacks"], key=lambda s: s["delta_bytes"])
+    check(top["frames"][0]["filename"].rsplit("/", 1)[-1] + ":" + str(top["frames"][0]["line"])
+          in d["verdict"], f"real: the verdict names the stack that grew most ({top['frames'][0]})")
+    # Segments by role: two processes share no address; the groups add up to the reserved delta.
+    seg = d["segments"]
+    role = seg["by_role"]
+    check(seg["matched_by_address"] == 0, "real: two processes share no segment address")
+    for side in ("base", "new"):
+        groups = role[f"more_in_{side}"]
+        check(sum(g["count"] * g["size"] for g in groups) == role[f"more_in_{side}_bytes"] and
+              sum(g["count"] for g in groups) == role[f"more_in_{side}_count"],
+              f"real: the {side} groups add up (all listed)")
+    check(role["more_in_new_bytes"] - role["more_in_base_bytes"] ==
+          d["delta"]["final_reserved_bytes"], "real: by role, the groups are the reserved delta")
+    rc, text, err = run("diff", fp32, bf16)
+    check(rc == 0 and text.index("verdict: peak reserved +240.00 MiB") < text.index("peak reserved "
+                                                                                    "   "),
+          "real: the text starts with the verdict")
+    check("%)" not in "".join(l for l in text.splitlines() if l.lstrip().startswith("activation"))
+          and
+          "(new: was 1.00 KiB)" in text, "real: no percentage of a near-zero base")
+    check(not re.search(r"^\s+0x[0-9a-f]+ ", text, re.M) and "none in common" in text,
+          "real: no address list when the runs share no address")
+    check(re.search(r"more in new \(240\.00 MiB\):\n\s+11 x 20\.00 MiB\s+stream 0, large\n\s+1 x 16\.00 MiB", text)
+          is not None, f"real: segments by role in the text:\n{text[text.find('final seg'):][:400]}")
 
 with tempfile.TemporaryDirectory() as tmp:
     bad = os.path.join(tmp, "bad.pickle")

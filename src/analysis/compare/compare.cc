@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "analysis/frames/stack_groups.h"
@@ -415,17 +416,31 @@ DiffResult diffProfiles(const RunProfile& base, const RunProfile& neu, const Dif
     };
     only(b.segments, nseg, dd.only_base, dd.only_base_count, dd.only_base_bytes);
     only(n.segments, bseg, dd.only_new, dd.only_new_count, dd.only_new_bytes);
-    std::map<uint64_t, int64_t> by_size;  // base count - new count per size
-    for (const auto& s : b.segments) ++by_size[s.size];
-    for (const auto& s : n.segments) --by_size[s.size];
-    for (const auto& [size, diff] : by_size) {
-      const uint64_t c = static_cast<uint64_t>(diff < 0 ? -diff : diff);
-      uint64_t bytes = 0;
-      if (__builtin_mul_overflow(c, size, &bytes)) bytes = UINT64_MAX;
-      size_t& count = diff > 0 ? dd.only_base_by_size_count : dd.only_new_by_size_count;
-      uint64_t& sum = diff > 0 ? dd.only_base_by_size_bytes : dd.only_new_by_size_bytes;
-      count += c;
-      if (__builtin_add_overflow(sum, bytes, &sum)) sum = UINT64_MAX;
+    dd.matched_by_address = dd.base_segments - dd.only_base_count;
+    for (const auto& s : b.segments) dd.base_segment_bytes = addSat(dd.base_segment_bytes, s.size);
+    for (const auto& s : n.segments) dd.new_segment_bytes = addSat(dd.new_segment_bytes, s.size);
+    // By role: base count - new count per (pool, expandable, stream, size).
+    using Role = std::tuple<bool, bool, int64_t, uint64_t>;
+    std::map<Role, int64_t> by_role;
+    for (const auto& s : b.segments) ++by_role[{s.is_large, s.is_expandable, s.stream, s.size}];
+    for (const auto& s : n.segments) --by_role[{s.is_large, s.is_expandable, s.stream, s.size}];
+    for (const auto& [role, diff] : by_role) {
+      if (diff == 0) continue;
+      const auto& [large, expandable, stream, size] = role;
+      const size_t c = static_cast<size_t>(diff < 0 ? -diff : diff);
+      const uint64_t bytes = mulSat(c, size);
+      auto& list = diff > 0 ? dd.more_in_base : dd.more_in_new;
+      (diff > 0 ? dd.more_in_base_count : dd.more_in_new_count) += c;
+      uint64_t& sum = diff > 0 ? dd.more_in_base_bytes : dd.more_in_new_bytes;
+      sum = addSat(sum, bytes);
+      list.push_back({size, stream, large, expandable, c});
+    }
+    for (auto* list : {&dd.more_in_base, &dd.more_in_new}) {
+      std::stable_sort(list->begin(), list->end(),
+                       [](const SegmentGroup& x, const SegmentGroup& y) {
+                         return mulSat(x.count, x.size) > mulSat(y.count, y.size);
+                       });
+      if (list->size() > kDiffSegmentsListed) list->resize(kDiffSegmentsListed);
     }
     r.devices.push_back(std::move(dd));
   }

@@ -107,6 +107,17 @@ struct SegmentRef {
   bool is_expandable = false;
 };
 
+// Segments of one role (pool, expandable or not, stream and size) that one run has more of than
+// the other: two processes place their memory at different addresses, so this, not the address,
+// is what says how the runs' caches differ.
+struct SegmentGroup {
+  uint64_t size = 0;
+  int64_t stream = 0;
+  bool is_large = true;
+  bool is_expandable = false;
+  size_t count = 0;  // how many more
+};
+
 struct DeviceProfile {
   int64_t device = 0;
   size_t events = 0;
@@ -187,10 +198,13 @@ struct DeviceDiff {
   size_t only_base_count = 0, only_new_count = 0;
   uint64_t only_base_bytes = 0, only_new_bytes = 0;
   size_t base_segments = 0, new_segments = 0;
-  // The same on size alone (addresses differ between two processes): the segment sizes one run
-  // has more of than the other.
-  size_t only_base_by_size_count = 0, only_new_by_size_count = 0;
-  uint64_t only_base_by_size_bytes = 0, only_new_by_size_bytes = 0;
+  uint64_t base_segment_bytes = 0, new_segment_bytes = 0;
+  size_t matched_by_address = 0;  // segments at the same address and size in both runs
+  // By role (SegmentGroup): the groups one run has more of, largest bytes first (at most
+  // kDiffSegmentsListed each), and their counts and bytes in all.
+  std::vector<SegmentGroup> more_in_base, more_in_new;
+  size_t more_in_base_count = 0, more_in_new_count = 0;
+  uint64_t more_in_base_bytes = 0, more_in_new_bytes = 0;
 };
 
 struct DiffResult {
