@@ -466,7 +466,9 @@ with tempfile.TemporaryDirectory() as tmp:
         r = subprocess.run([BIN, "analyze", inp], stdout=f, stderr=subprocess.PIPE)
     check("analyze with standard output on an unrelated file", r.returncode == 0, r.stderr[-200:])
     with open(other, "a") as f:
-        r = subprocess.run([BIN, "record", "--", "true", other], stdout=f, stderr=subprocess.PIPE)
+        # In the temporary folder: record without -o writes memforensics-PID.bin where it runs.
+        r = subprocess.run([BIN, "record", "--", "true", other], stdout=f, stderr=subprocess.PIPE,
+                           cwd=tmp)
     check("record whose command names its standard output's file is not refused",
           b"standard output is the input" not in r.stderr, r.stderr[-200:])
     # A symlink as output: the file it points at is replaced (permissions kept), the link stays.
