@@ -18,8 +18,10 @@ namespace memforensics::cli {
 
 // "t+1.442 s", "t+1.442s", "t+105.1ms", "t+250us" as `analyze` prints a moment (the time since the
 // device's first event): the printed figure is rounded, so the moment is the end of the interval
-// it stands for (1.442 s: up to 1.4425 s; 250 us: 250 us), in whole microseconds. A duration that
-// does not fit in int64 microseconds is refused.
+// it stands for (1.442 s: up to 1.4425 s), in whole microseconds. A whole number (250us, 2s) is
+// exact: analyze prints microseconds that way, and a bare "2s" is not a rounded figure. Leading
+// zeros do not count towards the 18 digits. A duration that does not fit in int64 microseconds is
+// refused.
 inline Expected<int64_t> parseElapsedUs(std::string_view s) {
   size_t i = 0;
   uint64_t mant = 0;
@@ -32,11 +34,13 @@ inline Expected<int64_t> parseElapsedUs(std::string_view s) {
       continue;
     }
     if (c < '0' || c > '9') break;
-    if (++digits > 18) return Error{"too many digits"};
+    ++digits;
+    if (mant > 0 && digits > 18) return Error{"too many digits"};
+    if (mant == 0 && c == '0') digits = 0;  // a leading zero
     mant = mant * 10 + static_cast<uint64_t>(c - '0');
-    if (frac >= 0) ++frac;
+    if (frac >= 0 && ++frac > 18) return Error{"too many digits after the point"};
   }
-  if (digits == 0) return Error{"no number"};
+  if (i == 0 || (i == 1 && frac == 0)) return Error{"no number"};
   std::string_view unit = s.substr(i);
   if (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
   int per = 0;  // the unit is 10^per microseconds
@@ -49,8 +53,9 @@ inline Expected<int64_t> parseElapsedUs(std::string_view s) {
   } else {
     return Error{"the unit must be us, ms or s"};
   }
-  // floor((mant + 1/2) * 10^(per - frac)): the end of the printed figure's rounding interval.
-  const uint64_t twice = 2 * mant + 1;  // < 2 * 10^18 + 1: no overflow
+  // floor((mant + 1/2) * 10^(per - frac)): the end of the printed figure's rounding interval; a
+  // whole number is mant * 10^per.
+  const uint64_t twice = 2 * mant + (frac > 0 ? 1 : 0);  // < 2 * 10^18 + 1: no overflow
   const int shift = per - std::max(frac, 0);
   uint64_t pow10 = 1;
   for (int k = 0; k < (shift < 0 ? -shift : shift); ++k) pow10 *= 10;  // at most 10^18

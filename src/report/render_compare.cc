@@ -139,12 +139,20 @@ std::string verdictText(const analysis::DeviceDiff& d) {
   }
   const auto& req = d.peaks[static_cast<size_t>(PeakKind::Requested)];
   if (!req.has_live) return v;
+  // The category that moved most in the direction the requested peak moved (the largest change
+  // either way when none did), so that it and the stack below tell one story.
+  const bool up = req.delta >= 0;
   size_t top_c = kCategoryCount;
   uint64_t top_abs = 0;
-  for (size_t c = 0; c < kCategoryCount; ++c) {
-    const int64_t delta = analysis::signedDelta(req.base_category[c], req.new_category[c]);
-    const uint64_t a = delta < 0 ? 0 - static_cast<uint64_t>(delta) : static_cast<uint64_t>(delta);
-    if (a > top_abs) top_abs = a, top_c = c;
+  for (const bool same_way_only : {true, false}) {
+    for (size_t c = 0; c < kCategoryCount; ++c) {
+      const int64_t delta = analysis::signedDelta(req.base_category[c], req.new_category[c]);
+      if (same_way_only && (delta != 0 && (delta > 0) != up)) continue;
+      const uint64_t a =
+          delta < 0 ? 0 - static_cast<uint64_t>(delta) : static_cast<uint64_t>(delta);
+      if (a > top_abs) top_abs = a, top_c = c;
+    }
+    if (top_c != kCategoryCount) break;
   }
   if (top_c == kCategoryCount) return v + "; the same live bytes by category at the requested peak";
   const auto cat = static_cast<analysis::Category>(top_c);
@@ -153,7 +161,6 @@ std::string verdictText(const analysis::DeviceDiff& d) {
                                            : std::string(analysis::categoryName(cat))) +
        " memory " + deltaText(req.base_category[top_c], req.new_category[top_c]);
   // The stack that moved most in the direction of the requested peak's change.
-  const bool up = req.delta >= 0;
   const analysis::StackDelta* top = nullptr;
   for (const auto* list :
        up ? std::array{&req.grew, &req.added_stacks} : std::array{&req.shrank, &req.gone_stacks}) {
@@ -305,7 +312,7 @@ void renderDiffText(const analysis::DiffResult& r, std::ostream& out) {
     out << "  final segments: " << d.base_segments << " in base ("
         << formatBytesShort(d.base_segment_bytes) << "), " << d.new_segments << " in new ("
         << formatBytesShort(d.new_segment_bytes) << ")\n";
-    out << "  by pool, stream and size:";
+    out << "  by pool (large or small), stream and size:";
     if (d.more_in_base_count == 0 && d.more_in_new_count == 0) {
       out << " the same segments\n";
     } else {

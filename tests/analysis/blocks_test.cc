@@ -75,6 +75,10 @@ TEST(BlocksAt, ParsesThePrintedRelativeTimes) {
   EXPECT_EQ(us("t+250us"), 250);
   EXPECT_EQ(us("t+250 us"), 250);
   EXPECT_EQ(us("t+0.000001 s"), 1);  // 1.5 us, floored
+  EXPECT_EQ(us("t+2s"), 2'000'000);  // a whole number is exact
+  EXPECT_EQ(us("t+2.s"), 2'000'000);
+  EXPECT_EQ(us("t+00000000000000000001s"), 1'000'000);  // leading zeros are not digits
+  EXPECT_EQ(us("t+0.000000000000000001s"), 0);
   EXPECT_EQ(us("t+999999999999.999 s"), 999'999'999'999'999'500);
   for (const int64_t t : {0LL, 1LL, 999LL, 1000LL, 105'149LL, 999'999LL, 1'000'000LL, 1'442'499LL,
                           86'400'000'000LL}) {
@@ -87,7 +91,8 @@ TEST(BlocksAt, ParsesThePrintedRelativeTimes) {
     EXPECT_LT(back - t, unit) << printed;
   }
   for (const char* bad : {"t+", "t+s", "t+1.5h", "t+1.5 h", "t+-1s", "t+1..5s", "t+1.5  s",
-                          "t+1234567890123456789 us", "t+999999999999999999 s"}) {
+                          "t+1234567890123456789 us", "t+999999999999999999 s", "t+.s", "t+.",
+                          "t+1.0000000000000000000 s"}) {
     EXPECT_FALSE(cli::parseAtOption(bad).ok()) << bad;
   }
 }

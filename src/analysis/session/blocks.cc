@@ -247,7 +247,9 @@ Expected<BlocksResult> computeBlocks(const format::Snapshot& snap, std::optional
   if (!event) return event.error();
   session.requestLayout(*event, kMomentAt);
   const DeviceFacts facts = session.take();
-  static constexpr std::string_view kAtNames[] = {"peak", "oom", "event", "time"};
+  static constexpr std::string_view kAtNames[] = {"peak", "oom", "event", "time", "elapsed"};
+  static_assert(std::size(kAtNames) == static_cast<size_t>(BlocksAt::Kind::Elapsed) + 1,
+                "a BlocksAt kind has no name");
   return blocksAt(facts, *facts.at(*event), kAtNames[static_cast<size_t>(at.kind)], snap);
 }
 

@@ -103,7 +103,7 @@ struct BlocksError {
 struct BlocksResult {
   std::string path;
   int64_t device = 0;
-  std::string at;      // "peak", "oom", "event", "time"
+  std::string at;      // "peak", "oom", "event", "time", "elapsed"
   int64_t event = -1;  // state after this event (-1: the start state)
   int64_t time_us = -1;
   size_t events = 0;
@@ -137,7 +137,7 @@ Expected<int64_t> blocksDevice(const format::Snapshot& snap, std::optional<int64
 // out of range, no time_us.
 Expected<int64_t> resolveBlocksAt(const DeviceFacts& facts, const BlocksAt& at);
 // The metrics of the layout at moment `m` (which must hold one: MomentFacts::has_layout). `at`
-// names how the moment was chosen ("peak", "oom", "event", "time"). Pure.
+// names how the moment was chosen ("peak", "oom", "event", "time", "elapsed"). Pure.
 BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::string_view at,
                       const format::Snapshot& snap);
 // The fragmentation verdict at an OOM moment with a layout, or nullopt when `m` is no OOM.
