@@ -34,9 +34,8 @@ inline Expected<int64_t> parseElapsedUs(std::string_view s) {
       continue;
     }
     if (c < '0' || c > '9') break;
-    ++digits;
-    if (mant > 0 && digits > 18) return Error{"too many digits"};
-    if (mant == 0 && c == '0') digits = 0;  // a leading zero
+    if (mant != 0 || c != '0') ++digits;  // leading zeros are not digits
+    if (digits > 18) return Error{"too many digits"};
     mant = mant * 10 + static_cast<uint64_t>(c - '0');
     if (frac >= 0 && ++frac > 18) return Error{"too many digits after the point"};
   }

@@ -225,6 +225,17 @@ json segmentsJson(const std::vector<analysis::SegmentRef>& v) {
   }
   return a;
 }
+json segmentGroupsJson(const std::vector<analysis::SegmentGroup>& v) {
+  json a = json::array();
+  for (const auto& g : v) {
+    a.push_back({{"size", g.size},
+                 {"stream", g.stream},
+                 {"is_large", g.is_large},
+                 {"is_expandable", g.is_expandable},
+                 {"count", g.count}});
+  }
+  return a;
+}
 
 json header(const char* command) {
   json doc;
@@ -409,17 +420,6 @@ json diffJson(const analysis::DiffResult& r) {
     for (const auto& f : d.appeared) app.push_back(findingJson(f));
     for (const auto& f : d.disappeared) dis.push_back(findingJson(f));
     j["findings"] = {{"appeared", app}, {"disappeared", dis}};
-    auto groups = [](const std::vector<analysis::SegmentGroup>& v) {
-      json a = json::array();
-      for (const auto& g : v) {
-        a.push_back({{"size", g.size},
-                     {"stream", g.stream},
-                     {"is_large", g.is_large},
-                     {"is_expandable", g.is_expandable},
-                     {"count", g.count}});
-      }
-      return a;
-    };
     j["verdict"] = verdictText(d);
     j["segments"] = {{"matched_by", "address and size"},
                      {"matched_by_address", d.matched_by_address},
@@ -432,10 +432,10 @@ json diffJson(const analysis::DiffResult& r) {
                      {"by_role",
                       {{"more_in_base_count", d.more_in_base_count},
                        {"more_in_base_bytes", d.more_in_base_bytes},
-                       {"more_in_base", groups(d.more_in_base)},
+                       {"more_in_base", segmentGroupsJson(d.more_in_base)},
                        {"more_in_new_count", d.more_in_new_count},
                        {"more_in_new_bytes", d.more_in_new_bytes},
-                       {"more_in_new", groups(d.more_in_new)}}}};
+                       {"more_in_new", segmentGroupsJson(d.more_in_new)}}}};
     devs.push_back(j);
   }
   doc["devices"] = devs;
