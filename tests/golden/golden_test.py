@@ -367,10 +367,15 @@ def check_invariants(where, name, out, an):
         problems = INVARIANT_CHECKS[name](out, an)
     except Exception as e:  # a missing field or a malformed output
         problems = [f"the check raised {type(e).__name__}: {e}"]
+    report_problems(f"{where}: invariant", problems)
+
+
+def report_problems(where, problems):
+    """The first 8 problems as failures, then how many more."""
     for p in problems[:8]:
-        failures.append(f"{where}: invariant: {p}")
+        failures.append(f"{where}: {p}")
     if len(problems) > 8:
-        failures.append(f"{where}: invariant: ... and {len(problems) - 8} more")
+        failures.append(f"{where}: ... and {len(problems) - 8} more")
 
 
 def cross_problems(outs, an):
@@ -403,11 +408,7 @@ def cross_problems(outs, an):
 
 
 def cross_invariants(stem, outs, an):
-    problems = cross_problems(outs, an)
-    for p in problems[:8]:
-        failures.append(f"{stem}: invariant across outputs: {p}")
-    if len(problems) > 8:
-        failures.append(f"{stem}: invariant across outputs: ... and {len(problems) - 8} more")
+    report_problems(f"{stem}: invariant across outputs", cross_problems(outs, an))
 
 
 def one_document(out):

@@ -20,6 +20,34 @@ def _peak(dev, kind):
     return (dev[f"peak_{kind}_bytes"], dev[f"peak_{kind}_event"], dev[f"peak_{kind}_time_us"])
 
 
+def _report_rows(pts):
+    """The report's points (a column per field) as timeline rows (COLUMNS), times as analyze
+    writes them (null where unknown)."""
+    cols = [pts.get("pending" if c == "pending_free" else c) for c in COLUMNS]
+    cols[1] = [_nt(x) for x in cols[1]] if cols[1] else [None] * len(cols[0])
+    return [list(r) for r in zip(*cols)]
+
+
+def _perfetto_devices(doc):
+    """pid -> device of the export's GPU processes."""
+    pid_dev = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            name = e["args"]["name"]
+            if name.startswith("GPU "):
+                pid_dev[e["pid"]] = int(name[4:])
+    return pid_dev
+
+
+def _perfetto_ts(doc):
+    """The export's ts of the moment after an event (with its time_us): 0 for the start state,
+    else microseconds since time_origin_us, or event + 1 when the file has no times."""
+    od = doc["otherData"]
+    origin = int(od.get("time_origin_us", 0))
+    timed = od.get("time_axis") == "time_us"
+    return lambda ev, t: 0 if ev in (None, -1) else (t - origin if timed else ev + 1)
+
+
 def _series(where, rows, dev, out):
     """A device's series of points (rows of COLUMNS) against analyze's device: the start state,
     the peaks reached at their events and never exceeded, the end state, event order."""
@@ -133,12 +161,7 @@ def check_perfetto(doc, an):
     one instant per peak, one per OOM; begin and end slices balanced."""
     out = []
     events = doc["traceEvents"]
-    pid_dev = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            name = e["args"]["name"]
-            if name.startswith("GPU "):
-                pid_dev[e["pid"]] = int(name[4:])
+    pid_dev = _perfetto_devices(doc)
     devs = _devices(an)
     if sorted(pid_dev.values()) != sorted(devs):
         out.append(f"perfetto devices {sorted(pid_dev.values())} != analyze's {sorted(devs)}")
@@ -308,10 +331,7 @@ def check_report(doc, an):
             if dev["events"]:
                 out.append(f"{where}: no points for {dev['events']} events")
             continue
-        cols = [pts.get("pending" if c == "pending_free" else c) for c in COLUMNS]
-        if cols[1] is None:  # no times in the file
-            cols[1] = [None] * len(cols[0])
-        rows = list(zip(*cols))
+        rows = _report_rows(pts)
         _series(where, rows, dev, out)
         _ooms(where, t["ooms"], dev, out)
         # Call trees leave pending-free blocks out (as `analyze --top-frames` does): a tree's root
@@ -443,10 +463,7 @@ def check_report_extra(doc, an):
         if dev is None or pts is None:
             continue
         where = f"report cuda:{t['device']}"
-        cols = [pts.get(c) for c in ("event", "time_us", "reserved", "allocated", "requested",
-                                     "pending")]
-        cols[1] = [_nt(x) for x in cols[1]] if cols[1] else [None] * len(cols[0])
-        rows = [list(r) for r in zip(*cols)]
+        rows = _report_rows(pts)
         _points_vs_analyze(where, rows, dev, t["downsampled"], out)
         at = {r[0]: r for r in rows}
         kf = {k["event"]: k for k in t["keyframes"]}
@@ -479,12 +496,8 @@ def check_report_extra(doc, an):
 
 def check_perfetto_extra(doc, an):
     out = []
-    od = doc["otherData"]
-    origin = int(od.get("time_origin_us", 0))
-    timed = od.get("time_axis") == "time_us"
-    ts_of = lambda ev, t: 0 if ev in (None, -1) else (t - origin if timed else ev + 1)
-    pid = {e["pid"]: int(e["args"]["name"][4:]) for e in doc["traceEvents"]
-           if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ts_of = _perfetto_ts(doc)
+    pid = _perfetto_devices(doc)
     for d, dev in _devices(an).items():
         mine = [e for e in doc["traceEvents"] if pid.get(e.get("pid")) == d]
         where = f"perfetto cuda:{d}"
@@ -579,10 +592,9 @@ def check_cross(timeline, report, perfetto, an):
     the event; Perfetto's counters are the timeline's series' changes at its points' times; the
     report's and Perfetto's phases are the timeline's."""
     out = []
-    od = perfetto["otherData"]
-    origin, timed = int(od.get("time_origin_us", 0)), od.get("time_axis") == "time_us"
-    pid = {e["pid"]: int(e["args"]["name"][4:]) for e in perfetto["traceEvents"]
-           if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ts_of = _perfetto_ts(perfetto)
+    origin = int(perfetto["otherData"].get("time_origin_us", 0))
+    pid = _perfetto_devices(perfetto)
     rep = {t["device"]: t for t in report["devices"]}
     key = lambda p, pk: (p["name"], p["kind"], p["first_event"], p["last_event"],
                          _nt(p["start_us"]), _nt(p["end_us"]), p[pk] or 0)
@@ -591,11 +603,7 @@ def check_cross(timeline, report, perfetto, an):
         tp = {r[0]: list(r) for r in t["points"]}
         r = rep.get(d)
         if r is not None and r["points"] is not None:
-            pts = r["points"]
-            cols = [pts.get(c) for c in ("event", "time_us", "reserved", "allocated", "requested",
-                                         "pending")]
-            cols[1] = [_nt(x) for x in cols[1]] if cols[1] else [None] * len(cols[0])
-            bad = [row for row in map(list, zip(*cols)) if row[0] in tp and tp[row[0]] != row]
+            bad = [row for row in _report_rows(r["points"]) if row[0] in tp and tp[row[0]] != row]
             if bad:
                 out.append(f"report {where}: point {bad[0]} != the timeline's {tp[bad[0][0]]}")
             if [key(p, "peak_requested") for p in r["phases"]] != [
@@ -606,8 +614,7 @@ def check_cross(timeline, report, perfetto, an):
                 want, last = [], None
                 for p in t["points"]:
                     if p[c] != last:
-                        want.append((0 if p[0] < 0 else (p[1] - origin if timed else p[0] + 1),
-                                     p[c]))
+                        want.append((ts_of(p[0], p[1]), p[c]))
                         last = p[c]
                 got = [(e["ts"], e["args"]["bytes"]) for e in perfetto["traceEvents"]
                        if e.get("ph") == "C" and pid.get(e["pid"]) == d and e["name"] == k]
