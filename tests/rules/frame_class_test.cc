@@ -179,6 +179,28 @@ TEST(FrameClass, InterpreterUnsymbolizedAndOutputHelpersArePlumbing) {
                         "c10::ArrayRef<long>)"}) {
     EXPECT_EQ(classifyFrame("??", n), FrameKind::Plumbing) << n;
   }
+  // Seen in the real snapshots' icicles before: CPython's C functions with a compiler's clone
+  // suffix, its start-up, its own source files, the C runtime, torch.compile's frame hook,
+  // Cython's and torch's Python binding glue.
+  for (const char* n :
+       {"method_vectorcall.llvm.12953771611045685011", "pymain_main.llvm.14417152717030300093",
+        "pymain_run_file", "run_mod.llvm.13998059308497196787", "pyrun_file", "main",
+        "__libc_init_first", "dynamo__custom_eval_frame", "dynamo_eval_custom_code",
+        "method_vectorcall_VARARGS_KEYWORDS.llvm.5455514332722937381",
+        "__Pyx_PyObject_Call(_object*, _object*, _object*)", "slot_nb_add",
+        "torch::handle_torch_function_no_python_arg_parser(c10::ArrayRef<_object*>)",
+        "_object* torch::autograd::TypeError_to_NotImplemented_<&torch::autograd::"
+        "THPVariable_add>(_object*, _object*, _object*)"}) {
+    EXPECT_EQ(classifyFrame("??", n), FrameKind::Plumbing) << n;
+  }
+  EXPECT_EQ(classifyFrame("/usr/local/src/conda/python-3.12.3/Objects/abstract.c", "binary_op1"),
+            FrameKind::Plumbing);
+  EXPECT_EQ(classifyFrame("/build/python-3.12/Python/bytecodes.c", "some_new_helper"),
+            FrameKind::Plumbing);
+  // Not every C name or C file: an operator's C function, a dotted C++ name, a kernel's .c file.
+  EXPECT_EQ(classifyFrame("??", "mainloop_kernel"), FrameKind::CppOp);
+  EXPECT_EQ(classifyFrame("kernels/softmax.c", "softmax_forward"), FrameKind::CppOp);
+  EXPECT_EQ(classifyFrame("??", "at::native::main_op(at::Tensor const&)"), FrameKind::CppOp);
   // Operators stay operators, torch's Python bindings included.
   EXPECT_EQ(classifyFrame("??", "at::native::linear(at::Tensor const&, at::Tensor const&)"),
             FrameKind::CppOp);

@@ -83,22 +83,63 @@ constexpr std::array<std::string_view, 3> kOutputHelpers = {"::set_output", "at:
 // CPython's own C functions (the C API and the interpreter: Py_RunMain, _PyObject_MakeTpCall,
 // PyVectorcall_Call, ...), its thread start-up (thread_run, t_bootstrap, pythread_wrapper) and
 // call glue, and pybind11's: they run the Python code, they are not an operator.
-constexpr std::array<std::string_view, 3> kInterpreterPrefixes = {"Py", "_Py", "pybind11::"};
-constexpr std::array<std::string_view, 7> kInterpreterNames = {"thread_run",
-                                                               "t_bootstrap",
-                                                               "pythread_wrapper",
-                                                               "cfunction_call",
-                                                               "cfunction_vectorcall_FASTCALL",
-                                                               "method_vectorcall_VARARGS",
-                                                               "slot_tp_call"};
+// torch's Python binding glue (__torch_function__ dispatch, argument parsing, the NotImplemented
+// wrapper) runs the binding, it is not the operator (THPVariable_mm is, and stays CppOp).
+constexpr std::array<std::string_view, 6> kInterpreterPrefixes = {
+    "Py",
+    "_Py",
+    "pybind11::",
+    "torch::handle_torch_function",
+    "torch::PythonArgParser",
+    "torch::autograd::TypeError_to_NotImplemented_"};
+// C functions (no namespace) of CPython's interpreter and start-up (pymain_main, pyrun_file,
+// run_mod, method_vectorcall, binary_op1, slot_tp_call, ...), of the C runtime (__libc_init_first,
+// main) and of the frame-evaluation hooks torch.compile installs (dynamo__custom_eval_frame),
+// Cython's call glue (__Pyx_): prefixes of the name with any compiler clone suffix removed.
+constexpr std::array<std::string_view, 20> kInterpreterNames = {
+    "thread_run",        "t_bootstrap",   "pythread_wrapper", "cfunction_", "method_vectorcall",
+    "vectorcall_",       "object_vacall", "slot_tp_",         "slot_nb_",   "slot_sq_",
+    "slot_mp_",          "binary_op",     "pymain_",          "pyrun_",     "run_mod",
+    "run_eval_code_obj", "dynamo_",       "__Pyx_",           "__libc_",    "main"};
+
+// A C function's name without the suffix a compiler gives its clones ("method_vectorcall.llvm.
+// 1295...", "foo.constprop.0", "foo.isra.0", "foo.part.0", "foo.cold"): the name before the first
+// '.' when everything before it is an identifier.
+std::string_view withoutCloneSuffix(std::string_view name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos || dot == 0) return name;
+  for (size_t i = 0; i < dot; ++i) {
+    const char c = name[i];
+    const bool ident =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    if (!ident) return name;
+  }
+  return name.substr(0, dot);
+}
+
+// A C source or header of CPython itself (its Objects/, Python/, Modules/, Include/, Parser/
+// folders), whatever its install prefix: the interpreter, never an operator.
+bool isCPythonSource(std::string_view file) {
+  if (!endsWith(file, ".c") && !endsWith(file, ".h")) return false;
+  for (std::string_view dir : {"/Objects/", "/Python/", "/Modules/", "/Include/", "/Parser/"}) {
+    if (containsPath(file, dir)) return true;
+  }
+  return false;
+}
 
 bool isPlumbingCpp(std::string_view name) {
   const std::string_view q = qualifiedFunctionName(name);
   for (std::string_view p : kInterpreterPrefixes) {
     if (startsWith(q, p)) return true;
   }
-  for (std::string_view n : kInterpreterNames) {
-    if (startsWith(q, n)) return true;
+  // The interpreter's C functions, and lambdas inside them ("dynamo__custom_eval_frame::
+  // {lambda()#1}::operator()() const"): the name's first component; "main" is the whole of it,
+  // the others are prefixes.
+  {
+    const std::string_view c = withoutCloneSuffix(q.substr(0, q.find("::")));
+    for (std::string_view n : kInterpreterNames) {
+      if (n == "main" ? c == n : startsWith(c, n)) return true;
+    }
   }
   for (std::string_view p : kPlumbingPrefixes) {
     if (startsWith(q, p)) return true;
@@ -226,6 +267,7 @@ FrameKind classifyFrame(std::string_view file, std::string_view name) {
   for (auto n : kSystemFiles) {
     if (contains(file, n)) return FrameKind::Plumbing;
   }
+  if (isCPythonSource(file)) return FrameKind::Plumbing;
   if (isPlumbingCpp(name)) return FrameKind::Plumbing;
   for (auto n : kAutogradNames) {
     if (contains(name, n)) return FrameKind::Autograd;

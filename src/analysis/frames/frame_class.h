@@ -17,8 +17,11 @@
 //   other frames (C++, or files that are not .py):
 //     * interpreter glue, unwinder and dispatcher boilerplate that PyTorch's viewers hide
 //       (format doc 2.6: PyEval_*, ceval.c, core/boxing, ...)                -> Plumbing
-//     * CPython's C API, interpreter and thread start-up (Py*, _Py*, thread_run, t_bootstrap,
-//       cfunction_call, ...) and pybind11::                                   -> Plumbing
+//     * CPython's C API, interpreter and start-up (Py*, _Py*, pymain_*, method_vectorcall*, a
+//       function in CPython's own Objects/ Python/ Modules/ sources, compiler clone suffixes
+//       such as ".llvm.123" ignored), thread start-up (thread_run, t_bootstrap), pybind11::,
+//       Cython's __Pyx_*, torch.compile's dynamo_* frame hook, torch's Python binding glue
+//       (handle_torch_function, PythonArgParser), the C runtime (__libc_*, main) -> Plumbing
 //     * libc / pthread / thread start-up (start_thread, clone, pthread_create.c,
 //       execute_native_thread_routine, __libc_start_main, _start)           -> Plumbing
 //     * the allocator, tensor factories and the dispatcher (c10::, at::detail::, at::_ops::,
