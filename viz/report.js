@@ -132,12 +132,15 @@
   const OOM_COLOUR = "#b3261e";
 
   // ---------- state ----------
-  const S = { dev: 0, kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
+  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
   // S.dev indexes analysis devices (all of them up to 1,000: render_html.h kPageAnalysisDevices);
   // drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
   const devA = () => A.devices[S.dev];
   const dev = () => drawn.get(devA().device);
+  // The x of the timeline and the allocation view: time where the file has it, unless the reader
+  // picked the event index (idle stretches then take no width).
+  const timeAxis = () => dev().has_times && S.axis !== "event";
   function severityCounts(a) {
     const c = { high: 0, warning: 0, info: 0 };
     for (const f of a.findings) c[f.severity] = (c[f.severity] || 0) + 1;
@@ -168,18 +171,29 @@
     sel.value = String(S.dev);
     sel.addEventListener("change", () => { S.dev = Number(sel.value); selectDevice(); });
   }
+  // The answer above the fold: the focus, the OOM verdicts and high findings (the first few), the
+  // current device's peaks and a small timeline of it (peak, OOMs, the card's memory). The box is
+  // red only when it holds a high item, amber for a warning, neutral otherwise.
+  const HEADLINE_ITEMS = 4;
+  const noHistory = () => !devA().events;
   function renderHeadline() {
     const box = $("headline");
     box.textContent = "";
+    box.hidden = false;
     const h = D.headline || { items: [] };
+    const top = h.items.some((x) => x.severity === "high") ? "high" : h.items.some((x) => x.severity === "warning") ? "warning" : "none";
+    box.className = "headline sev-" + top;
+    box.dataset.severity = top;
     if (A.devices.length > 1 && h.focus_reason) {
       box.append(el("div", { cls: "focus", text: "Opened on cuda:" + h.focus_device + ": " + h.focus_reason + "." }));
     }
-    if (!h.items.length) { box.hidden = A.devices.length <= 1; return; }
-    box.hidden = false;
+    if (!h.items.length) {
+      box.append(el("div", { cls: "focus", text: "No OOM and no high finding" + (A.devices.length > 1 ? " on any device" : "") +
+        (h.other_warnings ? "; " + h.other_warnings + " warning" + (h.other_warnings > 1 ? "s" : "") + " in the findings" : "") + "." }));
+    }
     const ul = el("ul", { cls: "headline-items" });
-    for (const it of h.items) {
-      const li = el("li", { "data-device": String(it.device), "data-kind": it.kind },
+    for (const it of h.items.slice(0, HEADLINE_ITEMS)) {
+      const li = el("li", { "data-device": String(it.device), "data-kind": it.kind, "data-severity": it.severity },
         el("span", { cls: "sev " + it.severity, text: it.severity }));
       let title = it.title;
       if (it.device >= 0 && indexOfDevice(it.device) >= 0) {
@@ -193,7 +207,84 @@
       if (it.where && it.where.length) li.append(el("div", { cls: "where", text: "Line to change: " + frameText(it.where[0]) }));
       ul.append(li);
     }
-    box.append(ul);
+    if (h.items.length) box.append(ul);
+    if (h.items.length > HEADLINE_ITEMS) {
+      box.append(el("div", { cls: "more", text: "and " + (h.items.length - HEADLINE_ITEMS) + " more OOM or high item(s): see the findings of each device" }));
+    }
+    const a = devA();
+    const line = "cuda:" + a.device + ": peak reserved " + fmtBytes(a.peak_reserved_bytes) +
+      (a.peak_reserved_event !== null && a.peak_reserved_event !== undefined && a.peak_reserved_event >= 0 ? " at " + evWhen(a.peak_reserved_event, a.peak_reserved_time_us) : "") +
+      ", peak allocated " + fmtBytes(a.peak_allocated_bytes) + ", " + (a.oom_count ? a.oom_count + " OOM" + (a.oom_count > 1 ? "s" : "") : "no OOM") +
+      (noHistory() ? "; no allocation history in the file for this device, so no timeline (see the findings)" : "") + ".";
+    box.append(el("div", { cls: "device-line", text: line }));
+    if (dev() && !noHistory()) {
+      const c = el("canvas", { id: "headline-chart", cls: "mini", title: "click: the timeline at that moment" });
+      c.addEventListener("click", (e) => {
+        if (!TL || !TL.xs.length) return;
+        const r = c.getBoundingClientRect(), m = miniGeometry(r.width, r.height);
+        const v = TL.lo + ((e.clientX - r.left - m.l) / m.pw) * (TL.hi - TL.lo);
+        const i = Math.min(TL.xs.length - 1, Math.max(0, lowerBound(TL.xs, v)));
+        gotoEvent(dev().points.event[i]);
+        $("timeline-section").scrollIntoView();
+      });
+      box.append(c);
+    }
+  }
+  const miniGeometry = (w, h) => ({ l: 64, r: 12, t: 20, b: 18, pw: w - 76, ph: h - 38 });
+  // The small timeline of the headline: reserved and allocated over the whole device, its peak
+  // reserved, its OOMs and the card's memory when it is on the scale.
+  function drawMini() {
+    const c = $("headline-chart");
+    if (!c || !TL || !dev()) return;
+    const d = dev(), xs = TL.xs;
+    const { g, w, h } = dprCanvas(c);
+    const m = miniGeometry(w, h);
+    g.clearRect(0, 0, w, h); g.fillStyle = "#fff"; g.fillRect(0, 0, w, h);
+    const yt = byteTicks(TL.ymax, 2);
+    const X = (x) => m.l + ((x - TL.lo) / (TL.hi - TL.lo)) * m.pw, Y = (y) => m.t + m.ph - (y / yt.top) * m.ph;
+    g.font = "11px system-ui, sans-serif"; g.fillStyle = "#5b6475"; g.strokeStyle = "#e6e9ef";
+    g.textAlign = "right"; g.textBaseline = "middle";
+    for (const t of yt.ticks) {
+      const y = Math.round(Y(t.v)) + 0.5;
+      g.beginPath(); g.moveTo(m.l, y); g.lineTo(w - m.r, y); g.stroke();
+      g.fillText(t.label, m.l - 5, y);
+    }
+    g.textBaseline = "alphabetic";
+    for (const s of [SERIES[0], SERIES[1]]) {
+      const ys = d.points[s.key];
+      g.beginPath(); g.moveTo(X(xs[0]), Y(ys[0]));
+      for (let i = 1; i < xs.length; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
+      if (s.fill) {
+        g.save(); g.lineTo(X(xs[xs.length - 1]), Y(0)); g.lineTo(X(xs[0]), Y(0)); g.closePath(); g.fillStyle = s.fill; g.fill(); g.restore();
+      }
+      g.strokeStyle = s.colour; g.lineWidth = 1.2; g.stroke(); g.lineWidth = 1;
+    }
+    const labels = [];
+    c.dataset.device = String(devA().device);
+    c.dataset.capacity = TL.cap && TL.capOnScale ? String(TL.cap) : "";
+    if (TL.cap && TL.capOnScale) {
+      const y = Math.round(Y(TL.cap)) + 0.5;
+      g.strokeStyle = "#111"; g.setLineDash([5, 3]); g.beginPath(); g.moveTo(m.l, y); g.lineTo(w - m.r, y); g.stroke(); g.setLineDash([]);
+      g.fillStyle = "#111"; g.textAlign = "right"; g.fillText("card's memory " + fmtBytes(TL.cap), w - m.r - 4, y - 3);
+    }
+    const p = d.peaks.reserved;
+    c.dataset.peakEvent = String(p.event);
+    if (p.event >= -1) {
+      const x = X(timeXOf(p.event, p.time_us));
+      g.fillStyle = "#5b6475"; g.beginPath(); g.arc(x, Y(p.bytes), 3, 0, 2 * Math.PI); g.fill();
+      labels.push({ x, text: "peak reserved " + fmtBytes(p.bytes), colour: "#5b6475", yTo: Y(p.bytes) });
+    }
+    c.dataset.ooms = String(d.ooms.length);
+    d.ooms.forEach((o, i) => {
+      const x = Math.round(X(timeXOf(o.event, o.time_us))) + 0.5;
+      g.strokeStyle = OOM_COLOUR; g.lineWidth = 2; g.beginPath(); g.moveTo(x, m.t); g.lineTo(x, m.t + m.ph); g.stroke(); g.lineWidth = 1;
+      if (i < 4) labels.push({ x, text: "OOM" + (d.ooms.length > 1 ? " " + (i + 1) : "") + ": " + fmtBytes(o.request_bytes) + " request", colour: OOM_COLOUR, yTo: m.t + m.ph });
+    });
+    placeLabels(g, labels, m.l, w - m.r, Math.max(m.t + 10, TL.cap && TL.capOnScale ? Y(TL.cap) + 14 : 0));
+    g.fillStyle = "#5b6475"; g.textAlign = "left"; g.fillText(timeAxis() && TIME.unit ? fmtRel(xs[0]) : "event " + xs[0], m.l, h - 4);
+    g.textAlign = "right";
+    g.fillText(timeAxis() && TIME.unit ? fmtRel(xs[xs.length - 1]) : "event " + xs[xs.length - 1], w - m.r, h - 4);
+    g.textAlign = "center"; g.fillText("reserved (grey) and allocated (blue) over the whole trace", m.l + m.pw / 2, h - 4);
   }
   function renderDevices() {
     const box = $("devices");
@@ -365,11 +456,15 @@
   }
 
   // ---------- timeline ----------
+  // The kept points' times (an unknown time reads as the first known one).
+  function pointTimes(d) {
+    const first = d.points.time_us.find((t) => t >= 0);
+    return d.points.time_us.map((t) => (t >= 0 ? t : first === undefined ? 0 : first));
+  }
   function xsOf(d) {
     const p = d.points;
-    if (!d.has_times || !p.time_us) return p.event.slice();
-    const first = p.time_us.find((t) => t >= 0);
-    return p.time_us.map((t) => (t >= 0 ? t : first === undefined ? 0 : first));
+    if (!timeAxis() || !p.time_us) return p.event.slice();
+    return pointTimes(d);
   }
   let TL = null;  // per device: xs, range
   function prepTimeline() {
@@ -396,17 +491,17 @@
   // point at or before it), else its index.
   function xOfEvent(ev) {
     const d = dev();
-    if (!d.has_times) return ev;
+    if (!timeAxis()) return ev;
     const t = timeOf(ev);
     if (t !== null) return t;
     const i = Math.max(0, lowerBound(d.points.event, ev + 1) - 1);
     return TL.xs[Math.min(i, TL.xs.length - 1)];
   }
-  function timeXOf(ev, t) { return dev().has_times && t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev); }
+  function timeXOf(ev, t) { return timeAxis() && t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev); }
   // The x axis: time since the device's first event in the device's unit, or the event index.
   function xTicks(v0, v1, target) {
     const d = dev(), ticks = [];
-    if (d.has_times && TIME.unit) {
+    if (timeAxis() && TIME.unit) {
       const a = (v0 - TIME.base) / TIME.div, b = (v1 - TIME.base) / TIME.div, step = niceStep(b - a, target), dec = stepDecimals(step);
       for (let k = Math.ceil(a / step); k * step <= b && ticks.length < 60; k++) ticks.push({ x: TIME.base + k * step * TIME.div, label: (k * step).toFixed(dec) + " " + TIME.unit });
       return { ticks, title: "time since the first event (" + TIME.unit + ")" };
@@ -496,11 +591,21 @@
       }
     }
     g.textBaseline = "alphabetic";
-    const { X, Y, pw, ph } = drawAxes(g, w, h, TL.ymax, "bytes");
+    const i0 = Math.max(0, lowerBound(xs, v0) - 1), i1 = Math.min(xs.length, lowerBound(xs, v1) + 1);
+    // Zoomed in, the byte axis fits what is in view (the card's memory too when it is near).
+    let ymax = TL.ymax;
+    if (v0 > TL.lo || v1 < TL.hi) {
+      let top = 1;
+      for (const s of SERIES) { const ys = d.points[s.key]; for (let i = i0; i < i1; i++) if (ys[i] > top) top = ys[i]; }
+      if (TL.capOnScale && TL.cap <= top * 1.6) top = Math.max(top, TL.cap);
+      ymax = Math.min(TL.ymax, top * 1.04);
+    }
+    c.dataset.ymax = String(ymax);
+    c.dataset.axis = timeAxis() ? "time" : "event";
+    const { X, Y, pw, ph } = drawAxes(g, w, h, ymax, "bytes");
     // series (step lines over the kept points)
     g.save();
     g.beginPath(); g.rect(PAD.l, PAD.t - 2, pw, ph + 2); g.clip();
-    const i0 = Math.max(0, lowerBound(xs, v0) - 1), i1 = Math.min(xs.length, lowerBound(xs, v1) + 1);
     for (const s of SERIES) {
       const ys = d.points[s.key];
       if (i1 <= i0) break;
@@ -613,6 +718,14 @@
   }
   function installTimeline() {
     const c = $("timeline");
+    $("axis").addEventListener("change", () => {
+      if (!dev()) return;
+      S.axis = $("axis").value;
+      prepTimeline();
+      prepAllocations();
+      drawMini();
+      redrawTime();
+    });
     installPlot(c, (px) => { if (TL.xs.length) timelineReadout(pointIndexAt(c, px)); },
       (px) => gotoEvent(dev().points.event[pointIndexAt(c, px)]));
     $("timeline-reset").addEventListener("click", () => { if (!dev()) return; S.view = [TL.lo, TL.hi]; redrawTime(); });
@@ -632,7 +745,7 @@
     if (!al) return;
     const n = al.drawn.length / 5;
     const x0 = new Float64Array(n), x1 = new Float64Array(n), bytes = new Float64Array(n);
-    const xOf = (ev, t) => (d.has_times ? (t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev)) : ev);
+    const xOf = (ev, t) => (timeAxis() ? (t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev)) : ev);
     const ops = [];
     for (let i = 0; i < n; i++) {
       const r = al.drawn, j = 5 * i;
@@ -865,6 +978,7 @@
     if (d.has_segment_info === false) {
       cap.textContent = "No block map: " + noSegmentsWhy() + ". Moment " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) + ".";
       BM = null;
+      $("blockmap-oom").hidden = true;
       $("blockmap").hidden = true;
       $("blockmap").style.display = "none";  // canvas { display: block } would show it
       $("blockmap-legend").textContent = "";
@@ -879,6 +993,10 @@
     text += d.layout_exact ? " Exact layout." : " Estimated layout (see Block layout above).";
     cap.textContent = text;
     BM = decodeKeyframe(k);
+    const c = $("blockmap");
+    c.dataset.device = String(devA().device);
+    c.dataset.event = String(k.event);
+    renderOomPanel(k);
     drawBlockmap();
     $("block-stack").textContent = "";
     const lg = $("blockmap-legend");
@@ -889,6 +1007,37 @@
     } else {
       STATE_NAMES.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:" + STATE_COLOURS[i] }), c)));
     }
+  }
+  // At an OOM: the request that failed drawn to scale against the largest free block of its pool
+  // (and stream) and that pool's free bytes in all (the figures of `blocks --at oom`); the block
+  // map outlines that largest free block.
+  function renderOomPanel(k) {
+    const box = $("blockmap-oom");
+    box.textContent = "";
+    BM.hole = -1;
+    const v = k.oom;
+    box.hidden = !v;
+    if (!v) { delete box.dataset.request; return; }
+    for (let i = 0; i < BM.start.length; i++) {
+      const s = BM.segs[BM.seg[i]];
+      if ((BM.code[i] & 3) !== 0 || (BM.code[i] & 32) || s.pool !== v.pool || s.stream !== v.stream) continue;
+      if (BM.hole < 0 || BM.size[i] > BM.size[BM.hole]) BM.hole = i;
+    }
+    box.dataset.request = String(v.request_bytes);
+    box.dataset.largest = String(v.pool_largest_free_bytes);
+    box.append(el("div", { text: "The failed request: " + fmtBytes(v.request_bytes) + " from the " + v.pool + " pool on stream " + v.stream + ". " +
+      (v.fits_block ? "A free block of that pool could have held it." :
+        v.fragmentation ? "Fragmentation: the pool had the bytes free, but in pieces, none large enough." :
+          "Neither the pool's largest free block nor all its free bytes could hold it.") +
+      " The device had " + fmtBytes(v.device_free) + " free" + (v.short_by_bytes ? "; short by " + fmtBytes(v.short_by_bytes) : "") + "." }));
+    const top = Math.max(v.request_bytes, v.pool_free_bytes, v.pool_largest_free_bytes, 1);
+    for (const [label, bytes, cls] of [["request", v.request_bytes, "request"], ["largest free block of the pool", v.pool_largest_free_bytes, "hole"],
+      ["free in the pool in all", v.pool_free_bytes, "pool"]]) {
+      const bar = el("div", { cls: "bar " + cls });
+      bar.style.width = (100 * bytes / top).toFixed(2) + "%";
+      box.append(el("div", { cls: "bar-row", "data-bar": cls }, el("span", { text: label }), el("div", null, bar), el("span", { cls: "mono", text: fmtBytes(bytes) })));
+    }
+    if (BM.hole >= 0) box.append(el("div", { cls: "hint", text: "The block map outlines that largest free block in red." }));
   }
   const ROW_H = 10, ROW_GAP = 3;
   function bmGeometry(w, h) {
@@ -928,6 +1077,18 @@
       g.fillRect(x, 2 + row * (ROW_H + ROW_GAP), 1.2, ROW_H + 4);
     }
     if (S.block !== null && S.block < BM.start.length) span(BM.start[S.block], BM.size[S.block], "rgba(0,0,0,0.45)", false);
+    if (BM.hole >= 0) {  // the OOM's largest free block of its pool: outlined, with a floor of 3 px
+      let p = BM.start[BM.hole];
+      const end = p + BM.size[BM.hole];
+      g.strokeStyle = OOM_COLOUR; g.lineWidth = 2;
+      while (p < end) {
+        const row = Math.floor(p / G.bpr), q = Math.min(end, (row + 1) * G.bpr);
+        const x0 = G.left + ((p - row * G.bpr) / G.bpr) * G.width, x1 = G.left + ((q - row * G.bpr) / G.bpr) * G.width;
+        g.strokeRect(x0 - 1, 3 + row * (ROW_H + ROW_GAP), Math.max(3, x1 - x0 + 2), ROW_H + 2);
+        p = q;
+      }
+      g.lineWidth = 1;
+    }
   }
   function blockAt(px, py) {
     const c = $("blockmap"), r = c.getBoundingClientRect();
@@ -1023,7 +1184,9 @@
     for (let i = 1; i < n; i++) { if (t.parent[i] >= 0) { kids[t.parent[i]].push(i); depth[i] = depth[t.parent[i]] + 1; } }
     for (const k of kids) k.sort((a, b) => t.bytes[b] - t.bytes[a]);
     // Bars read function first, then the file's last two path parts; the read-out has it all.
-    const short = (f) => f[1] + "  " + f[0].split("/").slice(-2).join("/") + (knownLine(f[2]) ? ":" + f[2] : "");
+    // A C++ frame's bar shows its short name (f[3]: the function without return type and
+    // arguments, "backward: " first for the autograd engine); the read-out has the signature.
+    const short = (f) => (f.length > 3 ? f[3] : f[1]) + "  " + f[0].split("/").slice(-2).join("/") + (knownLine(f[2]) ? ":" + f[2] : "");
     const label = (i) => (t.label[String(i)] !== undefined ? t.label[String(i)] : t.frame[i] >= 0 ? frameText(D.frames[t.frame[i]]) : "?");
     const barLabel = (i) => (t.label[String(i)] !== undefined || t.frame[i] < 0 ? label(i) : short(D.frames[t.frame[i]]));
     IC = { t, kids, depth, label, barLabel, rects: [] };
@@ -1116,6 +1279,7 @@
     if (!d) {
       const why = "cuda:" + devA().device + " is not drawn in this report (see the summary); memforensics report --device " + devA().device + " draws it.";
       TL = null; BM = null; IC = null; AV = null;
+      $("blockmap-oom").hidden = true;
       $("keyframe").textContent = "";
       $("blockmap-caption").textContent = why;
       $("allocations-caption").textContent = why;
@@ -1125,17 +1289,81 @@
       for (const id of ["timeline", "allocations", "blockmap", "icicle"]) placeholder(id, why);
       return;
     }
+    // No chart without data: a device with no trace entries has its state at the end only (the
+    // block map and call tree show it); its timeline and allocation view say what is missing.
+    const empty = noHistory();
+    for (const [sec, note, what] of [["timeline-section", "timeline-empty", "No timeline"], ["allocations-section", "allocations-empty", "No allocations over time"]]) {
+      $(sec).classList.toggle("no-data", empty);
+      $(note).hidden = !empty;
+      $(note).textContent = empty ? what + " for cuda:" + devA().device + ": the file has no allocation history for this device (no trace entries), " +
+        "only its state at the end, shown in the block map and the call tree. To record one, call " +
+        "torch.cuda.memory._record_memory_history(max_entries=100000) before the model is built and " +
+        "torch.cuda.memory._dump_snapshot(path) after the steps of interest." : "";
+    }
+    $("axis-pick").hidden = !d.has_times;
     prepTimeline();
+    drawMini();
     prepAllocations();
     fillKeyframes();
+    // The block map opens at the device's first OOM when it has one, else at the requested peak.
+    const oomKf = d.keyframes.findIndex((k) => k.labels.includes("OOM 1"));
     const peakKf = d.keyframes.findIndex((k) => k.labels.includes("requested peak"));
-    S.kf = peakKf >= 0 ? peakKf : 0;
+    S.kf = oomKf >= 0 ? oomKf : peakKf >= 0 ? peakKf : 0;
     S.picked = null;
     S.block = null;
     S.alloc = -1;
     $("allocation-stack").textContent = "";
     IC = null;
     momentChanged();
+  }
+  // ---------- links to a moment ----------
+  // The page reads #device=N&event=K, or #device=N&t=1.442s (105.1ms, 250us: the time since the
+  // device's first event, as every view prints it), and shows that moment everywhere (the
+  // nearest precomputed one in the block map, said in its caption).
+  // The bound (µs since the first event) of the moments a printed time names, and whether the
+  // bound is inclusive: a rounded figure names its whole rounding interval (5.759ms is
+  // [5.7585, 5.7595) ms), a whole number itself (the rule of `blocks --at t+...`).
+  function parseRelTime(s) {
+    const m = /^\+?(\d+)(?:\.(\d+))?\s*(s|ms|us|µs)$/.exec(s.trim());
+    if (!m) return null;
+    const scale = m[3] === "s" ? 1e6 : m[3] === "ms" ? 1e3 : 1;
+    const v = Number(m[1] + (m[2] ? "." + m[2] : "")) * scale;
+    return m[2] ? { bound: v + 0.5 * Math.pow(10, -m[2].length) * scale, inclusive: false } : { bound: v, inclusive: true };
+  }
+  function applyHash() {
+    const q = new URLSearchParams(location.hash.replace(/^#/, ""));
+    if (q.has("device")) {
+      const i = indexOfDevice(Number(q.get("device")));
+      if (i >= 0 && i !== S.dev) switchDevice(i);
+    }
+    const d = dev();
+    if (!d || !d.keyframes.length) return;
+    let ev = null;
+    if (q.has("event") && /^-?\d+$/.test(q.get("event"))) ev = Number(q.get("event"));
+    else if (q.has("t") && d.has_times && TIME.unit) {
+      const rel = parseRelTime(q.get("t"));
+      if (rel !== null) {  // the last kept timeline point within that bound
+        const x = TIME.base + rel.bound, ts = pointTimes(d);
+        let i = lowerBound(ts, x) - 1;
+        if (rel.inclusive) while (i + 1 < ts.length && ts[i + 1] <= x) i++;
+        ev = i >= 0 ? d.points.event[i] : -1;
+      }
+    }
+    if (ev !== null) gotoEvent(ev);
+  }
+  function installMomentLink() {
+    $("moment-link").addEventListener("click", () => {
+      const d = dev();
+      if (!d || !d.keyframes.length) return;
+      const k = d.keyframes[S.kf], ev = S.picked !== undefined && S.picked !== null ? S.picked : k.event;
+      const hash = "#device=" + devA().device + "&event=" + ev;
+      history.replaceState(null, "", hash);
+      const url = location.href;
+      const done = (how) => { $("moment-link-status").textContent = how + ": " + url; };
+      if (navigator.clipboard && navigator.clipboard.writeText) navigator.clipboard.writeText(url).then(() => done("copied"), () => done("in the address bar"));
+      else done("in the address bar");
+    });
+    window.addEventListener("hashchange", applyHash);
   }
   function main() {
     if (!A.devices.length) {
@@ -1152,8 +1380,10 @@
     installAllocations();
     installBlockmap();
     installIcicle();
+    installMomentLink();
     selectDevice();
-    window.addEventListener("resize", () => { if (dev()) { redrawTime(); if (BM) drawBlockmap(); drawIcicle(); } });
+    applyHash();
+    window.addEventListener("resize", () => { if (dev()) { redrawTime(); drawMini(); if (BM) drawBlockmap(); drawIcicle(); } });
     document.body.dataset.ready = "1";
   }
   main();

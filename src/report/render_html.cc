@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/findings/headline.h"
+#include "analysis/frames/frame_class.h"
 #include "report/json_analysis.h"
 #include "report/render_compare.h"
 
@@ -193,15 +194,29 @@ json deviceJson(const analysis::DeviceReportData& d) {
       segs.push_back(s.expandable ? 1 : 0);
       segs.push_back(n);
     }
-    kfs.push_back({{"event", k.event},
-                   {"time_us", k.time_us},
-                   {"labels", k.labels},
-                   {"at", countersJson(k.at)},
-                   {"blocks_before_merge", k.blocks_before_merge},
-                   {"segments", segs},
-                   {"blocks", blocks},
-                   {"icicle_source", icicleSourceName(k.icicle_source)},
-                   {"icicle", icicleJson(k.icicle)}});
+    json kf = {{"event", k.event},
+               {"time_us", k.time_us},
+               {"labels", k.labels},
+               {"at", countersJson(k.at)},
+               {"blocks_before_merge", k.blocks_before_merge},
+               {"segments", segs},
+               {"blocks", blocks},
+               {"icicle_source", icicleSourceName(k.icicle_source)},
+               {"icicle", icicleJson(k.icicle)}};
+    // The failed request against its pool (names as in `blocks --json`'s oom object).
+    if (k.oom) {
+      const analysis::OomVerdict& v = *k.oom;
+      kf["oom"] = {{"request_bytes", v.request_bytes},
+                   {"pool", v.pool},
+                   {"stream", v.stream},
+                   {"pool_free_bytes", v.pool_free},
+                   {"pool_largest_free_bytes", v.pool_largest},
+                   {"fits_block", v.fits_block},
+                   {"fragmentation", v.fragmentation},
+                   {"device_free", v.device_free},
+                   {"short_by_bytes", v.short_by}};
+    }
+    kfs.push_back(std::move(kf));
   }
   j["pool_names"] = pool_names;
   j["keyframes"] = kfs;
@@ -485,8 +500,10 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
                        {"bytes", it.bytes},
                        {"where", framesJson(it.where)}});
     }
-    doc["headline"] = {
-        {"focus_device", h.focus_device}, {"focus_reason", h.focus_reason}, {"items", items}};
+    doc["headline"] = {{"focus_device", h.focus_device},
+                       {"focus_reason", h.focus_reason},
+                       {"items", items},
+                       {"other_warnings", h.other_warnings}};
   }
   // The devices whose analysis the page carries: at most kPageAnalysisDevices (or the list bound
   // of levels 2 and up), the focus and drawn ones and the headline's first, then the file's order
@@ -505,10 +522,21 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   boundAnalysis(doc["analysis"], lim, cuts);
   boundAnalysis(doc["headline"], lim, cuts);
   json frames = json::array();
-  // An unknown line travels as null (the page then shows the file alone).
-  for (const auto& f : data.frames)
-    frames.push_back(
-        {f.filename, f.name, f.line == format::kUnknownLine ? json(nullptr) : json(f.line)});
+  // An unknown line travels as null (the page then shows the file alone). A C++ frame carries a
+  // fourth element, the short name its call-tree bar shows (the qualified function name, without
+  // return type and arguments; "backward: " first for the autograd engine's frames); the
+  // read-out keeps the whole signature.
+  for (const auto& f : data.frames) {
+    json row = {f.filename, f.name, f.line == format::kUnknownLine ? json(nullptr) : json(f.line)};
+    if (!analysis::isPythonFile(f.filename)) {
+      const std::string_view q = analysis::qualifiedFunctionName(f.name);
+      const bool backward =
+          analysis::classifyFrame(f.filename, f.name) == analysis::FrameKind::Autograd;
+      if (backward || q.size() != f.name.size())
+        row.push_back((backward ? "backward: " : "") + std::string(q));
+    }
+    frames.push_back(std::move(row));
+  }
   doc["frames"] = frames;
   doc["stacks"] = data.stacks;
   doc["caps"] = data.caps;

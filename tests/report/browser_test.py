@@ -237,6 +237,187 @@ def hostile_snapshot(path):
         pickle.dump(snap, f, protocol=4)
 
 
+HEADLINE_JS = """
+const box = document.getElementById('headline'), c = document.getElementById('headline-chart');
+const r = c ? c.getBoundingClientRect() : null;
+return {hidden: box.hidden, severity: box.dataset.severity, text: box.innerText,
+        chart: r ? {bottom: r.bottom + window.scrollY, device: c.dataset.device, ooms: c.dataset.ooms,
+                    peak_event: c.dataset.peakEvent} : null};
+"""
+
+
+def check_headline(wd, expected, name, failures):
+    """The answer above the fold (the page as it opens, 1400 px wide, narrower than the issue's 1600):
+    the headline box is there, red only for a high item, and the opened device's small timeline
+    (its peak reserved and OOMs) ends within the first 1000 px; a device with no history has none."""
+    wd.js("window.scrollTo(0, 0)")
+    h = wd.js(HEADLINE_JS)
+    items = expected.get("headline", {}).get("items", [])
+    sev = "high" if any(i["severity"] == "high" for i in items) else \
+        "warning" if any(i["severity"] == "warning" for i in items) else "none"
+    if h["hidden"] or h["severity"] != sev:
+        failures.append(f"{name}: headline hidden={h['hidden']} severity {h['severity']!r}, analyze's items say {sev!r}")
+    opened = wd.js("return document.body.dataset.device")
+    dev = next((d for d in expected["devices"] if str(d["device"]) == opened), None)
+    drawn = wd.js("return document.body.dataset.detail") == "1"
+    if dev is None or not drawn:
+        return
+    chart = h["chart"]
+    if dev["events"] == 0:
+        if chart is not None:
+            failures.append(f"{name}: cuda:{opened} has no history, yet the headline draws a timeline")
+        return
+    if chart is None:
+        failures.append(f"{name}: the headline has no small timeline for cuda:{opened}")
+        return
+    if chart["bottom"] > 1000:
+        failures.append(f"{name}: the headline's timeline ends at {chart['bottom']:.0f} px, below the first 1000 px")
+    peak_event = dev["peak_reserved_event"] if dev["peak_reserved_event"] is not None else -1  # null: the start
+    if chart["device"] != opened or int(chart["ooms"]) != dev["oom_count"] or int(chart["peak_event"]) != peak_event:
+        failures.append(f"{name}: the headline's timeline shows {chart}, analyze: cuda:{opened} with "
+                        f"{dev['oom_count']} OOMs, peak reserved at event {dev['peak_reserved_event']}")
+    ink = wd.js(INK_JS, "headline-chart")
+    if not ink or ink <= 0.001:
+        failures.append(f"{name}: the headline's timeline is blank (ink {ink})")
+
+
+# Frames that only run the program (CPython's interpreter and start-up, the C runtime, thread
+# start-up, the unwinder, torch's Python binding glue): none may be a bar of any call tree. Written
+# here from the real snapshots' frames, independently of the classifier (frame_class.cc).
+PLUMBING_NAME = re.compile(r"^(_?Py[A-Z_]|pymain_|pyrun_|run_mod|method_vectorcall|cfunction_|slot_(tp|nb|sq|mp)_|"
+                           r"binary_op|vectorcall_|__libc_|start_thread|__?clone3?$|main$|dynamo_|__Pyx_|"
+                           r"torch::handle_torch_function|torch::unwind|.*TypeError_to_NotImplemented_)")
+PLUMBING_FILE = re.compile(r"(/Objects/|/Python/|/Modules/|/Include/)[^/]*\.[ch]$|/lib/python3\.\d+/(?!.*-packages)")
+
+ICICLE_FRAMES_JS = """
+const D = JSON.parse(document.getElementById('memf-data').textContent);
+const used = new Set();
+for (const d of D.devices) {
+  for (const t of [d.icicle].concat(d.keyframes.map(k => k.icicle))) {
+    if (!t || !t.frame) continue;
+    for (const f of t.frame) if (f >= 0) used.add(f);
+  }
+}
+return Array.from(used).map(f => D.frames[f]);
+"""
+
+
+def check_icicle_frames(wd, name, failures):
+    bad = []
+    for f in wd.js(ICICLE_FRAMES_JS) or []:
+        if (f[0] or "").endswith(".py"):
+            if PLUMBING_FILE.search(f[0]):
+                bad.append(f"{f[0]}:{f[1][:80]}")
+            continue
+        fname = re.sub(r"^.* (?=[\w:~]+\()", "", f[1]) if "(" in f[1] else f[1]  # a return type off
+        if PLUMBING_NAME.match(fname) or PLUMBING_FILE.search(f[0] or ""):
+            bad.append(f"{f[0]}:{f[1][:80]}")
+    if bad:
+        failures.append(f"{name}: plumbing frames in the call tree: {sorted(set(bad))[:5]}")
+
+
+MOMENT_JS = """
+const c = document.getElementById('blockmap'), cap = document.getElementById('blockmap-caption');
+return [document.body.dataset.device, c.dataset.device, c.dataset.event, cap.textContent];
+"""
+
+
+def open_page(wd, url):
+    wd.get(url)
+    deadline = time.time() + 60
+    while time.time() < deadline and not wd.js("return document.body && document.body.dataset.ready === '1'"):
+        time.sleep(0.1)
+
+
+def nearest_keyframe(kfs, ev):
+    best = 0
+    for i, k in enumerate(kfs):
+        if abs(k["event"] - ev) < abs(kfs[best]["event"] - ev):
+            best = i
+    return kfs[best]["event"]
+
+
+def check_moment_links(wd, html, name, failures):
+    """#device=N&event=K and #device=N&t=...: the page opens on that device and moment (the block
+    map's data attributes), the nearest precomputed one when K has no layout of its own, said so."""
+    data = wd.js("return JSON.parse(document.getElementById('memf-data').textContent)")
+    devs = [d for d in data["devices"] if d.get("has_segment_info", True) and len(d["keyframes"]) >= 3]
+    if not devs:
+        return
+    d = devs[-1]  # another device than the opened one, where there are several
+    kfs = d["keyframes"]
+    k = kfs[len(kfs) // 2]["event"]
+    open_page(wd, f"file://{html}#device={d['device']}&event={k}")
+    got = wd.js(MOMENT_JS)
+    if got[:3] != [str(d["device"])] * 2 + [str(k)]:
+        failures.append(f"{name}: #device={d['device']}&event={k} shows device/event {got[:3]}")
+    others = [e for e in range(k - 3, k + 4) if e >= 0 and all(x["event"] != e for x in kfs)]
+    if others:
+        e = others[0]
+        wd.js("location.hash = arguments[0]", f"#device={d['device']}&event={e}")
+        time.sleep(0.2)
+        got = wd.js(MOMENT_JS)
+        want = str(nearest_keyframe(kfs, e))
+        if got[1:3] != [str(d["device"]), want] or f"nearest precomputed moment to event {e}" not in got[3]:
+            failures.append(f"{name}: #device={d['device']}&event={e} (no layout of its own) shows {got[1:3]}, "
+                            f"caption {got[3][:120]!r}; want the nearest keyframe {want}, said so")
+    a = next((x for x in data["analysis"]["devices"] if x["device"] == d["device"]), None)
+    p = d["points"]
+    if d["has_times"] and a and a.get("first_time_us") is not None and p.get("time_us"):
+        base = a["first_time_us"]
+        xs = [t if t >= 0 else base for t in p["time_us"]]
+        t = xs[len(xs) * 2 // 3]
+        rel = t - base
+        i = max(j for j in range(len(xs)) if xs[j] <= t)
+        want = str(nearest_keyframe(kfs, p["event"][i]))
+        wd.js("location.hash = arguments[0]", f"#device={d['device']}&t={rel}us")
+        time.sleep(0.2)
+        got = wd.js(MOMENT_JS)
+        if got[1:3] != [str(d["device"]), want]:
+            failures.append(f"{name}: #device={d['device']}&t={rel}us shows {got[1:3]}, want keyframe {want}")
+
+
+ZOOM_JS = """
+const c = document.getElementById('timeline'), r = c.getBoundingClientRect();
+const full = Number(c.dataset.ymax);
+for (let k = 0; k < 12; k++)
+  c.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, clientX: r.left + 75, clientY: r.top + r.height / 2, bubbles: true, cancelable: true}));
+const zoomed = Number(c.dataset.ymax);
+c.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+return [full, zoomed, Number(c.dataset.ymax)];
+"""
+
+
+def check_timeline_axes(wd, name, failures):
+    """The x axis can be the event index where the file has times; zoomed in near the start, the
+    byte axis fits what is in view (and comes back on reset)."""
+    if wd.js("return document.getElementById('axis-pick').hidden"):
+        return
+    wd.js("const s = document.getElementById('axis'); s.value = 'event'; s.dispatchEvent(new Event('change'));")
+    axis, ink = wd.js("return document.getElementById('timeline').dataset.axis"), wd.js(INK_JS, "timeline")
+    wd.js("const s = document.getElementById('axis'); s.value = 'time'; s.dispatchEvent(new Event('change'));")
+    if axis != "event" or not ink or wd.js("return document.getElementById('timeline').dataset.axis") != "time":
+        failures.append(f"{name}: the event-index axis did not draw (axis {axis!r}, ink {ink})")
+    full, zoomed, back = wd.js(ZOOM_JS)
+    if not (zoomed <= full and back == full) or (name == "sample_training" and not zoomed < full):
+        failures.append(f"{name}: the byte axis on zoom: full {full}, zoomed near the start {zoomed}, after reset {back}")
+
+
+def no_history_snapshot(path):
+    """A snapshot with a device's state at the end and no trace entries (history not recorded)."""
+    mib = 1 << 20
+    base = 0x7F0000000000
+    frames = [{"filename": "train.py", "line": 3, "name": "<module>"}]
+    blocks = [{"address": base, "size": 8 * mib, "requested_size": 8 * mib, "state": "active_allocated",
+               "frames": frames},
+              {"address": base + 8 * mib, "size": 12 * mib, "requested_size": 0, "state": "inactive", "frames": []}]
+    seg = {"device": 0, "address": base, "total_size": 20 * mib, "stream": 0, "segment_type": "large",
+           "allocated_size": 8 * mib, "active_size": 8 * mib, "requested_size": 8 * mib,
+           "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": blocks}
+    with open(path, "wb") as f:
+        pickle.dump({"segments": [seg], "device_traces": [[]]}, f, protocol=4)
+
+
 def check_report(wd, exe, src, workdir, artifacts, name, failures):
     html = os.path.join(workdir, "report.html")
     r = subprocess.run([exe, "report", src, "-o", html], capture_output=True, text=True)
@@ -288,6 +469,8 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
     oom_devices = [str(d["device"]) for d in devices if d["oom_count"] > 0]
     if oom_devices and opened not in oom_devices:
         failures.append(f"{name}: the page opened on cuda:{opened}, not on a device with an OOM {oom_devices}")
+    check_headline(wd, expected, name, failures)
+    check_icicle_frames(wd, name, failures)
     marked = wd.js("return Array.from(document.querySelectorAll('#device option')).map(o => [o.dataset.oom === '1', o.textContent.includes('OOM')])")
     for d, (flag, text) in zip(devices, marked or []):
         if flag != (d["oom_count"] > 0) or text != (d["oom_count"] > 0):
@@ -358,7 +541,19 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
         if sums and sums["buckets"] and (sums["bad"] or sums["max"] != dev["peak_requested_bytes"]):
             failures.append(f"{name} device {dev['device']}: allocation view sums: {sums['bad']} bad buckets, "
                             f"highest {sums['max']} != peak requested {dev['peak_requested_bytes']}")
+        # No chart without data: a device with no trace entries draws no timeline and no
+        # allocation view; each section says what is missing and how to record it.
+        if dev["events"] == 0:
+            for sec, note in (("timeline-section", "timeline-empty"), ("allocations-section", "allocations-empty")):
+                shown = wd.js("const s = document.getElementById(arguments[0]), n = document.getElementById(arguments[1]);"
+                              "return [s.classList.contains('no-data'), n.hidden, n.textContent,"
+                              " document.getElementById(arguments[0].replace('-section', '')).getBoundingClientRect().height]",
+                              sec, note)
+                if not shown[0] or shown[1] or "_record_memory_history" not in shown[2] or shown[3] != 0:
+                    failures.append(f"{name} device {dev['device']}: no history, but {sec} shows {shown}")
         for canvas in ["timeline", "allocations", "blockmap", "icicle"]:
+            if canvas in ("timeline", "allocations") and dev["events"] == 0:
+                continue
             if canvas == "blockmap" and not has_segments:
                 continue
             if canvas == "allocations" and not sums["buckets"]:
@@ -366,6 +561,20 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
             ink = wd.js(INK_JS, canvas)
             if not ink or ink <= 0.001:
                 failures.append(f"{name} device {dev['device']}: the {canvas} canvas is blank (ink {ink})")
+        # An OOM device's block map opens at its first OOM, with the failed request drawn against
+        # its pool's largest free block: the figures `blocks --at oom` gives.
+        if has_segments and dev["oom_count"] > 0 and dev["ooms"]:
+            o = dev["ooms"][0]
+            shown = wd.js("const c = document.getElementById('blockmap'), p = document.getElementById('blockmap-oom');"
+                          "return [c.dataset.device, c.dataset.event, p.hidden, p.dataset.request, p.dataset.largest,"
+                          " p.querySelectorAll('[data-bar]').length]")
+            b = subprocess.run([exe, "blocks", "--json", "--at", "oom", "--device", str(dev["device"]), src],
+                               capture_output=True, text=True)
+            want = json.loads(b.stdout)["oom"] if b.returncode == 0 else None
+            if want is None or shown != [str(dev["device"]), str(o["event"]), False, str(o["request_bytes"]),
+                                         str(want["pool_largest_free_bytes"]), 3]:
+                failures.append(f"{name} device {dev['device']}: the block map at the OOM shows {shown}; "
+                                f"analyze: OOM at event {o['event']} of {o['request_bytes']} B, blocks: {want}")
         # The block map's caption quotes the keyframe's counters (countersJson's names): a renamed
         # field would print NaN or undefined there.
         caption = wd.js("return document.getElementById('blockmap-caption').textContent") or ""
@@ -397,6 +606,10 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
                 failures.append(f"{name} device {dev['device']}: clicking the timeline did not change the block map")
             if moved and has_segments and wd.js(INK_JS, "blockmap") <= 0.001 and dev["final_reserved_bytes"] > 0:
                 failures.append(f"{name} device {dev['device']}: the block map is blank after the click")
+    if wd.js("return document.body.dataset.detail") == "1" and \
+            not wd.js("return document.getElementById('timeline-section').classList.contains('no-data')"):
+        check_timeline_axes(wd, name, failures)
+    check_moment_links(wd, html, name, failures)
     if i_errors := wd.js("return window.memfErrors"):
         failures.append(f"{name}: JavaScript errors after interaction: {i_errors}")
     wd.js("window.scrollTo(0, 0)")
@@ -440,6 +653,9 @@ def main():
     hostile = os.path.join(hostile_dir, "hostile" + XSS.replace("/", "_") + ".pickle")
     hostile_snapshot(hostile)
     inputs.append(("hostile_markup", hostile))
+    no_history = os.path.join(workdir, "no_history.pickle")
+    no_history_snapshot(no_history)
+    inputs.append(("no_history", no_history))
     for extra in args.input:
         if not os.path.exists(extra):
             # a clone without ../shared beside it: the real inputs are skipped, and said so

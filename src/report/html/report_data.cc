@@ -916,6 +916,9 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
         k.at = m->at;
       }
       k.labels = moment.labels;
+      if (snap.has_segment_info && ev >= 0 && ev < n &&
+          f.events[static_cast<size_t>(ev)].action == format::Action::Oom)
+        k.oom = oomVerdictAt(snap, f, *m);
       if (!is_important) {
         size_t cost = keyframeCost(k);
         rest_spent += cost;

@@ -22,6 +22,7 @@
 
 #include "analysis/compare/compare.h"
 #include "analysis/frames/frames.h"
+#include "analysis/session/blocks.h"
 #include "analysis/session/session.h"
 #include "analysis/session/timeline.h"
 #include "format/model/snapshot.h"
@@ -83,6 +84,9 @@ struct Keyframe {
   // DeviceReportData::icicle).
   IcicleSource icicle_source = IcicleSource::None;
   std::vector<IcicleNode> icicle;
+  // At an OOM with a layout: the request that failed against its pool's free bytes and largest
+  // free block (oomVerdictAt: the figures `blocks --at oom` and the OOM finding give).
+  std::optional<OomVerdict> oom;
 };
 
 // The allocation view (memory_viz's "Active Memory Timeline"): every allocation a band over its
