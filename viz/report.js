@@ -534,6 +534,7 @@
     }
     g.fillStyle = "#1d2330"; g.font = "12px system-ui, sans-serif";
     g.fillText(xt.title, PAD.l + pw / 2, h - 15);
+    g.canvas.dataset.xtitle = xt.title;
     g.save(); g.translate(13, PAD.t + ph / 2); g.rotate(-Math.PI / 2); g.textBaseline = "middle"; g.fillText(ytitle + " (" + yt.unit + ")", 0, 0); g.restore();
     g.strokeStyle = "#8a94a6"; g.beginPath(); g.moveTo(PAD.l + 0.5, PAD.t); g.lineTo(PAD.l + 0.5, PAD.t + ph); g.lineTo(w - PAD.r, PAD.t + ph + 0.5); g.stroke();
     g.textBaseline = "alphabetic"; g.font = "11px system-ui, sans-serif";
@@ -1018,11 +1019,19 @@
     const v = k.oom;
     box.hidden = !v;
     if (!v) { delete box.dataset.request; return; }
+    // The block to outline: a free block of the pool and stream as large as the verdict's largest;
+    // where the report drew small blocks merged into runs, the run of that pool holding free bytes
+    // enough to contain it (the caption says so).
+    let run = -1;
     for (let i = 0; i < BM.start.length; i++) {
       const s = BM.segs[BM.seg[i]];
-      if ((BM.code[i] & 3) !== 0 || (BM.code[i] & 32) || s.pool !== v.pool || s.stream !== v.stream) continue;
-      if (BM.hole < 0 || BM.size[i] > BM.size[BM.hole]) BM.hole = i;
+      if (s.pool !== v.pool || s.stream !== v.stream) continue;
+      if (BM.code[i] & 32) { if (run < 0 && BM.free[i] >= v.pool_largest_free_bytes && v.pool_largest_free_bytes > 0) run = i; continue; }
+      if ((BM.code[i] & 3) === 0 && BM.size[i] === v.pool_largest_free_bytes && BM.hole < 0) BM.hole = i;
     }
+    const inRun = BM.hole < 0 && run >= 0;
+    if (inRun) BM.hole = run;
+    box.dataset.hole = BM.hole < 0 ? "" : inRun ? "run" : String(BM.size[BM.hole]);
     box.dataset.request = String(v.request_bytes);
     box.dataset.largest = String(v.pool_largest_free_bytes);
     box.append(el("div", { text: "The failed request: " + fmtBytes(v.request_bytes) + " from the " + v.pool + " pool on stream " + v.stream + ". " +
@@ -1037,7 +1046,8 @@
       bar.style.width = (100 * bytes / top).toFixed(2) + "%";
       box.append(el("div", { cls: "bar-row", "data-bar": cls }, el("span", { text: label }), el("div", null, bar), el("span", { cls: "mono", text: fmtBytes(bytes) })));
     }
-    if (BM.hole >= 0) box.append(el("div", { cls: "hint", text: "The block map outlines that largest free block in red." }));
+    if (BM.hole >= 0) box.append(el("div", { cls: "hint", text: inRun ? "That largest free block lies in a run of small blocks drawn merged: the block map outlines the run in red." :
+      "The block map outlines that largest free block in red." }));
   }
   const ROW_H = 10, ROW_GAP = 3;
   function bmGeometry(w, h) {
@@ -1186,7 +1196,7 @@
     // Bars read function first, then the file's last two path parts; the read-out has it all.
     // A C++ frame's bar shows its short name (f[3]: the function without return type and
     // arguments, "backward: " first for the autograd engine); the read-out has the signature.
-    const short = (f) => (f.length > 3 ? f[3] : f[1]) + "  " + f[0].split("/").slice(-2).join("/") + (knownLine(f[2]) ? ":" + f[2] : "");
+    const short = (f) => (f.length > 3 && f[3] ? f[3] : f[1]) + "  " + f[0].split("/").slice(-2).join("/") + (knownLine(f[2]) ? ":" + f[2] : "");
     const label = (i) => (t.label[String(i)] !== undefined ? t.label[String(i)] : t.frame[i] >= 0 ? frameText(D.frames[t.frame[i]]) : "?");
     const barLabel = (i) => (t.label[String(i)] !== undefined || t.frame[i] < 0 ? label(i) : short(D.frames[t.frame[i]]));
     IC = { t, kids, depth, label, barLabel, rects: [] };
@@ -1276,6 +1286,21 @@
     const d = dev();
     document.body.dataset.detail = d ? "1" : "0";
     document.body.dataset.device = String(devA().device);
+    // No chart without data: a device with no trace entries has its state at the end only (the
+    // block map and call tree show it); its timeline and allocation view say what is missing.
+    // Reset for every device, drawn or not, so no note of another device stays behind.
+    const empty = !!d && noHistory();
+    for (const [sec, note, what] of [["timeline-section", "timeline-empty", "No timeline"], ["allocations-section", "allocations-empty", "No allocations over time"]]) {
+      $(sec).classList.toggle("no-data", empty);
+      $(note).hidden = !empty;
+      $(note).textContent = empty ? what + " for cuda:" + devA().device + ": the file has no allocation history for this device (no trace entries), " +
+        "only its state at the end, shown in the block map and the call tree. To record one, call " +
+        "torch.cuda.memory._record_memory_history(max_entries=100000) before the model is built and " +
+        "torch.cuda.memory._dump_snapshot(path) after the steps of interest." : "";
+    }
+    $("axis-pick").hidden = !d || !d.has_times;
+    delete $("blockmap").dataset.device;
+    delete $("blockmap").dataset.event;
     if (!d) {
       const why = "cuda:" + devA().device + " is not drawn in this report (see the summary); memforensics report --device " + devA().device + " draws it.";
       TL = null; BM = null; IC = null; AV = null;
@@ -1289,18 +1314,6 @@
       for (const id of ["timeline", "allocations", "blockmap", "icicle"]) placeholder(id, why);
       return;
     }
-    // No chart without data: a device with no trace entries has its state at the end only (the
-    // block map and call tree show it); its timeline and allocation view say what is missing.
-    const empty = noHistory();
-    for (const [sec, note, what] of [["timeline-section", "timeline-empty", "No timeline"], ["allocations-section", "allocations-empty", "No allocations over time"]]) {
-      $(sec).classList.toggle("no-data", empty);
-      $(note).hidden = !empty;
-      $(note).textContent = empty ? what + " for cuda:" + devA().device + ": the file has no allocation history for this device (no trace entries), " +
-        "only its state at the end, shown in the block map and the call tree. To record one, call " +
-        "torch.cuda.memory._record_memory_history(max_entries=100000) before the model is built and " +
-        "torch.cuda.memory._dump_snapshot(path) after the steps of interest." : "";
-    }
-    $("axis-pick").hidden = !d.has_times;
     prepTimeline();
     drawMini();
     prepAllocations();
@@ -1332,15 +1345,19 @@
   }
   function applyHash() {
     const q = new URLSearchParams(location.hash.replace(/^#/, ""));
-    if (q.has("device")) {
-      const i = indexOfDevice(Number(q.get("device")));
-      if (i >= 0 && i !== S.dev) switchDevice(i);
+    if (q.has("device")) {  // a device the page does not have: the whole link is ignored
+      const i = /^\d{1,9}$/.test(q.get("device")) ? indexOfDevice(Number(q.get("device"))) : -1;
+      if (i < 0) return;
+      if (i !== S.dev) switchDevice(i);
     }
     const d = dev();
     if (!d || !d.keyframes.length) return;
     let ev = null;
-    if (q.has("event") && /^-?\d+$/.test(q.get("event"))) ev = Number(q.get("event"));
-    else if (q.has("t") && d.has_times && TIME.unit) {
+    if (q.has("event")) {  // an event of the device, or -1 (the start)
+      const e = /^-?\d{1,15}$/.test(q.get("event")) ? Number(q.get("event")) : NaN;
+      if (!(e >= -1 && e < devA().events)) return;
+      ev = e;
+    } else if (q.has("t") && d.has_times && TIME.unit) {
       const rel = parseRelTime(q.get("t"));
       if (rel !== null) {  // the last kept timeline point within that bound
         const x = TIME.base + rel.bound, ts = pointTimes(d);

@@ -532,7 +532,7 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
       const std::string_view q = analysis::qualifiedFunctionName(f.name);
       const bool backward =
           analysis::classifyFrame(f.filename, f.name) == analysis::FrameKind::Autograd;
-      if (backward || q.size() != f.name.size())
+      if (!q.empty() && (backward || q.size() != f.name.size()))
         row.push_back((backward ? "backward: " : "") + std::string(q));
     }
     frames.push_back(std::move(row));

@@ -323,6 +323,7 @@ return [document.body.dataset.device, c.dataset.device, c.dataset.event, cap.tex
 
 
 def open_page(wd, url):
+    wd.get("about:blank")  # a fresh load: a jump within the same page would only fire hashchange
     wd.get(url)
     deadline = time.time() + 60
     while time.time() < deadline and not wd.js("return document.body && document.body.dataset.ready === '1'"):
@@ -347,11 +348,21 @@ def check_moment_links(wd, html, name, failures):
     d = devs[-1]  # another device than the opened one, where there are several
     kfs = d["keyframes"]
     k = kfs[len(kfs) // 2]["event"]
+    a = next((x for x in data["analysis"]["devices"] if x["device"] == d["device"]), None)
+    n_events = a["events"] if a else 0
     open_page(wd, f"file://{html}#device={d['device']}&event={k}")
     got = wd.js(MOMENT_JS)
     if got[:3] != [str(d["device"])] * 2 + [str(k)]:
         failures.append(f"{name}: #device={d['device']}&event={k} shows device/event {got[:3]}")
-    others = [e for e in range(k - 3, k + 4) if e >= 0 and all(x["event"] != e for x in kfs)]
+    # A link the page cannot follow (an event past the device's last, a device it does not have)
+    # changes nothing.
+    for bad in (f"#device={d['device']}&event={n_events + 5}", "#device=99999&event=0"):
+        wd.js("location.hash = arguments[0]", bad)
+        time.sleep(0.2)
+        after = wd.js(MOMENT_JS)
+        if after[:3] != got[:3]:
+            failures.append(f"{name}: the link {bad} moved the page from {got[:3]} to {after[:3]}")
+    others = [e for e in range(k - 3, k + 4) if 0 <= e < n_events and all(x["event"] != e for x in kfs)]
     if others:
         e = others[0]
         wd.js("location.hash = arguments[0]", f"#device={d['device']}&event={e}")
@@ -361,7 +372,6 @@ def check_moment_links(wd, html, name, failures):
         if got[1:3] != [str(d["device"]), want] or f"nearest precomputed moment to event {e}" not in got[3]:
             failures.append(f"{name}: #device={d['device']}&event={e} (no layout of its own) shows {got[1:3]}, "
                             f"caption {got[3][:120]!r}; want the nearest keyframe {want}, said so")
-    a = next((x for x in data["analysis"]["devices"] if x["device"] == d["device"]), None)
     p = d["points"]
     if d["has_times"] and a and a.get("first_time_us") is not None and p.get("time_us"):
         base = a["first_time_us"]
@@ -393,11 +403,17 @@ def check_timeline_axes(wd, name, failures):
     byte axis fits what is in view (and comes back on reset)."""
     if wd.js("return document.getElementById('axis-pick').hidden"):
         return
+    titles = "return ['timeline', 'allocations'].map(id => document.getElementById(id).dataset.xtitle)"
     wd.js("const s = document.getElementById('axis'); s.value = 'event'; s.dispatchEvent(new Event('change'));")
-    axis, ink = wd.js("return document.getElementById('timeline').dataset.axis"), wd.js(INK_JS, "timeline")
+    axis, ink, ev_titles = wd.js("return document.getElementById('timeline').dataset.axis"), wd.js(INK_JS, "timeline"), wd.js(titles)
     wd.js("const s = document.getElementById('axis'); s.value = 'time'; s.dispatchEvent(new Event('change'));")
-    if axis != "event" or not ink or wd.js("return document.getElementById('timeline').dataset.axis") != "time":
-        failures.append(f"{name}: the event-index axis did not draw (axis {axis!r}, ink {ink})")
+    t_titles = wd.js(titles)
+    if axis != "event" or not ink or wd.js("return document.getElementById('timeline').dataset.axis") != "time" or \
+            ev_titles[0] != "event index" or not (t_titles[0] or "").startswith("time since"):
+        failures.append(f"{name}: the event-index axis: axis {axis!r}, ink {ink}, x titles {ev_titles} then {t_titles}")
+    has_alloc = wd.js("return !!document.getElementById('allocations').dataset.xtitle")
+    if has_alloc and (ev_titles[1] != "event index" or not (t_titles[1] or "").startswith("time since")):
+        failures.append(f"{name}: the allocation view's x axis did not follow: {ev_titles[1]!r} then {t_titles[1]!r}")
     full, zoomed, back = wd.js(ZOOM_JS)
     if not (zoomed <= full and back == full) or (name == "sample_training" and not zoomed < full):
         failures.append(f"{name}: the byte axis on zoom: full {full}, zoomed near the start {zoomed}, after reset {back}")
@@ -568,12 +584,16 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
             shown = wd.js("const c = document.getElementById('blockmap'), p = document.getElementById('blockmap-oom');"
                           "return [c.dataset.device, c.dataset.event, p.hidden, p.dataset.request, p.dataset.largest,"
                           " p.querySelectorAll('[data-bar]').length]")
+            # The outlined block is that largest free block (or the merged run holding it), when
+            # the pool has any free block.
+            hole = wd.js("return document.getElementById('blockmap-oom').dataset.hole")
             b = subprocess.run([exe, "blocks", "--json", "--at", "oom", "--device", str(dev["device"]), src],
                                capture_output=True, text=True)
             want = json.loads(b.stdout)["oom"] if b.returncode == 0 else None
+            want_hole = "" if want is None or want["pool_largest_free_bytes"] == 0 else str(want["pool_largest_free_bytes"])
             if want is None or shown != [str(dev["device"]), str(o["event"]), False, str(o["request_bytes"]),
-                                         str(want["pool_largest_free_bytes"]), 3]:
-                failures.append(f"{name} device {dev['device']}: the block map at the OOM shows {shown}; "
+                                         str(want["pool_largest_free_bytes"]), 3] or hole not in (want_hole, "run"):
+                failures.append(f"{name} device {dev['device']}: the block map at the OOM shows {shown}, outline {hole!r}; "
                                 f"analyze: OOM at event {o['event']} of {o['request_bytes']} B, blocks: {want}")
         # The block map's caption quotes the keyframe's counters (countersJson's names): a renamed
         # field would print NaN or undefined there.

@@ -197,7 +197,16 @@ TEST(FrameClass, InterpreterUnsymbolizedAndOutputHelpersArePlumbing) {
             FrameKind::Plumbing);
   EXPECT_EQ(classifyFrame("/build/python-3.12/Python/bytecodes.c", "some_new_helper"),
             FrameKind::Plumbing);
-  // Not every C name or C file: an operator's C function, a dotted C++ name, a kernel's .c file.
+  EXPECT_EQ(classifyFrame("crtstuff.c", "frame_dummy"), FrameKind::Plumbing);
+  // Not every C name or C file: an operator's C function, a dotted C++ name, a kernel's .c file,
+  // a program's own names that begin like the interpreter's, an extension's Modules/ folder.
+  for (const char* n : {"run_model(at::Tensor const&)", "run_module_forward", "vectorcall_dispatch",
+                        "binary_op_kernel<float>::operator()(float, float) const",
+                        "dynamo_utils::foo()", "main::{lambda()#1}::operator()() const",
+                        "at::Tensor binary_operation(at::Tensor const&)"}) {
+    EXPECT_EQ(classifyFrame("??", n), FrameKind::CppOp) << n;
+  }
+  EXPECT_EQ(classifyFrame("/src/my_ext/Modules/attn.c", "attn_forward"), FrameKind::CppOp);
   EXPECT_EQ(classifyFrame("??", "mainloop_kernel"), FrameKind::CppOp);
   EXPECT_EQ(classifyFrame("kernels/softmax.c", "softmax_forward"), FrameKind::CppOp);
   EXPECT_EQ(classifyFrame("??", "at::native::main_op(at::Tensor const&)"), FrameKind::CppOp);

@@ -53,8 +53,9 @@ constexpr std::array<std::string_view, 10> kSystemNames = {"start_thread",
                                                            "__libc_start_main_impl",
                                                            "_start",
                                                            "__libc_start_main"};
-constexpr std::array<std::string_view, 6> kSystemFiles = {
-    "pthread_create.c", "/nptl/", "clone.S", "clone3.S", "libc_start_call_main.h", "libc-start.c"};
+constexpr std::array<std::string_view, 7> kSystemFiles = {
+    "pthread_create.c",       "/nptl/",       "clone.S",   "clone3.S",
+    "libc_start_call_main.h", "libc-start.c", "crtstuff.c"};
 // The allocator, tensor factories and the dispatcher: between the operator that allocated and
 // the allocator, they say nothing about who allocated (prefixes of the qualified name).
 constexpr std::array<std::string_view, 14> kPlumbingPrefixes = {"c10::",
@@ -92,15 +93,31 @@ constexpr std::array<std::string_view, 6> kInterpreterPrefixes = {
     "torch::handle_torch_function",
     "torch::PythonArgParser",
     "torch::autograd::TypeError_to_NotImplemented_"};
-// C functions (no namespace) of CPython's interpreter and start-up (pymain_main, pyrun_file,
-// run_mod, method_vectorcall, binary_op1, slot_tp_call, ...), of the C runtime (__libc_init_first,
-// main) and of the frame-evaluation hooks torch.compile installs (dynamo__custom_eval_frame),
-// Cython's call glue (__Pyx_): prefixes of the name with any compiler clone suffix removed.
-constexpr std::array<std::string_view, 20> kInterpreterNames = {
-    "thread_run",        "t_bootstrap",   "pythread_wrapper", "cfunction_", "method_vectorcall",
-    "vectorcall_",       "object_vacall", "slot_tp_",         "slot_nb_",   "slot_sq_",
-    "slot_mp_",          "binary_op",     "pymain_",          "pyrun_",     "run_mod",
-    "run_eval_code_obj", "dynamo_",       "__Pyx_",           "__libc_",    "main"};
+// C functions of CPython's interpreter and start-up, of the C runtime and of the frame-evaluation
+// hook torch.compile installs, named with any compiler clone suffix removed. Prefixes are the
+// families whose names say what they are (pymain_main, pyrun_file, method_vectorcall_O,
+// slot_tp_call, __Pyx_PyObject_Call, __libc_init_first, dynamo__custom_eval_frame: also lambdas
+// inside them); the generic-sounding ones match whole (run_mod, binary_op1, main), so that a
+// program's own run_model or binary_op_kernel stays an operator.
+constexpr std::array<std::string_view, 11> kInterpreterFamilies = {
+    "pymain_",  "pyrun_",   "cfunction_", "method_vectorcall", "slot_tp_", "slot_nb_",
+    "slot_sq_", "slot_mp_", "__Pyx_",     "__libc_",           "dynamo__"};
+constexpr std::array<std::string_view, 16> kInterpreterNames = {"vectorcall_maybe",
+                                                                "thread_run",
+                                                                "t_bootstrap",
+                                                                "pythread_wrapper",
+                                                                "run_mod",
+                                                                "run_eval_code_obj",
+                                                                "binary_op",
+                                                                "binary_op1",
+                                                                "ternary_op",
+                                                                "vectorcall_method",
+                                                                "vectorcall_unbound",
+                                                                "object_vacall",
+                                                                "dynamo_eval_custom_code",
+                                                                "dynamo_eval_frame_default",
+                                                                "dynamo_call_callback",
+                                                                "main"};
 
 // A C function's name without the suffix a compiler gives its clones ("method_vectorcall.llvm.
 // 1295...", "foo.constprop.0", "foo.isra.0", "foo.part.0", "foo.cold"): the name before the first
@@ -117,10 +134,20 @@ std::string_view withoutCloneSuffix(std::string_view name) {
   return name.substr(0, dot);
 }
 
-// A C source or header of CPython itself (its Objects/, Python/, Modules/, Include/, Parser/
-// folders), whatever its install prefix: the interpreter, never an operator.
+// A C source or header of CPython itself: its Objects/, Python/, Modules/, Include/ or Parser/
+// folder in a path that names Python ("/usr/local/src/conda/python-3.12.3/Objects/call.c",
+// ".../python-split_.../work/build-static/Python/bytecodes.c"): the interpreter, never an
+// operator. An extension's own "my_ext/Modules/attn.c" is not.
 bool isCPythonSource(std::string_view file) {
   if (!endsWith(file, ".c") && !endsWith(file, ".h")) return false;
+  bool names_python = false;
+  for (size_t i = 0; i + 6 <= file.size() && !names_python; ++i) {
+    static constexpr std::string_view kPython = "python";
+    size_t k = 0;
+    while (k < kPython.size() && (file[i + k] | 0x20) == kPython[k]) ++k;
+    names_python = k == kPython.size();
+  }
+  if (!names_python) return false;
   for (std::string_view dir : {"/Objects/", "/Python/", "/Modules/", "/Include/", "/Parser/"}) {
     if (containsPath(file, dir)) return true;
   }
@@ -132,13 +159,16 @@ bool isPlumbingCpp(std::string_view name) {
   for (std::string_view p : kInterpreterPrefixes) {
     if (startsWith(q, p)) return true;
   }
-  // The interpreter's C functions, and lambdas inside them ("dynamo__custom_eval_frame::
-  // {lambda()#1}::operator()() const"): the name's first component; "main" is the whole of it,
-  // the others are prefixes.
+  // The interpreter's C functions: a family by the name's first component (lambdas inside them:
+  // "dynamo__custom_eval_frame::{lambda()#1}::operator()() const"), the others by the whole name.
   {
-    const std::string_view c = withoutCloneSuffix(q.substr(0, q.find("::")));
+    const std::string_view first = withoutCloneSuffix(q.substr(0, q.find("::")));
+    for (std::string_view p : kInterpreterFamilies) {
+      if (startsWith(first, p)) return true;
+    }
+    const std::string_view whole = withoutCloneSuffix(q);
     for (std::string_view n : kInterpreterNames) {
-      if (n == "main" ? c == n : startsWith(c, n)) return true;
+      if (whole == n) return true;
     }
   }
   for (std::string_view p : kPlumbingPrefixes) {
