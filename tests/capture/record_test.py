@@ -25,6 +25,24 @@ import sys
 import tempfile
 import time
 
+
+def child_running(ppid, comm):
+    """Whether a child of process `ppid` named `comm` exists (Linux /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == ppid and name == comm:
+            return True
+    return False
+
+
 BIN, ROOT = os.path.abspath(sys.argv[1]), sys.argv[2]
 rest = sys.argv[3:]
 CUPTI_LIB = None
@@ -152,7 +170,11 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Signals sent to record reach the command.
     p = subprocess.Popen([BIN, "record", "-o", out, "--", "sleep", "30"], stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    # record installs its forwarding handlers before it forks: once its child runs `sleep`, a
+    # signal reaches the handler. A fixed pause raced record's start-up under sanitizers and load.
+    deadline = time.time() + 60
+    while time.time() < deadline and not child_running(p.pid, "sleep"):
+        time.sleep(0.05)
     start = time.time()
     p.send_signal(signal.SIGTERM)
     try:
