@@ -250,15 +250,7 @@
       g.fillText(t.label, m.l - 5, y);
     }
     g.textBaseline = "alphabetic";
-    for (const s of [SERIES[0], SERIES[1]]) {
-      const ys = d.points[s.key];
-      g.beginPath(); g.moveTo(X(xs[0]), Y(ys[0]));
-      for (let i = 1; i < xs.length; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
-      if (s.fill) {
-        g.save(); g.lineTo(X(xs[xs.length - 1]), Y(0)); g.lineTo(X(xs[0]), Y(0)); g.closePath(); g.fillStyle = s.fill; g.fill(); g.restore();
-      }
-      g.strokeStyle = s.colour; g.lineWidth = 1.2; g.stroke(); g.lineWidth = 1;
-    }
+    for (const s of [SERIES[0], SERIES[1]]) drawSteps(g, xs, d.points[s.key], 0, xs.length, X, Y, s, 1.2);
     const labels = [];
     c.dataset.device = String(devA().device);
     c.dataset.capacity = TL.cap && TL.capOnScale ? String(TL.cap) : "";
@@ -510,6 +502,20 @@
     for (let k = Math.ceil(v0 / step); k * step <= v1 && ticks.length < 60; k++) ticks.push({ x: k * step, label: String(k * step) });
     return { ticks, title: "event index" };
   }
+  // One series as a step line over points [i0, i1) (a value holds until the next point), filled
+  // down to zero first when the series has a fill; the big timeline and the headline's small one.
+  function drawSteps(g, xs, ys, i0, i1, X, Y, s, width) {
+    const steps = () => {
+      g.beginPath(); g.moveTo(X(xs[i0]), Y(ys[i0]));
+      for (let i = i0 + 1; i < i1; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
+    };
+    if (s.fill) {
+      steps(); g.lineTo(X(xs[i1 - 1]), Y(0)); g.lineTo(X(xs[i0]), Y(0)); g.closePath();
+      g.fillStyle = s.fill; g.fill();
+    }
+    steps();
+    g.strokeStyle = s.colour; g.lineWidth = width; g.stroke(); g.lineWidth = 1;
+  }
   const PAD = { l: 70, r: 14, t: 34, b: 40 };
   // Axes, ticks and titles of a plot; returns the mappings.
   function drawAxes(g, w, h, ymax, ytitle) {
@@ -607,21 +613,7 @@
     // series (step lines over the kept points)
     g.save();
     g.beginPath(); g.rect(PAD.l, PAD.t - 2, pw, ph + 2); g.clip();
-    for (const s of SERIES) {
-      const ys = d.points[s.key];
-      if (i1 <= i0) break;
-      g.beginPath();
-      g.moveTo(X(xs[i0]), Y(ys[i0]));
-      for (let i = i0 + 1; i < i1; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
-      if (s.fill) {
-        g.save(); g.lineTo(X(xs[i1 - 1]), Y(0)); g.lineTo(X(xs[i0]), Y(0)); g.closePath();
-        g.fillStyle = s.fill; g.fill(); g.restore();
-        g.beginPath(); g.moveTo(X(xs[i0]), Y(ys[i0]));
-        for (let i = i0 + 1; i < i1; i++) { g.lineTo(X(xs[i]), Y(ys[i - 1])); g.lineTo(X(xs[i]), Y(ys[i])); }
-      }
-      g.strokeStyle = s.colour; g.lineWidth = 1.4; g.stroke();
-    }
-    g.lineWidth = 1;
+    if (i1 > i0) for (const s of SERIES) drawSteps(g, xs, d.points[s.key], i0, i1, X, Y, s, 1.4);
     // the card's memory
     if (TL.cap && TL.capOnScale) {
       const y = Math.round(Y(TL.cap)) + 0.5;
@@ -1065,17 +1057,20 @@
       return;
     }
     const G = bmGeometry(w, h);
-    const span = (from, len, colour, hatch) => {
-      let p = from, end = from + len;
+    // The pieces of [from, from + len) as the rows wrap it: fn(x0, x1, y) per row it touches.
+    const pieces = (from, len, fn) => {
+      let p = from;
+      const end = from + len;
       while (p < end) {
-        const row = Math.floor(p / G.bpr), rowEnd = (row + 1) * G.bpr, q = Math.min(end, rowEnd);
-        const x0 = G.left + ((p - row * G.bpr) / G.bpr) * G.width, x1 = G.left + ((q - row * G.bpr) / G.bpr) * G.width;
-        const y = 4 + row * (ROW_H + ROW_GAP);
-        g.fillStyle = colour; g.fillRect(x0, y, Math.max(0.6, x1 - x0), ROW_H);
-        if (hatch && x1 - x0 > 3) { g.fillStyle = "rgba(255,255,255,0.35)"; g.fillRect(x0, y + ROW_H / 2, x1 - x0, ROW_H / 2); }
+        const row = Math.floor(p / G.bpr), q = Math.min(end, (row + 1) * G.bpr);
+        fn(G.left + ((p - row * G.bpr) / G.bpr) * G.width, G.left + ((q - row * G.bpr) / G.bpr) * G.width, 4 + row * (ROW_H + ROW_GAP));
         p = q;
       }
     };
+    const span = (from, len, colour, hatch) => pieces(from, len, (x0, x1, y) => {
+      g.fillStyle = colour; g.fillRect(x0, y, Math.max(0.6, x1 - x0), ROW_H);
+      if (hatch && x1 - x0 > 3) { g.fillStyle = "rgba(255,255,255,0.35)"; g.fillRect(x0, y + ROW_H / 2, x1 - x0, ROW_H / 2); }
+    });
     for (let i = 0; i < BM.start.length; i++) {
       const { col, run } = blockColour(BM.code[i]);
       span(BM.start[i], BM.size[i], col, run);
@@ -1088,15 +1083,8 @@
     }
     if (S.block !== null && S.block < BM.start.length) span(BM.start[S.block], BM.size[S.block], "rgba(0,0,0,0.45)", false);
     if (BM.hole >= 0) {  // the OOM's largest free block of its pool: outlined, with a floor of 3 px
-      let p = BM.start[BM.hole];
-      const end = p + BM.size[BM.hole];
       g.strokeStyle = OOM_COLOUR; g.lineWidth = 2;
-      while (p < end) {
-        const row = Math.floor(p / G.bpr), q = Math.min(end, (row + 1) * G.bpr);
-        const x0 = G.left + ((p - row * G.bpr) / G.bpr) * G.width, x1 = G.left + ((q - row * G.bpr) / G.bpr) * G.width;
-        g.strokeRect(x0 - 1, 3 + row * (ROW_H + ROW_GAP), Math.max(3, x1 - x0 + 2), ROW_H + 2);
-        p = q;
-      }
+      pieces(BM.start[BM.hole], BM.size[BM.hole], (x0, x1, y) => g.strokeRect(x0 - 1, y - 1, Math.max(3, x1 - x0 + 2), ROW_H + 2));
       g.lineWidth = 1;
     }
   }
