@@ -5,6 +5,7 @@
 #include <span>
 
 #include "analysis/analyze.h"
+#include "analysis/session/blocks.h"
 
 namespace memforensics::report {
 
@@ -17,6 +18,12 @@ nlohmann::json analysisJson(const analysis::AnalysisResult& r, std::span<const s
 // Perfetto export's OOM args): {"reserved_bytes", "requested_bytes", "allocated_bytes",
 // "pending_free_bytes", "active_bytes"}. The one place these names are written.
 nlohmann::json countersJson(const replay::Counters& c);
+
+// The fragmentation verdict at an OOM as `blocks --json` and the HTML report's OOM keyframes write
+// it: {"event", "request_bytes", "device_free", "stream", "pool", "pool_free_bytes",
+// "pool_largest_free_bytes", "fits_total", "fits_block", "fragmentation", "short_by_bytes",
+// "needed_bytes"}.
+nlohmann::json oomVerdictJson(const analysis::OomVerdict& v);
 
 // A frame as every JSON output of report/ writes it: {"filename", "line" (null when unknown),
 // "name"}; a list of them innermost first.

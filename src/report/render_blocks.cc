@@ -263,19 +263,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   tot["by_stream"] = std::move(bs);
   doc["totals"] = std::move(tot);
   if (r.oom) {
-    const auto& v = *r.oom;
-    doc["oom"] = {{"event", v.event},
-                  {"request_bytes", v.request_bytes},
-                  {"device_free", v.device_free},
-                  {"stream", v.stream},
-                  {"pool", v.pool},
-                  {"pool_free_bytes", v.pool_free},
-                  {"pool_largest_free_bytes", v.pool_largest},
-                  {"fits_total", v.fits_total},
-                  {"fits_block", v.fits_block},
-                  {"fragmentation", v.fragmentation},
-                  {"short_by_bytes", v.short_by},
-                  {"needed_bytes", v.need.needed_bytes}};
+    doc["oom"] = oomVerdictJson(*r.oom);
   } else {
     doc["oom"] = nullptr;
   }

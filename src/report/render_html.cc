@@ -203,19 +203,8 @@ json deviceJson(const analysis::DeviceReportData& d) {
                {"blocks", blocks},
                {"icicle_source", icicleSourceName(k.icicle_source)},
                {"icicle", icicleJson(k.icicle)}};
-    // The failed request against its pool (names as in `blocks --json`'s oom object).
-    if (k.oom) {
-      const analysis::OomVerdict& v = *k.oom;
-      kf["oom"] = {{"request_bytes", v.request_bytes},
-                   {"pool", v.pool},
-                   {"stream", v.stream},
-                   {"pool_free_bytes", v.pool_free},
-                   {"pool_largest_free_bytes", v.pool_largest},
-                   {"fits_block", v.fits_block},
-                   {"fragmentation", v.fragmentation},
-                   {"device_free", v.device_free},
-                   {"short_by_bytes", v.short_by}};
-    }
+    // The failed request against its pool: `blocks --json`'s oom object.
+    if (k.oom) kf["oom"] = oomVerdictJson(*k.oom);
     kfs.push_back(std::move(kf));
   }
   j["pool_names"] = pool_names;

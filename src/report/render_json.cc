@@ -79,6 +79,21 @@ nlohmann::json countersJson(const replay::Counters& c) {
           {"active_bytes", c.active()}};
 }
 
+nlohmann::json oomVerdictJson(const analysis::OomVerdict& v) {
+  return {{"event", v.event},
+          {"request_bytes", v.request_bytes},
+          {"device_free", v.device_free},
+          {"stream", v.stream},
+          {"pool", v.pool},
+          {"pool_free_bytes", v.pool_free},
+          {"pool_largest_free_bytes", v.pool_largest},
+          {"fits_total", v.fits_total},
+          {"fits_block", v.fits_block},
+          {"fragmentation", v.fragmentation},
+          {"short_by_bytes", v.short_by},
+          {"needed_bytes", v.need.needed_bytes}};
+}
+
 namespace {
 
 // One device of `analyze --json`.
