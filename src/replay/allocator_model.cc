@@ -850,6 +850,10 @@ std::vector<ModelSegment> DeviceAllocatorModel::layout() const {
   return out;
 }
 
+const CachingAllocator& DeviceAllocatorModel::core() const {
+  return impl_->core;
+}
+
 bool DeviceAllocatorModel::hasFinalState() const {
   return !snap_.segmentsOf(device_).empty();
 }

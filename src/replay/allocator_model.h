@@ -95,6 +95,9 @@ class DeviceAllocatorModel {
   std::string compareWithFinal() const;
   // The file has at least one segment of this device (a final state to compare with).
   bool hasFinalState() const;
+  // The state itself, read-only: every reservation with all of its blocks, mapped or not (the
+  // report's event stepping reads the blocks one event changed).
+  const CachingAllocator& core() const;
 
   struct Impl;
 

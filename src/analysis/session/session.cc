@@ -136,8 +136,9 @@ DeviceFacts eventFacts(const format::Snapshot& snap, int64_t device, StackFactsC
 }
 
 struct DeviceSession::Pending {
-  std::map<int64_t, uint32_t> live, layout;  // event -> MomentReason bits
-  bool series = false;                       // requestSeries
+  std::map<int64_t, uint32_t> live, layout;             // event -> MomentReason bits
+  bool series = false;                                  // requestSeries
+  std::optional<std::pair<int64_t, int64_t>> stepping;  // requestStepping
 };
 
 DeviceSession::DeviceSession(const format::Snapshot& snap, int64_t device,
@@ -249,6 +250,13 @@ bool DeviceSession::requestSeries() {
   return true;
 }
 
+bool DeviceSession::requestStepping(int64_t first, int64_t last) {
+  const auto n = static_cast<int64_t>(facts_.events.size());
+  if (visited_ || first < 0 || first > last || last >= n) return false;
+  pending_->stepping = {first, last};
+  return true;
+}
+
 void DeviceSession::visit() {
   if (visited_) return;
   visited_ = true;
@@ -258,9 +266,11 @@ void DeviceSession::visit() {
   for (const auto& [e, r] : p.live) all[e] |= r;
   for (const auto& [e, r] : p.layout) all[e] |= r;
   const bool series = p.series && !f.has_series;
-  if (!all.empty() || series) {
+  if (!all.empty() || series || p.stepping) {
     std::unique_ptr<replay::DeviceAllocatorModel> model;
-    if (!p.layout.empty())
+    std::optional<SteppingRecorder> stepping;
+    if (p.stepping) stepping.emplace(p.stepping->first, p.stepping->second);
+    if (!p.layout.empty() || stepping)
       model = std::make_unique<replay::DeviceAllocatorModel>(snap_, f.device, *replayer_);
     replay::DeviceReplayer& r = *replayer_;
     const auto n = static_cast<int64_t>(f.events.size());
@@ -344,7 +354,17 @@ void DeviceSession::visit() {
       if (!replayer_needed && !model) break;
       if (replayer_needed) r.step();
       if (series) f.series.push_back(r.counters());
+      const auto ii = static_cast<int64_t>(i);
+      const bool window = stepping && ii >= stepping->first() && ii <= stepping->last();
+      if (window) {
+        if (ii == stepping->first()) stepping->start(model->core());
+        stepping->before(model->core(), f.events[i]);
+      }
       if (model) model->step();
+      if (window) {
+        stepping->after(model->core(), f.events[i]);
+        if (ii == stepping->last()) stepping->finish(model->core());
+      }
       if (it != all.end() && it->first == static_cast<int64_t>(i)) {
         capture(it->first, it->second);
         ++it;
@@ -361,6 +381,7 @@ void DeviceSession::visit() {
       f.moments.push_back(std::move(*end));
     }
     if (series) f.has_series = true;
+    if (stepping) f.stepping = stepping->take();
     if (model) {
       f.model.ran = true;
       f.model.verdict = replay::modelVerdict(*model);

@@ -45,6 +45,7 @@
 
 #include "analysis/frames/frame_class.h"
 #include "analysis/session/phases.h"
+#include "analysis/session/stepping.h"
 #include "common/flat_map.h"
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
@@ -157,6 +158,8 @@ struct DeviceFacts {
   // Pass 2.
   std::vector<MomentFacts> moments;  // by event, one per distinct event
   ModelFacts model;
+  // The layout after every event of a window, as patches (requestStepping; stepping.h).
+  std::optional<SteppingFacts> stepping;
 
   // Passes this device cost (replay/pass_stats.h), filled by visit().
   replay::PassStats passes;
@@ -260,6 +263,10 @@ class DeviceSession {
   // at most a few devices of many), so that the others never hold them. A no-op when pass 1
   // kept them (SessionOptions::series); false after visit().
   bool requestSeries();
+  // The block layout after every event of [first, last], as patches (stepping.h): the model steps
+  // the trace in pass 2 as it does for a layout. False after visit() or for a range outside the
+  // trace; one window per session (a second request replaces the first).
+  bool requestStepping(int64_t first, int64_t last);
 
   // Forward pass 2 over the requested moments (a no-op without requests; once only). Afterwards
   // facts() is complete, including passes.
