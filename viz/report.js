@@ -107,6 +107,7 @@
   }
   function timeOf(ev, t) {
     if (t !== null && t !== undefined && t >= 0) return t;
+    if (ST && ST.st.times && ev >= ST.st.first && ev <= ST.st.last && ST.st.times[ev - ST.st.first] >= 0) return ST.st.times[ev - ST.st.first];
     return TIME && TIME.map.has(ev) ? TIME.map.get(ev) : null;
   }
   // "event 123 (+1.234 s)"; the start state is "the start".
@@ -132,7 +133,7 @@
   const OOM_COLOUR = "#b3261e";
 
   // ---------- state ----------
-  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
+  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", zoom: null, allocDetail: 1000, allocMode: "allocations", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
   // S.dev indexes analysis devices (all of them up to 1,000: render_html.h kPageAnalysisDevices);
   // drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
@@ -638,9 +639,9 @@
     });
     // below the card's memory line, so its label stays readable
     placeLabels(g, labels, PAD.l, w - PAD.r, Math.max(PAD.t + 12, TL.cap && TL.capOnScale ? Y(TL.cap) + 14 : 0));
-    const kf = d.keyframes[S.kf];
-    if (kf) {
-      const x = X(timeXOf(kf.event, kf.time_us));
+    const me = shownMoment();
+    if (me) {
+      const x = X(timeXOf(me.ev, me.t));
       g.strokeStyle = "#1d2330"; g.lineWidth = 2; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
     }
     if (S.hoverX !== null) {
@@ -732,19 +733,48 @@
   // the bands above them (gaps stay) and the caption says so.
   const MAX_BREAKS = 2000000;
   let AV = null;
+  // Segments over time in the allocation view's shape: a band per segment (or mapped range of an
+  // expandable reservation) from its creation to its release (src/report/html/segment_view.h);
+  // no rest band.
+  function segmentsAl(d) {
+    const st = d.segment_timeline, L = st.lives, n = L.length / 7, a = d.allocations;
+    const drawn = [], times = st.times ? [] : null;
+    for (let i = 0; i < n; i++) {
+      drawn.push(L[7 * i], L[7 * i + 1], L[7 * i + 3], L[7 * i + 5], L[7 * i + 6] ? 0 : 2);
+      if (times) times.push(st.times[2 * i], st.times[2 * i + 1]);
+    }
+    const zeros = a.buckets.first_event.map(() => 0);
+    return { drawn, times, allocations: n, capped: st.left_out > 0, seg: st,
+      buckets: { first_event: a.buckets.first_event, first_time_us: a.buckets.first_time_us, at_event: a.buckets.at_event, total: zeros, rest: zeros } };
+  }
   function prepAllocations() {
-    const d = dev(), al = d.allocations;
+    const d = dev(), segMode = S.allocMode === "segments" && d.segment_timeline && d.allocations;
+    const al = segMode ? segmentsAl(d) : d.allocations;
     AV = null;
+    $("allocations").dataset.mode = segMode ? "segments" : "allocations";
     if (!al) return;
     const n = al.drawn.length / 5;
     const x0 = new Float64Array(n), x1 = new Float64Array(n), bytes = new Float64Array(n);
     const xOf = (ev, t) => (timeAxis() ? (t !== null && t !== undefined && t >= 0 ? t : xOfEvent(ev)) : ev);
     const ops = [];
+    // The detail slider (log scale): the `shown` largest of the drawn allocations are drawn one by
+    // one; the others join the rest band, which grows by what they hold at each bucket's moment.
+    const shown = segMode ? n : Math.max(n ? 1 : 0, Math.min(n, Math.round(Math.exp((S.allocDetail / 1000) * Math.log(Math.max(1, n))))));
+    const hidden = new Uint8Array(n);
+    if (shown < n) {
+      const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => al.drawn[5 * b + 2] - al.drawn[5 * a + 2] || a - b);
+      for (let k = shown; k < n; k++) hidden[order[k]] = 1;
+    }
+    const rest = al.buckets.rest.slice();
     for (let i = 0; i < n; i++) {
       const r = al.drawn, j = 5 * i;
       bytes[i] = r[j + 2];
-      x0[i] = xOf(r[j], al.times ? al.times[2 * i] : null);
+      x0[i] = r[j] >= 0 ? xOf(r[j], al.times ? al.times[2 * i] : null) : TL.lo;
       x1[i] = r[j + 1] >= 0 ? xOf(r[j + 1], al.times ? al.times[2 * i + 1] : null) : TL.hi;
+      if (hidden[i]) {
+        al.buckets.at_event.forEach((at, b) => { if (r[j] <= at && (r[j + 1] < 0 || r[j + 1] > at)) rest[b] += r[j + 2]; });
+        continue;
+      }
       ops.push([r[j], 1, i]);
       if (r[j + 1] >= 0) ops.push([r[j + 1], 0, i]);
     }
@@ -780,15 +810,38 @@
     for (const t of al.buckets.total) if (t > ymax) ymax = t;
     for (const t of totY) if (t > ymax) ymax = t;
     const bxs = al.buckets.first_event.map((ev, b) => xOf(ev, al.buckets.first_time_us ? al.buckets.first_time_us[b] : null));
-    AV = { n, x0, x1, bytes, bx, by, totX, totY, bxs, ymax: ymax * 1.04, simplified, al };
+    AV = { n, x0, x1, bytes, bx, by, totX, totY, bxs, ymax: ymax * 1.04, simplified, al, hidden, rest, shown };
+    let smallest = 0;
+    for (let i = 0; i < n; i++) if (!hidden[i] && (!smallest || bytes[i] < smallest)) smallest = bytes[i];
+    const c = $("allocations");
+    c.dataset.drawn = String(shown);
+    c.dataset.restSum = String(rest.reduce((a, b) => a + b, 0));
+    $("alloc-detail-n").textContent = n ? shown.toLocaleString("en-US") + " of " + n.toLocaleString("en-US") + " drawn" : "";
+    $("alloc-detail").disabled = n < 2 || segMode;
     const cap = $("allocations-caption");
-    const shown = n ? "the " + n.toLocaleString("en-US") + " largest of " + al.allocations.toLocaleString("en-US") + " allocations drawn one by one (" +
-      fmtBytes(al.smallest_drawn) + " and up)" : "no allocation with a recorded alloc event";
-    cap.textContent = "Requested bytes of each allocation over its lifetime, stacked in allocation order; " + shown +
-      (al.capped ? "; the others, and blocks alive before the trace began, form the grey band on top (per bucket of events, at the bucket's highest requested total)" : "; the grey band on top: blocks alive before the trace began") +
-      "." + (simplified ? " Stacking simplified: past " + MAX_BREAKS.toLocaleString("en-US") + " moves, frees leave gaps." : "");
     const lg = $("allocations-legend");
     lg.textContent = "";
+    if (segMode) {
+      const st = al.seg;
+      cap.textContent = "Segments over time (memory_viz's Active Cached Segment Timeline): each cudaMalloc'd segment and each mapped range of an expandable reservation " +
+        "a band from the event that created it to the one that released it, stacked in creation order; " + n.toLocaleString("en-US") + " band(s)" +
+        (st.left_out ? ", the " + st.left_out.toLocaleString("en-US") + " smallest left out" : "") + ". " +
+        (st.agrees ? "Checked: their bytes equal the replayed reserved bytes after every event." :
+          "Estimate: their bytes differ from the replayed reserved bytes" + (st.first_disagreement >= -1 ? " from " + evWhen(st.first_disagreement) : "") +
+          " (the file's history does not hold every segment event).");
+      cap.dataset.agrees = st.agrees ? "1" : "0";
+      lg.append(el("span", null, el("i", { style: "background:hsl(220,62%,55%)" }), "segment"),
+        el("span", null, el("i", { style: "background:hsl(265,62%,55%)" }), "expandable mapped range"));
+      return;
+    }
+    delete cap.dataset.agrees;
+    const what = n ? "the " + shown.toLocaleString("en-US") + " largest of " + (al.allocations + (al.before_trace || 0)).toLocaleString("en-US") + " allocations drawn one by one (" +
+      fmtBytes(smallest) + " and up" + (shown < n ? "; the Detail slider draws up to " + n.toLocaleString("en-US") : "") + ")" : "no allocation with a recorded alloc event";
+    const before = al.before_trace ? " Of the blocks alive before the trace began, those it frees are drawn from its start with the stack that freed them (" +
+      al.before_trace.toLocaleString("en-US") + ")." : "";
+    cap.textContent = "Requested bytes of each allocation over its lifetime, stacked in allocation order; " + what +
+      (al.capped || shown < n ? "; the others, and blocks alive before the trace began, form the grey band on top (per bucket of events, at the bucket's highest requested total)" : "; the grey band on top: blocks alive before the trace began") +
+      "." + (simplified ? " Stacking simplified: past " + MAX_BREAKS.toLocaleString("en-US") + " moves, frees leave gaps." : "") + before;
     D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:hsl(" + CATEGORY_HUES[i] + "," + (i === 5 ? 15 : 62) + "%,55%)" }), c)));
     lg.append(el("span", null, el("i", { style: "background:#cbd1db" }), "rest"));
   }
@@ -814,7 +867,7 @@
     g.fillStyle = "#cbd1db";
     for (let b = 0; b < nb; b++) {
       const xa = AV.bxs[b], xb = b + 1 < nb ? AV.bxs[b + 1] : TL.hi;
-      if (xb < v0 || xa > v1 || al.buckets.rest[b] <= 0) continue;
+      if (xb < v0 || xa > v1 || AV.rest[b] <= 0) continue;
       // the drawn total changes inside the bucket: one rectangle per change
       const tx = AV.totX, ty = AV.totY;
       let k = Math.max(0, lowerBound(tx, xa + 1e-9) - 1), x = xa;
@@ -822,14 +875,14 @@
         while (k + 1 < tx.length && tx[k + 1] <= x) k++;
         const base = tx.length && tx[k] <= x ? ty[k] : 0;
         const next = k + 1 < tx.length ? Math.min(xb, tx[k + 1]) : xb;
-        const ya = Y(base + al.buckets.rest[b]), yb = Y(base);
+        const ya = Y(base + AV.rest[b]), yb = Y(base);
         g.fillRect(X(x), ya, Math.max(0.5, X(next) - X(x)), yb - ya);
         x = next;
       }
     }
     // the drawn allocations
     for (let i = 0; i < AV.n; i++) {
-      if (AV.x1[i] < v0 || AV.x0[i] > v1) continue;
+      if (AV.hidden[i] || AV.x1[i] < v0 || AV.x0[i] > v1) continue;
       const xs = AV.bx[i], os = AV.by[i], sz = AV.bytes[i];
       g.fillStyle = i === S.alloc ? "#111827" : allocColour(i);
       for (let s = 0; s < xs.length; s++) {
@@ -845,9 +898,9 @@
       const x = Math.round(X(timeXOf(o.event, o.time_us))) + 0.5;
       g.strokeStyle = OOM_COLOUR; g.lineWidth = 2.5; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
     }
-    const kf = d.keyframes[S.kf];
-    if (kf) {
-      const x = X(timeXOf(kf.event, kf.time_us));
+    const me = shownMoment();
+    if (me) {
+      const x = X(timeXOf(me.ev, me.t));
       g.strokeStyle = "#1d2330"; g.lineWidth = 2; g.beginPath(); g.moveTo(x, PAD.t); g.lineTo(x, PAD.t + ph); g.stroke(); g.lineWidth = 1;
     }
     if (S.hoverX !== null) { g.strokeStyle = "rgba(29,35,48,0.35)"; g.beginPath(); g.moveTo(S.hoverX, PAD.t); g.lineTo(S.hoverX, PAD.t + ph); g.stroke(); }
@@ -862,19 +915,26 @@
     const y = ((PAD.t + ph - py) / ph) * top;
     if (y < 0) return -1;
     for (let i = 0; i < AV.n; i++) {
-      if (v < AV.x0[i] || v >= AV.x1[i]) continue;
+      if (AV.hidden[i] || v < AV.x0[i] || v >= AV.x1[i]) continue;
       const s = lowerBound(AV.bx[i], v + 1e-9) - 1;
       if (s < 0) continue;
       const o = AV.by[i][s];
       if (y >= o && y < o + AV.bytes[i]) return i;
     }
     const b = lowerBound(AV.bxs, v + 1e-9) - 1;
-    if (b >= 0) { const base = drawnTotalAt(v); if (y >= base && y < base + AV.al.buckets.rest[b]) return -2 - b; }
+    if (b >= 0) { const base = drawnTotalAt(v); if (y >= base && y < base + AV.rest[b]) return -2 - b; }
     return -1;
   }
   function allocationText(i) {
     const r = AV.al.drawn, j = 5 * i, t = AV.al.times;
+    if (AV.al.seg) {
+      const L = AV.al.seg.lives;
+      return (L[7 * i + 6] ? "mapped range" : "segment") + " 0x" + L[7 * i + 2].toString(16) + ": " + fmtBytes(r[j + 2]) + ", stream " + L[7 * i + 4] + " · " +
+        (r[j] >= 0 ? "created at " + evWhen(r[j], t ? t[2 * i] : null) : "there before the trace began") + ", " +
+        (r[j + 1] >= 0 ? "released at " + evWhen(r[j + 1], t ? t[2 * i + 1] : null) : "still there at the end");
+    }
     const freed = r[j + 1] >= 0 ? "freed at " + evWhen(r[j + 1], t ? t[2 * i + 1] : null) : "alive at the end of the trace";
+    if (r[j] < 0) return fmtBytes(r[j + 2]) + " (" + exact(r[j + 2]) + ") requested · alive before the trace began, " + freed + " (the stack below freed it)";
     return fmtBytes(r[j + 2]) + " (" + exact(r[j + 2]) + ") requested · " + D.categories[r[j + 4]] + " (inferred) · allocated at " +
       evWhen(r[j], t ? t[2 * i] : null) + ", " + freed;
   }
@@ -884,7 +944,8 @@
     if (i < 0) return;
     const st = AV.al.drawn[5 * i + 3];
     if (st < 0) { box.append(el("div", { text: "No stack recorded for this allocation (or the report's stack table is full)." })); return; }
-    box.append(el("div", { text: "Allocated from (innermost first):" }));
+    const before = !AV.al.seg && AV.al.drawn[5 * i] < 0;
+    box.append(el("div", { text: (AV.al.seg ? "Created by the allocation from" : before ? "Allocated before the trace began; freed from" : "Allocated from") + " (innermost first):" }));
     const ol = el("ol");
     for (const f of D.stacks[st]) ol.append(el("li", { text: frameText(D.frames[f]) }));
     box.append(ol);
@@ -897,12 +958,208 @@
       if (i >= 0) s = allocationText(i);
       else if (i <= -2) {
         const b = -2 - i, bk = AV.al.buckets;
-        s = "rest: " + fmtBytes(bk.rest[b]) + " in allocations not drawn one by one and blocks alive before the trace, at " + evWhen(bk.at_event[b]) +
+        s = "rest: " + fmtBytes(AV.rest[b]) + " in allocations not drawn one by one and blocks alive before the trace, at " + evWhen(bk.at_event[b]) +
           " (of " + fmtBytes(bk.total[b]) + " requested then)";
       }
       $("allocations-readout").textContent = s;
       if (i !== S.alloc && (i >= 0 || S.alloc >= 0)) { S.alloc = i >= 0 ? i : -1; showAllocStack(S.alloc); }
     }, (px) => gotoEvent(dev().points.event[pointIndexAt(c, px)]));
+    $("alloc-mode").addEventListener("change", () => {
+      S.allocMode = $("alloc-mode").value;
+      if (!dev() || !TL) return;
+      S.alloc = -1;
+      $("allocation-stack").textContent = "";
+      prepAllocations();
+      drawAllocations();
+    });
+    $("alloc-detail").addEventListener("input", () => {
+      S.allocDetail = Number($("alloc-detail").value);
+      if (!dev() || !TL) return;
+      S.alloc = -1;
+      $("allocation-stack").textContent = "";
+      prepAllocations();
+      drawAllocations();
+    });
+  }
+
+  // ---------- event stepping ----------
+  // The layout after any event of the device's stepping window: the base with the event's patch
+  // and every one before it applied (src/report/html/stepping_view.h; the C++ StepMirror is the
+  // same rule and checked it against the allocator model). A patch replaces the blocks starting
+  // in [lo, hi). Checkpoints every 256 events keep a jump cheap.
+  let ST = null;
+  const STEP_CP = 256;
+  function stepOf(d) { const s = d && d.stepping; return s && s.patches ? s : null; }
+  function decodeRecords(r) {
+    if (!r.length) return null;
+    const blocks = [];
+    let at = r[0], i = 2;
+    while (i < r.length) {
+      const c = r[i];
+      if (c === 64) { at += r[i + 1]; i += 2; continue; }
+      const b = { a: at, size: r[i + 1], code: c, seg: r[i + 2], req: 0, stack: -1, ev: -1 };
+      if (c & 3) { b.req = r[i + 3]; b.stack = r[i + 4]; b.ev = r[i + 5]; i += 6; } else i += 3;
+      blocks.push(b);
+      at += b.size;
+    }
+    return { lo: r[0], hi: r[0] + r[1], blocks };
+  }
+  function blockIndexAt(state, addr) {  // the first block at or after addr
+    let lo = 0, hi = state.length;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (state[m].a < addr) lo = m + 1; else hi = m; }
+    return lo;
+  }
+  function applyPatch(state, p) {
+    if (!p) return state;
+    return state.slice(0, blockIndexAt(state, p.lo)).concat(p.blocks, state.slice(blockIndexAt(state, p.hi)));
+  }
+  function prepStepping() {
+    const st = stepOf(dev());
+    ST = st ? { st, cps: [decodeRecords(st.base) ? decodeRecords(st.base).blocks : []], patches: new Array(st.patches.length) } : null;
+  }
+  function patchAt(i) {
+    if (ST.patches[i] === undefined) ST.patches[i] = decodeRecords(ST.st.patches[i]);
+    return ST.patches[i];
+  }
+  function inWindow(ev) { return !!ST && ev >= ST.st.first && ev <= ST.st.last; }
+  function stateAfter(ev) {  // ev in the window
+    const n = ev - ST.st.first + 1;  // patches applied
+    const j = Math.floor(n / STEP_CP);
+    while (ST.cps.length <= j) {
+      const k = ST.cps.length;
+      let s = ST.cps[k - 1];
+      for (let i = (k - 1) * STEP_CP; i < k * STEP_CP; i++) s = applyPatch(s, patchAt(i));
+      ST.cps.push(s);
+    }
+    let s = ST.cps[j];
+    for (let i = j * STEP_CP; i < n; i++) s = applyPatch(s, patchAt(i));
+    return s;
+  }
+  // The stepped state as decodeKeyframe's shape: a drawn segment is a run of contiguous blocks of
+  // one reservation (an expandable one shows a segment per mapped range, as the file does).
+  function bmOfState(state) {
+    const st = ST.st, pools = dev().pool_names;
+    const start = [], size = [], code = [], req = [], stack = [], ev = [], count = [], free = [], pend = [], seg = [], addr = [];
+    const segs = [], segStart = [];
+    const sums = { reserved: 0, allocated: 0, pending: 0 };
+    let pos = 0, prevEnd = -1, prevSeg = -1;
+    for (const b of state) {
+      if (b.seg !== prevSeg || b.a !== prevEnd) {
+        const r = 4 * b.seg;
+        segs.push({ address: b.a, size: 0, stream: st.segments[r + 1], pool: pools[st.segments[r + 2]], expandable: st.segments[r + 3] === 1, reservation: st.segments[r] });
+        segStart.push(pos);
+      }
+      segs[segs.length - 1].size += b.size;
+      start.push(pos); size.push(b.size); code.push(b.code); req.push(b.req); stack.push(b.stack); ev.push(b.ev);
+      count.push(1); free.push(0); pend.push(0); seg.push(segs.length - 1); addr.push(b.a);
+      pos += b.size;
+      sums.reserved += b.size;
+      if ((b.code & 3) === 1) sums.allocated += b.size;
+      if ((b.code & 3) === 2) sums.pending += b.size;
+      prevEnd = b.a + b.size; prevSeg = b.seg;
+    }
+    return { start, size, code, req, stack, ev, count, free, pend, seg, segs, segStart, total: pos, addr, sums, blocks: state.length };
+  }
+  function actionName(a) { return D.actions[a] || "unknown"; }
+  // The moment the block map shows (the marker of the timeline and the allocation view): the event
+  // picked when the stepping window holds it, else the keyframe.
+  function shownMoment() {
+    const kf = dev().keyframes[S.kf];
+    if (!kf) return null;
+    const cur = currentEvent();
+    return inWindow(cur) && cur !== kf.event ? { ev: cur, t: timeOf(cur, null) } : { ev: kf.event, t: kf.time_us };
+  }
+  // An event in words: an OOM's address field holds the device's free bytes (format doc).
+  function eventWhat(a, addr, sz) {
+    const n = actionName(a);
+    if (n === "oom") return "oom: " + fmtBytes(sz) + " requested, device free " + fmtBytes(addr);
+    return n + (sz ? " " + fmtBytes(sz) : "") + (addr ? " at 0x" + addr.toString(16) : "");
+  }
+  function topFrame(st) { return st >= 0 && D.stacks[st] && D.stacks[st].length ? frameText(D.frames[D.stacks[st][0]]) : ""; }
+  // The event shown: the one picked (timeline, link, list, keys), else the keyframe's.
+  function currentEvent() { const k = dev().keyframes[S.kf]; return S.picked !== undefined && S.picked !== null ? S.picked : k ? k.event : -1; }
+  function stepEventBy(delta) {
+    const d = dev();
+    if (!d || !d.keyframes.length) return;
+    const cur = currentEvent();
+    if (ST && (inWindow(cur) || inWindow(cur + delta))) {
+      gotoEvent(Math.min(ST.st.last, Math.max(ST.st.first, cur + delta)));
+      return;
+    }
+    // Outside the window: from keyframe to keyframe.
+    const ks = d.keyframes;
+    let i = S.kf;
+    if (delta > 0) { while (i < ks.length - 1 && ks[i].event <= cur) i++; } else { while (i > 0 && ks[i].event >= cur) i--; }
+    if (ks[i].event !== cur) gotoEvent(ks[i].event);
+  }
+  function renderEventList() {
+    const box = $("event-list"), cap = $("event-list-caption"), d = dev();
+    box.textContent = "";
+    $("event-stack").textContent = "";
+    const st = ST && ST.st;
+    const events = devA().events;
+    if (!st && !events) {
+      cap.textContent = "No events: the file has no allocation history for cuda:" + devA().device + ", only its state at the end.";
+      delete box.dataset.first;
+      delete box.dataset.last;
+      return;
+    }
+    if (!st) {
+      const why = d && d.stepping && d.stepping.unavailable;
+      cap.textContent = d.has_segment_info === false ? "No event stepping: " + noSegmentsWhy() + "." :
+        "No event stepping for cuda:" + devA().device + (why ? ": " + why : "") + ". The arrow keys move between the precomputed moments.";
+      delete box.dataset.first;
+      delete box.dataset.last;
+      return;
+    }
+    const cur = currentEvent();
+    box.dataset.first = String(st.first);
+    box.dataset.last = String(st.last);
+    const whole = st.first === 0 && st.last === events - 1;
+    cap.textContent = whole ? "Every event of cuda:" + devA().device + " (" + events.toLocaleString("en-US") + ") can be shown exactly." :
+      "Events " + st.first.toLocaleString("en-US") + "–" + st.last.toLocaleString("en-US") + " of " + events.toLocaleString("en-US") +
+      " can be shown exactly (a window around " + evWhen(st.focus) + ", bounded by the page's size; `memforensics blocks FILE --at EVENT` gives any other)." +
+      (inWindow(cur) ? "" : " The moment shown is outside it.");
+    const mid = inWindow(cur) ? cur : cur < st.first ? st.first : st.last;
+    const from = Math.max(st.first, mid - 10), to = Math.min(st.last, from + 20);
+    for (let e = Math.max(st.first, to - 20); e <= to; e++) {
+      const i = e - st.first, a = st.events[4 * i], sz = st.events[4 * i + 2], sk = st.events[4 * i + 3];
+      const addr = st.events[4 * i + 1];
+      const t = st.times ? st.times[i] : null;
+      const row = el("div", { cls: "ev-row" + (e === cur ? " current" : "") + (actionName(a) === "oom" ? " oom" : ""), role: "option", "data-event": String(e) },
+        el("span", { text: "#" + e }), el("span", { text: t !== null && t >= 0 ? fmtRel(t) : "" }), el("span", { text: actionName(a) }),
+        el("span", { text: fmtBytes(sz) }), el("span", { text: actionName(a) === "oom" ? "free " + fmtBytes(addr) : addr ? "0x" + addr.toString(16) : "" }), el("span", { text: topFrame(sk) }));
+      if (e === cur) row.setAttribute("aria-selected", "true");
+      row.title = sk >= 0 && D.stacks[sk] ? D.stacks[sk].map((f) => frameText(D.frames[f])).join("\n") : "no stack";
+      row.addEventListener("click", () => gotoEvent(e));
+      box.append(row);
+    }
+    if (inWindow(cur)) {
+      const i = cur - st.first, sk = st.events[4 * i + 3];
+      const es = $("event-stack");
+      if (sk >= 0 && D.stacks[sk]) {
+        es.append(el("div", { text: "Event " + cur + " (" + actionName(st.events[4 * i]) + ") from (innermost first):" }));
+        const ol = el("ol");
+        for (const f of D.stacks[sk]) ol.append(el("li", { text: frameText(D.frames[f]) }));
+        es.append(ol);
+      }
+      const curRow = box.querySelector(".current");
+      if (curRow) box.scrollTop = curRow.offsetTop - box.clientHeight / 2;
+    }
+  }
+  function installStepping() {
+    document.addEventListener("keydown", (e) => {
+      if (!dev() || e.altKey || e.ctrlKey || e.metaKey) return;
+      const t = e.target, tag = t && t.tagName;
+      if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") return;
+      const list = t === $("event-list");
+      let delta = 0;
+      if (e.key === "ArrowRight" || (list && e.key === "ArrowDown")) delta = 1;
+      else if (e.key === "ArrowLeft" || (list && e.key === "ArrowUp")) delta = -1;
+      if (!delta) return;
+      e.preventDefault();
+      stepEventBy(e.shiftKey ? 10 * delta : delta);
+    });
   }
 
   // ---------- block map ----------
@@ -922,6 +1179,7 @@
   }
   function momentChanged() {
     renderBlockmap();
+    renderEventList();
     redrawTime();
     selectIcicle();
     drawIcicle();
@@ -956,10 +1214,37 @@
     }
     return { start, size, code, req, stack, ev, count, free, pend, seg, segs, segStart, total: pos };
   }
-  function blockColour(code) {
+  function blockOfAddress(bm, addr) {
+    const i = lowerBound(bm.addr, addr + 1) - 1;
+    return i >= 0 && addr < bm.addr[i] + bm.size[i] ? i : -1;
+  }
+  // By state, by inferred category, or one colour per allocation (its alloc event; a block alive
+  // before the trace by its stack), hues spread by the golden angle so neighbours differ.
+  function blockColour(code, i) {
     const state = code & 3, cat = (code >> 2) & 7, run = code & 32;
-    let col = S.colourBy === "category" && state !== 0 ? CATEGORY_COLOURS[cat] || CATEGORY_COLOURS[5] : STATE_COLOURS[state];
+    let col = STATE_COLOURS[state];
+    if (state !== 0 && !run && S.colourBy === "category") col = CATEGORY_COLOURS[cat] || CATEGORY_COLOURS[5];
+    else if (state !== 0 && !run && S.colourBy === "allocation") {
+      const id = BM.ev[i] >= 0 ? BM.ev[i] : 7919 + BM.stack[i];
+      col = "hsl(" + ((id * 137.508) % 360).toFixed(1) + "," + (state === 2 ? 35 : 62) + "%," + (state === 2 ? 62 : 48) + "%)";
+    }
     return { col, run };
+  }
+  // Zoom into one segment: the map draws that segment alone over every row. Kept across moments
+  // while a segment starts at the same address; a moment without it shows every segment.
+  function zoomBM(bm, si) {
+    const z = { start: [], size: [], code: [], req: [], stack: [], ev: [], count: [], free: [], pend: [], seg: [], segs: [bm.segs[si]], segStart: [0],
+      total: bm.segs[si].size, sums: bm.sums, blocks: 0 };
+    if (bm.addr) z.addr = [];
+    const from = bm.segStart[si];
+    for (let i = 0; i < bm.start.length; i++) {
+      if (bm.seg[i] !== si) continue;
+      for (const key of ["size", "code", "req", "stack", "ev", "count", "free", "pend"]) z[key].push(bm[key][i]);
+      z.start.push(bm.start[i] - from); z.seg.push(0);
+      if (bm.addr) z.addr.push(bm.addr[i]);
+      z.blocks++;
+    }
+    return z;
   }
   function renderBlockmap() {
     const d = dev(), k = d.keyframes[S.kf];
@@ -980,16 +1265,53 @@
     }
     $("blockmap").hidden = false;
     $("blockmap").style.display = "";
-    let text = "Layout " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
-      ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
-    if (S.picked !== undefined && S.picked !== null && S.picked !== k.event) text += " (the nearest precomputed moment to " + evWhen(S.picked) + ")";
-    text += d.layout_exact ? " Exact layout." : " Estimated layout (see Block layout above).";
-    cap.textContent = text;
-    BM = decodeKeyframe(k);
+    const ev = currentEvent();
     const c = $("blockmap");
     c.dataset.device = String(devA().device);
-    c.dataset.event = String(k.event);
-    renderOomPanel(k);
+    let text, shown = k, exact = false, touch = 0;
+    if (inWindow(ev)) {
+      // Any event of the window, exactly: the stepped layout.
+      BM = bmOfState(stateAfter(ev));
+      exact = true;
+      const i = ev - ST.st.first, a = ST.st.events[4 * i], addr = ST.st.events[4 * i + 1], sz = ST.st.events[4 * i + 2];
+      touch = addr && actionName(a) !== "oom" ? addr : 0;
+      text = "Layout after " + evWhen(ev) + " (" + eventWhat(a, addr, sz) + "): reserved " +
+        fmtBytes(BM.sums.reserved) + ", allocated " + fmtBytes(BM.sums.allocated) + ", pending free " + fmtBytes(BM.sums.pending) + ", " +
+        BM.segs.length + " segment(s), " + BM.blocks.toLocaleString("en-US") + " blocks.";
+      shown = d.keyframes.find((x) => x.event === ev) || null;
+      cap.dataset.event = String(ev);
+      c.dataset.event = String(ev);
+      c.dataset.reserved = String(BM.sums.reserved);
+      c.dataset.allocated = String(BM.sums.allocated);
+      c.dataset.pending = String(BM.sums.pending);
+    } else {
+      BM = decodeKeyframe(k);
+      text = "Layout " + kfLabel(k) + ": reserved " + fmtBytes(k.at.reserved_bytes) + ", allocated " + fmtBytes(k.at.allocated_bytes) +
+        ", pending free " + fmtBytes(k.at.pending_free_bytes) + ", " + k.segments.length / 6 + " segment(s), " + k.blocks_before_merge.toLocaleString("en-US") + " blocks.";
+      if (ev !== k.event) text += " (the nearest precomputed moment to " + evWhen(ev) + ")";
+      c.dataset.event = String(k.event);
+      c.dataset.reserved = String(k.at.reserved_bytes);
+      c.dataset.allocated = String(k.at.allocated_bytes);
+      c.dataset.pending = String(k.at.pending_free_bytes);
+    }
+    c.dataset.stepped = exact ? "1" : "0";
+    // Zoomed into one segment: the map draws it alone.
+    const zi = S.zoom !== null ? BM.segs.findIndex((x) => x.address === S.zoom) : -1;
+    if (zi >= 0) {
+      const sg = BM.segs[zi];
+      BM = zoomBM(BM, zi);
+      text += " Zoomed into segment 0x" + sg.address.toString(16) + " (" + fmtBytes(sg.size) + ", " + sg.pool + " pool, stream " + sg.stream + ", " +
+        BM.blocks.toLocaleString("en-US") + " pieces); double-click or All segments for every segment.";
+    } else if (S.zoom !== null) {
+      text += " (Segment 0x" + S.zoom.toString(16) + " does not exist at this moment: every segment is shown.)";
+    }
+    c.dataset.zoom = zi >= 0 ? "0x" + S.zoom.toString(16) : "";
+    $("blockmap-unzoom").hidden = S.zoom === null;
+    BM.touched = touch && BM.addr ? blockOfAddress(BM, touch) : -1;
+    if (BM.touched >= 0) text += " The block the event touched is outlined.";
+    text += d.layout_exact ? " Exact layout." : " Estimated layout (see Block layout above).";
+    cap.textContent = text;
+    renderOomPanel(shown);
     drawBlockmap();
     $("block-stack").textContent = "";
     const lg = $("blockmap-legend");
@@ -997,6 +1319,9 @@
     if (S.colourBy === "category") {
       D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:" + CATEGORY_COLOURS[i] }), c)));
       lg.append(el("span", null, el("i", { style: "background:" + STATE_COLOURS[0] }), "free"));
+    } else if (S.colourBy === "allocation") {
+      lg.append(el("span", null, "a colour per allocation (hover a block for its stack); runs of small blocks by state;"),
+        el("span", null, el("i", { style: "background:" + STATE_COLOURS[0] }), "free"));
     } else {
       STATE_NAMES.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:" + STATE_COLOURS[i] }), c)));
     }
@@ -1008,7 +1333,7 @@
     const box = $("blockmap-oom");
     box.textContent = "";
     BM.hole = -1;
-    const v = k.oom;
+    const v = k && k.oom;
     box.hidden = !v;
     if (!v) { delete box.dataset.request; return; }
     // The block to outline: a free block of the pool and stream as large as the verdict's largest;
@@ -1072,7 +1397,7 @@
       if (hatch && x1 - x0 > 3) { g.fillStyle = "rgba(255,255,255,0.35)"; g.fillRect(x0, y + ROW_H / 2, x1 - x0, ROW_H / 2); }
     });
     for (let i = 0; i < BM.start.length; i++) {
-      const { col, run } = blockColour(BM.code[i]);
+      const { col, run } = blockColour(BM.code[i], i);
       span(BM.start[i], BM.size[i], col, run);
     }
     // segment boundaries
@@ -1082,6 +1407,11 @@
       g.fillRect(x, 2 + row * (ROW_H + ROW_GAP), 1.2, ROW_H + 4);
     }
     if (S.block !== null && S.block < BM.start.length) span(BM.start[S.block], BM.size[S.block], "rgba(0,0,0,0.45)", false);
+    if (BM.touched >= 0) {  // the block the stepped event touched
+      g.strokeStyle = "#111827"; g.lineWidth = 1.5;
+      pieces(BM.start[BM.touched], BM.size[BM.touched], (x0, x1, y) => g.strokeRect(x0 - 1, y - 2, Math.max(3, x1 - x0 + 2), ROW_H + 4));
+      g.lineWidth = 1;
+    }
     if (BM.hole >= 0) {  // the OOM's largest free block of its pool: outlined, with a floor of 3 px
       g.strokeStyle = OOM_COLOUR; g.lineWidth = 2;
       pieces(BM.start[BM.hole], BM.size[BM.hole], (x0, x1, y) => g.strokeRect(x0 - 1, y - 1, Math.max(3, x1 - x0 + 2), ROW_H + 2));
@@ -1121,7 +1451,8 @@
     if (BM.code[i] & 32) { box.append(el("div", { text: "A run of small blocks: zoom is not possible here; its blocks have no single stack." })); return; }
     if ((BM.code[i] & 3) === 0) return;
     if (st < 0) { box.append(el("div", { text: "No stack recorded for this block (or the report's stack table is full)." })); return; }
-    box.append(el("div", { text: "Allocated from (innermost first):" }));
+    const before = !AV.al.seg && AV.al.drawn[5 * i] < 0;
+    box.append(el("div", { text: (AV.al.seg ? "Created by the allocation from" : before ? "Allocated before the trace began; freed from" : "Allocated from") + " (innermost first):" }));
     const ol = el("ol");
     for (const f of D.stacks[st]) ol.append(el("li", { text: frameText(D.frames[f]) }));
     box.append(ol);
@@ -1139,6 +1470,15 @@
       showStack(i);
     });
     $("keyframe").addEventListener("change", () => { if (!dev()) return; S.kf = Number($("keyframe").value); S.picked = null; S.block = null; momentChanged(); });
+    c.addEventListener("dblclick", (e) => { if (!dev() || !BM) return;
+      if (S.zoom !== null) { S.zoom = null; renderBlockmap(); return; }
+      const r = c.getBoundingClientRect(), i = blockAt(e.clientX - r.left, e.clientY - r.top);
+      if (i < 0) return;
+      S.zoom = BM.segs[BM.seg[i]].address;
+      S.block = null;
+      renderBlockmap();
+    });
+    $("blockmap-unzoom").addEventListener("click", () => { S.zoom = null; if (dev()) renderBlockmap(); });
     $("colour-by").addEventListener("change", () => { if (!dev()) return; S.colourBy = $("colour-by").value; renderBlockmap(); });
   }
   function fillKeyframes() {
@@ -1291,7 +1631,10 @@
     delete $("blockmap").dataset.event;
     if (!d) {
       const why = "cuda:" + devA().device + " is not drawn in this report (see the summary); memforensics report --device " + devA().device + " draws it.";
-      TL = null; BM = null; IC = null; AV = null;
+      TL = null; BM = null; IC = null; AV = null; ST = null;
+      $("event-list").textContent = "";
+      $("event-stack").textContent = "";
+      $("event-list-caption").textContent = why;
       $("blockmap-oom").hidden = true;
       $("keyframe").textContent = "";
       $("blockmap-caption").textContent = why;
@@ -1305,6 +1648,7 @@
     prepTimeline();
     drawMini();
     prepAllocations();
+    prepStepping();
     fillKeyframes();
     // The block map opens at the device's first OOM when it has one, else at the requested peak.
     const oomKf = d.keyframes.findIndex((k) => k.labels.includes("OOM 1"));
@@ -1312,6 +1656,7 @@
     S.kf = oomKf >= 0 ? oomKf : peakKf >= 0 ? peakKf : 0;
     S.picked = null;
     S.block = null;
+    S.zoom = null;
     S.alloc = -1;
     $("allocation-stack").textContent = "";
     IC = null;
@@ -1386,6 +1731,7 @@
     installBlockmap();
     installIcicle();
     installMomentLink();
+    installStepping();
     selectDevice();
     applyHash();
     window.addEventListener("resize", () => { if (dev()) { redrawTime(); drawMini(); if (BM) drawBlockmap(); drawIcicle(); } });

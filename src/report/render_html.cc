@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -133,6 +134,7 @@ json allocationsJson(const analysis::AllocationView& v, bool times) {
   return {{"drawn", rec},
           {"times", times ? tm : json(nullptr)},
           {"allocations", v.allocations},
+          {"before_trace", v.before_trace},
           {"smallest_drawn", v.smallest_drawn},
           {"capped", v.capped},
           {"budget_bytes", v.budget_bytes},
@@ -142,6 +144,65 @@ json allocationsJson(const analysis::AllocationView& v, bool times) {
             {"at_event", at},
             {"total", total},
             {"rest", rest}}}};
+}
+
+// Blocks of [lo, hi) as the page's stepping records (stepping_view.h): [lo, hi - lo, records...]
+// with addresses implicit (each record starts where the previous one ended): a gap [64, bytes]
+// where nothing is mapped, a free block [code, size, segment], any other [code, size, segment,
+// requested, stack, alloc_event]. [] for an event that changed nothing.
+json stepRecords(uint64_t lo, uint64_t hi, const std::vector<analysis::StepMapBlock>& blocks) {
+  json a = json::array();
+  if (lo >= hi) return a;
+  a.push_back(lo);
+  a.push_back(hi - lo);
+  uint64_t at = lo;
+  for (const auto& b : blocks) {
+    if (b.address > at) {
+      a.push_back(64);
+      a.push_back(b.address - at);
+    }
+    a.push_back(b.code);
+    a.push_back(b.size);
+    a.push_back(b.segment);
+    if ((b.code & 3) != 0) {
+      a.push_back(b.requested);
+      a.push_back(b.stack);
+      a.push_back(b.alloc_event);
+    }
+    at = b.address + b.size;
+  }
+  return a;
+}
+
+json steppingJson(const analysis::SteppingView& v,
+                  const std::function<size_t(const std::string&)>& pool, bool times) {
+  if (v.empty()) return {{"unavailable", v.unavailable}};
+  json segs = json::array();
+  for (const auto& s : v.segments) {
+    segs.push_back(s.address);
+    segs.push_back(s.stream);
+    segs.push_back(pool(s.pool));
+    segs.push_back(s.expandable ? 1 : 0);
+  }
+  const uint64_t lo = v.base.empty() ? 0 : v.base.front().address;
+  const uint64_t hi = v.base.empty() ? 0 : v.base.back().address + v.base.back().size;
+  json patches = json::array(), events = json::array(), tm = json::array();
+  for (const auto& p : v.patches) patches.push_back(stepRecords(p.lo, p.hi, p.blocks));
+  for (const auto& e : v.events) {
+    events.push_back(static_cast<int>(e.action));
+    events.push_back(e.addr);
+    events.push_back(e.size);
+    events.push_back(e.stack);
+    if (times) tm.push_back(e.time_us);
+  }
+  return {{"first", v.first_event},
+          {"last", v.last_event},
+          {"focus", v.focus_event},
+          {"segments", segs},
+          {"base", stepRecords(lo, hi, v.base)},
+          {"patches", patches},
+          {"events", events},
+          {"times", times ? tm : json(nullptr)}};
 }
 
 json deviceJson(const analysis::DeviceReportData& d) {
@@ -207,8 +268,36 @@ json deviceJson(const analysis::DeviceReportData& d) {
     if (k.oom) kf["oom"] = oomVerdictJson(*k.oom);
     kfs.push_back(std::move(kf));
   }
-  j["pool_names"] = pool_names;
   j["keyframes"] = kfs;
+  j["stepping"] = steppingJson(
+      d.stepping,
+      [&](const std::string& name) {
+        auto [it, fresh] = pool_index.try_emplace(name, pool_index.size());
+        if (fresh) pool_names.push_back(name);
+        return it->second;
+      },
+      t.has_times);
+  j["pool_names"] = pool_names;
+  // Segments over time (segment_view.h): [first_event, last_event, address, bytes, stream, stack,
+  // expandable] per band, [first_time_us, last_time_us] per band when the file has times.
+  {
+    const auto& st = d.segment_timeline;
+    json lives = json::array(), tm = json::array();
+    for (const auto& l : st.lives) {
+      for (json v : {json(l.first_event), json(l.last_event), json(l.address), json(l.bytes),
+                     json(l.stream), json(l.stack), json(l.expandable ? 1 : 0)})
+        lives.push_back(std::move(v));
+      if (t.has_times) {
+        tm.push_back(l.first_time_us);
+        tm.push_back(l.last_time_us);
+      }
+    }
+    j["segment_timeline"] = {{"lives", lives},
+                             {"times", t.has_times ? tm : json(nullptr)},
+                             {"agrees", st.agrees},
+                             {"first_disagreement", st.first_disagreement},
+                             {"left_out", st.left_out}};
+  }
   j["layout_exact"] = d.layout_exact;
   j["model"] = {{"allocs", d.model.allocs},
                 {"alloc_matches", d.model.alloc_matches},
@@ -533,6 +622,10 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   for (size_t c = 0; c < analysis::kCategoryCount; ++c) {
     doc["categories"].push_back(analysis::categoryName(static_cast<analysis::Category>(c)));
   }
+  doc["actions"] = json::array();  // event stepping's action codes (format::Action)
+  for (int a = 0; a < format::kActionCount; ++a) {
+    doc["actions"].push_back(format::actionName(static_cast<format::Action>(a)));
+  }
   json devs = json::array();
   for (const auto& d : data.devices) devs.push_back(deviceJson(d));
   doc["devices"] = devs;
@@ -580,17 +673,54 @@ std::string renderHtmlWithin(const analysis::AnalysisResult& analysis,
   analysis::ReportData cut = data;
   PageLimits lim;
   std::vector<std::string> notes;
+  // Event stepping gives way first: its windows narrow (around their moments) by what the page is
+  // over, before anything the page drew already is halved.
+  std::string stepping_note;
+  {
+    size_t stepping = 0;
+    for (const auto& d : cut.devices) {
+      if (!d.stepping.empty()) stepping += analysis::steppingCost(d.stepping);
+    }
+    // Only where narrowing it alone can bring the page under the bound: otherwise the halving
+    // below narrows it with everything else.
+    const size_t excess = page.size() - max_bytes + max_bytes / 50;
+    if (stepping > excess) {
+      const double keep = 1.0 - static_cast<double>(excess) / static_cast<double>(stepping);
+      size_t dropped = 0;
+      for (auto& d : cut.devices) {
+        if (d.stepping.empty()) continue;
+        const auto target =
+            static_cast<size_t>(static_cast<double>(analysis::steppingCost(d.stepping)) * keep);
+        dropped += analysis::trimSteppingView(d.stepping, target);
+        if (analysis::steppingCost(d.stepping) > target) {
+          dropped += d.stepping.events.size();
+          analysis::dropSteppingView(d.stepping, target);
+        }
+      }
+      stepping_note =
+          std::to_string(dropped) + " events of the event-stepping windows left out" + why;
+      notes = {stepping_note};
+      page = render(cut, lim, notes);
+      if (page.size() <= max_bytes) return page;
+    }
+  }
   analysis::HalvingCuts halved;
   for (size_t times = 1; times <= kPageHalvings; ++times) {
     halved += analysis::halveReportData(cut);
     notes = {analysis::halvingNote(halved, times, max_bytes)};
+    if (!stepping_note.empty()) notes.insert(notes.begin(), stepping_note);
     page = render(cut, lim, notes);
     if (page.size() <= max_bytes) return page;
   }
   for (int level = 1; level <= 4; ++level) {
     if (level == 1) {
-      size_t keyframes = 0, phases = 0, nodes = 0;
+      size_t keyframes = 0, phases = 0, nodes = 0, stepped = 0;
       for (auto& d : cut.devices) {
+        if (!d.stepping.empty()) {
+          stepped += d.stepping.events.size();
+          d.stepping = analysis::SteppingView{};
+          d.stepping.unavailable = "left out to keep the page under its size bound";
+        }
         const size_t k0 = d.keyframes.size();
         std::erase_if(d.keyframes, [](const analysis::Keyframe& k) { return k.labels.empty(); });
         keyframes += k0 - d.keyframes.size();
@@ -606,7 +736,10 @@ std::string renderHtmlWithin(const analysis::AnalysisResult& analysis,
       notes.push_back("page still too large: " + std::to_string(keyframes) +
                       " evenly spaced keyframes, " + std::to_string(phases) +
                       " phases beyond the first 100 per device and " + std::to_string(nodes) +
-                      " call-tree nodes beyond 500 per device dropped" + why);
+                      " call-tree nodes beyond 500 per device dropped" +
+                      (stepped ? ", and event stepping (" + std::to_string(stepped) + " events)"
+                               : std::string()) +
+                      why);
     } else if (level == 2) {
       lim.max_list = 100;
       lim.string_bytes = 128;

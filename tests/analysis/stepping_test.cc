@@ -113,9 +113,9 @@ TEST(Stepping, PatchesFollowSplitsMergesPendingFreesAndSegments) {
   m.alloc(kB + 6 * kMiB, 4 * kMiB, {.time_us = 4, .frames = a});
   m.freeRequested(kB + 2 * kMiB, 4 * kMiB, {.time_us = 5});
   m.freeCompleted(kB + 2 * kMiB, 4 * kMiB, {.time_us = 6});
-  m.free(kB, 2 * kMiB, {.time_us = 7});          // merges with the free block after it
+  m.free(kB, 2 * kMiB, {.time_us = 7});                 // merges with the free block after it
   m.oom(64 * kMiB, kMiB, {.time_us = 8, .frames = a});  // changes nothing
-  m.free(kB + 6 * kMiB, 4 * kMiB, {.time_us = 9});  // the whole segment is free again
+  m.free(kB + 6 * kMiB, 4 * kMiB, {.time_us = 9});      // the whole segment is free again
   m.segmentFree(kB, 20 * kMiB, {.time_us = 10});
   m.segmentAlloc(kB + 40 * kMiB, 2 * kMiB, {.time_us = 11});
   m.alloc(kB + 40 * kMiB, 512, {.time_us = 12, .frames = a});

@@ -362,12 +362,21 @@ def check_moment_links(wd, html, name, failures):
         after = wd.js(MOMENT_JS)
         if after[:3] != got[:3]:
             failures.append(f"{name}: the link {bad} moved the page from {got[:3]} to {after[:3]}")
+    # An event without a keyframe: exactly that event inside the device's stepping window, else
+    # the nearest precomputed moment, said so.
+    st = d.get("stepping") or {}
+    stepped = (lambda e: "patches" in st and st["first"] <= e <= st["last"])
+    outside = [e for e in range(n_events) if not stepped(e) and all(x["event"] != e for x in kfs)]
     others = [e for e in range(k - 3, k + 4) if 0 <= e < n_events and all(x["event"] != e for x in kfs)]
-    if others:
-        e = others[0]
+    for e in ([others[0]] if others else []) + outside[:1]:
         wd.js("location.hash = arguments[0]", f"#device={d['device']}&event={e}")
         time.sleep(0.2)
         got = wd.js(MOMENT_JS)
+        if stepped(e):
+            if got[1:3] != [str(d["device"]), str(e)] or f"Layout after event {e} " not in got[3]:
+                failures.append(f"{name}: #device={d['device']}&event={e} (in the stepping window) shows {got[1:3]}, "
+                                f"caption {got[3][:120]!r}; want event {e} itself")
+            continue
         want = str(nearest_keyframe(kfs, e))
         if got[1:3] != [str(d["device"]), want] or f"nearest precomputed moment to event {e}" not in got[3]:
             failures.append(f"{name}: #device={d['device']}&event={e} (no layout of its own) shows {got[1:3]}, "
@@ -379,12 +388,134 @@ def check_moment_links(wd, html, name, failures):
         t = xs[len(xs) * 2 // 3]
         rel = t - base
         i = max(j for j in range(len(xs)) if xs[j] <= t)
-        want = str(nearest_keyframe(kfs, p["event"][i]))
+        want = str(p["event"][i] if stepped(p["event"][i]) else nearest_keyframe(kfs, p["event"][i]))
         wd.js("location.hash = arguments[0]", f"#device={d['device']}&t={rel}us")
         time.sleep(0.2)
         got = wd.js(MOMENT_JS)
         if got[1:3] != [str(d["device"]), want]:
             failures.append(f"{name}: #device={d['device']}&t={rel}us shows {got[1:3]}, want keyframe {want}")
+
+
+STEP_STATE_JS = """
+const c = document.getElementById('blockmap'), cur = document.querySelector('#event-list .current');
+return [c.dataset.event, c.dataset.stepped, cur ? cur.dataset.event : null, Number(c.dataset.reserved),
+        Number(c.dataset.allocated), Number(c.dataset.pending), !document.getElementById('blockmap-oom').hidden];
+"""
+
+
+def press(wd, key, shift=False):
+    """A real key press (WebDriver actions) on whatever has the focus."""
+    keys = ([{"type": "keyDown", "value": "\ue008"}] if shift else []) + \
+        [{"type": "keyDown", "value": key}, {"type": "keyUp", "value": key}] + \
+        ([{"type": "keyUp", "value": "\ue008"}] if shift else [])
+    wd.s("POST", "/actions", {"actions": [{"type": "key", "id": "keyboard", "actions": keys}]})
+    wd.s("DELETE", "/actions")
+
+
+def check_alloc_detail(wd, name, failures):
+    """The allocation view's detail slider: at its lowest, the largest allocation alone is drawn and
+    the rest band takes every other drawn allocation's bytes at each bucket's moment; at its
+    highest, every drawn one again."""
+    data = wd.js("return JSON.parse(document.getElementById('memf-data').textContent)")
+    dv = wd.js("return Number(document.body.dataset.device)")
+    d = next((x for x in data["devices"] if x["device"] == dv), None)
+    if not d or not d.get("allocations") or len(d["allocations"]["drawn"]) < 10:
+        return
+    al = d["allocations"]
+    r, bk = al["drawn"], al["buckets"]
+    n = len(r) // 5
+    top = max(range(n), key=lambda i: (r[5 * i + 2], -i))
+    want = sum(bk["rest"])
+    for i in range(n):
+        if i == top:
+            continue
+        for at in bk["at_event"]:
+            if r[5 * i] <= at and (r[5 * i + 1] < 0 or r[5 * i + 1] > at):
+                want += r[5 * i + 2]
+    set_js = ("const s = document.getElementById('alloc-detail'); s.value = arguments[0]; s.dispatchEvent(new Event('input'));"
+              "const c = document.getElementById('allocations'); return [c.dataset.drawn, Number(c.dataset.restSum)];")
+    got = wd.js(set_js, 0)
+    if got != ["1", want]:
+        failures.append(f"{name} cuda:{dv}: the detail slider at its lowest draws {got[0]} allocation(s) with a rest band of "
+                        f"{got[1]} bytes; want 1 and {want}")
+    got = wd.js(set_js, 1000)
+    if got != [str(n), sum(bk["rest"])]:
+        failures.append(f"{name} cuda:{dv}: the detail slider at its highest draws {got}; want {n} and {sum(bk['rest'])}")
+    # Segments over time: one band per segment of the data, said checked only when it agreed.
+    st = d.get("segment_timeline")
+    mode_js = ("const s = document.getElementById('alloc-mode'); s.value = arguments[0]; s.dispatchEvent(new Event('change'));"
+               "const c = document.getElementById('allocations'), cap = document.getElementById('allocations-caption');"
+               "return [c.dataset.mode, c.dataset.drawn, cap.textContent];")
+    got = wd.js(mode_js, "segments")
+    lives = len(st["lives"]) // 7 if st else 0
+    if got[:2] != ["segments", str(lives)] or ("Checked:" in got[2]) != bool(st and st["agrees"]):
+        failures.append(f"{name} cuda:{dv}: Show segments gives {got[:2]}, caption {got[2][:100]!r}; want {lives} bands, "
+                        f"checked {bool(st and st['agrees'])}")
+    if lives and wd.js(INK_JS, "allocations") <= 0.001:
+        failures.append(f"{name} cuda:{dv}: Show segments draws nothing")
+    if wd.js(mode_js, "allocations")[:2] != ["allocations", str(n)]:
+        failures.append(f"{name} cuda:{dv}: back to Show allocations did not draw the allocations again")
+
+
+def check_stepping(wd, html, name, failures):
+    """Event stepping (issue 29 item 2): a link to an event of a device's stepping window shows that
+    event in the block map and the event list; the arrow keys move one event (with Shift ten); at
+    every keyframe inside the window the page's own replay of the patches gives the keyframe's
+    reserved, allocated and pending-free bytes (the C++ model's layout there); at an OOM in the
+    window the failed request is drawn."""
+    data = wd.js("return JSON.parse(document.getElementById('memf-data').textContent)")
+    for d in data["devices"]:
+        st = d.get("stepping") or {}
+        if "patches" not in st:
+            continue
+        first, last, dv = st["first"], st["last"], d["device"]
+        kfs = d["keyframes"]
+        if last - first < 30:
+            continue
+        mid = (first + last) // 2
+        k = next(e for e in range(mid, last) if all(x["event"] != e for x in kfs))
+        open_page(wd, f"file://{html}#device={dv}&event={k}")
+        got = wd.js(STEP_STATE_JS)
+        if got[:3] != [str(k), "1", str(k)]:
+            failures.append(f"{name} cuda:{dv}: #event={k} shows block map/stepped/list {got[:3]}, want {k}, 1, {k}")
+            continue
+        wd.js("document.activeElement && document.activeElement.blur && document.activeElement.blur()")
+        for key, shift, want in (("\ue014", False, k + 1), ("\ue012", False, k), ("\ue012", False, k - 1),
+                                 ("\ue014", True, k + 9)):
+            press(wd, key, shift)
+            got = wd.js(STEP_STATE_JS)
+            if got[:3] != [str(want), "1", str(want)]:
+                failures.append(f"{name} cuda:{dv}: after {'Shift+' if shift else ''}{'right' if key == chr(0xe014) else 'left'} "
+                                f"the page shows {got[:3]}, want event {want}")
+                break
+        # Zoom into the segment under the first row's start, then back (double-click, the button).
+        wd.js("document.getElementById('blockmap').dispatchEvent(new MouseEvent('dblclick', {bubbles: true, "
+              "clientX: document.getElementById('blockmap').getBoundingClientRect().left + 6, "
+              "clientY: document.getElementById('blockmap').getBoundingClientRect().top + 8}))")
+        zoom = wd.js("return document.getElementById('blockmap').dataset.zoom")
+        cap = wd.js("return document.getElementById('blockmap-caption').textContent")
+        if not zoom or f"Zoomed into segment {zoom} " not in cap or wd.js(INK_JS, "blockmap") <= 0.001:
+            failures.append(f"{name} cuda:{dv}: a double-click on the block map did not zoom into a segment "
+                            f"(zoom {zoom!r}, caption {cap[-160:]!r})")
+        press(wd, "\ue014")  # the zoom stays while stepping
+        if wd.js("return document.getElementById('blockmap').dataset.zoom") != zoom:
+            failures.append(f"{name} cuda:{dv}: stepping one event left the zoom into {zoom}")
+        wd.js("document.getElementById('blockmap-unzoom').click()")
+        if wd.js("return document.getElementById('blockmap').dataset.zoom") != "":
+            failures.append(f"{name} cuda:{dv}: All segments did not leave the zoom")
+        inside = [x for x in kfs if first <= x["event"] <= last]
+        for x in inside[:: max(1, len(inside) // 8)] + [x for x in inside if x.get("oom")][:2]:
+            wd.js("location.hash = arguments[0]", f"#device={dv}&event={x['event']}")
+            time.sleep(0.1)
+            got = wd.js(STEP_STATE_JS)
+            at = x["at"]
+            want = [at["reserved_bytes"], at["allocated_bytes"], at["pending_free_bytes"]]
+            if got[0] != str(x["event"]) or got[3:6] != want:
+                failures.append(f"{name} cuda:{dv}: stepped to keyframe event {x['event']} the page shows event {got[0]} with "
+                                f"reserved/allocated/pending {got[3:6]}, the keyframe says {want}")
+                break
+            if x.get("oom") and not got[6]:
+                failures.append(f"{name} cuda:{dv}: stepped to the OOM at event {x['event']}, no failed request is drawn")
 
 
 ZOOM_JS = """
@@ -630,6 +761,8 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
             not wd.js("return document.getElementById('timeline-section').classList.contains('no-data')"):
         check_timeline_axes(wd, name, failures)
     check_moment_links(wd, html, name, failures)
+    check_alloc_detail(wd, name, failures)
+    check_stepping(wd, html, name, failures)
     if i_errors := wd.js("return window.memfErrors"):
         failures.append(f"{name}: JavaScript errors after interaction: {i_errors}")
     wd.js("window.scrollTo(0, 0)")

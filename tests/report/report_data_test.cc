@@ -371,11 +371,36 @@ void expectAllocationViewAddsUp(const format::Snapshot& snap, const DeviceReport
                              }))
       << what;
   // The N largest: no allocation left out is larger than the smallest drawn one.
+  // The candidates: the trace's allocs, and the blocks alive before it that it frees (a free of an
+  // address no alloc of the trace holds; a free_completed after its free_requested counts once).
   std::vector<uint64_t> all;
   const auto& ev = snap.trace(static_cast<size_t>(d.device));
+  std::map<uint64_t, int> held;  // 1 allocated in the trace, 2 its free requested, 3 before
+  uint64_t before = 0;
   for (const auto& e : ev) {
-    if (e.action == format::Action::Alloc && e.size > 0) all.push_back(e.size);
+    if (e.action == format::Action::Alloc) {
+      if (e.size > 0) all.push_back(e.size);
+      held[e.addr] = 1;
+    } else if (e.action == format::Action::FreeRequested) {
+      if (!held.count(e.addr)) {
+        held[e.addr] = 3;
+        if (e.size > 0) {
+          all.push_back(e.size);
+          ++before;
+        }
+      } else if (held[e.addr] == 1) {
+        held[e.addr] = 2;
+      }
+    } else if (e.action == format::Action::FreeCompleted) {
+      if (held.count(e.addr)) {
+        held.erase(e.addr);
+      } else if (e.size > 0) {
+        all.push_back(e.size);
+        ++before;
+      }
+    }
   }
+  EXPECT_EQ(v.before_trace, before) << what;
   std::sort(all.rbegin(), all.rend());
   ASSERT_LE(v.drawn.size(), all.size()) << what;
   EXPECT_EQ(v.capped, v.drawn.size() < all.size()) << what;
@@ -434,6 +459,35 @@ TEST(ReportAllocations, RealFilesAddUpAndStayWithinTheirByteBudget) {
       EXPECT_LE(numbers, budget + 200) << name;
     }
   }
+}
+
+// memory_viz draws a block alive before the trace from its start, named by the stack that freed
+// it; so does the view, and drawn + rest still add up to the requested bytes.
+TEST(ReportAllocations, ABlockFromBeforeTheTraceIsDrawnWithTheStackThatFreedIt) {
+  const std::vector<TFrame> freer{{"optim.py", 77, "zero_grad"}, {"train.py", 12, "step"}};
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  memforensics::testing::ModelBuilder m;
+  m.device(0).segment(kB, {.size = 20 * kMiB});
+  m.live(2 * kMiB, {.requested = 2 * kMiB, .frames = a});  // alive before and after the trace
+  m.freeRequested(kB + 8 * kMiB, 4 * kMiB, {.time_us = 1, .frames = freer});
+  m.freeCompleted(kB + 8 * kMiB, 4 * kMiB, {.time_us = 2});
+  m.alloc(kB + 8 * kMiB, 1 * kMiB, {.time_us = 3, .frames = a});
+  m.free(kB + 8 * kMiB, 1 * kMiB, {.time_us = 4});
+  const auto snap = m.build();
+  ReportData r = buildReportData(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const AllocationView& v = r.devices[0].allocations;
+  EXPECT_EQ(v.before_trace, 1u);
+  ASSERT_EQ(v.drawn.size(), 2u);
+  EXPECT_EQ(v.drawn[0].alloc_event, -1);
+  EXPECT_EQ(v.drawn[0].free_event, 0);
+  EXPECT_EQ(v.drawn[0].bytes, 4 * kMiB);
+  ASSERT_GE(v.drawn[0].stack, 0);
+  const auto& frames = r.stacks[static_cast<size_t>(v.drawn[0].stack)];
+  ASSERT_FALSE(frames.empty());
+  EXPECT_EQ(r.frames[static_cast<size_t>(frames[0])].name, "zero_grad");
+  EXPECT_EQ(v.drawn[1].alloc_event, 2);
+  expectAllocationViewAddsUp(snap, r.devices[0], "a block from before the trace");
 }
 
 TEST(ReportAllocations, HalvingMovesTheSmallerHalfIntoTheRestBand) {
@@ -586,6 +640,240 @@ TEST(ReportFrames, AnUnknownLineTravelsAsNull) {
   }
   EXPECT_TRUE(found);
 }
+
+namespace stepping {
+
+// The page's rule (viz/report.js applyPatch) on the report's blocks: the blocks after `upto`
+// patches of the view.
+std::map<uint64_t, StepMapBlock> stepped(const SteppingView& v, size_t upto) {
+  std::map<uint64_t, StepMapBlock> m;
+  for (const auto& b : v.base) m.emplace(b.address, b);
+  for (size_t i = 0; i < upto && i < v.patches.size(); ++i) {
+    const StepMapPatch& p = v.patches[i];
+    if (p.lo >= p.hi) continue;
+    m.erase(m.lower_bound(p.lo), m.lower_bound(p.hi));
+    for (const auto& b : p.blocks) m.insert_or_assign(b.address, b);
+  }
+  return m;
+}
+
+replay::Counters sums(const std::map<uint64_t, StepMapBlock>& m) {
+  replay::Counters c;
+  for (const auto& [a, b] : m) {
+    c.reserved += b.size;
+    if ((b.code & 3) == 1) c.allocated += b.size;
+    if ((b.code & 3) == 2) c.pending += b.size;
+    if ((b.code & 3) != 0) c.requested += b.requested;
+  }
+  return c;
+}
+
+bool sameBlocks(const std::map<uint64_t, StepMapBlock>& x, const std::vector<StepMapBlock>& y) {
+  if (x.size() != y.size()) return false;
+  size_t i = 0;
+  for (const auto& [a, b] : x) {
+    const StepMapBlock& o = y[i++];
+    if (b.address != o.address || b.size != o.size || b.code != o.code ||
+        b.requested != o.requested || b.stack != o.stack || b.alloc_event != o.alloc_event ||
+        b.segment != o.segment)
+      return false;
+  }
+  return true;
+}
+
+// Every keyframe inside the window: the stepped layout has the keyframe's counters.
+void expectKeyframesAgree(const DeviceReportData& d, const std::string& what) {
+  const SteppingView& v = d.stepping;
+  size_t checked = 0;
+  for (const auto& k : d.keyframes) {
+    if (k.event < v.first_event || k.event > v.last_event) continue;
+    const replay::Counters c = sums(stepped(v, static_cast<size_t>(k.event - v.first_event + 1)));
+    EXPECT_EQ(c.reserved, k.at.reserved) << what << " event " << k.event;
+    EXPECT_EQ(c.allocated, k.at.allocated) << what << " event " << k.event;
+    EXPECT_EQ(c.pending, k.at.pending) << what << " event " << k.event;
+    EXPECT_EQ(c.requested, k.at.requested) << what << " event " << k.event;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u) << what;
+}
+
+TEST(ReportStepping, TheWholeSampleIsSteppedAndAgreesWithEveryKeyframe) {
+  auto snap = format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/sample_training.pickle");
+  ASSERT_TRUE(snap) << snap.error().describe();
+  ReportData r = buildReportData(*snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const DeviceReportData& d = r.devices[0];
+  const auto n = static_cast<int64_t>(snap->trace(0).size());
+  ASSERT_FALSE(d.stepping.empty()) << d.stepping.unavailable;
+  EXPECT_EQ(d.stepping.first_event, 0);
+  EXPECT_EQ(d.stepping.last_event, n - 1);
+  EXPECT_EQ(d.stepping.events.size(), static_cast<size_t>(n));
+  EXPECT_EQ(d.stepping.patches.size(), static_cast<size_t>(n));
+  expectKeyframesAgree(d, "sample");
+  // The events are the trace's, their stacks the report's table.
+  for (size_t i = 0; i < d.stepping.events.size(); ++i) {
+    const auto& e = d.stepping.events[i];
+    EXPECT_EQ(e.action, snap->trace(0)[i].action);
+    EXPECT_EQ(e.addr, snap->trace(0)[i].addr);
+    EXPECT_LT(e.stack, static_cast<int32_t>(r.stacks.size()));
+  }
+  // The page's JSON of it: the estimate the bound uses is within 10 % of what is written.
+  AnalysisResult a = analyzeSnapshot(*snap);
+  auto doc = nlohmann::json::parse(report::htmlDataJson(a, r));
+  const double written = static_cast<double>(doc["devices"][0]["stepping"].dump().size());
+  const double estimate = static_cast<double>(steppingCost(d.stepping));
+  EXPECT_NEAR(estimate / written, 1.0, 0.1) << written << " bytes written, " << estimate;
+}
+
+TEST(ReportStepping, ABoundNarrowsTheWindowAroundTheOomAndMovesTheBase) {
+  auto snap =
+      format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  ASSERT_TRUE(snap) << snap.error().describe();
+  ReportDataOptions wide;
+  wide.device = 1;  // the device with the OOM
+  ReportData full = buildReportData(*snap, wide);
+  ASSERT_EQ(full.devices.size(), 1u);
+  const SteppingView& fv = full.devices[0].stepping;
+  ASSERT_FALSE(fv.empty());
+  ASSERT_EQ(fv.first_event, 0);
+  for (size_t bound : {size_t{30000}, size_t{15000}}) {
+    ReportDataOptions narrow = wide;
+    narrow.stepping_bytes = bound;
+    ReportData r = buildReportData(*snap, narrow);
+    const DeviceReportData& d = r.devices[0];
+    const SteppingView& v = d.stepping;
+    ASSERT_FALSE(v.empty()) << v.unavailable;
+    EXPECT_LE(steppingCost(v), bound);
+    EXPECT_GE(v.events.size(), kSteppingMinEvents);
+    // Around the first OOM, about three events before it for one after.
+    ASSERT_FALSE(d.timeline.ooms.empty());
+    EXPECT_EQ(v.focus_event, d.timeline.ooms.front().event);
+    EXPECT_GE(v.focus_event, v.first_event);
+    EXPECT_LE(v.focus_event, v.last_event);
+    const double before = static_cast<double>(v.focus_event - v.first_event);
+    const double after = static_cast<double>(v.last_event - v.focus_event);
+    if (bound == 15000) {  // small enough to end on neither side of the trace
+      EXPECT_GT(v.first_event, 0);
+      EXPECT_LT(v.last_event, fv.last_event);
+      EXPECT_NEAR(before / (before + after), 0.75, 0.05);
+    }
+    // The moved base is the whole trace's layout after first - 1, and the patches are the same.
+    EXPECT_TRUE(sameBlocks(stepped(fv, static_cast<size_t>(v.first_event)), v.base));
+    expectKeyframesAgree(d, "bound " + std::to_string(bound));
+  }
+  // Halving: half the window, around the same moment.
+  ReportData h = full;
+  const size_t events = h.devices[0].stepping.events.size();
+  const HalvingCuts cut = halveReportData(h);
+  const SteppingView& hv = h.devices[0].stepping;
+  EXPECT_LE(steppingCost(hv), steppingCost(fv) / 2);
+  EXPECT_EQ(cut.stepped_events, events - hv.events.size());
+  EXPECT_EQ(hv.focus_event, fv.focus_event);
+  EXPECT_TRUE(sameBlocks(stepped(fv, static_cast<size_t>(hv.first_event)), hv.base));
+  EXPECT_NE(halvingNote(cut, 1, 1000).find("events of the stepping window"), std::string::npos);
+}
+
+TEST(ReportStepping, ALayoutOverTheBoundHasNoSteppingAndSaysWhy) {
+  auto snap =
+      format::loadSnapshotFile(MEMF_SOURCE_DIR "/snapshots/scenarios/dp_imbalance_oom.pickle");
+  ASSERT_TRUE(snap) << snap.error().describe();
+  ReportDataOptions opt;
+  opt.device = 1;
+  opt.stepping_bytes = 300;  // less than the window's starting blocks
+  ReportData r = buildReportData(*snap, opt);
+  const SteppingView& v = r.devices[0].stepping;
+  EXPECT_TRUE(v.empty());
+  EXPECT_TRUE(v.patches.empty() && v.base.empty() && v.events.empty());
+  EXPECT_NE(
+      v.unavailable.find("blocks are more than the page's bound on event stepping (300 bytes"),
+      std::string::npos)
+      << v.unavailable;
+}
+
+}  // namespace stepping
+
+namespace segments {
+
+using memforensics::testing::ModelBuilder;
+
+struct Want {
+  int64_t first, last;
+  uint64_t address, bytes;
+};
+
+void expectLives(const SegmentTimeline& t, const std::vector<Want>& want) {
+  ASSERT_EQ(t.lives.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE("band " + std::to_string(i));
+    EXPECT_EQ(t.lives[i].first_event, want[i].first);
+    EXPECT_EQ(t.lives[i].last_event, want[i].last);
+    EXPECT_EQ(t.lives[i].address, want[i].address);
+    EXPECT_EQ(t.lives[i].bytes, want[i].bytes);
+  }
+}
+
+TEST(ReportSegments, BandsFromSegmentEventsThoseBeforeTheTraceAndThoseAllAlong) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  ModelBuilder m;
+  m.device(0).segment(kB, {.size = 20 * kMiB});  // there all along
+  m.segmentAlloc(kB + 100 * kMiB, 20 * kMiB, {.time_us = 1, .frames = a});
+  m.alloc(kB + 100 * kMiB, 4 * kMiB, {.time_us = 2, .frames = a});
+  m.free(kB + 100 * kMiB, 4 * kMiB, {.time_us = 3});
+  m.segmentFree(kB + 100 * kMiB, 20 * kMiB, {.time_us = 4});
+  m.segmentFree(kB + 200 * kMiB, 2 * kMiB, {.time_us = 5});  // made before the trace began
+  const auto snap = m.build();
+  ReportData r = buildReportData(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const SegmentTimeline& t = r.devices[0].segment_timeline;
+  expectLives(t,
+              {{-1, -1, kB, 20 * kMiB},
+               {-1, 5, kB + 200 * kMiB, 2 * kMiB},
+               {0, 4, kB + 100 * kMiB, 20 * kMiB}});  // free() is free_requested + free_completed
+  EXPECT_TRUE(t.agrees);
+  EXPECT_EQ(t.first_disagreement, -2);
+  EXPECT_GE(t.lives[2].stack, 0);  // the creating event's stack
+  EXPECT_EQ(t.lives[1].stack, -1);
+}
+
+TEST(ReportSegments, UnmappingPartOfARangeEndsThatPartOnly) {
+  ModelBuilder m;
+  m.settings({.conf = "expandable_segments:True", .expandable_segments = true});
+  m.device(0);  // the file's final state: the two mapped ranges left
+  m.segment(kB, {.expandable = true, .size = 20 * kMiB});
+  m.segment(kB + 40 * kMiB, {.expandable = true, .size = 20 * kMiB});
+  m.segmentMap(kB, 60 * kMiB, {.time_us = 1});
+  m.segmentUnmap(kB + 20 * kMiB, 20 * kMiB, {.time_us = 2});
+  const auto snap = m.build();
+  ReportData r = buildReportData(snap);
+  const SegmentTimeline& t = r.devices[0].segment_timeline;
+  expectLives(t, {{0, -1, kB, 20 * kMiB},
+                  {0, 1, kB + 20 * kMiB, 20 * kMiB},
+                  {0, -1, kB + 40 * kMiB, 20 * kMiB}});
+  EXPECT_TRUE(t.lives[0].expandable);
+  EXPECT_TRUE(t.agrees);
+}
+
+// The check is real: a history that does not hold every segment event disagrees with the replay.
+TEST(ReportSegments, TheScenariosAgreeWithTheReplayedReservedBytes) {
+  size_t devices = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(MEMF_SOURCE_DIR "/snapshots/scenarios")) {
+    if (e.path().extension() != ".pickle") continue;
+    auto snap = format::loadSnapshotFile(e.path().string());
+    ASSERT_TRUE(snap) << e.path();
+    ReportData r = buildReportData(*snap);
+    for (const auto& d : r.devices) {
+      if (d.timeline.points.empty()) continue;
+      EXPECT_TRUE(d.segment_timeline.agrees)
+          << e.path().filename() << " cuda:" << d.device << " from event "
+          << d.segment_timeline.first_disagreement;
+      ++devices;
+    }
+  }
+  EXPECT_GT(devices, 10u);
+}
+
+}  // namespace segments
 
 }  // namespace
 }  // namespace memforensics::analysis

@@ -103,7 +103,7 @@ class SteppingRecorder {
   SteppingFacts facts_;
   StepMirror mirror_;
   std::map<StepSegment, uint32_t> segment_index_;
-  uint64_t lo_ = 0, hi_ = 0;                    // the range before() saw
+  uint64_t lo_ = 0, hi_ = 0;  // the range before() saw
   size_t blocks_ = 0;
   bool on_ = true;
 };

@@ -11,6 +11,7 @@
 
 #include "analysis/frames/frame_tree.h"
 #include "common/allocator_constants.h"
+#include "report/html/json_len.h"
 
 namespace memforensics::analysis {
 
@@ -360,25 +361,6 @@ U64Map<replay::LiveBlock> liveOfLayout(const std::vector<replay::ModelSegment>& 
   return live;
 }
 
-// Decimal characters of an integer in JSON (the allocation view's budget is counted in them).
-size_t jsonLen(int64_t v) {
-  size_t n = v < 0 ? 2 : 1;
-  uint64_t u = v < 0 ? static_cast<uint64_t>(-(v + 1)) + 1 : static_cast<uint64_t>(v);
-  while (u >= 10) {
-    u /= 10;
-    ++n;
-  }
-  return n;
-}
-size_t jsonLenU(uint64_t u) {
-  size_t n = 1;
-  while (u >= 10) {
-    u /= 10;
-    ++n;
-  }
-  return n;
-}
-
 // What one drawn allocation costs in the page's JSON (render_html.cc allocationsJson: seven
 // numbers and their commas; times only when the file has them).
 size_t drawnCost(const DrawnAllocation& a, bool times) {
@@ -447,13 +429,48 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
     spent += bucketCost(b, times);
     v.buckets.push_back(b);
   }
-  std::vector<size_t> order;
-  for (size_t i = 0; i < f.allocs.size(); ++i) {
-    if (f.allocs[i].requested > 0) order.push_back(i);
+  // The candidates: every allocation of the trace, and every block alive before the trace that
+  // the trace frees (memory_viz draws those from the start, named by the stack that freed them):
+  // a free_requested, or a free_completed without one, of an address no alloc of the trace holds.
+  std::vector<AllocFact> cands;
+  cands.reserve(f.allocs.size());
+  for (const AllocFact& a : f.allocs) {
+    if (a.requested > 0) cands.push_back(a);
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return f.allocs[x].requested > f.allocs[y].requested;
-  });
+  {
+    std::unordered_map<uint64_t, uint8_t> st;  // 1 allocated, 2 free requested, 3 before the trace
+    for (size_t i = 0; i < n; ++i) {
+      const format::Event& e = f.events[i];
+      if (e.action == format::Action::Alloc) {
+        st[e.addr] = 1;
+      } else if (e.action == format::Action::FreeRequested ||
+                 e.action == format::Action::FreeCompleted) {
+        auto it = st.find(e.addr);
+        const bool requested = e.action == format::Action::FreeRequested;
+        if (it != st.end()) {
+          if (requested && it->second == 1) {
+            it->second = 2;
+          } else if (!requested) {
+            st.erase(it);
+          }
+          continue;
+        }
+        if (requested) st[e.addr] = 3;
+        if (e.size == 0) continue;
+        AllocFact a;
+        a.event = -1;
+        a.freed = static_cast<int64_t>(i);
+        a.requested = e.size;
+        a.stack = e.stack;  // the stack that freed it
+        ++v.before_trace;
+        cands.push_back(a);
+      }
+    }
+  }
+  std::vector<size_t> order(cands.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return cands[x].requested > cands[y].requested; });
   // One allocation as drawn (its stack is added once it is chosen).
   auto drawnOf = [&](const AllocFact& a) {
     DrawnAllocation d;
@@ -462,7 +479,7 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
     d.bytes = a.requested;
     d.category = a.category;
     if (times) {
-      d.alloc_time_us = f.events[static_cast<size_t>(a.event)].time_us;
+      d.alloc_time_us = a.event >= 0 ? f.events[static_cast<size_t>(a.event)].time_us : -1;
       d.free_time_us = a.freed >= 0 && static_cast<size_t>(a.freed) < n
                            ? f.events[static_cast<size_t>(a.freed)].time_us
                            : -1;
@@ -471,7 +488,7 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   };
   std::vector<size_t> chosen;
   for (size_t i : order) {
-    const DrawnAllocation d = drawnOf(f.allocs[i]);
+    const DrawnAllocation d = drawnOf(cands[i]);
     const size_t cost = drawnCost(d, times) + 3;  // the stack index may grow to a few digits
     if (chosen.size() >= max_drawn || spent + cost > budget) {
       v.capped = true;
@@ -480,9 +497,11 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
     spent += cost;
     chosen.push_back(i);
   }
-  std::sort(chosen.begin(), chosen.end());
+  std::stable_sort(chosen.begin(), chosen.end(), [&](size_t x, size_t y) {
+    return std::pair{cands[x].event, x} < std::pair{cands[y].event, y};
+  });
   for (size_t i : chosen) {
-    const AllocFact& a = f.allocs[i];
+    const AllocFact& a = cands[i];
     DrawnAllocation d = drawnOf(a);
     d.stack = tables.stack(a.stack);
     v.smallest_drawn = v.smallest_drawn == 0 ? d.bytes : std::min(v.smallest_drawn, d.bytes);
@@ -614,6 +633,30 @@ HalvingCuts halveReportData(ReportData& data) {
         av.smallest_drawn = av.smallest_drawn == 0 ? a.bytes : std::min(av.smallest_drawn, a.bytes);
       fillRest(av);
     }
+    // The segment timeline: the larger half of its bands.
+    auto& lives = d.segment_timeline.lives;
+    if (lives.size() > kHalvingMinAllocations) {
+      std::vector<size_t> order(lives.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t x, size_t y) { return lives[x].bytes > lives[y].bytes; });
+      order.resize(std::max(kHalvingMinAllocations, lives.size() / 2));
+      std::sort(order.begin(), order.end());
+      std::vector<SegmentLife> kept;
+      for (size_t i : order) kept.push_back(lives[i]);
+      c.segment_lives += lives.size() - kept.size();
+      d.segment_timeline.left_out += lives.size() - kept.size();
+      lives = std::move(kept);
+    }
+    // Event stepping: half the window, around the same moment.
+    if (!d.stepping.empty()) {
+      const size_t cost = steppingCost(d.stepping);
+      c.stepped_events += trimSteppingView(d.stepping, cost / 2);
+      if (steppingCost(d.stepping) > cost * 3 / 4) {  // the base or the shortest window
+        c.stepped_events += d.stepping.events.size();
+        dropSteppingView(d.stepping, cost / 2);
+      }
+    }
   }
   // Stacks: the first half keep their names (those named first: the peaks' and OOMs' blocks).
   if (data.stacks.size() > kHalvingMinStacks) {
@@ -631,6 +674,15 @@ HalvingCuts halveReportData(ReportData& data) {
       for (auto& a : d.allocations.drawn) {
         if (a.stack >= static_cast<int32_t>(keep)) a.stack = -1;
       }
+      auto cut = [&](int32_t& st) {
+        if (st >= static_cast<int32_t>(keep)) st = -1;
+      };
+      for (auto& b : d.stepping.base) cut(b.stack);
+      for (auto& p : d.stepping.patches) {
+        for (auto& b : p.blocks) cut(b.stack);
+      }
+      for (auto& e : d.stepping.events) cut(e.stack);
+      for (auto& l : d.segment_timeline.lives) cut(l.stack);
     }
   }
   // Frames per stack: the innermost half of the longest (where the memory was allocated).
@@ -696,6 +748,12 @@ std::string halvingNote(const HalvingCuts& c, size_t times, size_t max_bytes) {
   if (c.allocations)
     parts.push_back(plural(c.allocations, "allocation drawn one by one (now in the rest band)",
                            "allocations drawn one by one (now in the rest band)"));
+  if (c.segment_lives)
+    parts.push_back(
+        plural(c.segment_lives, "band of the segment timeline", "bands of the segment timeline"));
+  if (c.stepped_events)
+    parts.push_back(
+        plural(c.stepped_events, "event of the stepping window", "events of the stepping window"));
   std::string what;
   for (size_t i = 0; i < parts.size(); ++i) {
     what += i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ";
@@ -754,6 +812,21 @@ ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
   plan.max_icicle_nodes =
       std::max<size_t>(100, static_cast<size_t>(static_cast<double>(opt.max_icicle_nodes) * share));
   plan.allocation_bytes = static_cast<size_t>(static_cast<double>(opt.allocation_bytes) * share);
+  // Event stepping: one budget for the whole report, split evenly between the kSteppingDevices
+  // drawn devices ranked first (with OOMs first, then the highest reserved peak).
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, int64_t>> ranked;
+  for (const DeviceFacts* f : chosen) {
+    if (plan.draws(f->device))
+      ranked.push_back({{f->summary.ooms.size(), f->summary.peak_reserved.bytes}, f->device});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < ranked.size() && i < kSteppingDevices; ++i)
+    plan.stepped.push_back(ranked[i].second);
+  std::sort(plan.stepped.begin(), plan.stepped.end());
+  plan.stepping_bytes = opt.stepping_bytes / std::max<size_t>(1, plan.stepped.size());
+  plan.segment_lives =
+      std::max<size_t>(200, static_cast<size_t>(static_cast<double>(kMaxSegmentLives) * share));
   plan.moment_icicle_nodes =
       std::max<size_t>(100, static_cast<size_t>(static_cast<double>(kMomentIcicleNodes) * share));
   return plan;
@@ -761,6 +834,10 @@ ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
 
 bool ReportPlan::draws(int64_t device) const {
   return std::binary_search(drawn.begin(), drawn.end(), device);
+}
+
+bool ReportPlan::steps(int64_t device) const {
+  return std::binary_search(stepped.begin(), stepped.end(), device);
 }
 
 std::map<int64_t, KeyframeMoment> keyframeMoments(const DeviceFacts& f, const ReportPlan& plan,
@@ -807,6 +884,9 @@ void requestReportMoments(const format::Snapshot& snap, DeviceSession& session,
     }
   }
   session.requestLive(f.summary.peak_requested.event, kMomentPeakRequested);
+  if (snap.has_segment_info && plan.steps(f.device)) {
+    if (auto w = steppingWindow(f, plan.stepping_bytes)) session.requestStepping(w->first, w->last);
+  }
 }
 
 std::vector<int64_t> reportLiveEvents(const format::Snapshot& snap, const DeviceFacts& f,
@@ -982,6 +1062,24 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     dr.allocations = allocationViewOf(f, tables, plan.allocation_bytes, opt.max_drawn_allocations,
                                       dr.timeline.has_times);
     if (dr.allocations.capped) ++allocations_capped;
+    // Event stepping: its stacks after the drawings' (the first ones keep their names when a
+    // page over its bound is halved).
+    if (snap.has_segment_info && !plan.steps(d)) {
+      dr.stepping.unavailable = "event stepping goes to the " + std::to_string(kSteppingDevices) +
+                                " devices with OOMs first, then the highest reserved peaks; "
+                                "`memforensics report --device " +
+                                std::to_string(d) + "` steps this one";
+    }
+    if (snap.has_segment_info) {
+      if (auto w = plan.steps(d) ? steppingWindow(f, plan.stepping_bytes) : std::nullopt) {
+        dr.stepping = steppingViewOf(snap, f, w->focus, plan.stepping_bytes,
+                                     [&](StackId id) { return tables.stack(id); });
+        if (dr.stepping.empty() && dr.stepping.unavailable.empty())
+          dr.stepping.unavailable = "the session recorded no window";
+      }
+      dr.segment_timeline = segmentTimelineOf(snap, f, plan.segment_lives,
+                                              [&](StackId id) { return tables.stack(id); });
+    }
     // Each keyframe's call tree: from its live set where the session copied one, else from the
     // layout's allocated blocks.
     // At most kMomentIcicles trees: the labelled moments (peaks, OOMs, the end) first, then evenly

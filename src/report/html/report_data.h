@@ -28,6 +28,8 @@
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"
+#include "report/html/segment_view.h"
+#include "report/html/stepping_view.h"
 #include "report/html/whatif_data.h"
 
 namespace memforensics::analysis {
@@ -92,8 +94,10 @@ struct Keyframe {
 // The allocation view (memory_viz's "Active Memory Timeline"): every allocation a band over its
 // lifetime, stacked. Bounded: the largest allocations of the trace (by requested bytes) are drawn
 // one by one, at most kMaxDrawnAllocations and kAllocationViewBytes of page JSON per device (the
-// budget shrinks as more devices are drawn, as the other per-device bounds do); the rest (smaller
-// ones and blocks alive before the trace began) is one band whose height per bucket of
+// budget shrinks as more devices are drawn, as the other per-device bounds do). A block alive
+// before the trace began that the trace frees is a candidate too, drawn from the start and named
+// by the stack that freed it (as memory_viz does). The rest (smaller ones, and blocks alive from
+// before the trace to its end) is one band whose height per bucket of
 // consecutive events is what the drawn ones leave of the requested bytes at the bucket's
 // requested maximum, so drawn + rest = the timeline's requested line there, and at the requested
 // peak exactly the peak.
@@ -109,7 +113,7 @@ inline constexpr size_t kMomentIcicleNodes = 6000;
 inline constexpr size_t kMomentIcicles = 12;
 
 struct DrawnAllocation {
-  int64_t alloc_event = 0;
+  int64_t alloc_event = 0;  // -1: alive before the trace began (freed in it; `stack` freed it)
   int64_t free_event = -1;  // free requested; -1: alive at the end of the trace
   int64_t alloc_time_us = -1, free_time_us = -1;
   uint64_t bytes = 0;  // requested
@@ -130,6 +134,7 @@ struct AllocationView {
   std::vector<DrawnAllocation> drawn;  // by alloc event
   std::vector<AllocationBucket> buckets;
   uint64_t allocations = 0;     // allocations in the trace (alloc events)
+  uint64_t before_trace = 0;    // blocks alive before the trace that it frees (candidates too)
   uint64_t smallest_drawn = 0;  // bytes of the smallest drawn allocation (0: none drawn)
   size_t budget_bytes = 0;      // the JSON budget this device had
   bool capped = false;          // some allocation with bytes > 0 was not drawn
@@ -162,6 +167,8 @@ struct DeviceReportData {
   uint64_t capacity_bytes = 0;
   std::string capacity_basis;
   AllocationView allocations;
+  SteppingView stepping;             // the block map at every event of a window (stepping_view.h)
+  SegmentTimeline segment_timeline;  // segments over time (segment_view.h)
 };
 
 struct ReportData {
@@ -191,6 +198,7 @@ struct ReportDataOptions {
   size_t max_phases = 1000;  // phases drawn per device: the longest, in their order
   size_t allocation_bytes = kAllocationViewBytes;  // per device, full share
   size_t max_drawn_allocations = kMaxDrawnAllocations;
+  size_t stepping_bytes = kSteppingBytes;  // the whole report, split evenly (stepping_view.h)
 };
 
 // What the report draws, decided from pass-1 facts (DeviceSession::facts() before visit(), or the
@@ -200,10 +208,12 @@ struct ReportDataOptions {
 struct ReportPlan {
   std::vector<int64_t> drawn;         // ascending
   std::vector<int64_t> summary_only;  // ascending
+  std::vector<int64_t> stepped;       // drawn devices with event stepping, ascending
   size_t candidates = 0;              // devices considered (options.device applied)
   size_t block_budget = 0, max_points = 0, even_keyframes = 0, max_icicle_nodes = 0;
-  size_t allocation_bytes = 0, moment_icicle_nodes = 0;
+  size_t allocation_bytes = 0, moment_icicle_nodes = 0, stepping_bytes = 0, segment_lives = 0;
   bool draws(int64_t device) const;
+  bool steps(int64_t device) const;
 };
 ReportPlan planReport(const std::vector<const DeviceFacts*>& devices,
                       const ReportDataOptions& options);
@@ -244,9 +254,9 @@ ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions
 // device: the timeline thinned to half its buckets (the new bucket a multiple of the old, so the
 // kept points are those computeTimeline would keep; every peak and OOM stays), every other evenly
 // spaced keyframe (labelled ones stay), each keyframe's drawn pieces halved by merging runs, the
-// lightest half of the call-tree nodes; for the whole report, the second half of the named stacks
-// (their blocks name none) and the outer half of the longest stack's frames. Never below the
-// floors below. Returns what went, for the note (halvingNote).
+// lightest half of the call-tree nodes, half of the stepping window; for the whole report, the
+// second half of the named stacks (their blocks name none) and the outer half of the longest
+// stack's frames. Never below the floors below. Returns what went, for the note (halvingNote).
 constexpr size_t kHalvingMinPoints = 64;          // timeline buckets per device
 constexpr size_t kHalvingMinKeyframeBlocks = 64;  // drawn pieces per keyframe
 constexpr size_t kHalvingMinIcicleNodes = 100;    // per device
@@ -256,7 +266,7 @@ constexpr size_t kHalvingMinAllocations = 100;  // drawn allocations per device
 
 struct HalvingCuts {
   uint64_t points = 0, keyframes = 0, blocks_merged = 0, icicle_nodes = 0, stacks = 0,
-           stack_frames = 0, allocations = 0;
+           stack_frames = 0, allocations = 0, stepped_events = 0, segment_lives = 0;
   HalvingCuts& operator+=(const HalvingCuts& o) {
     points += o.points;
     keyframes += o.keyframes;
@@ -265,6 +275,8 @@ struct HalvingCuts {
     stacks += o.stacks;
     stack_frames += o.stack_frames;
     allocations += o.allocations;
+    stepped_events += o.stepped_events;
+    segment_lives += o.segment_lives;
     return *this;
   }
 };
