@@ -1082,9 +1082,11 @@
     const d = dev();
     if (!d || !d.keyframes.length) return;
     const cur = currentEvent();
-    if (ST && (inWindow(cur) || inWindow(cur + delta))) {
-      gotoEvent(Math.min(ST.st.last, Math.max(ST.st.first, cur + delta)));
-      return;
+    // Inside the stepping window (and into it from either side); at its edge the keys go on from
+    // keyframe to keyframe.
+    if (ST) {
+      const to = Math.min(ST.st.last, Math.max(ST.st.first, cur + delta));
+      if (inWindow(cur + delta) || (inWindow(cur) && to !== cur)) { gotoEvent(to); return; }
     }
     // Outside the window: from keyframe to keyframe.
     const ks = d.keyframes;
@@ -1448,11 +1450,10 @@
     box.textContent = "";
     if (i < 0) return;
     const st = BM.stack[i];
-    if (BM.code[i] & 32) { box.append(el("div", { text: "A run of small blocks: zoom is not possible here; its blocks have no single stack." })); return; }
+    if (BM.code[i] & 32) { box.append(el("div", { text: "A run of small blocks drawn merged at this precomputed moment: its blocks have no single stack (inside the stepping window every block is drawn on its own)." })); return; }
     if ((BM.code[i] & 3) === 0) return;
     if (st < 0) { box.append(el("div", { text: "No stack recorded for this block (or the report's stack table is full)." })); return; }
-    const before = !AV.al.seg && AV.al.drawn[5 * i] < 0;
-    box.append(el("div", { text: (AV.al.seg ? "Created by the allocation from" : before ? "Allocated before the trace began; freed from" : "Allocated from") + " (innermost first):" }));
+    box.append(el("div", { text: (BM.ev[i] < 0 ? "Allocated before the trace began, from" : "Allocated from") + " (innermost first):" }));
     const ol = el("ol");
     for (const f of D.stacks[st]) ol.append(el("li", { text: frameText(D.frames[f]) }));
     box.append(ol);
@@ -1627,6 +1628,10 @@
         "torch.cuda.memory._dump_snapshot(path) after the steps of interest." : "";
     }
     $("axis-pick").hidden = !d || !d.has_times;
+    // Segments over time need the allocator's segments (not in torch.profiler traces).
+    const segOpt = $("alloc-mode").querySelector("option[value=segments]");
+    segOpt.disabled = !d || d.has_segment_info === false;
+    if (segOpt.disabled && S.allocMode === "segments") { S.allocMode = "allocations"; $("alloc-mode").value = "allocations"; }
     delete $("blockmap").dataset.device;
     delete $("blockmap").dataset.event;
     if (!d) {
@@ -1647,8 +1652,8 @@
     }
     prepTimeline();
     drawMini();
-    prepAllocations();
     prepStepping();
+    prepAllocations();
     fillKeyframes();
     // The block map opens at the device's first OOM when it has one, else at the requested peak.
     const oomKf = d.keyframes.findIndex((k) => k.labels.includes("OOM 1"));

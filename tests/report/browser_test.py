@@ -503,6 +503,20 @@ def check_stepping(wd, html, name, failures):
         wd.js("document.getElementById('blockmap-unzoom').click()")
         if wd.js("return document.getElementById('blockmap').dataset.zoom") != "":
             failures.append(f"{name} cuda:{dv}: All segments did not leave the zoom")
+        # A click on a block shows its stack (no error: window.memfErrors is read after the checks).
+        wd.js("document.getElementById('blockmap').scrollIntoView({block: 'center'})")
+        wd.click_at(wd.element("#blockmap"), -wd.js("return document.getElementById('blockmap').getBoundingClientRect().width") / 2 + 8,
+                    -wd.js("return document.getElementById('blockmap').getBoundingClientRect().height") / 2 + 8)
+        # At the window's last event the right arrow goes on to the next precomputed moment.
+        later = sorted(x["event"] for x in kfs if x["event"] > last)
+        if later:
+            wd.js("location.hash = arguments[0]", f"#device={dv}&event={last}")
+            time.sleep(0.1)
+            press(wd, "\ue014")
+            got = wd.js(STEP_STATE_JS)
+            if got[:2] != [str(later[0]), "0"]:
+                failures.append(f"{name} cuda:{dv}: right arrow at the window's last event {last} shows {got[:2]}, "
+                                f"want the next keyframe {later[0]}")
         inside = [x for x in kfs if first <= x["event"] <= last]
         for x in inside[:: max(1, len(inside) // 8)] + [x for x in inside if x.get("oom")][:2]:
             wd.js("location.hash = arguments[0]", f"#device={dv}&event={x['event']}")

@@ -96,7 +96,10 @@ class SteppingRecorder {
   SteppingFacts take() { return std::move(facts_); }
 
  private:
-  std::vector<StepBlock> blocksIn(const replay::CachingAllocator& core, uint64_t lo, uint64_t hi);
+  // The mapped blocks of [lo, hi); `stored` ones count against kMaxSteppingBlocks (over it,
+  // stepping fails).
+  std::vector<StepBlock> blocksIn(const replay::CachingAllocator& core, uint64_t lo, uint64_t hi,
+                                  bool stored = true);
   uint32_t segmentOf(const replay::CachedSegment& s);
   void fail(std::string why);
 

@@ -23,7 +23,7 @@ SegmentTimeline segmentTimelineOf(const format::Snapshot& snap, const DeviceFact
                                   const std::function<int32_t(format::StackId)>& stack_index) {
   SegmentTimeline out;
   std::vector<SegmentLife>& lives = out.lives;
-  std::map<uint64_t, Open> open;  // live ranges by address, disjoint
+  std::map<uint64_t, Open> open;        // live ranges by address, disjoint
   std::vector<format::StackId> stacks;  // per life, the file's stack id
   const size_t n = f.events.size();
   auto timeOf = [&](int64_t e) { return e >= 0 ? f.events[static_cast<size_t>(e)].time_us : -1; };
@@ -100,21 +100,19 @@ SegmentTimeline segmentTimelineOf(const format::Snapshot& snap, const DeviceFact
   }
   // The check: the live bands' bytes after every event against the replayed reserved bytes.
   if (f.has_series && f.series.size() == n + 1) {
-    std::vector<int64_t> delta(n + 1, 0);  // change after event i at [i + 1]; [0]: the start
-    uint64_t at_start = 0;
+    // In wrapping unsigned arithmetic: a hostile file's sizes may not fit a signed sum, and the
+    // running total equals the replay's exactly when the true sums do.
+    std::vector<uint64_t> add(n + 1, 0), sub(n + 1, 0);  // after event i at [i + 1]; [0]: start
     for (const auto& l : lives) {
-      if (l.first_event < 0) {
-        at_start += l.bytes;
-      } else {
-        delta[static_cast<size_t>(l.first_event) + 1] += static_cast<int64_t>(l.bytes);
-      }
-      if (l.last_event >= 0) delta[static_cast<size_t>(l.last_event) + 1] -= static_cast<int64_t>(l.bytes);
+      add[l.first_event < 0 ? 0 : static_cast<size_t>(l.first_event) + 1] += l.bytes;
+      if (l.last_event >= 0) sub[static_cast<size_t>(l.last_event) + 1] += l.bytes;
     }
-    auto live = static_cast<int64_t>(at_start);
+    uint64_t live = 0;
     out.agrees = true;
     for (size_t i = 0; i <= n; ++i) {
-      live += delta[i];
-      if (live != static_cast<int64_t>(f.series[i].reserved)) {
+      live += add[i];
+      live -= sub[i];
+      if (live != f.series[i].reserved) {
         out.agrees = false;
         out.first_disagreement = static_cast<int64_t>(i) - 1;
         break;

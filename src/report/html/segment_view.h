@@ -37,9 +37,9 @@ struct SegmentLife {
 
 struct SegmentTimeline {
   std::vector<SegmentLife> lives;  // by first event, then address
-  bool agrees = false;   // the bands' bytes equal the replayed reserved bytes after every event
+  bool agrees = false;  // the bands' bytes equal the replayed reserved bytes after every event
   int64_t first_disagreement = -2;  // the first event where they did not (-1: the start, -2: none)
-  size_t left_out = 0;   // bands over max_lives, the smallest
+  size_t left_out = 0;              // bands over max_lives, the smallest
 };
 
 SegmentTimeline segmentTimelineOf(const format::Snapshot& snap, const DeviceFacts& facts,

@@ -11,6 +11,10 @@ namespace memforensics::analysis {
 
 namespace {
 
+// A stack index as the cost counts it before the stacks are named (a report names at most
+// 20,000 stacks: five digits).
+constexpr int32_t kCostStack = 10000;
+
 // The records of render_html.cc's stepRecords: [lo, hi - lo, records...] with a gap [64, bytes]
 // before a block that does not start where the previous one ended, a free block [code, size,
 // segment], any other [code, size, segment, requested, stack, alloc_event]; [] for none.
@@ -28,7 +32,9 @@ size_t recordsCost(uint64_t lo, uint64_t hi, const std::vector<StepMapBlock>& bl
   return n;
 }
 
-size_t patchCost(const StepMapPatch& p) { return recordsCost(p.lo, p.hi, p.blocks) + 1; }
+size_t patchCost(const StepMapPatch& p) {
+  return recordsCost(p.lo, p.hi, p.blocks) + 1;
+}
 
 size_t baseCost(const std::vector<StepMapBlock>& base) {
   if (base.empty()) return 2;
@@ -52,8 +58,9 @@ std::optional<SteppingWindow> steppingWindow(const DeviceFacts& f, size_t bytes)
   SteppingWindow w;
   w.focus = f.summary.ooms.empty() ? f.summary.peak_requested.event : f.summary.ooms.front().event;
   w.focus = std::clamp<int64_t>(w.focus, 0, n - 1);
-  const auto len = std::clamp<int64_t>(static_cast<int64_t>(bytes / kSteppingBytesPerEvent),
-                                       static_cast<int64_t>(kSteppingMinEvents), n);
+  const int64_t len =
+      std::min<int64_t>(n, std::max(static_cast<int64_t>(bytes / kSteppingBytesPerEvent),
+                                    static_cast<int64_t>(kSteppingMinEvents)));
   w.first = std::max<int64_t>(0, w.focus - len * 3 / 4);
   w.last = std::min<int64_t>(n - 1, w.first + len - 1);
   w.first = std::max<int64_t>(0, w.last - len + 1);
@@ -74,8 +81,8 @@ SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& f, 
   v.last_event = st.last_event;
   v.focus_event = std::clamp(focus, st.first_event, st.last_event);
   for (const StepSegment& s : st.segments) {
-    v.segments.push_back({s.address, s.stream, alloc::poolName(s.is_large, s.pool.first, s.pool.second),
-                          s.expandable});
+    v.segments.push_back({s.address, s.stream,
+                          alloc::poolName(s.is_large, s.pool.first, s.pool.second), s.expandable});
   }
   auto convert = [&](const StepBlock& b) {
     StepMapBlock m;
@@ -88,7 +95,8 @@ SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& f, 
     if (state != 0) {
       m.requested = b.requested;
       m.alloc_event = b.alloc_event;
-      m.stack = stack_index(b.stack);
+      m.raw_stack = b.stack;
+      m.stack = kCostStack;  // until trimmed (its digits are what the cost counts)
       replay::LiveBlock lb;
       lb.requested = b.requested;
       lb.size = b.size;
@@ -108,10 +116,21 @@ SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& f, 
   }
   for (int64_t e = st.first_event; e <= st.last_event; ++e) {
     const format::Event& ev = f.events[static_cast<size_t>(e)];
-    v.events.push_back({ev.action, ev.addr, ev.size, stack_index(ev.stack), ev.time_us});
+    v.events.push_back({ev.action, ev.addr, ev.size, kCostStack, ev.time_us, ev.stack});
   }
   trimSteppingView(v, max_bytes);
-  if (steppingCost(v) > max_bytes) dropSteppingView(v, max_bytes);
+  if (steppingCost(v) > max_bytes) {
+    dropSteppingView(v, max_bytes);
+    return v;
+  }
+  auto name = [&](int32_t& stack, format::StackId raw) {
+    stack = raw == format::kNoStack ? -1 : stack_index(raw);
+  };
+  for (auto& b : v.base) name(b.stack, b.raw_stack);
+  for (auto& p : v.patches) {
+    for (auto& b : p.blocks) name(b.stack, b.raw_stack);
+  }
+  for (auto& e : v.events) name(e.stack, e.raw_stack);
   return v;
 }
 
@@ -160,21 +179,29 @@ size_t trimOnce(SteppingView& v, size_t max_bytes) {
   // Grow [a, b] from the focus: three events before it for every one after, while they fit.
   const auto focus = static_cast<size_t>(v.focus_event - v.first_event);
   size_t a = focus, b = focus, spent = cost[focus];
+  auto fitsLeft = [&] {
+    return a > 0 && (spent + cost[a - 1] <= room || b - a + 1 < kSteppingMinEvents);
+  };
+  auto fitsRight = [&] {
+    return b + 1 < n && (spent + cost[b + 1] <= room || b - a + 1 < kSteppingMinEvents);
+  };
   for (size_t step = 0;; ++step) {
     const bool back = step % 4 != 3;
-    bool grew = false;
-    for (int side = 0; side < 2 && !grew; ++side) {
-      const bool left = (side == 0) == back;
-      if (left && a > 0 && (spent + cost[a - 1] <= room || b - a + 1 < kSteppingMinEvents)) {
-        spent += cost[--a];
-        grew = true;
-      } else if (!left && b + 1 < n &&
-                 (spent + cost[b + 1] <= room || b - a + 1 < kSteppingMinEvents)) {
-        spent += cost[++b];
-        grew = true;
-      }
+    if (back ? fitsLeft() : fitsRight()) {
+      spent += back ? cost[--a] : cost[++b];
+      continue;
     }
-    if (!grew) break;
+    // The preferred side cannot grow. More before the moment is always welcome; more after it
+    // only where the window reached the trace's start or keeps the three-to-one share.
+    if (back && fitsRight() && (a == 0 || (b + 1 - focus) * 3 <= focus - a)) {
+      spent += cost[++b];
+      continue;
+    }
+    if (!back && fitsLeft()) {
+      spent += cost[--a];
+      continue;
+    }
+    break;
   }
   if (a == 0 && b == n - 1) return 0;
   // The base after event first + a - 1: the patches before a applied to it (the page's rule).

@@ -23,7 +23,7 @@ namespace memforensics::analysis {
 
 inline constexpr size_t kSteppingBytes = 600'000;  // page JSON of the whole report
 inline constexpr size_t kSteppingDevices = 4;      // devices with a window, at most
-inline constexpr size_t kSteppingMinEvents = 64;  // halving never goes below this window
+inline constexpr size_t kSteppingMinEvents = 64;   // halving never goes below this window
 // Bytes of page JSON an event costs on average (its list record and its patch), to size the
 // window the session records before the exact cost is known (then trimSteppingView).
 inline constexpr size_t kSteppingBytesPerEvent = 110;
@@ -32,10 +32,11 @@ struct StepMapBlock {
   uint64_t address = 0;
   uint64_t size = 0;
   uint64_t requested = 0;
-  uint8_t code = 0;    // the block map's code: state (0 free, 1 allocated, 2 pending) | category << 2
+  uint8_t code = 0;  // the block map's code: state (0 free, 1 allocated, 2 pending) | category << 2
   int32_t stack = -1;  // index into ReportData::stacks, -1 = none or capped
   int64_t alloc_event = -1;
-  uint32_t segment = 0;  // index into SteppingView::segments
+  uint32_t segment = 0;                          // index into SteppingView::segments
+  format::StackId raw_stack = format::kNoStack;  // the file's, until the window is final
 };
 
 struct StepMapPatch {
@@ -56,13 +57,14 @@ struct StepMapEvent {
   uint64_t size = 0;
   int32_t stack = -1;  // index into ReportData::stacks
   int64_t time_us = -1;
+  format::StackId raw_stack = format::kNoStack;  // the file's, until the window is final
 };
 
 struct SteppingView {
   int64_t first_event = 0;  // the window [first_event, last_event]; none when last < first
   int64_t last_event = -1;
-  int64_t focus_event = -1;          // the moment the window was placed around
-  std::vector<StepMapBlock> base;    // after first_event - 1, address order
+  int64_t focus_event = -1;           // the moment the window was placed around
+  std::vector<StepMapBlock> base;     // after first_event - 1, address order
   std::vector<StepMapPatch> patches;  // patches[i]: after event first_event + i
   std::vector<StepMapEvent> events;   // event first_event + i
   std::vector<StepMapSegment> segments;
@@ -78,10 +80,11 @@ struct SteppingWindow {
 };
 std::optional<SteppingWindow> steppingWindow(const DeviceFacts& facts, size_t bytes);
 
-// The report form of a session's stepping facts: stacks through `stack_index` (the report's
-// stack table), categories as the block map gives them; then trimmed to `max_bytes`.
-SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& facts,
-                            int64_t focus, size_t max_bytes,
+// The report form of a session's stepping facts, trimmed to `max_bytes`; categories as the block
+// map gives them; then the stacks of what stays through `stack_index` (the report's stack table:
+// nothing trimmed away names a stack there).
+SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& facts, int64_t focus,
+                            size_t max_bytes,
                             const std::function<int32_t(format::StackId)>& stack_index);
 
 // Page JSON bytes of a view (render_html.cc writes it; an estimate within a few per cent).
