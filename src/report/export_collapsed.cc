@@ -119,6 +119,9 @@ void writeDevice(const format::Snapshot& snap, const analysis::DeviceFacts& f, s
       case analysis::TreeNodeKind::Pending:
         t = "[pending free]";
         break;
+      case analysis::TreeNodeKind::NativeGroup:  // not asked for: frames as recorded
+        t = "[C++ stack]";
+        break;
       case analysis::TreeNodeKind::Root:
         break;
     }

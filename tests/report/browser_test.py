@@ -302,7 +302,40 @@ return Array.from(used).map(f => D.frames[f]);
 """
 
 
+# Each call tree's paths: [labels of its synthetic nodes..., [file of each frame]] per node whose
+# stack ends there (self > 0). A path with frames but none in a Python file must hang under a
+# "C++ stack" node; such a node never holds a Python frame.
+ICICLE_PATHS_JS = """
+const D = JSON.parse(document.getElementById('memf-data').textContent);
+const out = [];
+for (const d of D.devices) {
+  for (const t of [d.icicle].concat(d.keyframes.map(k => k.icicle))) {
+    if (!t || !t.frame) continue;
+    for (let i = 1; i < t.frame.length; i++) {
+      if (!(t.self[i] > 0)) continue;
+      const labels = [], files = [];
+      for (let j = i; j > 0; j = t.parent[j]) {
+        if (t.frame[j] >= 0) files.push(D.frames[t.frame[j]][0] || '');
+        else if (t.label[String(j)] !== undefined) labels.push(t.label[String(j)]);
+      }
+      out.push([labels, files]);
+    }
+  }
+}
+return out;
+"""
+
+
 def check_icicle_frames(wd, name, failures):
+    for labels, files in wd.js(ICICLE_PATHS_JS) or []:
+        grouped = any("C++ stack, no Python frame" in s for s in labels)
+        python = any(f.endswith(".py") for f in files)
+        if files and not python and not grouped and not any("pending" in s for s in labels):
+            failures.append(f"{name}: a C++-only stack in the call tree without its category node: {labels}")
+            break
+        if grouped and python:
+            failures.append(f"{name}: a 'C++ stack' node holds a Python frame: {labels}")
+            break
     bad = []
     for f in wd.js(ICICLE_FRAMES_JS) or []:
         if (f[0] or "").endswith(".py"):

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "analysis/frames/callgraph.h"
 #include "analysis/frames/frame_tree.h"
 
@@ -149,6 +152,61 @@ TEST(FrameTree, CallGraphIsAViewOfTheTree) {
     }
   }
   EXPECT_TRUE(pending_leaf);
+}
+
+// C++-only stacks hang under one node per group (the icicle's "gradient ... C++ stack"), keyed by
+// what native_group says of the block; a stack with a Python frame, or with only plumbing, never
+// does; without native_group the tree is as before.
+TEST(FrameTree, NativeOnlyStacksGroupedWhenAsked) {
+  format::Snapshot s;
+  const std::tuple<std::string, uint64_t, std::string> engine{
+      "??", 0, "torch::autograd::Engine::evaluate_function(std::shared_ptr<GraphTask>&)"};
+  const std::tuple<std::string, uint64_t, std::string> mm{"??", 0, "at::native::mm(at::Tensor)"};
+  const std::tuple<std::string, uint64_t, std::string> thread{"??", 0, "start_thread"};
+  auto grad = stackOf(s, {kAlloc, mm, engine, thread});
+  auto tmp = stackOf(s, {kAlloc, engine, thread});
+  auto py = stackOf(s, {kAlloc, mm, {"/u/train.py", 7, "step"}});
+  auto plumbing = stackOf(s, {kAlloc, thread});
+  U64Map<replay::LiveBlock> live;
+  live.insert(0x1000, block(grad, 400, false, /*ev=*/1));
+  live.insert(0x2000, block(grad, 100, false, /*ev=*/2));  // same stack, another group
+  live.insert(0x3000, block(tmp, 50, false, /*ev=*/3));
+  live.insert(0x4000, block(py, 30, false, /*ev=*/4));
+  live.insert(0x5000, block(plumbing, 20, false, /*ev=*/5));
+  FrameTreeOptions o;
+  std::vector<int64_t> asked;
+  o.native_group = [&](const replay::LiveBlock& b) {
+    asked.push_back(b.alloc_event);
+    return static_cast<uint8_t>(b.alloc_event == 2 ? 9 : 3);
+  };
+  FrameTree t = buildFrameTree(s, live, o);
+  std::sort(asked.begin(), asked.end());
+  EXPECT_EQ(asked, (std::vector<int64_t>{1, 2, 3}));  // only the C++-only stacks' blocks
+  EXPECT_EQ(t.nodes[0].bytes, 600u);
+  std::map<uint8_t, uint64_t> groups;
+  for (const FrameTreeNode& n : t.nodes) {
+    if (n.kind != TreeNodeKind::NativeGroup) continue;
+    EXPECT_EQ(n.parent, 0);  // right under the root
+    groups[n.group] += n.bytes;
+    for (int32_t c : n.children) {  // the outermost shown frame: the engine, not start_thread
+      const auto& fr = s.stacks.frame(t.nodes[static_cast<size_t>(c)].frame);
+      EXPECT_NE(s.strings.get(fr.name).find("Engine::evaluate_function"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(groups, (std::map<uint8_t, uint64_t>{{3, 450}, {9, 100}}));
+  // The Python stack's path starts at its Python frame; the plumbing-only one is NoFrames.
+  bool py_top = false, no_frames = false;
+  for (int32_t c : t.nodes[0].children) {
+    const FrameTreeNode& n = t.nodes[static_cast<size_t>(c)];
+    if (n.kind == TreeNodeKind::Frame)
+      py_top = py_top || s.strings.get(s.stacks.frame(n.frame).name) == "step";
+    if (n.kind == TreeNodeKind::NoFrames) no_frames = n.bytes == 20;
+  }
+  EXPECT_TRUE(py_top);
+  EXPECT_TRUE(no_frames);
+  FrameTree plain = buildFrameTree(s, live);
+  for (const FrameTreeNode& n : plain.nodes) EXPECT_NE(n.kind, TreeNodeKind::NativeGroup);
+  EXPECT_EQ(plain.nodes[0].bytes, 600u);
 }
 
 }  // namespace

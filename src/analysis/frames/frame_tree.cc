@@ -37,18 +37,34 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
   struct Entry {
     format::StackId stack = format::kNoStack;
     bool pending = false;  // under the Pending marker
+    uint8_t group = 0;     // under the NativeGroup node of this group (0: none)
     uint64_t bytes = 0, blocks = 0;
     std::vector<format::FrameId> frames;  // selected, innermost first
     std::vector<std::string> text;        // display text of `frames`, for the ranking
   };
-  std::unordered_map<uint64_t, size_t> index;  // (stack << 1 | pending) -> entries
+  std::unordered_map<uint64_t, size_t> index;  // (stack << 9 | group << 1 | pending) -> entries
   std::vector<Entry> entries;
+  // Per stack: has it selected frames, none of them in a Python file (what the reader of the tree
+  // sees; only asked with native_group).
+  std::unordered_map<format::StackId, bool> native_only;
+  auto nativeOnly = [&](format::StackId id) {
+    if (id == format::kNoStack || id == format::kEmptyStack) return false;
+    auto [it, fresh] = native_only.try_emplace(id, false);
+    if (fresh) {
+      const std::vector<format::FrameId> shown = selectedFrames(snap, id, opt);
+      it->second = !shown.empty() && std::none_of(shown.begin(), shown.end(), [&](auto f) {
+        return isPythonFile(snap.strings.get(snap.stacks.frame(f).filename));
+      });
+    }
+    return it->second;
+  };
   live.forEach([&](uint64_t, const replay::LiveBlock& b) {
     if (b.pending && opt.pending == TreePending::Exclude) return;
     const bool mark = b.pending && opt.pending == TreePending::LeafMark;
-    const uint64_t key = (uint64_t{b.stack} << 1) | (mark ? 1 : 0);
+    const uint8_t group = opt.native_group && nativeOnly(b.stack) ? opt.native_group(b) : 0;
+    const uint64_t key = (uint64_t{b.stack} << 9) | (uint64_t{group} << 1) | (mark ? 1 : 0);
     auto [it, fresh] = index.try_emplace(key, entries.size());
-    if (fresh) entries.push_back(Entry{b.stack, mark, 0, 0, {}, {}});
+    if (fresh) entries.push_back(Entry{b.stack, mark, group, 0, 0, {}, {}});
     Entry& e = entries[it->second];
     e.bytes = addSat(e.bytes, opt.value == TreeValue::Requested ? b.requested : b.size);
     e.blocks += 1;
@@ -71,6 +87,7 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
     const int ka = a.stack == format::kNoStack ? 2 : a.stack == format::kEmptyStack ? 1 : 0;
     const int kb = b.stack == format::kNoStack ? 2 : b.stack == format::kEmptyStack ? 1 : 0;
     if (ka != kb) return ka < kb;
+    if (a.group != b.group) return a.group < b.group;
     return a.pending < b.pending;
   });
 
@@ -82,14 +99,16 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
     int32_t cur = 0;
     t.nodes[0].bytes = addSat(t.nodes[0].bytes, e.bytes);
     t.nodes[0].blocks += e.blocks;
-    auto descend = [&](TreeNodeKind kind, format::FrameId frame) {
-      const int64_t key =
-          kind == TreeNodeKind::Frame ? int64_t{frame} : ~static_cast<int64_t>(kind);
+    auto descend = [&](TreeNodeKind kind, format::FrameId frame, uint8_t group = 0) {
+      const int64_t key = kind == TreeNodeKind::Frame
+                              ? int64_t{frame}
+                              : ~(static_cast<int64_t>(kind) | (int64_t{group} << 8));
       auto [it, fresh] = child.try_emplace({cur, key}, static_cast<int32_t>(t.nodes.size()));
       if (fresh) {
         FrameTreeNode n;
         n.kind = kind;
         n.frame = kind == TreeNodeKind::Frame ? frame : 0;
+        n.group = group;
         n.parent = cur;
         t.nodes[static_cast<size_t>(cur)].children.push_back(it->second);
         t.nodes.push_back(std::move(n));
@@ -109,6 +128,7 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
       descend(TreeNodeKind::NoFrames, 0);
       t.unattributed = addSat(t.unattributed, e.bytes);
     } else {
+      if (e.group != 0) descend(TreeNodeKind::NativeGroup, 0, e.group);
       for (auto f = e.frames.rbegin(); f != e.frames.rend(); ++f) descend(TreeNodeKind::Frame, *f);
     }
     if (e.pending) descend(TreeNodeKind::Pending, 0);

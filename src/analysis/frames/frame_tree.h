@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "analysis/frames/frames.h"
@@ -39,20 +40,29 @@ struct FrameTreeOptions {
   size_t max_user_frames = 64;  // TreeFrames::User only
   TreeValue value = TreeValue::Requested;
   TreePending pending = TreePending::Exclude;
+  // C++-only stacks (selected frames, none of them in a Python file) say nothing a
+  // reader of Python knows: with this set, such a block's path hangs under a NativeGroup node of
+  // the group this returns for it (1-255; 0: no group). The HTML icicle groups them by the
+  // block's category ("gradient", "optimizer state"), so a gradient made by the autograd engine
+  // reads as one before its 300-character C++ frames.
+  std::function<uint8_t(const replay::LiveBlock&)> native_group;
 };
 
 enum class TreeNodeKind : uint8_t {
   Root,
-  Frame,       // `frame` is the snapshot's frame id
-  NoStack,     // leaf: the blocks had no stack recorded (kNoStack)
-  EmptyStack,  // leaf: a stack was recorded but empty (kEmptyStack)
-  NoFrames,    // leaf: a stack was recorded, none of its frames is selected (e.g. all Plumbing)
-  Pending,     // leaf: TreePending::LeafMark, the pending-free part of its parent's path
+  Frame,        // `frame` is the snapshot's frame id
+  NoStack,      // leaf: the blocks had no stack recorded (kNoStack)
+  EmptyStack,   // leaf: a stack was recorded but empty (kEmptyStack)
+  NoFrames,     // leaf: a stack was recorded, none of its frames is selected (e.g. all Plumbing)
+  Pending,      // leaf: TreePending::LeafMark, the pending-free part of its parent's path
+  NativeGroup,  // FrameTreeOptions::native_group: C++-only stacks of one group (`group`); their
+                // frames below it
 };
 
 struct FrameTreeNode {
   TreeNodeKind kind = TreeNodeKind::Root;
   format::FrameId frame = 0;  // Frame nodes only
+  uint8_t group = 0;          // NativeGroup nodes only
   int32_t parent = -1;
   uint64_t bytes = 0;             // inclusive
   uint64_t self = 0;              // of stacks (or markers) ending here

@@ -281,14 +281,19 @@ uint64_t pruneIcicle(std::vector<Node>& nodes, size_t max_nodes) {
 
 // The call tree at a moment: the one frame tree (frame_tree.h) with the call graph's frame
 // selection (every frame that is not plumbing), requested bytes, pending-free blocks left out, so
-// the icicle gives each frame the bytes `analyze --top-frames` gives it.
-std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
+// the icicle gives each frame the bytes `analyze --top-frames` gives it. A C++-only stack hangs
+// under a node naming its block's category (FrameTreeOptions::native_group): "gradient" reads
+// before the autograd engine's signatures, which stay one hover away.
+std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap, const DeviceFacts& f,
                                     const U64Map<replay::LiveBlock>& live, Tables& tables,
                                     size_t max_nodes, uint64_t& nodes_cut) {
   FrameTreeOptions fo;
   fo.frames = TreeFrames::Attributable;
   fo.value = TreeValue::Requested;
   fo.pending = TreePending::Exclude;
+  fo.native_group = [&](const replay::LiveBlock& b) {
+    return static_cast<uint8_t>(1 + static_cast<uint8_t>(f.categoryOf(snap, b)));
+  };
   const FrameTree tree = buildFrameTree(snap, live, fo);
   // The snapshot's frame of each node travels through the pruning; only the kept nodes' frames
   // enter the report's frame table (a stack of a million frames keeps a few thousand).
@@ -323,6 +328,10 @@ std::vector<IcicleNode> buildIcicle(const format::Snapshot& snap,
         break;
       case TreeNodeKind::Pending:
         n.label = "(pending free)";
+        break;
+      case TreeNodeKind::NativeGroup:
+        n.label = std::string(categoryName(static_cast<Category>(t.group - 1))) +
+                  " (inferred) · C++ stack, no Python frame";
         break;
     }
     raw.push_back(std::move(n));
@@ -1053,7 +1062,7 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     }
     dr.icicle_event = f.summary.peak_requested.event;
     if (const MomentFacts* m = f.at(dr.icicle_event); m && m->has_live) {
-      dr.icicle = buildIcicle(snap, m->live, tables, max_icicle_nodes, icicle_cut);
+      dr.icicle = buildIcicle(snap, f, m->live, tables, max_icicle_nodes, icicle_cut);
     } else {
       ++moments_missing;
     }
@@ -1103,10 +1112,10 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
       const MomentFacts* m = f.at(k.event);
       if (m == nullptr || !tree[i]) continue;
       if (m->has_live) {
-        k.icicle = buildIcicle(snap, m->live, tables, icicle_per_moment, moment_icicle_cut);
+        k.icicle = buildIcicle(snap, f, m->live, tables, icicle_per_moment, moment_icicle_cut);
         k.icicle_source = IcicleSource::Live;
       } else if (m->has_layout) {
-        k.icicle = buildIcicle(snap, liveOfLayout(m->layout), tables, icicle_per_moment,
+        k.icicle = buildIcicle(snap, f, liveOfLayout(m->layout), tables, icicle_per_moment,
                                moment_icicle_cut);
         k.icicle_source = IcicleSource::Layout;
       }
