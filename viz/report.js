@@ -133,7 +133,7 @@
   const OOM_COLOUR = "#b3261e";
 
   // ---------- state ----------
-  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", zoom: null, allocDetail: 1000, allocMode: "allocations", view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
+  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", zoom: null, allocDetail: 1000, allocMode: "allocations", restSplit: false, view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
   // S.dev indexes analysis devices (all of them up to 1,000: render_html.h kPageAnalysisDevices);
   // drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
@@ -747,6 +747,34 @@
     return { drawn, times, allocations: n, capped: st.left_out > 0, seg: st,
       buckets: { first_event: a.buckets.first_event, first_time_us: a.buckets.first_time_us, at_event: a.buckets.at_event, total: zeros, rest: zeros } };
   }
+  // The grey band split on demand (report_data.h AllocationBucket::split and stacks): per bucket
+  // its parts by inferred category, then blocks alive before the trace, and its largest stacks.
+  // The allocations the Detail slider hides join both; a stack the list did not hold is exact
+  // only where the list held every stack (moveIntoSplit in report_data.cc, the same rule for
+  // halving).
+  function restSplitOf(al, hidden) {
+    const bk = al.buckets, nb = bk.at_event.length, K = D.categories.length + 1, r = al.drawn;
+    if (!bk.split || bk.split.length !== nb * K || !bk.stacks) return null;
+    const split = [], stacks = [];
+    for (let b = 0; b < nb; b++) {
+      const at = bk.at_event[b], parts = bk.split.slice(b * K, b * K + K), src = bk.stacks[b] || [], list = [];
+      for (let j = 0; j + 3 < src.length; j += 4) list.push({ stack: src[j], bytes: src[j + 1], n: src[j + 2], exact: src[j + 3] === 1 });
+      const all = !!bk.stacks_all && bk.stacks_all[b] === 1;
+      for (let i = 0; i < hidden.length; i++) {
+        const j = 5 * i;
+        if (!hidden[i] || !(r[j] <= at && (r[j + 1] < 0 || r[j + 1] > at))) continue;
+        if (r[j] < 0) { parts[K - 1] += r[j + 2]; continue; }
+        parts[r[j + 4]] += r[j + 2];
+        let e = list.find((x) => x.stack === r[j + 3]);
+        if (!e) { e = { stack: r[j + 3], bytes: 0, n: 0, exact: all }; list.push(e); }
+        else if (r[j + 3] < 0 && !all) e.exact = false;
+        e.bytes += r[j + 2]; e.n++;
+      }
+      list.sort((x, y) => y.bytes - x.bytes);
+      split.push(parts); stacks.push(list.slice(0, 5));
+    }
+    return { split, stacks };
+  }
   function prepAllocations() {
     const d = dev(), segMode = S.allocMode === "segments" && d.segment_timeline && d.allocations;
     const al = segMode ? segmentsAl(d) : d.allocations;
@@ -810,7 +838,7 @@
     for (const t of al.buckets.total) if (t > ymax) ymax = t;
     for (const t of totY) if (t > ymax) ymax = t;
     const bxs = al.buckets.first_event.map((ev, b) => xOf(ev, al.buckets.first_time_us ? al.buckets.first_time_us[b] : null));
-    AV = { n, x0, x1, bytes, bx, by, totX, totY, bxs, ymax: ymax * 1.04, simplified, al, hidden, rest, shown };
+    AV = { n, x0, x1, bytes, bx, by, totX, totY, bxs, ymax: ymax * 1.04, simplified, al, hidden, rest, shown, split: segMode ? null : restSplitOf(al, hidden) };
     let smallest = 0;
     for (let i = 0; i < n; i++) if (!hidden[i] && (!smallest || bytes[i] < smallest)) smallest = bytes[i];
     const c = $("allocations");
@@ -818,6 +846,8 @@
     c.dataset.restSum = String(rest.reduce((a, b) => a + b, 0));
     $("alloc-detail-n").textContent = n ? shown.toLocaleString("en-US") + " of " + n.toLocaleString("en-US") + " drawn" : "";
     $("alloc-detail").disabled = n < 2 || segMode;
+    $("alloc-split").disabled = segMode || !AV.split;
+    c.dataset.split = S.restSplit && AV.split ? "1" : "0";
     const cap = $("allocations-caption");
     const lg = $("allocations-legend");
     lg.textContent = "";
@@ -843,7 +873,15 @@
       (al.capped || shown < n ? "; the others, and blocks alive before the trace began, form the grey band on top (per bucket of events, at the bucket's highest requested total)" : "; the grey band on top: blocks alive before the trace began") +
       "." + (simplified ? " Stacking simplified: past " + MAX_BREAKS.toLocaleString("en-US") + " moves, frees leave gaps." : "") + before;
     D.categories.forEach((c, i) => lg.append(el("span", null, el("i", { style: "background:hsl(" + CATEGORY_HUES[i] + "," + (i === 5 ? 15 : 62) + "%,55%)" }), c)));
-    lg.append(el("span", null, el("i", { style: "background:#cbd1db" }), "rest"));
+    lg.append(el("span", null, el("i", { style: "background:#cbd1db" }), S.restSplit && AV.split ? "rest: alive before the trace" : "rest"));
+    if (S.restSplit && AV.split) {
+      D.categories.forEach((c, i) => {
+        if (AV.split.split.some((p) => p[i] > 0)) lg.append(el("span", null, el("i", { style: "background:" + restColour(i) }), "rest: " + c));
+      });
+    }
+  }
+  function restColour(c) {
+    return c >= D.categories.length ? "#cbd1db" : "hsl(" + CATEGORY_HUES[c] + "," + (c === 5 ? 10 : 45) + "%,82%)";
   }
   function allocColour(i) {
     const cat = AV.al.drawn[5 * i + 4], light = 45 + ((i * 37) % 5) * 6;
@@ -865,6 +903,8 @@
     // the rest band, per bucket, on top of the drawn stack
     const al = AV.al, nb = AV.bxs.length;
     g.fillStyle = "#cbd1db";
+    let biggest = null;  // the band's largest drawn piece: its centre is on the canvas's dataset
+
     for (let b = 0; b < nb; b++) {
       const xa = AV.bxs[b], xb = b + 1 < nb ? AV.bxs[b + 1] : TL.hi;
       if (xb < v0 || xa > v1 || AV.rest[b] <= 0) continue;
@@ -875,11 +915,27 @@
         while (k + 1 < tx.length && tx[k + 1] <= x) k++;
         const base = tx.length && tx[k] <= x ? ty[k] : 0;
         const next = k + 1 < tx.length ? Math.min(xb, tx[k + 1]) : xb;
-        const ya = Y(base + AV.rest[b]), yb = Y(base);
-        g.fillRect(X(x), ya, Math.max(0.5, X(next) - X(x)), yb - ya);
+        const xw = Math.max(0.5, X(next) - X(x));
+        const hb = Y(base) - Y(base + AV.rest[b]);
+        if (!biggest || xw * hb > biggest[2]) biggest = [X(x) + xw / 2, Y(base + AV.rest[b]) + hb / 2, xw * hb];
+        if (S.restSplit && AV.split) {
+          // the band split: its parts bottom up, the blocks from before the trace on top
+          let acc = base;
+          AV.split.split[b].forEach((p, c) => {
+            if (p <= 0) return;
+            g.fillStyle = restColour(c);
+            const ya = Y(acc + p), yb = Y(acc);
+            g.fillRect(X(x), ya, xw, yb - ya);
+            acc += p;
+          });
+        } else {
+          const ya = Y(base + AV.rest[b]), yb = Y(base);
+          g.fillRect(X(x), ya, xw, yb - ya);
+        }
         x = next;
       }
     }
+    c.dataset.restPoint = biggest ? Math.round(biggest[0]) + "," + Math.round(biggest[1]) : "";
     // the drawn allocations
     for (let i = 0; i < AV.n; i++) {
       if (AV.hidden[i] || AV.x1[i] < v0 || AV.x0[i] > v1) continue;
@@ -938,9 +994,51 @@
     return fmtBytes(r[j + 2]) + " (" + exact(r[j + 2]) + ") requested · " + D.categories[r[j + 4]] + " (inferred) · allocated at " +
       evWhen(r[j], t ? t[2 * i] : null) + ", " + freed;
   }
+  // The grey band's parts at bucket b, largest first.
+  function restPartsText(b) {
+    const parts = AV.split.split[b].map((p, c) => [p, c]).filter((x) => x[0] > 0).sort((x, y) => y[0] - x[0]);
+    const name = (c) => (c >= D.categories.length ? "alive before the trace" : D.categories[c] + " (inferred)");
+    return parts.length ? parts.map(([p, c]) => fmtBytes(p) + " " + name(c)).join(" · ") : "nothing";
+  }
+  // The grey band split at bucket b (a click on it): its parts and its largest stacks; a stack's
+  // row shows its frames.
+  function showRestSplit(b) {
+    const box = $("allocation-stack"), bk = AV.al.buckets, sp = AV.split;
+    box.textContent = "";
+    box.dataset.restBucket = String(b);
+    box.dataset.restParts = JSON.stringify(AV.split.split[b]);
+    const cut = AV.al.split_cut ? " Estimate: on " + AV.al.split_cut.toLocaleString("en-US") +
+      " bucket(s) the allocations not drawn held more than the band (the replay caps a request at its block), cut to fit." : "";
+    box.append(el("div", { text: "The grey band at " + evWhen(bk.at_event[b]) + " (the highest requested total of events " + bk.first_event[b].toLocaleString("en-US") +
+      (b + 1 < bk.first_event.length ? "–" + (bk.first_event[b + 1] - 1).toLocaleString("en-US") : " on") + "): " + fmtBytes(AV.rest[b]) + " = " + restPartsText(b) + "." + cut }));
+    const list = sp.stacks[b];
+    if (!list.length) return;
+    box.append(el("div", { text: "Its largest stacks (allocations of the trace not drawn one by one):" }));
+    const ol = el("ol", { class: "rest-stacks" });
+    const frames = el("div");
+    list.forEach((e) => {
+      const st = e.stack >= 0 ? D.stacks[e.stack] : null;
+      const top = st && st.length ? frameText(D.frames[st[0]]) : "(no stack recorded, or the report's stack table is full)";
+      const li = el("li", { text: (e.exact ? "" : "at least ") + fmtBytes(e.bytes) + " in " + e.n.toLocaleString("en-US") + " allocation(s) · " + top });
+      li.dataset.bytes = String(e.bytes);
+      if (st) {
+        li.style.cursor = "pointer";
+        li.addEventListener("click", () => {
+          frames.textContent = "";
+          const f = el("ol");
+          for (const x of st) f.append(el("li", { text: frameText(D.frames[x]) }));
+          frames.append(el("div", { text: "Allocated from (innermost first):" }), f);
+        });
+      }
+      ol.append(li);
+    });
+    box.append(ol, frames);
+  }
   function showAllocStack(i) {
     const box = $("allocation-stack");
     box.textContent = "";
+    delete box.dataset.restBucket;
+    delete box.dataset.restParts;
     if (i < 0) return;
     const st = AV.al.drawn[5 * i + 3];
     if (st < 0) { box.append(el("div", { text: "No stack recorded for this allocation (or the report's stack table is full)." })); return; }
@@ -959,11 +1057,23 @@
       else if (i <= -2) {
         const b = -2 - i, bk = AV.al.buckets;
         s = "rest: " + fmtBytes(AV.rest[b]) + " in allocations not drawn one by one and blocks alive before the trace, at " + evWhen(bk.at_event[b]) +
-          " (of " + fmtBytes(bk.total[b]) + " requested then)";
+          " (of " + fmtBytes(bk.total[b]) + " requested then)" + (AV.split ? ": " + restPartsText(b) + " · click to split it" : "");
       }
       $("allocations-readout").textContent = s;
       if (i !== S.alloc && (i >= 0 || S.alloc >= 0)) { S.alloc = i >= 0 ? i : -1; showAllocStack(S.alloc); }
-    }, (px) => gotoEvent(dev().points.event[pointIndexAt(c, px)]));
+    }, (px, py) => {
+      // a click on the grey band splits it (and says what it holds there); elsewhere it moves
+      // the moment
+      const i = allocationAt(px, py);
+      if (i <= -2 && AV.split) {
+        S.alloc = -1;
+        setRestSplit(true);
+        showRestSplit(-2 - i);
+        return;
+      }
+      gotoEvent(dev().points.event[pointIndexAt(c, px)]);
+    });
+    $("alloc-split").addEventListener("change", () => setRestSplit($("alloc-split").checked));
     $("alloc-mode").addEventListener("change", () => {
       S.allocMode = $("alloc-mode").value;
       if (!dev() || !TL) return;
@@ -980,6 +1090,14 @@
       prepAllocations();
       drawAllocations();
     });
+  }
+
+  function setRestSplit(on) {
+    S.restSplit = on;
+    $("alloc-split").checked = on;
+    if (!dev() || !TL) return;
+    prepAllocations();
+    drawAllocations();
   }
 
   // ---------- event stepping ----------

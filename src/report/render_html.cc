@@ -123,13 +123,24 @@ json allocationsJson(const analysis::AllocationView& v, bool times) {
     }
   }
   json first = json::array(), first_t = json::array(), at = json::array(), total = json::array(),
-       rest = json::array();
+       rest = json::array(), split = json::array(), stacks = json::array(),
+       stacks_all = json::array();
   for (const auto& b : v.buckets) {
     first.push_back(b.first_event);
     if (times) first_t.push_back(b.first_time_us);
     at.push_back(b.at_event);
     total.push_back(b.total_bytes);
     rest.push_back(b.rest_bytes);
+    for (uint64_t x : b.split) split.push_back(x);
+    json st = json::array();
+    for (const auto& r : b.stacks) {
+      st.push_back(r.stack);
+      st.push_back(r.bytes);
+      st.push_back(r.allocations);
+      st.push_back(r.exact ? 1 : 0);
+    }
+    stacks.push_back(std::move(st));
+    stacks_all.push_back(b.stacks_all ? 1 : 0);
   }
   return {{"drawn", rec},
           {"times", times ? tm : json(nullptr)},
@@ -138,12 +149,18 @@ json allocationsJson(const analysis::AllocationView& v, bool times) {
           {"smallest_drawn", v.smallest_drawn},
           {"capped", v.capped},
           {"budget_bytes", v.budget_bytes},
+          {"split_cut", v.split_cut},
           {"buckets",
            {{"first_event", first},
             {"first_time_us", times ? first_t : json(nullptr)},
             {"at_event", at},
             {"total", total},
-            {"rest", rest}}}};
+            {"rest", rest},
+            // kCategoryCount + 1 per bucket (report_data.h AllocationBucket::split)
+            {"split", split},
+            // per bucket [stack, bytes, allocations, exact, ...], largest first
+            {"stacks", stacks},
+            {"stacks_all", stacks_all}}}};
 }
 
 // Blocks of [lo, hi) as the page's stepping records (stepping_view.h): [lo, hi - lo, records...]

@@ -471,6 +471,7 @@ def check_alloc_detail(wd, name, failures):
     if got != ["1", want]:
         failures.append(f"{name} cuda:{dv}: the detail slider at its lowest draws {got[0]} allocation(s) with a rest band of "
                         f"{got[1]} bytes; want 1 and {want}")
+    check_rest_split(wd, d, top, name, failures)
     got = wd.js(set_js, 1000)
     if got != [str(n), sum(bk["rest"])]:
         failures.append(f"{name} cuda:{dv}: the detail slider at its highest draws {got}; want {n} and {sum(bk['rest'])}")
@@ -488,6 +489,57 @@ def check_alloc_detail(wd, name, failures):
         failures.append(f"{name} cuda:{dv}: Show segments draws nothing")
     if wd.js(mode_js, "allocations")[:2] != ["allocations", str(n)]:
         failures.append(f"{name} cuda:{dv}: back to Show allocations did not draw the allocations again")
+
+
+def check_rest_split(wd, d, top, name, failures):
+    """The grey band split on demand (issue 29 item 4), with the slider at its lowest: a real click
+    on the band splits it (drawn split, the checkbox on) and lists what it holds at that bucket:
+    the server's parts plus every hidden drawn allocation live then, by category (one before the
+    trace in the last part), summing to the band."""
+    al = d["allocations"]
+    r, bk = al["drawn"], al["buckets"]
+    if not bk.get("split"):
+        failures.append(f"{name} cuda:{d['device']}: the allocation view carries no split of the rest band")
+        return
+    wd.js("document.getElementById('allocations').scrollIntoView({block: 'center'})")
+    c = wd.element("#allocations")
+    # the centre of the band's largest drawn piece (the canvas says where), from the canvas's centre
+    size = wd.js("const c = document.getElementById('allocations'), r = c.getBoundingClientRect();"
+                 "return [r.width, r.height, c.dataset.restPoint];")
+    if not size[2]:
+        return  # nothing in the band at any bucket
+    px, py = (int(v) for v in size[2].split(","))
+    hit = (px - size[0] / 2, py - size[1] / 2)
+    wd.hover_at(c, *hit)
+    if not wd.js("return document.getElementById('allocations-readout').textContent").startswith("rest:"):
+        failures.append(f"{name} cuda:{d['device']}: the rest band's largest piece, at {size[2]}, does not read as the band")
+        return
+    wd.click_at(c, *hit)
+    got = wd.js("const c = document.getElementById('allocations'), b = document.getElementById('allocation-stack');"
+                "return [c.dataset.split, document.getElementById('alloc-split').checked, b.dataset.restBucket, b.dataset.restParts,"
+                " Array.from(b.querySelectorAll('ol.rest-stacks > li')).map(li => Number(li.dataset.bytes))];")
+    if got[0] != "1" or not got[1] or got[2] is None:
+        failures.append(f"{name} cuda:{d['device']}: a click on the rest band did not split it: {got[:3]}")
+        return
+    b = int(got[2])
+    K = len(bk["split"]) // len(bk["at_event"])
+    want = bk["split"][b * K:(b + 1) * K]
+    at = bk["at_event"][b]
+    hidden_live = 0
+    for i in range(len(r) // 5):
+        if i == top or not (r[5 * i] <= at and (r[5 * i + 1] < 0 or r[5 * i + 1] > at)):
+            continue
+        want[K - 1 if r[5 * i] < 0 else r[5 * i + 4]] += r[5 * i + 2]
+        hidden_live += r[5 * i + 2]
+    parts = json.loads(got[3])
+    if parts != want or sum(parts) != bk["rest"][b] + hidden_live:
+        failures.append(f"{name} cuda:{d['device']}: the rest band at bucket {b} splits as {parts}; want {want} "
+                        f"(summing to {bk['rest'][b] + hidden_live})")
+    rows = got[4]
+    if rows != sorted(rows, reverse=True) or (rows and rows[0] > sum(want[:K - 1])):
+        failures.append(f"{name} cuda:{d['device']}: the rest band's stacks at bucket {b} list {rows} bytes "
+                        f"(of {sum(want[:K - 1])} from the trace's allocations)")
+    wd.js("const s = document.getElementById('alloc-split'); s.checked = false; s.dispatchEvent(new Event('change'));")
 
 
 def check_stepping(wd, html, name, failures):

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "analysis/analyze.h"
@@ -351,7 +352,7 @@ uint64_t drawnLiveAt(const AllocationView& v, int64_t event) {
 // Per bucket: drawn + rest = the replayed requested bytes at the bucket's moment; the highest is
 // the requested peak; the drawn ones are the largest allocations of the trace.
 void expectAllocationViewAddsUp(const format::Snapshot& snap, const DeviceReportData& d,
-                                const std::string& what) {
+                                const std::string& what, bool halved = false) {
   const AllocationView& v = d.allocations;
   ASSERT_FALSE(v.buckets.empty()) << what;
   replay::DeviceReplayer rep(snap, d.device);
@@ -401,6 +402,64 @@ void expectAllocationViewAddsUp(const format::Snapshot& snap, const DeviceReport
     }
   }
   EXPECT_EQ(v.before_trace, before) << what;
+  // The rest band's split: its parts add up to the band; the trace's allocations not drawn, live at
+  // the bucket's moment, are its parts but the last (their free: free_requested, or
+  // free_completed without one); their largest stacks are the ones listed.
+  struct Alloc {
+    int64_t at = 0, freed = -1;
+    uint64_t bytes = 0;
+    format::StackId stack = 0;
+  };
+  std::vector<Alloc> allocs;
+  {
+    std::map<uint64_t, size_t> open;
+    for (size_t i = 0; i < ev.size(); ++i) {
+      const auto& e = ev[i];
+      if (e.action == format::Action::Alloc) {
+        open[e.addr] = allocs.size();
+        allocs.push_back({static_cast<int64_t>(i), -1, e.size, e.stack});
+      } else if (e.action == format::Action::FreeRequested ||
+                 e.action == format::Action::FreeCompleted) {
+        auto it = open.find(e.addr);
+        if (it == open.end()) continue;
+        if (allocs[it->second].freed < 0) allocs[it->second].freed = static_cast<int64_t>(i);
+        if (e.action == format::Action::FreeCompleted) open.erase(it);
+      }
+    }
+  }
+  std::set<int64_t> drawn_at;
+  for (const auto& a : v.drawn) drawn_at.insert(a.alloc_event);
+  for (const auto& b : v.buckets) {
+    uint64_t parts = 0, traced = 0;
+    for (uint64_t x : b.split) parts += x;
+    for (size_t c = 0; c < kCategoryCount; ++c) traced += b.split[c];
+    EXPECT_EQ(parts, b.rest_bytes) << what << " event " << b.at_event;
+    std::map<format::StackId, uint64_t> by_stack;
+    uint64_t live = 0;
+    for (const auto& a : allocs) {
+      if (a.bytes == 0 || drawn_at.count(a.at) || a.at > b.at_event ||
+          (a.freed >= 0 && a.freed <= b.at_event))
+        continue;
+      live += a.bytes;
+      by_stack[a.stack] += a.bytes;
+    }
+    if (v.split_cut == 0) {
+      EXPECT_EQ(traced, live) << what << " event " << b.at_event;
+    }
+    if (!halved) {
+      std::vector<uint64_t> top;
+      for (const auto& [st, bytes] : by_stack) top.push_back(bytes);
+      std::sort(top.rbegin(), top.rend());
+      EXPECT_EQ(b.stacks_all, top.size() <= kRestStacks) << what;
+      top.resize(std::min(top.size(), kRestStacks));
+      std::vector<uint64_t> listed;
+      for (const auto& r : b.stacks) {
+        listed.push_back(r.bytes);
+        EXPECT_TRUE(r.exact) << what;
+      }
+      EXPECT_EQ(listed, top) << what << " event " << b.at_event;
+    }
+  }
   std::sort(all.rbegin(), all.rend());
   ASSERT_LE(v.drawn.size(), all.size()) << what;
   EXPECT_EQ(v.capped, v.drawn.size() < all.size()) << what;
@@ -498,7 +557,16 @@ TEST(ReportAllocations, HalvingMovesTheSmallerHalfIntoTheRestBand) {
   HalvingCuts c = halveReportData(r);
   EXPECT_EQ(r.devices[0].allocations.drawn.size(), std::max(kHalvingMinAllocations, before / 2));
   EXPECT_EQ(c.allocations, before - r.devices[0].allocations.drawn.size());
-  expectAllocationViewAddsUp(*snap, r.devices[0], "sample, halved");
+  expectAllocationViewAddsUp(*snap, r.devices[0], "sample, halved", /*halved=*/true);
+  // The halved ones joined the split: each bucket's listed stacks hold at least their bytes.
+  for (const auto& b : r.devices[0].allocations.buckets) {
+    uint64_t listed = 0;
+    for (const auto& s : b.stacks) listed += s.bytes;
+    uint64_t traced = 0;
+    for (size_t c = 0; c < kCategoryCount; ++c) traced += b.split[c];
+    EXPECT_LE(listed, traced);
+    EXPECT_LE(b.stacks.size(), kRestStacks);
+  }
 }
 
 // ---- OOM first, the card's capacity, files without segments ------------------------------------

@@ -54,10 +54,11 @@ const MomentFacts* DeviceFacts::at(int64_t event) const {
   return it != moments.end() && it->event == event ? &*it : nullptr;
 }
 
-Category DeviceFacts::categoryOf(const format::Snapshot& snap, const replay::LiveBlock& b) const {
-  if (b.alloc_event < 0 || static_cast<size_t>(b.alloc_event) >= alloc_at.size())
-    return preTraceCategory(snap, b.stack);
-  const int32_t k = alloc_at[static_cast<size_t>(b.alloc_event)];
+Category DeviceFacts::categoryOf(const format::Snapshot& snap, int64_t alloc_event,
+                                 format::StackId stack) const {
+  if (alloc_event < 0 || static_cast<size_t>(alloc_event) >= alloc_at.size())
+    return preTraceCategory(snap, stack);
+  const int32_t k = alloc_at[static_cast<size_t>(alloc_event)];
   return k < 0 ? Category::Unknown : allocs[static_cast<size_t>(k)].category;
 }
 

@@ -168,7 +168,12 @@ struct DeviceFacts {
   const MomentFacts* at(int64_t event) const;
   // The category of a live block: its allocation's, or for a block alive before the trace (no
   // alloc event) the one its stack suggests.
-  Category categoryOf(const format::Snapshot& snap, const replay::LiveBlock& b) const;
+  Category categoryOf(const format::Snapshot& snap, const replay::LiveBlock& b) const {
+    return categoryOf(snap, b.alloc_event, b.stack);
+  }
+  // The same from what it reads of a block: its alloc event (-1: before the trace) and stack.
+  Category categoryOf(const format::Snapshot& snap, int64_t alloc_event,
+                      format::StackId stack) const;
 };
 
 // Bounds on what one session copies (see the header comment): moments with a live set, moments

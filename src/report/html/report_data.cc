@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <utility>
 
 #include "analysis/frames/frame_tree.h"
 #include "common/allocator_constants.h"
+#include "common/saturating.h"
 #include "report/html/json_len.h"
 
 namespace memforensics::analysis {
@@ -68,6 +70,7 @@ class Tables {
   }
 
   uint64_t stacksCapped() const { return stacks_capped_; }
+  size_t maxStacks() const { return opt_.max_stacks; }
 
  private:
   const format::Snapshot& snap_;
@@ -81,17 +84,6 @@ class Tables {
 
 std::string poolName(const replay::ModelSegment& s) {
   return alloc::poolName(s.is_large, s.pool.first, s.pool.second);
-}
-
-MapState stateOf(const replay::ModelBlock& b) {
-  switch (b.state) {
-    case format::BlockState::ActiveAllocated:
-      return MapState::Allocated;
-    case format::BlockState::ActivePendingFree:
-      return MapState::PendingFree;
-    default:
-      return MapState::Free;
-  }
 }
 
 size_t blockCount(const std::vector<replay::ModelSegment>& layout) {
@@ -230,15 +222,10 @@ class KeyframeBuilder {
   MapBlock convert(const replay::ModelBlock& b) {
     MapBlock mb;
     mb.size = b.size;
-    mb.state = stateOf(b);
+    mb.state = mapStateOf(b.state);
     if (mb.state != MapState::Free) {
       mb.requested = b.requested;
-      replay::LiveBlock lb;
-      lb.requested = b.requested;
-      lb.size = b.size;
-      lb.alloc_event = b.alloc_event;
-      lb.stack = b.stack;
-      mb.category = facts_.categoryOf(snap_, lb);
+      mb.category = facts_.categoryOf(snap_, b.alloc_event, b.stack);
       mb.stack = tables_.stack(b.stack);
       mb.alloc_event = b.alloc_event;
     }
@@ -409,6 +396,131 @@ void fillRest(AllocationView& v) {
   }
 }
 
+// What the rest band's split of one bucket costs in the page's JSON at most (render_html.cc
+// allocationsJson: kCategoryCount + 1 parts, kRestStacks entries of four numbers, the flag), for
+// a device whose requested bytes never pass `peak`, with `allocs` allocations and stack indices
+// below `stacks`.
+size_t splitCostBound(uint64_t peak, uint64_t allocs, size_t stacks) {
+  const size_t b = jsonLenU(peak) + 1;
+  return (kCategoryCount + 1) * b + 2 +
+         kRestStacks * (jsonLenU(stacks) + 1 + b + jsonLenU(allocs) + 1 + 2) + 2 + 2;
+}
+
+// One allocation the rest band holds: when it is live and what it is.
+struct RestMember {
+  int64_t alloc_event = -1;  // -1: alive before the trace began
+  int64_t free_event = -1;   // -1: alive at the end
+  uint64_t bytes = 0;
+  uint8_t part = 0;  // its category, or kCategoryCount: alive before the trace began
+  StackId stack = format::kNoStack;
+};
+
+// Completes a bucket's split after its parts of the trace's allocations are set: what they leave
+// of rest_bytes is the blocks alive before the trace. Parts that hold more than the band are cut
+// (from the last category back) and counted in v.split_cut.
+void completeSplit(AllocationView& v, AllocationBucket& b) {
+  uint64_t traced = 0;
+  for (size_t c = 0; c < kCategoryCount; ++c) traced = addSat(traced, b.split[c]);
+  if (traced > b.rest_bytes) {
+    ++v.split_cut;
+    uint64_t over = traced - b.rest_bytes;
+    for (size_t c = kCategoryCount; c-- > 0 && over > 0;) {
+      const uint64_t cut = std::min(over, b.split[c]);
+      b.split[c] -= cut;
+      over -= cut;
+    }
+    traced = b.rest_bytes;
+  }
+  b.split[kCategoryCount] = b.rest_bytes - traced;
+}
+
+// The rest band's split per bucket (AllocationBucket::split and stacks) from its members, by one
+// sweep over their alloc and free events in at_event order: the parts' live bytes, and the live
+// bytes per stack kept ordered so each bucket's largest are read in O(kRestStacks).
+void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members, Tables& tables) {
+  std::vector<std::pair<int64_t, uint32_t>> adds, subs;
+  adds.reserve(members.size());
+  for (uint32_t i = 0; i < members.size(); ++i) {
+    adds.push_back({members[i].alloc_event, i});
+    if (members[i].free_event >= 0) subs.push_back({members[i].free_event, i});
+  }
+  std::sort(adds.begin(), adds.end());
+  std::sort(subs.begin(), subs.end());
+  std::vector<size_t> order(v.buckets.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return v.buckets[x].at_event < v.buckets[y].at_event; });
+  std::array<uint64_t, kCategoryCount + 1> parts{};
+  std::unordered_map<StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, allocations
+  // Largest first, then the smaller stack id (a fixed order for ties).
+  std::set<std::pair<uint64_t, StackId>, std::greater<>> ranked;
+  auto change = [&](const RestMember& m, bool add) {
+    // Unsigned arithmetic wraps (defined) on hostile sizes; completeSplit cuts to the band.
+    if (add)
+      parts[m.part] += m.bytes;
+    else
+      parts[m.part] -= m.bytes;
+    if (m.part == kCategoryCount) return;
+    auto& [bytes, count] = by_stack[m.stack];
+    if (count > 0) ranked.erase({bytes, m.stack});
+    bytes = add ? bytes + m.bytes : bytes - m.bytes;
+    count = add ? count + 1 : count - 1;
+    if (count > 0)
+      ranked.insert({bytes, m.stack});
+    else
+      by_stack.erase(m.stack);
+  };
+  size_t ia = 0, is = 0;
+  for (size_t k : order) {
+    AllocationBucket& b = v.buckets[k];
+    while (ia < adds.size() && adds[ia].first <= b.at_event)
+      change(members[adds[ia++].second], true);
+    while (is < subs.size() && subs[is].first <= b.at_event)
+      change(members[subs[is++].second], false);
+    for (size_t c = 0; c < kCategoryCount; ++c) b.split[c] = parts[c];
+    completeSplit(v, b);
+    b.stacks.clear();
+    for (auto it = ranked.begin(); it != ranked.end() && b.stacks.size() < kRestStacks; ++it) {
+      if (it->first == 0) break;
+      b.stacks.push_back(
+          RestStack{tables.stack(it->second), it->first, by_stack[it->second].second, true});
+    }
+    b.stacks_all = ranked.size() <= kRestStacks;
+  }
+}
+
+// Drawn allocations that halving moved into the rest band join each bucket's split: their parts
+// exactly; their stacks merged into the list, a stack the list did not hold exact only where the
+// list held every stack (else its bytes there are a lower bound).
+void moveIntoSplit(AllocationView& v, const std::vector<DrawnAllocation>& moved) {
+  for (AllocationBucket& b : v.buckets) {
+    const bool all = b.stacks_all;
+    for (const DrawnAllocation& a : moved) {
+      if (a.alloc_event > b.at_event || (a.free_event >= 0 && a.free_event <= b.at_event)) continue;
+      if (a.alloc_event < 0) continue;  // before the trace: completeSplit's remainder
+      b.split[static_cast<size_t>(a.category)] += a.bytes;
+      auto it = std::find_if(b.stacks.begin(), b.stacks.end(),
+                             [&](const RestStack& r) { return r.stack == a.stack; });
+      if (it == b.stacks.end()) {
+        b.stacks.push_back(RestStack{a.stack, 0, 0, all});
+        it = b.stacks.end() - 1;
+      } else if (a.stack < 0 && !all) {
+        it->exact = false;  // -1 stands for several stacks: the list's one is not all of them
+      }
+      it->bytes += a.bytes;
+      it->allocations += 1;
+    }
+    b.split[kCategoryCount] = 0;
+    completeSplit(v, b);
+    std::stable_sort(b.stacks.begin(), b.stacks.end(),
+                     [](const RestStack& x, const RestStack& y) { return x.bytes > y.bytes; });
+    if (b.stacks.size() > kRestStacks) {
+      b.stacks.resize(kRestStacks);
+      b.stacks_all = false;
+    }
+  }
+}
+
 // The allocation view of one device (see report_data.h): the largest allocations within the
 // budget, in alloc-event order, and the rest per bucket.
 AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t budget,
@@ -418,8 +530,13 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   v.allocations = f.allocs.size();
   const size_t n = f.events.size();
   if (n == 0 || f.series.size() < n + 1) return v;
-  // At most a quarter of the budget for the rest band (a bucket is at most about 64 characters).
-  const size_t buckets = std::clamp<size_t>(budget / 4 / 64, 16, kAllocationBuckets);
+  // At most a quarter of the budget for the rest band (a bucket is at most about 64 characters,
+  // its split at most splitCostBound).
+  uint64_t peak = 0;
+  for (size_t e = 0; e <= n; ++e) peak = std::max(peak, f.series[e].requested);
+  const size_t split_bound = splitCostBound(peak, f.allocs.size(), tables.maxStacks());
+  const size_t buckets =
+      std::clamp<size_t>(budget / 4 / (64 + split_bound), 16, kAllocationBuckets);
   const size_t bucket = std::max<size_t>(1, (n + buckets - 1) / buckets);
   size_t spent = 0;
   for (size_t first = 0; first < n; first += bucket) {
@@ -435,7 +552,7 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
     b.at_event = static_cast<int64_t>(best) - 1;
     b.total_bytes = f.series[best].requested;
     b.rest_bytes = b.total_bytes;
-    spent += bucketCost(b, times);
+    spent += bucketCost(b, times) + split_bound;
     v.buckets.push_back(b);
   }
   // The candidates: every allocation of the trace, and every block alive before the trace that
@@ -509,14 +626,26 @@ AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t bud
   std::stable_sort(chosen.begin(), chosen.end(), [&](size_t x, size_t y) {
     return std::pair{cands[x].event, x} < std::pair{cands[y].event, y};
   });
+  std::vector<uint8_t> is_drawn(cands.size(), 0);
   for (size_t i : chosen) {
     const AllocFact& a = cands[i];
     DrawnAllocation d = drawnOf(a);
     d.stack = tables.stack(a.stack);
     v.smallest_drawn = v.smallest_drawn == 0 ? d.bytes : std::min(v.smallest_drawn, d.bytes);
     v.drawn.push_back(d);
+    is_drawn[i] = 1;
   }
   fillRest(v);
+  std::vector<RestMember> members;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (is_drawn[i]) continue;
+    const AllocFact& a = cands[i];
+    members.push_back(RestMember{
+        a.event, a.freed, a.requested,
+        a.event < 0 ? static_cast<uint8_t>(kCategoryCount) : static_cast<uint8_t>(a.category),
+        a.stack});
+  }
+  fillRestSplit(v, members, tables);
   return v;
 }
 
@@ -632,8 +761,15 @@ HalvingCuts halveReportData(ReportData& data) {
                        [&](size_t x, size_t y) { return av.drawn[x].bytes > av.drawn[y].bytes; });
       order.resize(keep);
       std::sort(order.begin(), order.end());
-      std::vector<DrawnAllocation> kept;
-      for (size_t i : order) kept.push_back(av.drawn[i]);
+      std::vector<DrawnAllocation> kept, moved;
+      for (size_t i = 0, k = 0; i < av.drawn.size(); ++i) {
+        if (k < order.size() && order[k] == i) {
+          kept.push_back(av.drawn[i]);
+          ++k;
+        } else {
+          moved.push_back(av.drawn[i]);
+        }
+      }
       c.allocations += av.drawn.size() - kept.size();
       av.drawn = std::move(kept);
       av.capped = true;
@@ -641,6 +777,7 @@ HalvingCuts halveReportData(ReportData& data) {
       for (const auto& a : av.drawn)
         av.smallest_drawn = av.smallest_drawn == 0 ? a.bytes : std::min(av.smallest_drawn, a.bytes);
       fillRest(av);
+      moveIntoSplit(av, moved);
     }
     // The segment timeline: the larger half of its bands.
     auto& lives = d.segment_timeline.lives;

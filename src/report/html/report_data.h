@@ -13,6 +13,7 @@
 // holds), tree nodes and stacks. Every cap that cut something is listed in `caps`, so the page
 // can say what it does not show.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -28,13 +29,12 @@
 #include "format/model/snapshot.h"
 #include "replay/allocator_model.h"
 #include "replay/replay.h"
+#include "report/html/map_state.h"
 #include "report/html/segment_view.h"
 #include "report/html/stepping_view.h"
 #include "report/html/whatif_data.h"
 
 namespace memforensics::analysis {
-
-enum class MapState : uint8_t { Free = 0, Allocated = 1, PendingFree = 2 };
 
 struct MapBlock {
   uint64_t size = 0;       // bytes (a run: the sum of its blocks)
@@ -121,6 +121,18 @@ struct DrawnAllocation {
   Category category = Category::Unknown;
 };
 
+// One stack of the rest band at a bucket's moment: the trace's allocations from it that are live
+// then and not drawn one by one.
+struct RestStack {
+  int32_t stack = -1;  // index into ReportData::stacks, -1 = none recorded or the table is full
+  uint64_t bytes = 0;  // requested
+  uint64_t allocations = 0;
+  // false: a lower bound (halving moved allocations of a stack the list did not hold into the
+  // band, and the list was full: what the stack already had there is unknown)
+  bool exact = true;
+};
+inline constexpr size_t kRestStacks = 3;  // the rest band's stacks listed per bucket
+
 struct AllocationBucket {
   int64_t first_event = 0;  // the bucket covers [first_event, next bucket's first_event)
   int64_t first_time_us = -1;
@@ -128,6 +140,14 @@ struct AllocationBucket {
                              // -1: the start state, in the first bucket)
   uint64_t total_bytes = 0;  // requested bytes after at_event (the timeline's series)
   uint64_t rest_bytes = 0;   // total_bytes minus the drawn allocations live then
+  // The rest band split on demand (the page's click): [c] the requested bytes of the trace's
+  // allocations of inferred category c live at at_event and not drawn; [kCategoryCount] blocks
+  // alive before the trace began (the ones it frees, not drawn, and the ones it never frees).
+  // They sum to rest_bytes.
+  std::array<uint64_t, kCategoryCount + 1> split{};
+  std::vector<RestStack> stacks;  // the largest stacks of split[0..kCategoryCount), at most
+                                  // kRestStacks, largest first
+  bool stacks_all = false;        // `stacks` holds every stack of those parts
 };
 
 struct AllocationView {
@@ -138,6 +158,10 @@ struct AllocationView {
   uint64_t smallest_drawn = 0;  // bytes of the smallest drawn allocation (0: none drawn)
   size_t budget_bytes = 0;      // the JSON budget this device had
   bool capped = false;          // some allocation with bytes > 0 was not drawn
+  // Buckets whose split was cut to fit rest_bytes (the trace's not-drawn allocations held more
+  // than the band: the replayer caps a request at its block): the page calls the split an
+  // estimate where this is not 0.
+  uint64_t split_cut = 0;
 };
 
 struct DeviceReportData {

@@ -6,6 +6,7 @@
 
 #include "common/allocator_constants.h"
 #include "report/html/json_len.h"
+#include "report/html/map_state.h"
 
 namespace memforensics::analysis {
 
@@ -89,20 +90,15 @@ SteppingView steppingViewOf(const format::Snapshot& snap, const DeviceFacts& f, 
     m.address = b.address;
     m.size = b.size;
     m.segment = b.segment;
-    const int state = b.state == format::BlockState::ActiveAllocated     ? 1
-                      : b.state == format::BlockState::ActivePendingFree ? 2
-                                                                         : 0;
-    if (state != 0) {
+    const MapState state = mapStateOf(b.state);
+    if (state != MapState::Free) {
       m.requested = b.requested;
       m.alloc_event = b.alloc_event;
       m.raw_stack = b.stack;
       m.stack = kCostStack;  // until trimmed (its digits are what the cost counts)
-      replay::LiveBlock lb;
-      lb.requested = b.requested;
-      lb.size = b.size;
-      lb.alloc_event = b.alloc_event;
-      lb.stack = b.stack;
-      m.code = static_cast<uint8_t>(state | static_cast<int>(f.categoryOf(snap, lb)) << 2);
+      m.code =
+          static_cast<uint8_t>(static_cast<int>(state) |
+                               static_cast<int>(f.categoryOf(snap, b.alloc_event, b.stack)) << 2);
     }
     return m;
   };
