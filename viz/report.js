@@ -133,7 +133,7 @@
   const OOM_COLOUR = "#b3261e";
 
   // ---------- state ----------
-  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", zoom: null, allocDetail: 1000, allocMode: "allocations", restSplit: false, view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
+  const S = { dev: 0, axis: "time", kf: 0, colourBy: "state", zoom: null, allocDetail: 1000, allocMode: "allocations", restSplit: false, restBucket: -1, view: null, hoverX: null, block: null, icicleRoot: 0, search: "", alloc: -1 };
   // S.dev indexes analysis devices (all of them up to 1,000: render_html.h kPageAnalysisDevices);
   // drawings exist for D.devices (maybe fewer).
   const drawn = new Map(D.devices.map((d) => [d.device, d]));
@@ -755,23 +755,28 @@
   function restSplitOf(al, hidden) {
     const bk = al.buckets, nb = bk.at_event.length, K = D.categories.length + 1, r = al.drawn;
     if (!bk.split || bk.split.length !== nb * K || !bk.stacks) return null;
-    const split = [], stacks = [];
+    const split = [], stacks = [], hid = [];
+    for (let i = 0; i < hidden.length; i++) if (hidden[i]) hid.push(i);
     for (let b = 0; b < nb; b++) {
-      const at = bk.at_event[b], parts = bk.split.slice(b * K, b * K + K), src = bk.stacks[b] || [], list = [];
-      for (let j = 0; j + 3 < src.length; j += 4) list.push({ stack: src[j], bytes: src[j + 1], n: src[j + 2], exact: src[j + 3] === 1 });
+      const at = bk.at_event[b], parts = bk.split.slice(b * K, b * K + K), src = bk.stacks[b] || [], list = [], byStack = new Map();
+      for (let j = 0; j + 3 < src.length; j += 4) {
+        const e = { stack: src[j], bytes: src[j + 1], n: src[j + 2], exact: src[j + 3] === 1 };
+        list.push(e);
+        if (!byStack.has(e.stack)) byStack.set(e.stack, e);
+      }
       const all = !!bk.stacks_all && bk.stacks_all[b] === 1;
-      for (let i = 0; i < hidden.length; i++) {
+      for (const i of hid) {
         const j = 5 * i;
-        if (!hidden[i] || !(r[j] <= at && (r[j + 1] < 0 || r[j + 1] > at))) continue;
+        if (!(r[j] <= at && (r[j + 1] < 0 || r[j + 1] > at))) continue;
         if (r[j] < 0) { parts[K - 1] += r[j + 2]; continue; }
         parts[r[j + 4]] += r[j + 2];
-        let e = list.find((x) => x.stack === r[j + 3]);
-        if (!e) { e = { stack: r[j + 3], bytes: 0, n: 0, exact: all }; list.push(e); }
+        let e = byStack.get(r[j + 3]);
+        if (!e) { e = { stack: r[j + 3], bytes: 0, n: 0, exact: all }; list.push(e); byStack.set(e.stack, e); }
         else if (r[j + 3] < 0 && !all) e.exact = false;
         e.bytes += r[j + 2]; e.n++;
       }
       list.sort((x, y) => y.bytes - x.bytes);
-      split.push(parts); stacks.push(list.slice(0, 5));
+      split.push(parts); stacks.push(list.slice(0, 3));
     }
     return { split, stacks };
   }
@@ -779,6 +784,7 @@
     const d = dev(), segMode = S.allocMode === "segments" && d.segment_timeline && d.allocations;
     const al = segMode ? segmentsAl(d) : d.allocations;
     AV = null;
+    S.restBucket = -1;  // the split's box belongs to the view it was made in
     $("allocations").dataset.mode = segMode ? "segments" : "allocations";
     if (!al) return;
     const n = al.drawn.length / 5;
@@ -1060,7 +1066,8 @@
           " (of " + fmtBytes(bk.total[b]) + " requested then)" + (AV.split ? ": " + restPartsText(b) + " · click to split it" : "");
       }
       $("allocations-readout").textContent = s;
-      if (i !== S.alloc && (i >= 0 || S.alloc >= 0)) { S.alloc = i >= 0 ? i : -1; showAllocStack(S.alloc); }
+      // the band's split, once clicked, stays in the box below until the next click
+      if (S.restBucket < 0 && i !== S.alloc && (i >= 0 || S.alloc >= 0)) { S.alloc = i >= 0 ? i : -1; showAllocStack(S.alloc); }
     }, (px, py) => {
       // a click on the grey band splits it (and says what it holds there); elsewhere it moves
       // the moment
@@ -1068,9 +1075,11 @@
       if (i <= -2 && AV.split) {
         S.alloc = -1;
         setRestSplit(true);
-        showRestSplit(-2 - i);
+        S.restBucket = -2 - i;
+        showRestSplit(S.restBucket);
         return;
       }
+      if (S.restBucket >= 0) { S.restBucket = -1; S.alloc = -1; showAllocStack(-1); }
       gotoEvent(dev().points.event[pointIndexAt(c, px)]);
     });
     $("alloc-split").addEventListener("change", () => setRestSplit($("alloc-split").checked));

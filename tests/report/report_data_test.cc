@@ -13,6 +13,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
+#include "common/saturating.h"
 #include "fixtures/model_builder.h"
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
@@ -547,6 +548,39 @@ TEST(ReportAllocations, ABlockFromBeforeTheTraceIsDrawnWithTheStackThatFreedIt) 
   EXPECT_EQ(r.frames[static_cast<size_t>(frames[0])].name, "zero_grad");
   EXPECT_EQ(v.drawn[1].alloc_event, 2);
   expectAllocationViewAddsUp(snap, r.devices[0], "a block from before the trace");
+}
+
+// Hostile sizes in the band: sums of allocations near 2^63 neither wrap nor overflow; the split
+// still adds up to the band, and a stack's bytes never exceed the parts it is part of.
+TEST(ReportAllocations, TheSplitOfHugeAllocationsStaysWithinTheBand) {
+  const std::vector<TFrame> a{{"train.py", 10, "step"}};
+  const std::vector<TFrame> b{{"train.py", 20, "other"}};
+  memforensics::testing::ModelBuilder m;
+  const uint64_t huge = uint64_t{1} << 62;
+  m.device(0).segment(kB, {.size = 64 * kMiB});
+  for (int i = 0; i < 4; ++i) {
+    m.alloc(kB + static_cast<uint64_t>(i) * 2 * kMiB, huge + static_cast<uint64_t>(i),
+            {.time_us = 1 + i, .frames = i % 2 ? a : b});
+  }
+  const auto snap = m.build();
+  ReportDataOptions opt;
+  opt.max_drawn_allocations = 1;
+  ReportData r = buildReportData(snap, opt);
+  ASSERT_EQ(r.devices.size(), 1u);
+  const AllocationView& v = r.devices[0].allocations;
+  ASSERT_FALSE(v.buckets.empty());
+  for (const auto& bk : v.buckets) {
+    uint64_t parts = 0, traced = 0;
+    for (uint64_t x : bk.split) parts = addSat(parts, x);
+    for (size_t c = 0; c < kCategoryCount; ++c) traced = addSat(traced, bk.split[c]);
+    EXPECT_EQ(parts, bk.rest_bytes);
+    for (const auto& st : bk.stacks) {
+      EXPECT_LE(st.bytes, traced);
+      if (st.exact) EXPECT_LT(st.bytes, ~uint64_t{0});
+    }
+  }
+  auto doc = nlohmann::json::parse(report::htmlDataJson(analyzeSnapshot(snap), r));
+  EXPECT_TRUE(doc["devices"][0]["allocations"]["buckets"]["split"].is_array());
 }
 
 TEST(ReportAllocations, HalvingMovesTheSmallerHalfIntoTheRestBand) {

@@ -357,298 +357,6 @@ U64Map<replay::LiveBlock> liveOfLayout(const std::vector<replay::ModelSegment>& 
   return live;
 }
 
-// What one drawn allocation costs in the page's JSON (render_html.cc allocationsJson: seven
-// numbers and their commas; times only when the file has them).
-size_t drawnCost(const DrawnAllocation& a, bool times) {
-  size_t n =
-      jsonLen(a.alloc_event) + jsonLen(a.free_event) + jsonLenU(a.bytes) + jsonLen(a.stack) + 1 + 5;
-  if (times) n += jsonLen(a.alloc_time_us) + jsonLen(a.free_time_us) + 2;
-  return n;
-}
-size_t bucketCost(const AllocationBucket& b, bool times) {
-  return jsonLen(b.first_event) + jsonLen(b.at_event) + jsonLenU(b.total_bytes) +
-         jsonLenU(b.rest_bytes) + 4 + (times ? jsonLen(b.first_time_us) + 1 : 0);
-}
-
-// The rest band: per bucket, the series' requested bytes at the bucket's maximum minus the drawn
-// allocations live then (saturating: the replayer caps a request at its block's size).
-void fillRest(AllocationView& v) {
-  std::vector<int64_t> at;
-  for (const auto& b : v.buckets) at.push_back(b.at_event);
-  // Drawn bytes live after each bucket's at_event, by a sweep over alloc and free events.
-  std::vector<std::pair<int64_t, uint64_t>> adds, subs;
-  for (const auto& a : v.drawn) {
-    adds.push_back({a.alloc_event, a.bytes});
-    if (a.free_event >= 0) subs.push_back({a.free_event, a.bytes});
-  }
-  std::sort(adds.begin(), adds.end());
-  std::sort(subs.begin(), subs.end());
-  std::vector<size_t> order(v.buckets.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return at[x] < at[y]; });
-  size_t ia = 0, is = 0;
-  uint64_t live = 0;
-  for (size_t k : order) {
-    while (ia < adds.size() && adds[ia].first <= at[k]) live += adds[ia++].second;
-    while (is < subs.size() && subs[is].first <= at[k]) live -= std::min(live, subs[is++].second);
-    auto& b = v.buckets[k];
-    b.rest_bytes = b.total_bytes - std::min(b.total_bytes, live);
-  }
-}
-
-// What the rest band's split of one bucket costs in the page's JSON at most (render_html.cc
-// allocationsJson: kCategoryCount + 1 parts, kRestStacks entries of four numbers, the flag), for
-// a device whose requested bytes never pass `peak`, with `allocs` allocations and stack indices
-// below `stacks`.
-size_t splitCostBound(uint64_t peak, uint64_t allocs, size_t stacks) {
-  const size_t b = jsonLenU(peak) + 1;
-  return (kCategoryCount + 1) * b + 2 +
-         kRestStacks * (jsonLenU(stacks) + 1 + b + jsonLenU(allocs) + 1 + 2) + 2 + 2;
-}
-
-// One allocation the rest band holds: when it is live and what it is.
-struct RestMember {
-  int64_t alloc_event = -1;  // -1: alive before the trace began
-  int64_t free_event = -1;   // -1: alive at the end
-  uint64_t bytes = 0;
-  uint8_t part = 0;  // its category, or kCategoryCount: alive before the trace began
-  StackId stack = format::kNoStack;
-};
-
-// Completes a bucket's split after its parts of the trace's allocations are set: what they leave
-// of rest_bytes is the blocks alive before the trace. Parts that hold more than the band are cut
-// (from the last category back) and counted in v.split_cut.
-void completeSplit(AllocationView& v, AllocationBucket& b) {
-  uint64_t traced = 0;
-  for (size_t c = 0; c < kCategoryCount; ++c) traced = addSat(traced, b.split[c]);
-  if (traced > b.rest_bytes) {
-    ++v.split_cut;
-    uint64_t over = traced - b.rest_bytes;
-    for (size_t c = kCategoryCount; c-- > 0 && over > 0;) {
-      const uint64_t cut = std::min(over, b.split[c]);
-      b.split[c] -= cut;
-      over -= cut;
-    }
-    traced = b.rest_bytes;
-  }
-  b.split[kCategoryCount] = b.rest_bytes - traced;
-}
-
-// The rest band's split per bucket (AllocationBucket::split and stacks) from its members, by one
-// sweep over their alloc and free events in at_event order: the parts' live bytes, and the live
-// bytes per stack kept ordered so each bucket's largest are read in O(kRestStacks).
-void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members, Tables& tables) {
-  std::vector<std::pair<int64_t, uint32_t>> adds, subs;
-  adds.reserve(members.size());
-  for (uint32_t i = 0; i < members.size(); ++i) {
-    adds.push_back({members[i].alloc_event, i});
-    if (members[i].free_event >= 0) subs.push_back({members[i].free_event, i});
-  }
-  std::sort(adds.begin(), adds.end());
-  std::sort(subs.begin(), subs.end());
-  std::vector<size_t> order(v.buckets.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t x, size_t y) { return v.buckets[x].at_event < v.buckets[y].at_event; });
-  std::array<uint64_t, kCategoryCount + 1> parts{};
-  std::unordered_map<StackId, std::pair<uint64_t, uint64_t>> by_stack;  // bytes, allocations
-  // Largest first, then the smaller stack id (a fixed order for ties).
-  std::set<std::pair<uint64_t, StackId>, std::greater<>> ranked;
-  auto change = [&](const RestMember& m, bool add) {
-    // Unsigned arithmetic wraps (defined) on hostile sizes; completeSplit cuts to the band.
-    if (add)
-      parts[m.part] += m.bytes;
-    else
-      parts[m.part] -= m.bytes;
-    if (m.part == kCategoryCount) return;
-    auto& [bytes, count] = by_stack[m.stack];
-    if (count > 0) ranked.erase({bytes, m.stack});
-    bytes = add ? bytes + m.bytes : bytes - m.bytes;
-    count = add ? count + 1 : count - 1;
-    if (count > 0)
-      ranked.insert({bytes, m.stack});
-    else
-      by_stack.erase(m.stack);
-  };
-  size_t ia = 0, is = 0;
-  for (size_t k : order) {
-    AllocationBucket& b = v.buckets[k];
-    while (ia < adds.size() && adds[ia].first <= b.at_event)
-      change(members[adds[ia++].second], true);
-    while (is < subs.size() && subs[is].first <= b.at_event)
-      change(members[subs[is++].second], false);
-    for (size_t c = 0; c < kCategoryCount; ++c) b.split[c] = parts[c];
-    completeSplit(v, b);
-    b.stacks.clear();
-    for (auto it = ranked.begin(); it != ranked.end() && b.stacks.size() < kRestStacks; ++it) {
-      if (it->first == 0) break;
-      b.stacks.push_back(
-          RestStack{tables.stack(it->second), it->first, by_stack[it->second].second, true});
-    }
-    b.stacks_all = ranked.size() <= kRestStacks;
-  }
-}
-
-// Drawn allocations that halving moved into the rest band join each bucket's split: their parts
-// exactly; their stacks merged into the list, a stack the list did not hold exact only where the
-// list held every stack (else its bytes there are a lower bound).
-void moveIntoSplit(AllocationView& v, const std::vector<DrawnAllocation>& moved) {
-  for (AllocationBucket& b : v.buckets) {
-    const bool all = b.stacks_all;
-    for (const DrawnAllocation& a : moved) {
-      if (a.alloc_event > b.at_event || (a.free_event >= 0 && a.free_event <= b.at_event)) continue;
-      if (a.alloc_event < 0) continue;  // before the trace: completeSplit's remainder
-      b.split[static_cast<size_t>(a.category)] += a.bytes;
-      auto it = std::find_if(b.stacks.begin(), b.stacks.end(),
-                             [&](const RestStack& r) { return r.stack == a.stack; });
-      if (it == b.stacks.end()) {
-        b.stacks.push_back(RestStack{a.stack, 0, 0, all});
-        it = b.stacks.end() - 1;
-      } else if (a.stack < 0 && !all) {
-        it->exact = false;  // -1 stands for several stacks: the list's one is not all of them
-      }
-      it->bytes += a.bytes;
-      it->allocations += 1;
-    }
-    b.split[kCategoryCount] = 0;
-    completeSplit(v, b);
-    std::stable_sort(b.stacks.begin(), b.stacks.end(),
-                     [](const RestStack& x, const RestStack& y) { return x.bytes > y.bytes; });
-    if (b.stacks.size() > kRestStacks) {
-      b.stacks.resize(kRestStacks);
-      b.stacks_all = false;
-    }
-  }
-}
-
-// The allocation view of one device (see report_data.h): the largest allocations within the
-// budget, in alloc-event order, and the rest per bucket.
-AllocationView allocationViewOf(const DeviceFacts& f, Tables& tables, size_t budget,
-                                size_t max_drawn, bool times) {
-  AllocationView v;
-  v.budget_bytes = budget;
-  v.allocations = f.allocs.size();
-  const size_t n = f.events.size();
-  if (n == 0 || f.series.size() < n + 1) return v;
-  // At most a quarter of the budget for the rest band (a bucket is at most about 64 characters,
-  // its split at most splitCostBound).
-  uint64_t peak = 0;
-  for (size_t e = 0; e <= n; ++e) peak = std::max(peak, f.series[e].requested);
-  const size_t split_bound = splitCostBound(peak, f.allocs.size(), tables.maxStacks());
-  const size_t buckets =
-      std::clamp<size_t>(budget / 4 / (64 + split_bound), 16, kAllocationBuckets);
-  const size_t bucket = std::max<size_t>(1, (n + buckets - 1) / buckets);
-  size_t spent = 0;
-  for (size_t first = 0; first < n; first += bucket) {
-    const size_t last = std::min(n, first + bucket);
-    AllocationBucket b;
-    b.first_event = static_cast<int64_t>(first);
-    b.first_time_us = f.events[first].time_us;
-    // The first bucket holds the start state too (series[0]): a peak before the trace stays.
-    size_t best = first == 0 ? 0 : first + 1;  // index into series: event + 1
-    for (size_t e = first; e < last; ++e) {
-      if (f.series[e + 1].requested > f.series[best].requested) best = e + 1;
-    }
-    b.at_event = static_cast<int64_t>(best) - 1;
-    b.total_bytes = f.series[best].requested;
-    b.rest_bytes = b.total_bytes;
-    spent += bucketCost(b, times) + split_bound;
-    v.buckets.push_back(b);
-  }
-  // The candidates: every allocation of the trace, and every block alive before the trace that
-  // the trace frees (memory_viz draws those from the start, named by the stack that freed them):
-  // a free_requested, or a free_completed without one, of an address no alloc of the trace holds.
-  std::vector<AllocFact> cands;
-  cands.reserve(f.allocs.size());
-  for (const AllocFact& a : f.allocs) {
-    if (a.requested > 0) cands.push_back(a);
-  }
-  {
-    std::unordered_map<uint64_t, uint8_t> st;  // 1 allocated, 2 free requested, 3 before the trace
-    for (size_t i = 0; i < n; ++i) {
-      const format::Event& e = f.events[i];
-      if (e.action == format::Action::Alloc) {
-        st[e.addr] = 1;
-      } else if (e.action == format::Action::FreeRequested ||
-                 e.action == format::Action::FreeCompleted) {
-        auto it = st.find(e.addr);
-        const bool requested = e.action == format::Action::FreeRequested;
-        if (it != st.end()) {
-          if (requested && it->second == 1) {
-            it->second = 2;
-          } else if (!requested) {
-            st.erase(it);
-          }
-          continue;
-        }
-        if (requested) st[e.addr] = 3;
-        if (e.size == 0) continue;
-        AllocFact a;
-        a.event = -1;
-        a.freed = static_cast<int64_t>(i);
-        a.requested = e.size;
-        a.stack = e.stack;  // the stack that freed it
-        ++v.before_trace;
-        cands.push_back(a);
-      }
-    }
-  }
-  std::vector<size_t> order(cands.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t x, size_t y) { return cands[x].requested > cands[y].requested; });
-  // One allocation as drawn (its stack is added once it is chosen).
-  auto drawnOf = [&](const AllocFact& a) {
-    DrawnAllocation d;
-    d.alloc_event = a.event;
-    d.free_event = a.freed;
-    d.bytes = a.requested;
-    d.category = a.category;
-    if (times) {
-      d.alloc_time_us = a.event >= 0 ? f.events[static_cast<size_t>(a.event)].time_us : -1;
-      d.free_time_us = a.freed >= 0 && static_cast<size_t>(a.freed) < n
-                           ? f.events[static_cast<size_t>(a.freed)].time_us
-                           : -1;
-    }
-    return d;
-  };
-  std::vector<size_t> chosen;
-  for (size_t i : order) {
-    const DrawnAllocation d = drawnOf(cands[i]);
-    const size_t cost = drawnCost(d, times) + 3;  // the stack index may grow to a few digits
-    if (chosen.size() >= max_drawn || spent + cost > budget) {
-      v.capped = true;
-      break;
-    }
-    spent += cost;
-    chosen.push_back(i);
-  }
-  std::stable_sort(chosen.begin(), chosen.end(), [&](size_t x, size_t y) {
-    return std::pair{cands[x].event, x} < std::pair{cands[y].event, y};
-  });
-  std::vector<uint8_t> is_drawn(cands.size(), 0);
-  for (size_t i : chosen) {
-    const AllocFact& a = cands[i];
-    DrawnAllocation d = drawnOf(a);
-    d.stack = tables.stack(a.stack);
-    v.smallest_drawn = v.smallest_drawn == 0 ? d.bytes : std::min(v.smallest_drawn, d.bytes);
-    v.drawn.push_back(d);
-    is_drawn[i] = 1;
-  }
-  fillRest(v);
-  std::vector<RestMember> members;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    if (is_drawn[i]) continue;
-    const AllocFact& a = cands[i];
-    members.push_back(RestMember{
-        a.event, a.freed, a.requested,
-        a.event < 0 ? static_cast<uint8_t>(kCategoryCount) : static_cast<uint8_t>(a.category),
-        a.stack});
-  }
-  fillRestSplit(v, members, tables);
-  return v;
-}
-
 // What a keyframe costs against ReportDataOptions::max_blocks.
 size_t keyframeCost(const Keyframe& k) {
   size_t n = 0;
@@ -752,32 +460,9 @@ HalvingCuts halveReportData(ReportData& data) {
     }
     // The allocation view: the larger half of the drawn allocations stays; the rest band takes
     // the others' bytes.
-    auto& av = d.allocations;
-    if (av.drawn.size() > kHalvingMinAllocations) {
-      const size_t keep = std::max(kHalvingMinAllocations, av.drawn.size() / 2);
-      std::vector<size_t> order(av.drawn.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](size_t x, size_t y) { return av.drawn[x].bytes > av.drawn[y].bytes; });
-      order.resize(keep);
-      std::sort(order.begin(), order.end());
-      std::vector<DrawnAllocation> kept, moved;
-      for (size_t i = 0, k = 0; i < av.drawn.size(); ++i) {
-        if (k < order.size() && order[k] == i) {
-          kept.push_back(av.drawn[i]);
-          ++k;
-        } else {
-          moved.push_back(av.drawn[i]);
-        }
-      }
-      c.allocations += av.drawn.size() - kept.size();
-      av.drawn = std::move(kept);
-      av.capped = true;
-      av.smallest_drawn = 0;
-      for (const auto& a : av.drawn)
-        av.smallest_drawn = av.smallest_drawn == 0 ? a.bytes : std::min(av.smallest_drawn, a.bytes);
-      fillRest(av);
-      moveIntoSplit(av, moved);
+    if (d.allocations.drawn.size() > kHalvingMinAllocations) {
+      c.allocations += halveAllocationView(
+          d.allocations, std::max(kHalvingMinAllocations, d.allocations.drawn.size() / 2));
     }
     // The segment timeline: the larger half of its bands.
     auto& lives = d.segment_timeline.lives;
@@ -829,6 +514,14 @@ HalvingCuts halveReportData(ReportData& data) {
       }
       for (auto& e : d.stepping.events) cut(e.stack);
       for (auto& l : d.segment_timeline.lives) cut(l.stack);
+      for (auto& b : d.allocations.buckets) {  // a row whose stack lost its name names none
+        for (auto& r : b.stacks) {
+          if (r.stack >= static_cast<int32_t>(keep)) {
+            r.stack = -1;
+            r.exact = false;
+          }
+        }
+      }
     }
   }
   // Frames per stack: the innermost half of the longest (where the memory was allocated).
@@ -1205,8 +898,9 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     }
     // What the drawings above name comes first in the frame and stack tables; the allocation
     // view's stacks and the keyframes' call trees after them.
-    dr.allocations = allocationViewOf(f, tables, plan.allocation_bytes, opt.max_drawn_allocations,
-                                      dr.timeline.has_times);
+    dr.allocations = allocationViewOf(
+        f, plan.allocation_bytes, opt.max_drawn_allocations, dr.timeline.has_times,
+        [&](StackId id) { return tables.stack(id); }, tables.maxStacks());
     if (dr.allocations.capped) ++allocations_capped;
     // Event stepping: its stacks after the drawings' (the first ones keep their names when a
     // page over its bound is halved).
