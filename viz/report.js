@@ -747,38 +747,31 @@
     return { drawn, times, allocations: n, capped: st.left_out > 0, seg: st,
       buckets: { first_event: a.buckets.first_event, first_time_us: a.buckets.first_time_us, at_event: a.buckets.at_event, total: zeros, rest: zeros } };
   }
-  // The grey band split on demand (report_data.h AllocationBucket::split and stacks): per bucket
-  // its parts by inferred category, then blocks alive before the trace, and its largest stacks.
-  // The allocations the Detail slider hides join both; a stack the list did not hold is exact
-  // only where the list held every stack (moveIntoSplit in report_data.cc, the same rule for
-  // halving).
+  // The grey band split on demand (allocation_view.h AllocationBucket::split and stacks): per
+  // bucket its parts by inferred category, then blocks alive before the trace, and two lists of
+  // its largest stacks, each exact: the allocations the Detail slider hides (the page's own
+  // sums), and the ones the page never drew (the C++ list).
   function restSplitOf(al, hidden) {
     const bk = al.buckets, nb = bk.at_event.length, K = D.categories.length + 1, r = al.drawn;
     if (!bk.split || bk.split.length !== nb * K || !bk.stacks) return null;
-    const split = [], stacks = [], hid = [];
+    const split = [], stacks = [], hiddenStacks = [], hid = [];
     for (let i = 0; i < hidden.length; i++) if (hidden[i]) hid.push(i);
     for (let b = 0; b < nb; b++) {
       const at = bk.at_event[b], parts = bk.split.slice(b * K, b * K + K), src = bk.stacks[b] || [], list = [], byStack = new Map();
-      for (let j = 0; j + 3 < src.length; j += 4) {
-        const e = { stack: src[j], bytes: src[j + 1], n: src[j + 2], exact: src[j + 3] === 1 };
-        list.push(e);
-        if (!byStack.has(e.stack)) byStack.set(e.stack, e);
-      }
-      const all = !!bk.stacks_all && bk.stacks_all[b] === 1;
+      for (let j = 0; j + 3 < src.length; j += 4) list.push({ stack: src[j], bytes: src[j + 1], n: src[j + 2], exact: src[j + 3] === 1 });
       for (const i of hid) {
         const j = 5 * i;
         if (!(r[j] <= at && (r[j + 1] < 0 || r[j + 1] > at))) continue;
         if (r[j] < 0) { parts[K - 1] += r[j + 2]; continue; }
         parts[r[j + 4]] += r[j + 2];
         let e = byStack.get(r[j + 3]);
-        if (!e) { e = { stack: r[j + 3], bytes: 0, n: 0, exact: all }; list.push(e); byStack.set(e.stack, e); }
-        else if (r[j + 3] < 0 && !all) e.exact = false;
+        if (!e) { e = { stack: r[j + 3], bytes: 0, n: 0, exact: true }; byStack.set(e.stack, e); }
         e.bytes += r[j + 2]; e.n++;
       }
-      list.sort((x, y) => y.bytes - x.bytes);
-      split.push(parts); stacks.push(list.slice(0, 3));
+      split.push(parts); stacks.push(list);
+      hiddenStacks.push(Array.from(byStack.values()).sort((x, y) => y.bytes - x.bytes || x.stack - y.stack).slice(0, 3));
     }
-    return { split, stacks };
+    return { split, stacks, hiddenStacks };
   }
   function prepAllocations() {
     const d = dev(), segMode = S.allocMode === "segments" && d.segment_timeline && d.allocations;
@@ -1017,12 +1010,15 @@
       " bucket(s) the allocations not drawn held more than the band (the replay caps a request at its block), cut to fit." : "";
     box.append(el("div", { text: "The grey band at " + evWhen(bk.at_event[b]) + " (the highest requested total of events " + bk.first_event[b].toLocaleString("en-US") +
       (b + 1 < bk.first_event.length ? "–" + (bk.first_event[b + 1] - 1).toLocaleString("en-US") : " on") + "): " + fmtBytes(AV.rest[b]) + " = " + restPartsText(b) + "." + cut }));
-    const list = sp.stacks[b];
-    if (!list.length) return;
-    box.append(el("div", { text: "Its largest stacks (allocations of the trace not drawn one by one):" }));
-    const ol = el("ol", { class: "rest-stacks" });
     const frames = el("div");
-    list.forEach((e) => {
+    const listOf = (list, title) => {
+      if (!list.length) return;
+      box.append(el("div", { text: title }));
+      const ol = el("ol", { class: "rest-stacks" });
+      list.forEach((e) => rowOf(ol, e));
+      box.append(ol);
+    };
+    const rowOf = (ol, e) => {
       const st = e.stack >= 0 ? D.stacks[e.stack] : null;
       const top = st && st.length ? frameText(D.frames[st[0]]) : "(no stack recorded, or the report's stack table is full)";
       const li = el("li", { text: (e.exact ? "" : "at least ") + fmtBytes(e.bytes) + " in " + e.n.toLocaleString("en-US") + " allocation(s) · " + top });
@@ -1037,8 +1033,10 @@
         });
       }
       ol.append(li);
-    });
-    box.append(ol, frames);
+    };
+    listOf(sp.hiddenStacks[b], "Its largest stacks among the allocations the Detail slider hides:");
+    listOf(sp.stacks[b], "Its largest stacks among the allocations too small to be drawn one by one in this page:");
+    box.append(frames);
   }
   function showAllocStack(i) {
     const box = $("allocation-stack");
