@@ -123,8 +123,7 @@ void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members,
   std::unordered_map<StackId, uint32_t> ordinal;  // by first member in event order
   for (const auto& [ev, i] : adds) {
     const RestMember& m = members[i];
-    if (m.part == kCategoryCount || m.stack == format::kNoStack ||
-        m.stack == format::kEmptyStack)
+    if (m.part == kCategoryCount || m.stack == format::kNoStack || m.stack == format::kEmptyStack)
       continue;
     ordinal.try_emplace(m.stack, static_cast<uint32_t>(ordinal.size()));
   }
@@ -174,8 +173,8 @@ void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members,
     for (auto it = ranked.begin(); it != ranked.end() && b.stacks.size() < kRestStacks; ++it) {
       if (it->bytes == 0) break;
       const Held& h = held[it->ordinal];
-      b.stacks.push_back(RestStack{stack(h.stack), narrow(h.bytes), h.count,
-                                   it->bytes <= Wide{~uint64_t{0}}});
+      b.stacks.push_back(
+          RestStack{stack(h.stack), narrow(h.bytes), h.count, it->bytes <= Wide{~uint64_t{0}}});
     }
     b.stacks_all = ranked.size() <= kRestStacks;
     completeSplit(b);
