@@ -234,9 +234,8 @@ AllocationView allocationViewOf(const DeviceFacts& f, size_t budget, size_t max_
   if (n == 0 || f.series.size() < n + 1) return v;
   // At most a quarter of the budget for the rest band (a bucket is at most about 64 characters,
   // its split at most splitCostBound).
-  uint64_t peak = 0;
-  for (size_t e = 0; e <= n; ++e) peak = std::max(peak, f.series[e].requested);
-  const size_t split_bound = splitCostBound(peak, f.allocs.size(), max_stacks);
+  const size_t split_bound =
+      splitCostBound(f.summary.peak_requested.bytes, f.allocs.size(), max_stacks);
   const size_t buckets =
       std::clamp<size_t>(budget / 4 / (64 + split_bound), 16, kAllocationBuckets);
   const size_t bucket = std::max<size_t>(1, (n + buckets - 1) / buckets);
