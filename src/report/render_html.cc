@@ -23,6 +23,9 @@ namespace memforensics::report {
 namespace viz {
 extern const char kTemplate[];
 extern const char kStyle[];
+extern const char kAllocationsScript[];
+extern const char kBlockMapScript[];
+extern const char kIcicleScript[];
 extern const char kScript[];
 extern const char kWhatIfScript[];
 }  // namespace viz
@@ -816,7 +819,15 @@ void renderPage(const analysis::AnalysisResult& analysis, const analysis::Report
     if (p.at == std::string_view::npos) continue;
     out << page.substr(pos, p.at - pos);
     if (p.mark == "/*MEMF_STYLE*/") out << viz::kStyle;
-    if (p.mark == "/*MEMF_SCRIPT*/") out << viz::kScript << "\n" << viz::kWhatIfScript;
+    // The views report.js makes (window.memfParts) come first; whatif.js reads what report.js
+    // exports (window.memfViz), so it comes after.
+    if (p.mark == "/*MEMF_SCRIPT*/") {
+      out << viz::kAllocationsScript << "\n"
+          << viz::kBlockMapScript << "\n"
+          << viz::kIcicleScript << "\n"
+          << viz::kScript << "\n"
+          << viz::kWhatIfScript;
+    }
     if (p.mark == "\"MEMF_DATA\"") out << dataJson(analysis, data, lim, level_notes, notes_out);
     pos = p.at + p.mark.size();
   }
