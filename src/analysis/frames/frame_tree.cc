@@ -44,6 +44,13 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
   };
   std::unordered_map<uint64_t, size_t> index;  // (stack << 9 | group << 1 | pending) -> entries
   std::vector<Entry> entries;
+  // Per stack: its selected frames, selected once (the native-only test and the entries read them).
+  std::unordered_map<format::StackId, std::vector<format::FrameId>> selected;
+  auto framesOf = [&](format::StackId id) -> const std::vector<format::FrameId>& {
+    auto [it, fresh] = selected.try_emplace(id);
+    if (fresh) it->second = selectedFrames(snap, id, opt);
+    return it->second;
+  };
   // Per stack: has it selected frames, none of them in a Python file (what the reader of the tree
   // sees; only asked with native_group).
   std::unordered_map<format::StackId, bool> native_only;
@@ -51,7 +58,7 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
     if (id == format::kNoStack || id == format::kEmptyStack) return false;
     auto [it, fresh] = native_only.try_emplace(id, false);
     if (fresh) {
-      const std::vector<format::FrameId> shown = selectedFrames(snap, id, opt);
+      const std::vector<format::FrameId>& shown = framesOf(id);
       it->second = !shown.empty() && std::none_of(shown.begin(), shown.end(), [&](auto f) {
         return isPythonFile(snap.strings.get(snap.stacks.frame(f).filename));
       });
@@ -69,7 +76,8 @@ FrameTree buildFrameTree(const format::Snapshot& snap, const U64Map<replay::Live
     e.bytes = addSat(e.bytes, opt.value == TreeValue::Requested ? b.requested : b.size);
     e.blocks += 1;
   });
-  for (Entry& e : entries) e.frames = selectedFrames(snap, e.stack, opt);
+  for (Entry& e : entries) e.frames = framesOf(e.stack);
+  selected.clear();
   // The frames' text is built only for entries that meet a tie on bytes, once each (one deep
   // stack would otherwise build a million strings that no comparison reads).
   auto textOf = [&](Entry& e) -> const std::vector<std::string>& {

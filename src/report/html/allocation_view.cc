@@ -28,30 +28,45 @@ size_t bucketCost(const AllocationBucket& b, bool times) {
          jsonLenU(b.rest_bytes) + 4 + (times ? jsonLen(b.first_time_us) + 1 : 0);
 }
 
-// The rest band: per bucket, the series' requested bytes at the bucket's maximum minus the drawn
-// allocations live then (saturating: the replayer caps a request at its block's size).
-void fillRest(AllocationView& v) {
-  std::vector<int64_t> at;
-  for (const auto& b : v.buckets) at.push_back(b.at_event);
-  // Drawn bytes live after each bucket's at_event, by a sweep over alloc and free events.
-  std::vector<std::pair<int64_t, uint64_t>> adds, subs;
-  for (const auto& a : v.drawn) {
-    adds.push_back({a.alloc_event, a.bytes});
-    if (a.free_event >= 0) subs.push_back({a.free_event, a.bytes});
+// The one sweep both band fills use: change(i, true) at item i's alloc event and change(i, false)
+// at its free event (free_of < 0: never freed), in event order, and visit(bucket) for each bucket
+// once every event up to its at_event is applied, buckets taken in at_event order.
+template <class AllocOf, class FreeOf, class Change, class Visit>
+void sweepBuckets(std::vector<AllocationBucket>& buckets, size_t n, const AllocOf& alloc_of,
+                  const FreeOf& free_of, const Change& change, const Visit& visit) {
+  std::vector<std::pair<int64_t, uint32_t>> adds, subs;
+  adds.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    adds.push_back({alloc_of(i), i});
+    if (free_of(i) >= 0) subs.push_back({free_of(i), i});
   }
   std::sort(adds.begin(), adds.end());
   std::sort(subs.begin(), subs.end());
-  std::vector<size_t> order(v.buckets.size());
+  std::vector<size_t> order(buckets.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return at[x] < at[y]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return buckets[x].at_event < buckets[y].at_event; });
   size_t ia = 0, is = 0;
-  uint64_t live = 0;
   for (size_t k : order) {
-    while (ia < adds.size() && adds[ia].first <= at[k]) live += adds[ia++].second;
-    while (is < subs.size() && subs[is].first <= at[k]) live -= std::min(live, subs[is++].second);
-    auto& b = v.buckets[k];
-    b.rest_bytes = b.total_bytes - std::min(b.total_bytes, live);
+    AllocationBucket& b = buckets[k];
+    while (ia < adds.size() && adds[ia].first <= b.at_event) change(adds[ia++].second, true);
+    while (is < subs.size() && subs[is].first <= b.at_event) change(subs[is++].second, false);
+    visit(b);
   }
+}
+
+// The rest band: per bucket, the series' requested bytes at the bucket's maximum minus the drawn
+// allocations live then (saturating: the replayer caps a request at its block's size).
+void fillRest(AllocationView& v) {
+  uint64_t live = 0;
+  sweepBuckets(
+      v.buckets, v.drawn.size(), [&](uint32_t i) { return v.drawn[i].alloc_event; },
+      [&](uint32_t i) { return v.drawn[i].free_event; },
+      [&](uint32_t i, bool add) {
+        const uint64_t bytes = v.drawn[i].bytes;
+        live = add ? live + bytes : live - std::min(live, bytes);
+      },
+      [&](AllocationBucket& b) { b.rest_bytes = b.total_bytes - std::min(b.total_bytes, live); });
 }
 
 // What the rest band's split of one bucket costs in the page's JSON at most (render_html.cc
@@ -112,32 +127,16 @@ uint64_t narrow(Wide w) {
 // members without a stack count in the parts only.
 void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members,
                    const std::function<int32_t(StackId)>& stack) {
-  std::vector<std::pair<int64_t, uint32_t>> adds, subs;
-  adds.reserve(members.size());
-  for (uint32_t i = 0; i < members.size(); ++i) {
-    adds.push_back({members[i].alloc_event, i});
-    if (members[i].free_event >= 0) subs.push_back({members[i].free_event, i});
-  }
-  std::sort(adds.begin(), adds.end());
-  std::sort(subs.begin(), subs.end());
-  std::unordered_map<StackId, uint32_t> ordinal;  // by first member in event order
-  for (const auto& [ev, i] : adds) {
-    const RestMember& m = members[i];
-    if (m.part == kCategoryCount || m.stack == format::kNoStack || m.stack == format::kEmptyStack)
-      continue;
-    ordinal.try_emplace(m.stack, static_cast<uint32_t>(ordinal.size()));
-  }
-  std::vector<size_t> order(v.buckets.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t x, size_t y) { return v.buckets[x].at_event < v.buckets[y].at_event; });
+  // Each stack's ordinal: the order its first member is added in, by event (ties by member index,
+  // as the sweep applies them); a later member's add or free never comes before its stack's first.
+  std::unordered_map<StackId, uint32_t> ordinal;
   std::array<Wide, kCategoryCount + 1> parts{};
   struct Held {
     Wide bytes = 0;
     uint64_t count = 0;
     StackId stack = format::kNoStack;
   };
-  std::vector<Held> held(ordinal.size());
+  std::vector<Held> held;
   struct Rank {
     Wide bytes;
     uint32_t ordinal;
@@ -146,28 +145,23 @@ void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members,
     }
   };
   std::set<Rank> ranked;  // largest first
-  auto change = [&](const RestMember& m, bool add) {
+  auto change = [&](uint32_t i, bool add) {
+    const RestMember& m = members[i];
     if (add)
       parts[m.part] += m.bytes;
     else
       parts[m.part] -= m.bytes;  // never below 0: it was added before
-    if (m.part == kCategoryCount) return;
-    auto o = ordinal.find(m.stack);
-    if (o == ordinal.end()) return;
+    if (m.part == kCategoryCount || m.stack == format::kNoStack || m.stack == format::kEmptyStack)
+      return;
+    auto [o, fresh] = ordinal.try_emplace(m.stack, static_cast<uint32_t>(held.size()));
+    if (fresh) held.push_back(Held{0, 0, m.stack});
     Held& h = held[o->second];
-    h.stack = m.stack;
     if (h.count > 0) ranked.erase(Rank{h.bytes, o->second});
     h.bytes = add ? h.bytes + m.bytes : h.bytes - m.bytes;
     h.count = add ? h.count + 1 : h.count - 1;
     if (h.count > 0) ranked.insert(Rank{h.bytes, o->second});
   };
-  size_t ia = 0, is = 0;
-  for (size_t k : order) {
-    AllocationBucket& b = v.buckets[k];
-    while (ia < adds.size() && adds[ia].first <= b.at_event)
-      change(members[adds[ia++].second], true);
-    while (is < subs.size() && subs[is].first <= b.at_event)
-      change(members[subs[is++].second], false);
+  auto visit = [&](AllocationBucket& b) {
     for (size_t c = 0; c < kCategoryCount; ++c) b.split[c] = narrow(parts[c]);
     b.stacks.clear();
     for (auto it = ranked.begin(); it != ranked.end() && b.stacks.size() < kRestStacks; ++it) {
@@ -178,7 +172,10 @@ void fillRestSplit(AllocationView& v, const std::vector<RestMember>& members,
     }
     b.stacks_all = ranked.size() <= kRestStacks;
     completeSplit(b);
-  }
+  };
+  sweepBuckets(
+      v.buckets, members.size(), [&](uint32_t i) { return members[i].alloc_event; },
+      [&](uint32_t i) { return members[i].free_event; }, change, visit);
 }
 
 // Drawn allocations that halving moved into the rest band join each bucket's split: their parts
