@@ -1,7 +1,5 @@
 // snapshot_trace_write.cc: the Snapshot -> trace half of snapshot_trace.h, and the FormatTraits
 // bits both halves use (the reader is snapshot_trace.cc).
-#include "format/load/snapshot_trace.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/load/snapshot_trace.h"
 #include "format/trace/trace_events.h"
 
 namespace memforensics::format {
