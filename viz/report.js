@@ -2,8 +2,8 @@
 // Every string from the snapshot reaches the DOM through textContent or canvas text, never as HTML.
 // Nothing here decides what the analysis found: the device the page opens on is the headline's
 // (analysis/headline.h, D.headline.focus_device); the page only presents.
-"use strict";
 (function () {
+  "use strict";  // inside: the views' scripts come before this one in the page's <script>
   const D = JSON.parse(document.getElementById("memf-data").textContent);
   const A = D.analysis;
   const $ = (id) => document.getElementById(id);

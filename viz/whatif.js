@@ -2,6 +2,7 @@
 // the diff against the baseline run (the document `memforensics diff --json` prints). It reads the
 // same embedded JSON as report.js and adds its own sections; every string reaches the DOM as text.
 (function () {
+  "use strict";
   const D = JSON.parse(document.getElementById("memf-data").textContent);
   const W = D.whatif, B = D.baseline_diff;
   if (!W && !B) return;
