@@ -15,6 +15,9 @@ packages+=(clang-format)
 packages+=(clang libclang-rt-14-dev llvm)
 # tests/report/browser_test.py: the HTML report opened in headless Chromium through ChromeDriver.
 packages+=(chromium chromium-driver)
+# tests/python/run.sh: the Python package installed offline into a venv of Debian's python3 that
+# sees these (docs/python.md); pandas for the DataFrame results.
+packages+=(python3-venv python3-pip python3-setuptools python3-wheel python3-pytest python3-pandas)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,71 @@
+"""memforensics from Python: record a training script's CUDA memory, analyse snapshots and traces in a
+notebook, gate GPU memory in pytest. docs/python.md."""
+import os
+import pickle
+import tempfile
+
+from . import _cli
+from ._cli import MemforensicsError
+from ._record import Recording, record, start, stop
+from ._result import Analysis, Doc
+
+__version__ = "0.1.0"
+__all__ = ["analyze", "check", "record", "start", "stop", "Analysis", "Doc", "Recording",
+           "MemforensicsError", "cli"]
+
+
+def _source(snapshot):
+    """(path, temporary directory to keep alive) for a path or a snapshot dict."""
+    if isinstance(snapshot, dict):
+        tmp = tempfile.TemporaryDirectory(prefix="memforensics-")
+        path = os.path.join(tmp.name, "snapshot.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)
+        return path, tmp
+    return _cli.path_arg(snapshot), None
+
+
+def analyze(snapshot, device=None, threads=None, salvage=False):
+    """Analyses one file (a PyTorch snapshot pickle, memory_viz HTML, JSON, profiler trace or
+    native trace) or a snapshot dict (``torch.cuda.memory._snapshot()``); returns the document
+    ``memforensics analyze --json`` prints, as an Analysis (attribute and dict access, ``.report``,
+    ``.events``, ``.live_at``, ``.timeline``; in a notebook it displays itself)."""
+    path, keep = _source(snapshot)
+    args = ["analyze", path]
+    if device is not None:
+        args += ["--device", device]
+    if threads is not None:
+        args += ["--threads", threads]
+    if salvage:
+        args.append("--salvage")
+    try:
+        doc = _cli.run_json(args, object_hook=Doc)
+    except BaseException:
+        if keep is not None:
+            keep.cleanup()
+        raise
+    return Analysis(doc)._attach(path, keep)
+
+
+def check(snapshot, max_peak=None, max_peak_requested=None, max_growth_per_step=None,
+          fail_on=None, device=None):
+    """`memforensics check` on one file or snapshot dict: returns its JSON document (``passed``,
+    ``violations`` with each figure, limit and line). Sizes: bytes or "2 GiB", "512MiB"."""
+    path, keep = _source(snapshot)
+    args = ["check", path]
+    for flag, value in (("--max-peak-reserved", max_peak),
+                        ("--max-peak-requested", max_peak_requested),
+                        ("--max-growth-per-step", max_growth_per_step),
+                        ("--fail-on", fail_on), ("--device", device)):
+        if value is not None:
+            args += [flag, value]
+    try:
+        return _cli.run_json(args, object_hook=Doc)
+    finally:
+        if keep is not None:
+            keep.cleanup()
+
+
+def cli(*args):
+    """Runs the native CLI with these arguments; returns the CompletedProcess (text output)."""
+    return _cli.run(list(args), check=False)

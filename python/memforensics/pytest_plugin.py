@@ -1,0 +1,164 @@
+"""pytest plugin (registered by the package): ``@pytest.mark.gpu_memory(...)`` records a test's CUDA
+memory and fails the test when a limit is passed, with the finding's headline and line.
+
+    @pytest.mark.gpu_memory(max_peak="2 GiB", max_growth_per_step="16 MiB", fail_on="high")
+    def test_train_step(): ...
+
+Limits: max_peak (peak reserved bytes), max_peak_requested, max_growth_per_step (requested bytes
+at an iteration's end over the previous one's), fail_on ("high" or "warning" findings; "high" when
+no limit is given), device. Skipped, with the reason, where no CUDA device exists (before the
+test's fixtures run). ``--gpu-memory-report DIR`` writes an HTML report per failing test;
+``--gpu-memory-keep DIR`` keeps every test's recording.
+"""
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+
+from . import _cli, _record
+
+LIMITS = ("max_peak", "max_peak_requested", "max_growth_per_step", "fail_on", "device")
+
+
+def cuda_available():
+    """(True, None) or (False, why): whether the marked tests can record here."""
+    try:
+        import torch
+    except ImportError:
+        return False, "gpu_memory: PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return False, "gpu_memory: no CUDA device (torch.cuda.is_available() is False)"
+    return True, None
+
+
+def start_recording(path):
+    """Starts recording the test to ``path``; returns an object with stop(). The plugin's tests
+    replace it (and cuda_available) to run without a GPU."""
+    return _record.start(path)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("memforensics")
+    group.addoption("--gpu-memory-report", metavar="DIR", default=None,
+                    help="write memforensics' HTML report of each test that fails its gpu_memory limits")
+    group.addoption("--gpu-memory-keep", metavar="DIR", default=None,
+                    help="keep the recording of every gpu_memory test in DIR")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "gpu_memory(max_peak=None, max_peak_requested=None, max_growth_per_step=None, "
+        "fail_on=None, device=None): record the test's CUDA memory with memforensics and fail "
+        "it when a limit is passed (fail_on='high' when no limit is given)")
+
+
+def _limits(marker):
+    if marker.args:
+        raise pytest.UsageError("gpu_memory takes keyword arguments only: " + ", ".join(LIMITS))
+    unknown = set(marker.kwargs) - set(LIMITS)
+    if unknown:
+        raise pytest.UsageError(f"gpu_memory: unknown argument(s) {sorted(unknown)}; "
+                                f"known: {', '.join(LIMITS)}")
+    limits = dict(marker.kwargs)
+    if all(limits.get(k) is None for k in LIMITS if k != "device"):
+        limits["fail_on"] = "high"
+    return limits
+
+
+def _slug(nodeid):
+    """A file name for a test: readable, and unique (a hash of the whole id) when cut short."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") or "test"
+    if len(slug) > 120:
+        slug = slug[:110] + "-" + hashlib.sha1(nodeid.encode()).hexdigest()[:9]
+    return slug
+
+
+def _verdict(path, limits):
+    args = ["check", path]
+    for key, flag in (("max_peak", "--max-peak-reserved"),
+                      ("max_peak_requested", "--max-peak-requested"),
+                      ("max_growth_per_step", "--max-growth-per-step"),
+                      ("fail_on", "--fail-on"), ("device", "--device")):
+        if limits.get(key) is not None:
+            args += [flag, limits[key]]
+    r = _cli.run(args)
+    return r.returncode == 0, r.stdout.strip()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("gpu_memory")
+    if marker is None:
+        return
+    _limits(marker)
+    ok, why = cuda_available()
+    if not ok:
+        pytest.skip(why)
+
+
+def _judge(item, path, limits):
+    """The text the test fails with, or None when every limit holds."""
+    passed, text = _verdict(path, limits)
+    if passed:
+        return None
+    config = item.config
+    report_dir = config.getoption("--gpu-memory-report")
+    if report_dir:
+        os.makedirs(report_dir, exist_ok=True)
+        html = os.path.join(report_dir, _slug(item.nodeid) + ".html")
+        _cli.run(["report", path, "-o", html])
+        text += f"\nreport: {html}"
+    return "GPU memory limits passed\n" + text
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    # Nothing is raised here after the test ran (pluggy 1.0 would skip the outer wrappers'
+    # teardown, pytest's capture among them): the verdict is kept on the item and turned into the
+    # test's failure by pytest_runtest_makereport.
+    marker = item.get_closest_marker("gpu_memory")
+    if marker is None:
+        yield
+        return
+    limits = _limits(marker)
+    tmp = tempfile.mkdtemp(prefix="memforensics-pytest-")
+    path = os.path.join(tmp, _slug(item.nodeid) + ".bin")
+    try:  # raised before the test runs, an error is the test's (outer teardowns still run)
+        rec = start_recording(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    outcome = yield
+    verdict = None
+    try:
+        rec.stop()
+        if outcome.excinfo is None:  # a test that failed by itself keeps its own error
+            verdict = _judge(item, path, limits)
+    except Exception as e:  # finishing the recording or judging it failed: the test fails so
+        verdict = f"gpu_memory: memforensics could not judge this test: {e}"
+    finally:
+        keep = item.config.getoption("--gpu-memory-keep")
+        if keep and os.path.exists(path):
+            os.makedirs(keep, exist_ok=True)
+            shutil.copy2(path, os.path.join(keep, os.path.basename(path)))
+            if verdict:
+                verdict += f"\nrecording: {os.path.join(keep, os.path.basename(path))}"
+        shutil.rmtree(tmp, ignore_errors=True)
+    if verdict:
+        item._memforensics_verdict = verdict
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    verdict = getattr(item, "_memforensics_verdict", None)
+    if call.when != "call" or not verdict:
+        return
+    rep = outcome.get_result()
+    if rep.passed:
+        rep.outcome = "failed"
+        rep.longrepr = verdict

@@ -1,0 +1,39 @@
+"""A stand-in `torch` for the recording tests on a machine without CUDA: it records the calls the
+package makes and writes a fabricated snapshot (the repository's sample) where PyTorch would."""
+import shutil
+import types
+
+
+class FakeTorch(types.ModuleType):
+    def __init__(self, sample, cuda=True, version="2.11.0+cu130", hook_loads=True, legacy=False):
+        super().__init__("torch")
+        self.__version__ = version
+        self.calls = []
+        self.observers = []
+        self.version = types.SimpleNamespace(cuda="13.0" if cuda else None)
+        fake = self
+
+        def record_history(*args, **kw):
+            if legacy and "max_entries" in kw:  # torch 2.0's signature has no max_entries
+                raise TypeError("_record_memory_history() got an unexpected keyword argument")
+            fake.calls.append(("_record_memory_history", args, kw))
+
+        def dump(path):
+            fake.calls.append(("_dump_snapshot", path))
+            shutil.copyfile(sample, path)
+
+        def load_library(path):
+            fake.calls.append(("load_library", str(path)))
+            if not hook_loads:
+                raise OSError("undefined symbol: _ZN3c104cuda20CUDACachingAllocator")
+
+        memory = types.SimpleNamespace(_record_memory_history=record_history, _dump_snapshot=dump)
+        self.cuda = types.SimpleNamespace(is_available=lambda: cuda, memory=memory,
+                                          init=lambda: fake.calls.append(("init",)))
+        self._C = types.SimpleNamespace(
+            _cuda_attach_out_of_memory_observer=lambda fn: fake.observers.append(fn))
+        self.ops = types.SimpleNamespace(
+            load_library=load_library,
+            memforensics=types.SimpleNamespace(
+                start=lambda *a: fake.calls.append(("hook.start", a)),
+                stop=lambda: fake.calls.append(("hook.stop",))))

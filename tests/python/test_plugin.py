@@ -1,0 +1,139 @@
+"""The pytest plugin's pass, fail and skip paths, with the recording replaced by the repository's
+fabricated sample snapshot (no GPU needed)."""
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = '''
+import shutil
+import memforensics.pytest_plugin as plugin
+
+class Fake:
+    def __init__(self, path):
+        self.path = path
+    def stop(self):
+        shutil.copyfile(%r, self.path)   # the "recording" of the test
+
+plugin.cuda_available = lambda: (%r, "gpu_memory: no CUDA device (fake)")
+plugin.start_recording = Fake
+'''
+
+
+def write(pytester, sample, cuda=True, body=""):
+    pytester.makeconftest(CONFTEST % (sample, cuda))
+    pytester.makepyfile(test_gpu=body)
+
+
+def test_within_limits_passes(pytester, sample):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="2 GiB", max_peak_requested=1 << 30)
+def test_step():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q")
+    r.assert_outcomes(passed=1)
+
+
+def test_over_a_limit_fails_with_the_line_and_a_report(pytester, sample, tmp_path):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="100 MiB")
+def test_peak():
+    pass
+@pytest.mark.gpu_memory(fail_on="high")
+def test_finding():
+    pass
+def test_unmarked():
+    pass
+''')
+    reports = tmp_path / "reports"
+    r = pytester.runpytest_subprocess("-q", f"--gpu-memory-report={reports}")
+    r.assert_outcomes(passed=1, failed=2)
+    out = r.stdout.str()
+    assert "GPU memory limits passed" in out
+    assert "peak_reserved 610.00 MiB > limit 100.00 MiB" in out
+    assert "line: train.py:116 main < train.py:148 <module>" in out
+    assert "finding oom_verdict (high)" in out and "line: model.py:37 forward" in out
+    pages = sorted(p.name for p in reports.iterdir())
+    assert pages == ["test_gpu.py_test_finding.html", "test_gpu.py_test_peak.html"], pages
+
+
+def test_a_test_that_fails_by_itself_keeps_its_own_error(pytester, sample):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="1 MiB")
+def test_broken():
+    assert 1 == 2, "own failure"
+''')
+    r = pytester.runpytest_subprocess("-q")
+    r.assert_outcomes(failed=1)
+    assert "own failure" in r.stdout.str() and "GPU memory limits passed" not in r.stdout.str()
+
+
+def test_without_cuda_marked_tests_are_skipped_with_the_reason(pytester, sample):
+    write(pytester, sample, cuda=False, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="1 MiB")
+def test_step():
+    pass
+def test_cpu():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-rs")
+    r.assert_outcomes(passed=1, skipped=1)
+    assert "gpu_memory: no CUDA device (fake)" in r.stdout.str()
+
+
+def test_bad_arguments_are_a_usage_error(pytester, sample):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peek="1 GiB")
+def test_step():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q")
+    assert "UsageError: gpu_memory: unknown argument(s) ['max_peek']" in r.stdout.str() + r.stderr.str()
+    assert r.ret != 0
+
+
+def test_no_limit_means_fail_on_high_and_output_is_captured(pytester, sample, tmp_path):
+    write(pytester, sample, body='''
+import logging, pytest
+@pytest.mark.gpu_memory
+def test_a():
+    print("printed by test_a")
+    logging.getLogger().warning("logged by test_a")
+def test_b():
+    pass
+''')
+    keep = tmp_path / "keep"
+    r = pytester.runpytest_subprocess("-q", f"--gpu-memory-keep={keep}", "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    out = r.stdout.str()
+    assert "finding oom_verdict (high)" in out
+    # pytest's own capture still works around the failure: the test's output is its call's
+    assert "Captured stdout call" in out and "printed by test_a" in out
+    assert "Captured log call" in out and "logged by test_a" in out
+    assert sorted(p.name for p in keep.iterdir()) == ["test_gpu.py_test_a.bin"]
+    assert f"recording: {keep / 'test_gpu.py_test_a.bin'}" in out
+
+
+def test_a_fixture_does_not_run_where_the_test_is_skipped(pytester, sample):
+    write(pytester, sample, cuda=False, body='''
+import pytest
+@pytest.fixture
+def model():
+    raise RuntimeError("fixture ran")
+@pytest.mark.gpu_memory(max_peak="1 GiB")
+def test_step(model):
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-rs")
+    r.assert_outcomes(skipped=1)
+    assert "fixture ran" not in r.stdout.str()
+
+
+def test_the_marker_is_registered(pytester):
+    r = pytester.runpytest_subprocess("--markers")
+    assert "@pytest.mark.gpu_memory(max_peak=None" in r.stdout.str()
