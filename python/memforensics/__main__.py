@@ -37,17 +37,30 @@ def _run(argv):
     if not argv:
         print(USAGE, file=sys.stderr)
         return 2
+    target = argv[0]
+    # As `python script.py` / `python -m module` would: the script's directory, or the working
+    # directory, first on the path in place of this package's entry point.
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+    if module:
+        import importlib.util
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            print(f"memforensics run: no module named {target}", file=sys.stderr)
+            return 1
+    elif not os.path.isfile(target):
+        print(f"memforensics run: can't open file {target!r}", file=sys.stderr)
+        return 2
     from ._record import start
     try:
         rec = start(out or f"memforensics-{os.getpid()}.bin", stacks=stacks)
     except _cli.MemforensicsError as e:
         print(f"memforensics run: {e}", file=sys.stderr)
         return 2
-    target = argv[0]
     sys.argv = list(argv)
-    # As `python script.py` / `python -m module` would: the script's directory, or the working
-    # directory, first on the path in place of this package's entry point.
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+    finished = True
     try:  # the script's SystemExit and exceptions pass through, after the file is finished
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -58,7 +71,8 @@ def _run(argv):
             rec.stop()
         except Exception as e:  # never hide the script's own outcome
             print(f"memforensics run: the recording could not be finished: {e}", file=sys.stderr)
-    return 0
+            finished = False
+    return 0 if finished else 1
 
 
 def main(argv=None):

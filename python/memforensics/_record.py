@@ -73,7 +73,10 @@ class Recording:
                     torch.cuda.memory._record_memory_history(
                         context="alloc", stacks="python", max_entries=1)
                 torch.ops.load_library(str(lib))
-                torch.ops.memforensics.start(self.path, self.stacks, self.native_stacks)
+                # The hook reports a failure (an unwritable path, a recording already started
+                # by MEMFORENSICS_OUT) on stderr and returns False.
+                if not torch.ops.memforensics.start(self.path, self.stacks, self.native_stacks):
+                    raise RuntimeError("torch.ops.memforensics.start returned False (see stderr)")
                 self.method = "hook"
                 _say(f"recording with the LibTorch hook to {self.path}")
                 return
@@ -143,7 +146,9 @@ class Recording:
         torch = self._torch
         try:
             if self.method == "hook":
-                torch.ops.memforensics.stop()
+                if not torch.ops.memforensics.stop():
+                    raise _cli.MemforensicsError(
+                        f"the LibTorch hook could not finish {self.path} (see stderr)")
             elif self.method == "history":
                 self._write_history()
         finally:  # the history is switched off even when the file could not be written

@@ -69,11 +69,11 @@ def _number(v):
 def parse_dump(text, device=None):
     """Event rows and stacks of `memforensics dump --stacks` output."""
     rows, stacks, current = [], {}, None
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): U+2028 may be inside a name
         m = _EVENT.match(line)
         if m:
             dev = int(m.group(1))
-            if device is not None and dev != device:
+            if device is not None and dev != int(device):
                 continue
             row = {"device": dev, "event": int(m.group(2)),
                    "time_us": int(m.group(3)) if m.group(3) is not None else None,

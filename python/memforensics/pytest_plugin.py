@@ -35,8 +35,12 @@ def cuda_available():
 
 
 def start_recording(path):
-    """Starts recording the test to ``path``; returns an object with stop(). The plugin's tests
-    replace it (and cuda_available) to run without a GPU."""
+    """Starts recording the test to ``path``; returns an object with stop(). What earlier tests
+    left in PyTorch's cache is released first, so that a test's peak reserved bytes are its own.
+    The plugin's tests replace this (and cuda_available) to run without a GPU."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     return _record.start(path)
 
 
@@ -70,11 +74,22 @@ def _limits(marker):
 
 
 def _slug(nodeid):
-    """A file name for a test: readable, and unique (a hash of the whole id) when cut short."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") or "test"
-    if len(slug) > 120:
-        slug = slug[:110] + "-" + hashlib.sha1(nodeid.encode()).hexdigest()[:9]
-    return slug
+    """A file name for a test: readable, and unique (a hash of the whole id: ids that differ only
+    in characters a file name cannot keep stay apart)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:110] or "test"
+    return slug + "-" + hashlib.sha1(nodeid.encode()).hexdigest()[:8]
+
+
+def _dir_option(config, name):
+    """A directory option, relative to where pytest was started (a test may chdir)."""
+    value = config.getoption(name)
+    if not value:
+        return None
+    return os.path.join(str(config.invocation_params.dir), value)
+
+
+class GpuMemoryLimitExceeded(AssertionError):
+    """A test's recording passed one of its gpu_memory limits."""
 
 
 def _verdict(path, limits):
@@ -105,21 +120,25 @@ def _judge(item, path, limits):
     passed, text = _verdict(path, limits)
     if passed:
         return None
-    config = item.config
-    report_dir = config.getoption("--gpu-memory-report")
+    text = "GPU memory limits exceeded\n" + text
+    report_dir = _dir_option(item.config, "--gpu-memory-report")
     if report_dir:
-        os.makedirs(report_dir, exist_ok=True)
         html = os.path.join(report_dir, _slug(item.nodeid) + ".html")
-        _cli.run(["report", path, "-o", html])
-        text += f"\nreport: {html}"
-    return "GPU memory limits passed\n" + text
+        try:
+            os.makedirs(report_dir, exist_ok=True)
+            _cli.run(["report", path, "-o", html])
+            text += f"\nreport: {html}"
+        except Exception as e:  # the verdict stands without its report
+            text += f"\nreport not written: {e}"
+    return text
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    # Nothing is raised here after the test ran (pluggy 1.0 would skip the outer wrappers'
-    # teardown, pytest's capture among them): the verdict is kept on the item and turned into the
-    # test's failure by pytest_runtest_makereport.
+    # Nothing may be raised here after the test ran (pluggy 1.0 would skip the outer wrappers'
+    # teardown, pytest's capture among them): the verdict is kept on the item and becomes the
+    # call's exception in pytest_runtest_makereport.
+    item.__dict__.pop("_memforensics_verdict", None)  # a rerun is judged afresh
     marker = item.get_closest_marker("gpu_memory")
     if marker is None:
         yield
@@ -140,13 +159,20 @@ def pytest_runtest_call(item):
             verdict = _judge(item, path, limits)
     except Exception as e:  # finishing the recording or judging it failed: the test fails so
         verdict = f"gpu_memory: memforensics could not judge this test: {e}"
-    finally:
-        keep = item.config.getoption("--gpu-memory-keep")
+    keep = _dir_option(item.config, "--gpu-memory-keep")
+    try:
         if keep and os.path.exists(path):
             os.makedirs(keep, exist_ok=True)
-            shutil.copy2(path, os.path.join(keep, os.path.basename(path)))
+            kept = os.path.join(keep, os.path.basename(path))
+            shutil.copy2(path, kept)
             if verdict:
-                verdict += f"\nrecording: {os.path.join(keep, os.path.basename(path))}"
+                verdict += f"\nrecording: {kept}"
+        elif verdict:
+            verdict += "\n(the recording is deleted; --gpu-memory-keep DIR keeps it)"
+    except Exception as e:
+        if verdict:
+            verdict += f"\nrecording not kept: {e}"
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if verdict:
         item._memforensics_verdict = verdict
@@ -154,11 +180,16 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    # Outermost: the verdict enters as the call's exception, so that what runs inside (xfail
+    # handling, --pdb, junitxml, -x) treats it as the test's own failure.
+    verdict = item.__dict__.pop("_memforensics_verdict", None) if call.when == "call" else None
+    if verdict and call.excinfo is None:
+        try:
+            raise GpuMemoryLimitExceeded(verdict)
+        except GpuMemoryLimitExceeded:
+            call.excinfo = pytest.ExceptionInfo.from_current()
     outcome = yield
-    verdict = getattr(item, "_memforensics_verdict", None)
-    if call.when != "call" or not verdict:
-        return
-    rep = outcome.get_result()
-    if rep.passed:
-        rep.outcome = "failed"
-        rep.longrepr = verdict
+    if verdict:
+        rep = outcome.get_result()
+        if rep.failed and call.excinfo is not None:  # the verdict itself, not the plugin's frame
+            rep.longrepr = call.excinfo.getrepr(style="value")

@@ -5,7 +5,8 @@ import types
 
 
 class FakeTorch(types.ModuleType):
-    def __init__(self, sample, cuda=True, version="2.11.0+cu130", hook_loads=True, legacy=False):
+    def __init__(self, sample, cuda=True, version="2.11.0+cu130", hook_loads=True, legacy=False,
+                 hook_starts=True):
         super().__init__("torch")
         self.__version__ = version
         self.calls = []
@@ -34,6 +35,6 @@ class FakeTorch(types.ModuleType):
             _cuda_attach_out_of_memory_observer=lambda fn: fake.observers.append(fn))
         self.ops = types.SimpleNamespace(
             load_library=load_library,
-            memforensics=types.SimpleNamespace(
-                start=lambda *a: fake.calls.append(("hook.start", a)),
-                stop=lambda: fake.calls.append(("hook.stop",))))
+            memforensics=types.SimpleNamespace(  # the hook's ops return whether they succeeded
+                start=lambda *a: fake.calls.append(("hook.start", a)) or hook_starts,
+                stop=lambda: fake.calls.append(("hook.stop",)) or True))

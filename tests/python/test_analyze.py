@@ -149,6 +149,17 @@ def test_timeline(sample):
     assert d.downsampled and len(d.points) == d.kept_points < d.total_points == d.events + 1
 
 
+def test_events_keep_names_with_line_separators_and_escapes(sample):
+    snap = pickle.load(open(sample, "rb"))
+    odd = "a\u2029b\x1b\"q\".py"
+    for ev in snap["device_traces"][0]:
+        for f in ev.get("frames", []):
+            f["filename"] = odd
+    rows = records(memforensics.analyze(snap).events())
+    oom = [r for r in rows if r["action"] == "oom"][0]
+    assert len(oom["frames"]) == 11 and oom["frames"][0] == (odd, 37, "forward")
+
+
 def test_notebook_view_is_self_contained_and_escaped(sample, tmp_path):
     page = memforensics.analyze(sample)._repr_html_()
     assert "<script" not in page and "http" not in page

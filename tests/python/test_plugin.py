@@ -51,12 +51,12 @@ def test_unmarked():
     r = pytester.runpytest_subprocess("-q", f"--gpu-memory-report={reports}")
     r.assert_outcomes(passed=1, failed=2)
     out = r.stdout.str()
-    assert "GPU memory limits passed" in out
+    assert "GPU memory limits exceeded" in out
     assert "peak_reserved 610.00 MiB > limit 100.00 MiB" in out
     assert "line: train.py:116 main < train.py:148 <module>" in out
     assert "finding oom_verdict (high)" in out and "line: model.py:37 forward" in out
-    pages = sorted(p.name for p in reports.iterdir())
-    assert pages == ["test_gpu.py_test_finding.html", "test_gpu.py_test_peak.html"], pages
+    pages = sorted(p.name.rsplit("-", 1)[0] for p in reports.iterdir())
+    assert pages == ["test_gpu.py_test_finding", "test_gpu.py_test_peak"], pages
 
 
 def test_a_test_that_fails_by_itself_keeps_its_own_error(pytester, sample):
@@ -68,7 +68,7 @@ def test_broken():
 ''')
     r = pytester.runpytest_subprocess("-q")
     r.assert_outcomes(failed=1)
-    assert "own failure" in r.stdout.str() and "GPU memory limits passed" not in r.stdout.str()
+    assert "own failure" in r.stdout.str() and "GPU memory limits" not in r.stdout.str()
 
 
 def test_without_cuda_marked_tests_are_skipped_with_the_reason(pytester, sample):
@@ -115,8 +115,9 @@ def test_b():
     # pytest's own capture still works around the failure: the test's output is its call's
     assert "Captured stdout call" in out and "printed by test_a" in out
     assert "Captured log call" in out and "logged by test_a" in out
-    assert sorted(p.name for p in keep.iterdir()) == ["test_gpu.py_test_a.bin"]
-    assert f"recording: {keep / 'test_gpu.py_test_a.bin'}" in out
+    kept = list(keep.iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("test_gpu.py_test_a-")
+    assert f"recording: {kept[0]}" in out
 
 
 def test_a_fixture_does_not_run_where_the_test_is_skipped(pytester, sample):
@@ -137,3 +138,60 @@ def test_step(model):
 def test_the_marker_is_registered(pytester):
     r = pytester.runpytest_subprocess("--markers")
     assert "@pytest.mark.gpu_memory(max_peak=None" in r.stdout.str()
+
+
+def test_a_failure_after_the_test_keeps_the_verdict_and_the_capture(pytester, sample):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="100 MiB")
+def test_a():
+    print("printed by test_a")
+def test_b():
+    pass
+''')
+    (pytester.path / "notadir").write_text("a file where the keep directory should be")
+    r = pytester.runpytest_subprocess("-q", "--gpu-memory-keep=notadir", "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    out = r.stdout.str()
+    assert "peak_reserved 610.00 MiB > limit 100.00 MiB" in out and "recording not kept" in out
+    assert "Captured stdout call" in out and "Captured stdout teardown" not in out
+
+
+def test_xfail_and_junit_see_the_verdict_as_the_tests_failure(pytester, sample):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.xfail(reason="known to be over")
+@pytest.mark.gpu_memory(max_peak="100 MiB")
+def test_over_known():
+    pass
+@pytest.mark.gpu_memory(max_peak="100 MiB")
+def test_over():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "--junitxml=j.xml", "-p", "no:cacheprovider")
+    r.assert_outcomes(xfailed=1, failed=1)
+    assert r.ret == 1
+    xml = (pytester.path / "j.xml").read_text()
+    assert xml.count("<failure") == 1 and "GPU memory limits exceeded" in xml
+    assert "FAILED test_gpu.py::test_over" in r.stdout.str()
+
+
+def test_a_recording_that_cannot_start_fails_the_test_alone(pytester, sample):
+    pytester.makeconftest(
+        "import memforensics.pytest_plugin as plugin\n"
+        "plugin.cuda_available = lambda: (True, None)\n"
+        "def boom(path):\n    raise RuntimeError('cannot record here')\n"
+        "plugin.start_recording = boom\n")
+    pytester.makepyfile(test_gpu='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="1 GiB")
+def test_a():
+    print("never")
+def test_b():
+    print("printed by test_b")
+    assert False
+''')
+    r = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    r.assert_outcomes(failed=2)
+    out = r.stdout.str()
+    assert "cannot record here" in out and "never" not in out and "printed by test_b" in out

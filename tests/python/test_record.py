@@ -112,6 +112,12 @@ def test_the_hook_is_used_for_its_torch_and_a_failed_load_falls_back(monkeypatch
     monkeypatch.setitem(sys.modules, "torch", torch)
     with memforensics.record(tmp_path / "b.pickle") as rec:
         assert rec.method == "history" and "undefined symbol" in rec.reason
+    assert (tmp_path / "b.pickle").exists()
+    torch = FakeTorch(sample, version="2.11.0", hook_starts=False)  # the hook said no
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with memforensics.record(tmp_path / "c.pickle") as rec:
+        assert rec.method == "history" and "returned False" in rec.reason
+    assert (tmp_path / "c.pickle").exists()
 
 
 def test_run_without_pytorch_fails_clearly(tmp_path):
