@@ -52,13 +52,9 @@ def check(snapshot, max_peak=None, max_peak_requested=None, max_growth_per_step=
     """`memforensics check` on one file or snapshot dict: returns its JSON document (``passed``,
     ``violations`` with each figure, limit and line). Sizes: bytes or "2 GiB", "512MiB"."""
     path, keep = _source(snapshot)
-    args = ["check", path]
-    for flag, value in (("--max-peak-reserved", max_peak),
-                        ("--max-peak-requested", max_peak_requested),
-                        ("--max-growth-per-step", max_growth_per_step),
-                        ("--fail-on", fail_on), ("--device", device)):
-        if value is not None:
-            args += [flag, value]
+    args = _cli.check_args(path, {"max_peak": max_peak, "max_peak_requested": max_peak_requested,
+                                  "max_growth_per_step": max_growth_per_step, "fail_on": fail_on,
+                                  "device": device})
     try:
         return _cli.run_json(args, object_hook=Doc)
     finally:

@@ -51,6 +51,22 @@ def path_arg(path):
     return "./" + p if p.startswith("-") else p
 
 
+# The limits of `memforensics check`, as memforensics.check() and the pytest marker name them.
+CHECK_LIMITS = (("max_peak", "--max-peak-reserved"),
+                ("max_peak_requested", "--max-peak-requested"),
+                ("max_growth_per_step", "--max-growth-per-step"),
+                ("fail_on", "--fail-on"), ("device", "--device"))
+
+
+def check_args(path, limits):
+    """`check PATH` with a flag for each limit in the dict that is not None."""
+    args = ["check", path]
+    for key, flag in CHECK_LIMITS:
+        if limits.get(key) is not None:
+            args += [flag, limits[key]]
+    return args
+
+
 def run_json(args, object_hook=None):
     """Runs a command with --json; returns its first document (one per line)."""
     r = run([*args, "--json"])

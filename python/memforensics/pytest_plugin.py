@@ -20,17 +20,16 @@ import pytest
 
 from . import _cli, _record
 
-LIMITS = ("max_peak", "max_peak_requested", "max_growth_per_step", "fail_on", "device")
+LIMITS = tuple(key for key, _ in _cli.CHECK_LIMITS)
 
 
 def cuda_available():
-    """(True, None) or (False, why): whether the marked tests can record here."""
+    """(True, None) or (False, why): whether the marked tests can record here (record()'s own
+    test: PyTorch importable, a CUDA device present)."""
     try:
-        import torch
-    except ImportError:
-        return False, "gpu_memory: PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return False, "gpu_memory: no CUDA device (torch.cuda.is_available() is False)"
+        _record._import_torch()
+    except _cli.MemforensicsError as e:
+        return False, f"gpu_memory: {e}"
     return True, None
 
 
@@ -93,14 +92,7 @@ class GpuMemoryLimitExceeded(AssertionError):
 
 
 def _verdict(path, limits):
-    args = ["check", path]
-    for key, flag in (("max_peak", "--max-peak-reserved"),
-                      ("max_peak_requested", "--max-peak-requested"),
-                      ("max_growth_per_step", "--max-growth-per-step"),
-                      ("fail_on", "--fail-on"), ("device", "--device")):
-        if limits.get(key) is not None:
-            args += [flag, limits[key]]
-    r = _cli.run(args)
+    r = _cli.run(_cli.check_args(path, limits))
     return r.returncode == 0, r.stdout.strip()
 
 

@@ -195,3 +195,20 @@ def test_b():
     r.assert_outcomes(failed=2)
     out = r.stdout.str()
     assert "cannot record here" in out and "never" not in out and "printed by test_b" in out
+
+
+def test_the_real_check_skips_without_pytorch(pytester):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("PyTorch is importable here")
+    except ImportError:
+        pass
+    pytester.makepyfile(test_gpu='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="1 GiB")
+def test_step():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-rs")
+    r.assert_outcomes(skipped=1)
+    assert "gpu_memory: record() needs PyTorch, which cannot be imported" in r.stdout.str()
