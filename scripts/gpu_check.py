@@ -649,6 +649,7 @@ def report(args):
     res["compare_expandable"] = load_json(os.path.join(out, "expandable", "compare.json"))
     res["env"] = load_json(os.path.join(out, "env.json"))
     res["cupti"] = load_json(os.path.join(out, "cupti.json"))
+    res["python"] = load_json(os.path.join(out, "python.json"))
     rows = []
     if os.path.exists(os.path.join(out, "overhead.jsonl")):
         with open(os.path.join(out, "overhead.jsonl")) as f:
@@ -697,7 +698,19 @@ def report(args):
     lines.append(f"| CUPTI library under `memforensics record` | {status('cupti')} | {cu.get('calls', '?')} calls, "
                  f"{cu.get('matched_events', '?')}/{cu.get('expected_events', '?')} expected events, "
                  f"{len(cu.get('extra', []))} other events |")
-    for name in ("compare", "compare_expandable", "env", "cupti"):
+    py = res["python"] or {}
+    for key, what in (("record_hook", "hook"), ("record_history", "`_record_memory_history` fallback")):
+        r = py.get(key) or {}
+        lines.append(f"| Python `record()`, {what} | {status('python')} | method {r.get('method', '?')}; peak "
+                     f"reserved {r.get('peak_reserved_bytes', '?')} (PyTorch {r.get('max_memory_reserved', '?')}), "
+                     f"allocated {r.get('peak_allocated_bytes', '?')} (PyTorch {r.get('max_memory_allocated', '?')}); "
+                     f"{r.get('events_rows', '?')} events() rows |")
+    pr, pt = py.get("run") or {}, py.get("pytest") or {}
+    lines.append(f"| `python -m memforensics run` | {status('python')} | exit {pr.get('exit', '?')} (the script's 3); "
+                 f"peak reserved {pr.get('peak_reserved_bytes', '?')} |")
+    lines.append(f"| pytest `gpu_memory` marker | {status('python')} | "
+                 f"{pt.get('skipped') or pt.get('outcomes', '?')}; reports {pt.get('reports', '?')} |")
+    for name in ("compare", "compare_expandable", "env", "cupti", "python"):
         r = res[name] or {}
         errs = list(r.get("errors") or []) + list((r.get("oom_child") or {}).get("errors") or [])
         for err in errs[:5]:
