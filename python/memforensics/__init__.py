@@ -15,14 +15,29 @@ __all__ = ["analyze", "check", "record", "start", "stop", "Analysis", "Doc", "Re
 
 
 def _source(snapshot):
-    """(path, temporary directory to keep alive) for a path or a snapshot dict."""
+    """(path, temporary directory to keep alive) for a path or a snapshot dict. A path is made
+    absolute: the result's methods read it again after the program may have changed directory."""
     if isinstance(snapshot, dict):
         tmp = tempfile.TemporaryDirectory(prefix="memforensics-")
         path = os.path.join(tmp.name, "snapshot.pickle")
-        with open(path, "wb") as f:
-            pickle.dump(snapshot, f, protocol=4)
+        try:
+            with open(path, "wb") as f:
+                pickle.dump(snapshot, f, protocol=4)
+        except BaseException:
+            tmp.cleanup()
+            raise
         return path, tmp
-    return _cli.path_arg(snapshot), None
+    return os.path.abspath(os.fspath(snapshot)), None
+
+
+def _refused(e, path, keep):
+    """The CLI's error about a snapshot dict names the dict, not the temporary file it was written
+    to (which is gone by the time the error is read)."""
+    if keep is None:
+        return e
+    return MemforensicsError(
+        str(e).replace(path, "the snapshot dict") + "\n(memforensics reads a snapshot dict as plain "
+        "data: dicts, lists, tuples, strings, numbers, booleans and None)")
 
 
 def analyze(snapshot, device=None, threads=None, salvage=False):
@@ -40,6 +55,10 @@ def analyze(snapshot, device=None, threads=None, salvage=False):
         args.append("--salvage")
     try:
         doc = _cli.run_json(args, object_hook=Doc)
+    except MemforensicsError as e:
+        if keep is not None:
+            keep.cleanup()
+        raise _refused(e, path, keep) from None
     except BaseException:
         if keep is not None:
             keep.cleanup()
@@ -57,6 +76,8 @@ def check(snapshot, max_peak=None, max_peak_requested=None, max_growth_per_step=
                                   "device": device})
     try:
         return _cli.run_json(args, object_hook=Doc)
+    except MemforensicsError as e:
+        raise _refused(e, path, keep) from None
     finally:
         if keep is not None:
             keep.cleanup()

@@ -23,19 +23,24 @@ class Doc(dict):
         return sorted(set(super().__dir__()) | {k for k in self if k.isidentifier()})
 
 
-def _frame(df_rows):
-    """A pandas DataFrame of the rows when pandas is installed, else the list of dicts."""
+def _frame(df_rows, columns):
+    """A pandas DataFrame of the rows when pandas is installed, else the list of dicts. ``columns``
+    come first, in that order, and are there even when no row has them (an empty table keeps its
+    columns); fields only some rows have follow."""
     try:
         import pandas
     except ImportError:
         return df_rows
+    extra = []
+    for r in df_rows:
+        extra += [k for k in r if k not in columns and k not in extra]
     # Nullable dtypes: integer columns stay exact integers where some rows lack the field.
-    return pandas.DataFrame(df_rows).convert_dtypes()
+    return pandas.DataFrame(df_rows, columns=[*columns, *extra]).convert_dtypes()
 
 
 # `dump` event lines (docs/cli.md): DEVICE:INDEX [t=TIME] ACTION key=value ... (no t= for an
-# event without a time); stack frames: `  "FILE":LINE "NAME"`, LINE `?` when unknown.
-_EVENT = re.compile(r'^(\d+):(\d+) (?:t=(-?\d+) )?(\S+)(.*)$')
+# event without a time; ACTION quoted when it is not one word); stack frames: `  "FILE":LINE "NAME"`, LINE `?` when unknown.
+_EVENT = re.compile(r'^(\d+):(\d+) (?:t=(-?\d+) )?("(?:[^"\\]|\\.)*"|\S+)(.*)$')
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _FRAME = re.compile(r'^  "((?:[^"\\]|\\.)*)":(\d+|\?) "((?:[^"\\]|\\.)*)"$')
 _ESCAPE = re.compile(r'\\x([0-9a-f]{2})|\\(.)')
@@ -77,7 +82,7 @@ def parse_dump(text, device=None):
                 continue
             row = {"device": dev, "event": int(m.group(2)),
                    "time_us": int(m.group(3)) if m.group(3) is not None else None,
-                   "action": _unescape(m.group(4))}
+                   "action": _unquote(m.group(4)) if m.group(4).startswith('"') else _unescape(m.group(4))}
             for k, v in _FIELD.findall(m.group(5)):
                 row[k] = _unquote(v) if v.startswith('"') else _number(v)
             rows.append(row)
@@ -92,6 +97,12 @@ def parse_dump(text, device=None):
         elif not line.startswith("  "):
             current = None
     return rows, stacks
+
+
+# The columns every events() / live_at() table has, rows or not.
+EVENT_COLUMNS = ("device", "event", "time_us", "action", "addr", "size", "stream", "stack", "frames")
+BLOCK_COLUMNS = ("device", "event", "segment_address", "segment_size", "pool", "stream", "address",
+                 "size", "requested_size", "state", "alloc_event")
 
 
 class Analysis(Doc):
@@ -132,7 +143,7 @@ class Analysis(Doc):
         rows, stacks = parse_dump(out, device)
         for r in rows:
             r["frames"] = tuple(stacks.get(str(r.get("stack")), ()))
-        return _frame(rows)
+        return _frame(rows, EVENT_COLUMNS)
 
     def live_at(self, moment="peak", device=None):
         """The blocks of every segment at a moment (`memforensics blocks --at`: peak, oom, an event
@@ -151,7 +162,7 @@ class Analysis(Doc):
                              "address": b.get("address"), "size": b.get("size"),
                              "requested_size": b.get("requested_size"), "state": b.get("state"),
                              "alloc_event": b.get("alloc_event")})
-        return _frame(rows)
+        return _frame(rows, BLOCK_COLUMNS)
 
     def _repr_html_(self):
         from ._html import analysis_html

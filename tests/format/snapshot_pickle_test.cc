@@ -27,6 +27,7 @@
 #include "fixtures/snapshot_builder.h"
 #include "format/load/load.h"
 #include "format/load/snapshot_trace.h"
+#include "format/model/dump.h"
 #include "format/pickle/pickle_reader.h"
 #include "format/pickle/pickle_writer.h"
 #include "format/trace/trace_writer.h"
@@ -405,6 +406,23 @@ TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
 }
 
 // A 1.13 file: the whole pickle is the segment list, and blocks carry `history`.
+// An action PyTorch's releases do not name is dumped as written: a plain word as it is, anything
+// that would not read back as one word (a space, a quote, nothing at all) quoted.
+TEST(SnapshotPickle, DumpQuotesActionNamesThatAreNotOneWord) {
+  TSnapshot t;
+  t.traces = {{TEvent{"mystery_action", 0x1000, 512, 0, 10, {}, false},
+               TEvent{"two \"words\"", 0x1000, 512, 0, 11, {}, false},
+               TEvent{"", 0x1000, 512, 0, 12, {}, false}}};
+  Snapshot s = buildSnapshot(t);
+  std::ostringstream out;
+  dumpSnapshot(s, out, DumpOptions{});
+  const std::string text = out.str();
+  EXPECT_NE(text.find("0:0 t=10 mystery_action addr=0x1000 size=512"), std::string::npos) << text;
+  EXPECT_NE(text.find("0:1 t=11 \"two \\\"words\\\"\" addr=0x1000 size=512"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("0:2 t=12 \"\" addr=0x1000 size=512"), std::string::npos) << text;
+}
+
 TEST(SnapshotPickle, SegmentListWithLegacyHistoryStaysA113File) {
   PickleWriter w(4);
   w.beginList();

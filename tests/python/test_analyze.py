@@ -193,3 +193,45 @@ def test_python_dash_m_is_the_cli(sample):
     r = subprocess.run([sys.executable, "-m", "memforensics", "check", "--max-peak-reserved", "1MiB", sample],
                        capture_output=True, text=True)
     assert r.returncode == 3 and "FAIL" in r.stdout
+
+
+def test_action_names_that_are_not_one_word_come_back_whole(sample):
+    snap = pickle.load(open(sample, "rb"))
+    trace = snap["device_traces"][0]
+    trace[3]["action"] = 'a new "action"'
+    trace[4]["action"] = "plain_new"
+    doc = memforensics.analyze(snap)
+    assert doc.devices[0].events_by_action["unknown"] == 2
+    rows = records(doc.events())
+    assert [r["action"] for r in rows[3:5]] == ['a new "action"', "plain_new"]
+    assert rows[3]["size"] == trace[3]["size"]  # the fields after it still parse
+
+
+def test_empty_tables_keep_their_columns(sample):
+    pandas = pytest.importorskip("pandas")
+    doc = memforensics.analyze(sample)
+    before = doc.live_at(-1)  # before the first event: no block yet
+    assert isinstance(before, pandas.DataFrame) and len(before) == 0
+    assert int(before["size"].sum()) == 0
+    assert list(doc.events().columns[:9]) == ["device", "event", "time_us", "action", "addr", "size",
+                                               "stream", "stack", "frames"]
+
+
+def test_a_relative_path_survives_a_chdir(sample, tmp_path, monkeypatch):
+    import shutil
+    shutil.copy(sample, tmp_path / "s.pickle")
+    monkeypatch.chdir(tmp_path)
+    doc = memforensics.analyze("s.pickle")
+    monkeypatch.chdir("/")
+    assert len(records(doc.events())) == doc.devices[0].events
+
+
+def test_a_dict_the_tool_refuses_is_named_as_the_dict(sample):
+    snap = pickle.load(open(sample, "rb"))
+    snap["extra"] = {1, 2}  # a set: not plain snapshot data
+    with pytest.raises(memforensics.MemforensicsError) as e:
+        memforensics.analyze(snap)
+    assert "the snapshot dict" in str(e.value) and "plain data" in str(e.value)
+    assert "snapshot.pickle" not in str(e.value)
+    with pytest.raises(Exception):
+        memforensics.analyze({"segments": [], "f": lambda: 0})  # not picklable: pickle's own error

@@ -69,10 +69,16 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       const Event& e = tr[i];
       out << d << ":" << i << " ";
       if (e.time_us >= 0) out << "t=" << e.time_us << " ";
-      if (e.action == Action::Unknown)
-        out << escapeText(s.strings.get(s.notesOf(e).action_name));
-      else
+      if (e.action == Action::Unknown) {
+        // An action name as written, quoted when it would not read back as one word.
+        const std::string_view name = s.strings.get(s.notesOf(e).action_name);
+        if (name.empty() || name.find_first_of(" \"") != std::string_view::npos)
+          out << quoted(name);
+        else
+          out << escapeText(name);
+      } else {
         out << actionName(e.action);
+      }
       if (e.action == Action::Oom)
         out << " size=" << e.size << " device_free=" << e.addr;
       else
