@@ -707,7 +707,8 @@ def report(args):
                      f"{r.get('events_rows', '?')} events() rows |")
     pr, pt = py.get("run") or {}, py.get("pytest") or {}
     lines.append(f"| `python -m memforensics run` | {status('python')} | exit {pr.get('exit', '?')} (the script's 3); "
-                 f"peak reserved {pr.get('peak_reserved_bytes', '?')} |")
+                 f"peak reserved {pr.get('peak_reserved_bytes', '?')}; segment_map events after the script set "
+                 f"expandable segments: {pr.get('segment_map_events', '?')} |")
     lines.append(f"| pytest `gpu_memory` marker | {status('python')} | "
                  f"{pt.get('skipped') or pt.get('outcomes', '?')}; reports {pt.get('reports', '?')} |")
     for name in ("compare", "compare_expandable", "env", "cupti", "python"):

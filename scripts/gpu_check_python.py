@@ -15,7 +15,8 @@
                  expected one, and memforensics.analyze(path) must give the peaks PyTorch counted
                  (max_memory_reserved, max_memory_allocated), a non-empty events() and a report;
         run      `python -m memforensics run -o FILE script.py ARG` on a script that checks its
-                 sys.argv and exits 3: exit status 3 and an analysable FILE;
+                 sys.argv and that CUDA is not initialised yet, sets expandable segments, and exits
+                 3: exit status 3 and an analysable FILE (its segment_map events are reported);
         pytest   (when pytest imports) a test file with a gpu_memory marker that holds and one that
                  does not, `-p memforensics.pytest_plugin --gpu-memory-report DIR`: the first passes,
                  the second fails with the plugin's verdict and gets a report.
@@ -82,9 +83,15 @@ print(json.dumps({"method": r.method, "reason": r.reason, "path": r.path,
 """
 
 RUN_SCRIPT = """\
+import os
 import sys
 import torch
 assert sys.argv[1:] == ["--flag"], sys.argv
+# `run` must not have initialised CUDA before the script's first line: what the script sets now
+# still applies.
+init = getattr(torch.cuda, "is_initialized", None)
+assert init is None or not init(), "CUDA was initialised before the script ran"
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
 del x
 sys.exit(3)
@@ -174,6 +181,8 @@ def check_run(pkg, binary, out, errors):
     else:
         d = json.loads(a.stdout.splitlines()[0])["devices"]
         res["peak_reserved_bytes"] = d[0]["peak_reserved_bytes"] if d else None
+        # Set by the script before its first CUDA call: segment_map events if PyTorch took it.
+        res["segment_map_events"] = d[0]["events_by_action"].get("segment_map", 0) if d else None
         if not d or d[0]["peak_reserved_bytes"] < (8 << 20):
             errors.append(f"run: the 8 MiB tensor is not in the trace ({res['peak_reserved_bytes']})")
     return res

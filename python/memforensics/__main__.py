@@ -8,7 +8,8 @@ from . import _cli
 USAGE = """usage: python -m memforensics run [-o FILE] [--no-stacks] SCRIPT [ARGS...]
        python -m memforensics run [-o FILE] [--no-stacks] -m MODULE [ARGS...]
 Runs a Python script (or module) with its CUDA memory recorded to FILE (default
-memforensics-<pid>.bin): memforensics.record() around the script, no change to its code.
+memforensics-<pid>.bin) from its first use of CUDA (what it sets before, such as
+PYTORCH_CUDA_ALLOC_CONF, still applies): no change to its code.
 Every other command is the native CLI's: python -m memforensics --help."""
 
 
@@ -53,9 +54,9 @@ def _run(argv):
     elif not os.path.isfile(target):
         print(f"memforensics run: can't open file {target!r}", file=sys.stderr)
         return 2
-    from ._record import start
+    from ._record import start_with_cuda
     try:
-        rec = start(out or f"memforensics-{os.getpid()}.bin", stacks=stacks)
+        rec = start_with_cuda(out or f"memforensics-{os.getpid()}.bin", stacks=stacks)
     except _cli.MemforensicsError as e:
         print(f"memforensics run: {e}", file=sys.stderr)
         return 2
@@ -72,6 +73,9 @@ def _run(argv):
         except Exception as e:  # never hide the script's own outcome
             print(f"memforensics run: the recording could not be finished: {e}", file=sys.stderr)
             finished = False
+        if rec.method is None:
+            print(f"memforensics run: nothing recorded: {rec.reason or 'the program never used CUDA'}",
+                  file=sys.stderr)
     return 0 if finished else 1
 
 

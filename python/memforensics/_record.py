@@ -3,6 +3,7 @@ else PyTorch's own allocator history (docs/python.md)."""
 import atexit
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,28 @@ def _import_torch():
     return torch
 
 
+def _check_output(path):
+    """Refuses, before anything is recorded, a path the recording could not be written to."""
+    d = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise _cli.MemforensicsError(f"cannot record to {path}: it is a directory")
+    if not os.path.isdir(d):
+        raise _cli.MemforensicsError(f"cannot record to {path}: the directory {d} does not exist")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise _cli.MemforensicsError(f"cannot record to {path}: the directory {d} is not writable")
+
+
+def _refuse_if_history_on(torch):
+    """record() sets PyTorch's history up its own way and switches it off at stop, which would
+    change and then clear a history the program turned on itself: refused instead."""
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if enabled is not None and enabled():
+        raise _cli.MemforensicsError(
+            "PyTorch's memory history (torch.cuda.memory._record_memory_history) is already on in "
+            "this process: recording would change its settings and switch it off at stop. Switch "
+            "it off first (_record_memory_history(enabled=None)), or keep using it on its own")
+
+
 def _hook_library(torch):
     """(path of the LibTorch hook, None) when it was built for this torch, else (None, why not)."""
     lib = _cli.bin_dir() / "libmemforensics_torch.so"
@@ -61,10 +84,13 @@ class Recording:
         self._torch = None
         self._stopped = False
         self._legacy = False
+        self._failure = None  # why stop() could not finish the file (raised again by a later stop)
 
     # -- start
     def _start(self):
+        _check_output(self.path)
         torch = self._torch = _import_torch()
+        _refuse_if_history_on(torch)
         lib, self.reason = _hook_library(torch)
         if lib is not None:
             try:
@@ -121,7 +147,12 @@ class Recording:
         with tempfile.TemporaryDirectory(prefix="memforensics-") as tmp:
             pkl = os.path.join(tmp, "snapshot.pickle")
             self._dump(pkl)
-            _cli.run(["convert", pkl, "--to", "native", "-o", self.path])
+            try:
+                _cli.run(["convert", pkl, "--to", "native", "-o", self.path])
+            except _cli.MemforensicsError as e:
+                kept = _keep_snapshot(pkl, self.path)
+                where = f"; PyTorch's snapshot is kept in {kept}" if kept else ""
+                raise _cli.MemforensicsError(f"{e}{where}") from None
 
     def _on_oom(self, device, alloc, device_alloc, device_free):
         if self._stopped or self.method != "history":
@@ -138,11 +169,15 @@ class Recording:
         """Ends the recording and finishes the file; returns its path. Idempotent."""
         global _active
         if self._stopped:
+            if self._failure:
+                raise _cli.MemforensicsError(self._failure)
             return self.path
         self._stopped = True
         if _active is self:
             _active = None
         atexit.unregister(self.stop)
+        if self.method is None:  # never started (start_with_cuda, and CUDA was never used)
+            return self.path
         torch = self._torch
         try:
             if self.method == "hook":
@@ -151,6 +186,9 @@ class Recording:
                         f"the LibTorch hook could not finish {self.path} (see stderr)")
             elif self.method == "history":
                 self._write_history()
+        except Exception as e:
+            self._failure = str(e)
+            raise
         finally:  # the history is switched off even when the file could not be written
             if self.method == "history" or (self.method == "hook" and self.stacks):
                 if self._legacy:
@@ -171,6 +209,21 @@ class Recording:
         return f"<memforensics.Recording {self.method} {self.path!r} {state}>"
 
 
+def _keep_snapshot(pkl, path):
+    """Moves a snapshot that could not be converted next to ``path`` (else into the temporary
+    directory) so that the recording is not lost; returns where it went, None when it could not."""
+    for dest in (path + ".pickle", None):
+        try:
+            if dest is None:
+                fd, dest = tempfile.mkstemp(prefix="memforensics-", suffix=".pickle")
+                os.close(fd)
+            shutil.move(pkl, dest)
+            return dest
+        except OSError:
+            continue
+    return None
+
+
 def start(path="memforensics.bin", stacks=True, native_stacks=False, max_entries=1_000_000):
     """Starts recording this process's CUDA memory to ``path`` (a native trace; a name ending in
     .pickle keeps PyTorch's snapshot format when the history fallback is used). Returns the
@@ -183,6 +236,43 @@ def start(path="memforensics.bin", stacks=True, native_stacks=False, max_entries
     rec._start()
     _active = rec
     atexit.register(rec.stop)
+    return rec
+
+
+def start_with_cuda(path, stacks=True, native_stacks=False, max_entries=1_000_000):
+    """For `run`: a recording that starts when the program first initialises CUDA (now, if it
+    already has), so that what a script sets before its first CUDA call (CUDA_VISIBLE_DEVICES,
+    PYTORCH_CUDA_ALLOC_CONF) still applies, as it would without memforensics. Returns the
+    Recording; its ``method`` stays None while CUDA is not initialised (and for good when the
+    recording could not start then: ``reason`` says why)."""
+    global _active
+    if _active is not None:
+        raise _cli.MemforensicsError(f"a recording is already running ({_active.path})")
+    rec = Recording(path, stacks, native_stacks, max_entries)
+    _check_output(rec.path)
+    try:
+        import torch
+    except ImportError as e:
+        raise _cli.MemforensicsError(f"record() needs PyTorch, which cannot be imported ({e})") from None
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    initialized = getattr(torch.cuda, "is_initialized", None)
+    if lazy_call is None or initialized is None or initialized():
+        return start(path, stacks, native_stacks, max_entries)
+    if torch.version.cuda is None:  # a CPU-only build: known without initialising anything
+        raise _cli.MemforensicsError(
+            f"record() needs a CUDA device, and this torch {torch.__version__} is built without CUDA")
+
+    def begin():  # inside torch.cuda's initialisation: an exception here would break the program
+        try:
+            rec._start()
+        except Exception as e:  # noqa: BLE001
+            rec.reason = f"the recording did not start when CUDA did ({e})"
+            _say(rec.reason)
+
+    _active = rec
+    atexit.register(rec.stop)
+    lazy_call(begin)
+    _say(f"recording to {rec.path} from the program's first use of CUDA")
     return rec
 
 

@@ -147,3 +147,80 @@ def test_run_records_a_script_through_the_fallback(tmp_path, sample):
     assert "recording with PyTorch's _record_memory_history" in r.stderr
     assert json.loads(subprocess.run([_cli.binary(), "analyze", "--json", str(out)], capture_output=True,
                                      text=True).stdout.splitlines()[0])["devices"][0]["events"] == 400
+
+
+def test_an_unwritable_output_is_refused_before_recording(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with pytest.raises(memforensics.MemforensicsError, match="the directory .* does not exist"):
+        memforensics.record(tmp_path / "missing" / "run.bin")
+    with pytest.raises(memforensics.MemforensicsError, match="it is a directory"):
+        memforensics.record(tmp_path)
+    assert torch.calls == [] and _record._active is None
+
+
+def test_a_snapshot_that_cannot_be_converted_is_kept_and_stop_keeps_failing(monkeypatch, tmp_path):
+    bogus = tmp_path / "bogus.pickle"
+    bogus.write_bytes(b"not a snapshot")  # what the fake dumps: the conversion refuses it
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch(str(bogus)))
+    out = tmp_path / "run.bin"
+    rec = memforensics.start(out)
+    with pytest.raises(memforensics.MemforensicsError, match="snapshot is kept in .*run.bin.pickle"):
+        rec.stop()
+    assert (tmp_path / "run.bin.pickle").read_bytes() == b"not a snapshot"
+    with pytest.raises(memforensics.MemforensicsError, match="snapshot is kept in"):
+        rec.stop()  # still failed, not silently done
+    assert not out.exists()
+
+
+def test_a_history_the_program_turned_on_is_left_alone(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    torch.cuda.memory._record_memory_history(max_entries=100_000)  # the program's own
+    with pytest.raises(memforensics.MemforensicsError, match="already on in this process"):
+        memforensics.record(tmp_path / "run.bin")
+    assert [c for c in torch.calls if c[0] == "_record_memory_history"] == [
+        ("_record_memory_history", (), {"max_entries": 100_000})]
+    assert torch.history_on and _record._active is None
+
+
+def _fake_torch_module(tmp_path, sample, **kw):
+    """A torch.py first on a child interpreter's path: the fake in place of torch."""
+    (tmp_path / "torch.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nfrom fake_torch import FakeTorch\n"
+        "sys.modules['torch'] = FakeTorch(%r, **%r)\n" % (str(Path(__file__).parent), sample, kw))
+
+
+def test_run_starts_recording_when_the_script_first_uses_cuda(tmp_path, sample):
+    _fake_torch_module(tmp_path, sample, version="0.0.0.fake", lazy=True)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "torch.calls.append(('script', os.environ.get('PYTORCH_CUDA_ALLOC_CONF')))\n"
+        "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'\n"
+        "assert not any(c[0] == '_record_memory_history' for c in torch.calls), torch.calls\n"
+        "torch.cuda.init()\n"
+        "names = [c[0] for c in torch.calls]\n"
+        "assert names.index('_record_memory_history') > names.index('script'), names\n"
+        "print('recorded after the script began')\n")
+    out = tmp_path / "run.bin"
+    r = subprocess.run([sys.executable, "-m", "memforensics", "run", "-o", str(out), str(script)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "recorded after the script began" in r.stdout
+    assert "from the program's first use of CUDA" in r.stderr
+    assert memforensics.analyze(out).devices[0].events == 400
+
+
+def test_run_of_a_script_that_never_uses_cuda_says_nothing_was_recorded(tmp_path, sample):
+    _fake_torch_module(tmp_path, sample, version="0.0.0.fake", lazy=True)
+    script = tmp_path / "cpu.py"
+    script.write_text("print('cpu only')\n")
+    out = tmp_path / "run.bin"
+    r = subprocess.run([sys.executable, "-m", "memforensics", "run", "-o", str(out), str(script)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "nothing recorded: the program never used CUDA" in r.stderr
+    assert not out.exists()
