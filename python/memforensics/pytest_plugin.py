@@ -105,6 +105,9 @@ def pytest_runtest_setup(item):
     ok, why = cuda_available()
     if not ok:
         pytest.skip(why)
+    if _record._active is not None:  # one recording a process: `memforensics run -m pytest`
+        pytest.skip(f"gpu_memory: the whole process is being recorded ({_record._active.path}), "
+                    "so the test cannot be recorded on its own")
 
 
 def _judge(item, path, limits):
@@ -147,7 +150,9 @@ def pytest_runtest_call(item):
     verdict = None
     try:
         rec.stop()
-        if outcome.excinfo is None:  # a test that failed by itself keeps its own error
+        # A test that failed by itself keeps its own error (a unittest.TestCase's is in _excinfo:
+        # pytest makes it the call's exception only when the report is made).
+        if outcome.excinfo is None and not getattr(item, "_excinfo", None):
             verdict = _judge(item, path, limits)
     except Exception as e:  # finishing the recording or judging it failed: the test fails so
         verdict = f"gpu_memory: memforensics could not judge this test: {e}"
@@ -183,5 +188,8 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     if verdict:
         rep = outcome.get_result()
-        if rep.failed and call.excinfo is not None:  # the verdict itself, not the plugin's frame
+        # The verdict itself, not the plugin's frame (and only the verdict: an exception another
+        # hook made the call's keeps its traceback).
+        if rep.failed and call.excinfo is not None and isinstance(call.excinfo.value,
+                                                                  GpuMemoryLimitExceeded):
             rep.longrepr = call.excinfo.getrepr(style="value")

@@ -212,3 +212,59 @@ def test_step():
     r = pytester.runpytest_subprocess("-q", "-rs")
     r.assert_outcomes(skipped=1)
     assert "gpu_memory: record() needs PyTorch, which cannot be imported" in r.stdout.str()
+
+
+def test_unittest_cases_keep_their_own_traceback_and_are_judged(pytester, sample):
+    write(pytester, sample, body='''
+import unittest
+import pytest
+
+class TestCaseStyle(unittest.TestCase):
+    @pytest.mark.gpu_memory(max_peak="100 MiB")
+    def test_fails_itself(self):
+        self.assertEqual(1, 2, "own failure detail")
+
+    @pytest.mark.gpu_memory(max_peak="100 MiB")
+    def test_over(self):
+        pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    r.assert_outcomes(failed=2)
+    out = r.stdout.str()
+    assert 'self.assertEqual(1, 2, "own failure detail")' in out  # the traceback's source line
+    assert out.count("GPU memory limits exceeded") == 1  # only test_over's verdict
+    assert "peak_reserved 610.00 MiB > limit 100.00 MiB" in out
+
+
+def test_marked_tests_are_skipped_while_the_whole_process_is_recorded(pytester, sample):
+    pytester.makeconftest(
+        "import types\nimport memforensics._record as record\nimport memforensics.pytest_plugin as plugin\n"
+        "plugin.cuda_available = lambda: (True, None)\n"
+        "record._active = types.SimpleNamespace(path='/tmp/all.bin')  # as under memforensics run\n")
+    pytester.makepyfile(test_gpu='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="1 GiB")
+def test_a():
+    pass
+def test_b():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-rs", "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, skipped=1)
+    assert "the whole process is being recorded (/tmp/all.bin)" in r.stdout.str()
+
+
+def test_dash_p_with_the_module_name_loads_the_plugin_once(pytester, sample, monkeypatch):
+    write(pytester, sample, body='''
+import pytest
+@pytest.mark.gpu_memory(max_peak="100 MiB")
+def test_peak():
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-p", "memforensics.pytest_plugin")  # and autoloaded
+    r.assert_outcomes(failed=1)
+    assert "GPU memory limits exceeded" in r.stdout.str()
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # as many CI setups run pytest
+    r = pytester.runpytest_subprocess("-q", "-p", "memforensics.pytest_plugin")
+    r.assert_outcomes(failed=1)
+    assert "GPU memory limits exceeded" in r.stdout.str()
