@@ -98,6 +98,24 @@ class BinaryDistribution(Distribution):
         return True
 
 
+commands = {"build_py": BuildNative}
+try:  # setuptools >= 70.1 has its own; Debian 12's takes it from the wheel package
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+if bdist_wheel is not None:
+    class PlatformWheel(bdist_wheel):
+        """Tagged py3-none-PLATFORM: the executables and libraries it carries are tied to the
+        platform, not to a Python version (nothing in it links libpython)."""
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    commands["bdist_wheel"] = PlatformWheel
+
 # setuptools' own scratch space stays out of the CMake build directory's top level.
-setup(cmdclass={"build_py": BuildNative}, distclass=BinaryDistribution,
+setup(cmdclass=commands, distclass=BinaryDistribution,
       options={"build": {"build_base": "build/setuptools"}})

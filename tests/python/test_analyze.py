@@ -19,6 +19,10 @@ def cli_json(*args):
 def test_package_is_the_installed_one():
     assert "site-packages" in memforensics.__file__, memforensics.__file__
     assert (_cli.bin_dir() / "memforensics").is_file()
+    # A platform wheel for any Python 3: it carries executables, no extension module.
+    from importlib.metadata import distribution
+    wheel = distribution("memforensics").read_text("WHEEL") or ""
+    assert "Tag: py3-none-linux_" in wheel, wheel
 
 
 def test_analyze_equals_the_cli_on_every_real_file(real_file):
