@@ -15,8 +15,7 @@ __all__ = ["analyze", "check", "record", "start", "stop", "Analysis", "Doc", "Re
 
 
 def _source(snapshot):
-    """(path, temporary directory to keep alive) for a path or a snapshot dict. A path is made
-    absolute: the result's methods read it again after the program may have changed directory."""
+    """(path, temporary directory to keep alive) for a path or a snapshot dict."""
     if isinstance(snapshot, dict):
         tmp = tempfile.TemporaryDirectory(prefix="memforensics-")
         path = os.path.join(tmp.name, "snapshot.pickle")
@@ -27,7 +26,7 @@ def _source(snapshot):
             tmp.cleanup()
             raise
         return path, tmp
-    return os.path.abspath(os.fspath(snapshot)), None
+    return _cli.path_arg(snapshot), None
 
 
 def _refused(e, path, keep):
@@ -63,7 +62,9 @@ def analyze(snapshot, device=None, threads=None, salvage=False):
         if keep is not None:
             keep.cleanup()
         raise
-    return Analysis(doc)._attach(path, keep)
+    # The document names the file as given; the result's methods read it again by its absolute
+    # path, which a later chdir does not change.
+    return Analysis(doc)._attach(path if keep is not None else os.path.abspath(path), keep)
 
 
 def check(snapshot, max_peak=None, max_peak_requested=None, max_growth_per_step=None,

@@ -40,7 +40,7 @@ def _frame(df_rows, columns):
 
 # `dump` event lines (docs/cli.md): DEVICE:INDEX [t=TIME] ACTION key=value ... (no t= for an
 # event without a time; ACTION quoted when it is not one word); stack frames: `  "FILE":LINE "NAME"`, LINE `?` when unknown.
-_EVENT = re.compile(r'^(\d+):(\d+) (?:t=(-?\d+) )?("(?:[^"\\]|\\.)*"|\S+)(.*)$')
+_EVENT = re.compile(r'^(\d+):(\d+) (?:t=(-?\d+) )?("(?:[^"\\]|\\.)*"|[^ ]+)(.*)$')
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _FRAME = re.compile(r'^  "((?:[^"\\]|\\.)*)":(\d+|\?) "((?:[^"\\]|\\.)*)"$')
 _ESCAPE = re.compile(r'\\x([0-9a-f]{2})|\\(.)')

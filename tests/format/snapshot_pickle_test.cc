@@ -407,12 +407,14 @@ TEST(SnapshotPickle, EdgeCasesOfEventsAndFramesSurvive) {
 
 // A 1.13 file: the whole pickle is the segment list, and blocks carry `history`.
 // An action PyTorch's releases do not name is dumped as written: a plain word as it is, anything
-// that would not read back as one word (a space, a quote, nothing at all) quoted.
+// else (a space of any kind, a quote, an `=`, nothing at all) quoted, so it reads back whole.
 TEST(SnapshotPickle, DumpQuotesActionNamesThatAreNotOneWord) {
   TSnapshot t;
   t.traces = {{TEvent{"mystery_action", 0x1000, 512, 0, 10, {}, false},
                TEvent{"two \"words\"", 0x1000, 512, 0, 11, {}, false},
-               TEvent{"", 0x1000, 512, 0, 12, {}, false}}};
+               TEvent{"", 0x1000, 512, 0, 12, {}, false},
+               TEvent{"t=5", 0x1000, 512, 0, -1, {}, false},
+               TEvent{"nbsp\xc2\xa0size=1", 0x1000, 512, 0, 13, {}, false}}};
   Snapshot s = buildSnapshot(t);
   std::ostringstream out;
   dumpSnapshot(s, out, DumpOptions{});
@@ -421,6 +423,8 @@ TEST(SnapshotPickle, DumpQuotesActionNamesThatAreNotOneWord) {
   EXPECT_NE(text.find("0:1 t=11 \"two \\\"words\\\"\" addr=0x1000 size=512"), std::string::npos)
       << text;
   EXPECT_NE(text.find("0:2 t=12 \"\" addr=0x1000 size=512"), std::string::npos) << text;
+  EXPECT_NE(text.find("0:3 \"t=5\" addr=0x1000 size=512"), std::string::npos) << text;  // no time
+  EXPECT_NE(text.find("0:4 t=13 \"nbsp\xc2\xa0size=1\" addr=0x1000"), std::string::npos) << text;
 }
 
 TEST(SnapshotPickle, SegmentListWithLegacyHistoryStaysA113File) {

@@ -204,11 +204,17 @@ def test_action_names_that_are_not_one_word_come_back_whole(sample):
     trace = snap["device_traces"][0]
     trace[3]["action"] = 'a new "action"'
     trace[4]["action"] = "plain_new"
+    trace[5]["action"] = "x\u00a0user_metadata=evil"  # a no-break space, then a would-be field
+    trace[6]["action"] = "t=5"
+    del trace[6]["time_us"]  # a would-be time where the line has none
     doc = memforensics.analyze(snap)
-    assert doc.devices[0].events_by_action["unknown"] == 2
+    assert doc.devices[0].events_by_action["unknown"] == 4
     rows = records(doc.events())
-    assert [r["action"] for r in rows[3:5]] == ['a new "action"', "plain_new"]
+    assert [r["action"] for r in rows[3:7]] == ['a new "action"', "plain_new",
+                                                "x\u00a0user_metadata=evil", "t=5"]
     assert rows[3]["size"] == trace[3]["size"]  # the fields after it still parse
+    assert "user_metadata" not in rows[5] and rows[6].get("time_us") is None
+    assert rows[6]["addr"] == trace[6]["addr"]
 
 
 def test_empty_tables_keep_their_columns(sample):

@@ -1,6 +1,7 @@
 // dump.cc: see dump.h for the line format.
 #include "format/model/dump.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <set>
@@ -70,12 +71,14 @@ void dumpSnapshot(const Snapshot& s, std::ostream& out, const DumpOptions& opt) 
       out << d << ":" << i << " ";
       if (e.time_us >= 0) out << "t=" << e.time_us << " ";
       if (e.action == Action::Unknown) {
-        // An action name as written, quoted when it would not read back as one word.
+        // An action name as written: bare when it is a plain word (ASCII letters, digits, `_`,
+        // `-`, `.`), else quoted, so that no name reads back as a field, a time or two words.
         const std::string_view name = s.strings.get(s.notesOf(e).action_name);
-        if (name.empty() || name.find_first_of(" \"") != std::string_view::npos)
-          out << quoted(name);
-        else
-          out << escapeText(name);
+        const bool plain = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '-' || c == '.';
+        });
+        out << (plain ? std::string(name) : quoted(name));
       } else {
         out << actionName(e.action);
       }
