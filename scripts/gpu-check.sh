@@ -575,7 +575,7 @@ overhead() {
 }
 
 # Most valuable first: a run cut short by the budget loses the overhead table, not the comparisons.
-# Estimated on an H100/H200 with both builds from scratch: about 250 s in all, plus about 60 s for
+# Estimated on an H100/H200 with both builds from scratch: about 250 s in all, plus about 90 s for
 # the python section (not yet timed on a GPU).
 section machine 45 machine || echo "gpu-check: no CUDA device or no CUDA torch: the GPU checks will fail"
 section carried_binary 15 carried_binary ||
@@ -587,6 +587,6 @@ section compare 100 compare
 section compare_expandable 60 compare_expandable
 section cupti 45 cupti
 section env 30 env_start
-section python 90 python_package
+section python 120 python_package
 section overhead 90 overhead
 exit 0  # finish (the EXIT trap) writes the results and sets the exit status

@@ -76,6 +76,7 @@ def _run(argv):
         if rec.method is None:
             print(f"memforensics run: nothing recorded: {rec.reason or 'the program never used CUDA'}",
                   file=sys.stderr)
+            finished = finished and not rec.failed_to_start
     return 0 if finished else 1
 
 

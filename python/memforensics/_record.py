@@ -85,11 +85,15 @@ class Recording:
         self._stopped = False
         self._legacy = False
         self._failure = None  # why stop() could not finish the file (raised again by a later stop)
+        self.failed_to_start = False  # start_with_cuda: CUDA started, the recording could not
 
     # -- start
     def _start(self):
         _check_output(self.path)
         torch = self._torch = _import_torch()
+        # The allocator exists only once CUDA is initialised: asking it about its history before
+        # reads a device's allocator that is not there yet.
+        torch.cuda.init()
         _refuse_if_history_on(torch)
         lib, self.reason = _hook_library(torch)
         if lib is not None:
@@ -258,16 +262,27 @@ def start_with_cuda(path, stacks=True, native_stacks=False, max_entries=1_000_00
     initialized = getattr(torch.cuda, "is_initialized", None)
     if lazy_call is None or initialized is None or initialized():
         return start(path, stacks, native_stacks, max_entries)
-    if torch.version.cuda is None:  # a CPU-only build: known without initialising anything
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        # a CPU-only build: known without initialising anything
         raise _cli.MemforensicsError(
             f"record() needs a CUDA device, and this torch {torch.__version__} is built without CUDA")
+    pid = os.getpid()
 
     def begin():  # inside torch.cuda's initialisation: an exception here would break the program
+        global _active
+        # Not in a process forked before CUDA started (its queued calls are the parent's), and
+        # not once the recording was stopped.
+        if os.getpid() != pid or rec._stopped:
+            return
         try:
             rec._start()
         except Exception as e:  # noqa: BLE001
             rec.reason = f"the recording did not start when CUDA did ({e})"
+            rec.failed_to_start = True
             _say(rec.reason)
+            if _active is rec:
+                _active = None
+            atexit.unregister(rec.stop)
 
     _active = rec
     atexit.register(rec.stop)

@@ -47,9 +47,15 @@ class FakeTorch(types.ModuleType):
             self.cuda._lazy_call = lambda fn: fn() if fake.initialized else fake.queued.append(fn)
         self._C = types.SimpleNamespace(
             _cuda_attach_out_of_memory_observer=lambda fn: fake.observers.append(fn),
-            _cuda_isHistoryEnabled=lambda: fake.history_on)
+            _cuda_isHistoryEnabled=self._is_history_enabled)
         self.ops = types.SimpleNamespace(
             load_library=load_library,
             memforensics=types.SimpleNamespace(  # the hook's ops return whether they succeeded
                 start=lambda *a: fake.calls.append(("hook.start", a)) or hook_starts,
                 stop=lambda: fake.calls.append(("hook.stop",)) or True))
+
+    def _is_history_enabled(self):
+        # PyTorch's reads the current device's allocator, which exists only after CUDA's init.
+        if not self.initialized:
+            raise RuntimeError("fake torch: _cuda_isHistoryEnabled before torch.cuda.init()")
+        return self.history_on

@@ -224,3 +224,46 @@ def test_run_of_a_script_that_never_uses_cuda_says_nothing_was_recorded(tmp_path
     assert r.returncode == 0, r.stderr
     assert "nothing recorded: the program never used CUDA" in r.stderr
     assert not out.exists()
+
+
+def test_a_lazy_recording_stopped_before_cuda_starts_never_starts(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample, lazy=True)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    rec = _record.start_with_cuda(tmp_path / "run.bin")
+    assert rec.method is None and _record._active is rec
+    rec.stop()
+    torch.cuda.init()  # the program's first CUDA use, after the stop
+    assert not [c for c in torch.calls if c[0] == "_record_memory_history"]
+    assert not torch.history_on and _record._active is None
+
+
+def test_a_lazy_recording_that_cannot_start_lets_go_of_the_process(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample, lazy=True)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    rec = _record.start_with_cuda(out_dir / "run.bin")
+    out_dir.rmdir()  # gone by the time CUDA starts
+    torch.cuda.init()  # no exception into the program's CUDA initialisation
+    assert rec.failed_to_start and "does not exist" in rec.reason and rec.method is None
+    assert _record._active is None  # another recording may start
+    out_dir.mkdir()
+    with memforensics.record(out_dir / "again.bin") as again:
+        assert again.method == "history"
+
+
+def test_a_lazy_recording_does_not_start_in_a_forked_child(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample, lazy=True)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    rec = _record.start_with_cuda(tmp_path / "run.bin")
+    real_pid = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: real_pid + 1)  # as in a child forked before CUDA
+    torch.cuda.init()
+    assert rec.method is None and not torch.history_on
+
+
+def test_record_initialises_cuda_before_asking_about_the_history(monkeypatch, tmp_path, sample):
+    torch = FakeTorch(sample)  # its _cuda_isHistoryEnabled raises before init, as PyTorch's crashes
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with memforensics.record(tmp_path / "run.bin") as rec:
+        assert rec.method == "history"
