@@ -11,9 +11,11 @@
 #       and analyses a sample, and its checks judge a stand-in torch's recordings right
 #       (`gpu_check_python.py selftest`); gpu_check_calls.cu compiles when nvcc is there.
 #   scripts/gpu-check.sh [STEPS]             on the GPU machine, in one command of at most
-#       MEMF_GPU_BUDGET_S seconds (default 330). First one line per tool version (CMake, the C++
-#       compiler, nvcc, python and torch, the driver and GPU), then sections, each with its own
-#       time limit, cut to what the budget has left, and none stopping the others:
+#       MEMF_GPU_BUDGET_S seconds (default 330); MEMF_GPU_SECTIONS="a b" runs only those sections
+#       (with an earlier run's hook when build_hook is not among them). First one line per tool
+#       version (CMake, the C++ compiler, nvcc, python and torch, the driver and GPU), then
+#       sections, each with its own time limit, cut to what the budget has left, and none
+#       stopping the others:
 #         machine, carried_binary   machine.json; the carried memforensics runs here;
 #         build_hook                libmemforensics_torch.so against the installed torch, by the
 #                                   first route that works: (a) CMake, capture-only, with the
@@ -33,10 +35,10 @@
 #         cupti                     gpu_check_calls.cu under `memforensics record`, its calls
 #                                   checked in the trace (the carried library if build_cupti failed);
 #         env                       MEMFORENSICS_OUT starts a recording;
-#         python                    the Python package: record() (hook and history), `python -m
-#                                   memforensics run`, the pytest plugin (gpu_check_python.py);
 #         overhead                  median step time of STEPS steps (default 50) without and with
-#                                   the hook, with and without stacks (one process each).
+#                                   the hook, with and without stacks (one process each);
+#         python                    the Python package: record() (hook and history), `python -m
+#                                   memforensics run`, the pytest plugin (gpu_check_python.py).
 #       The sections after the builds need only the library they use. Results: results.md (a
 #       table) and results.json, rewritten after every section and on exit (so a run cut short
 #       still returns them), the log, the CUPTI call log and the dump of its trace, the logs of
@@ -47,7 +49,9 @@
 # here (through the build lock), then run
 #   bash scripts/gpu-check.sh          with carry: ["build-carry"], timeout_s 400
 # (the 330 s budget plus the report and slack: the start, one run and one rerun fit), and copy
-# results.md into docs/performance.md ("GPU validation").
+# results.md into docs/performance.md ("GPU validation"). If the budget cut the python section,
+# run it alone on the still-warm machine (it reuses the hook just built):
+#   MEMF_GPU_SECTIONS=python bash scripts/gpu-check.sh      with the same carry, timeout_s 200
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
@@ -238,6 +242,10 @@ echo "PYTORCH_CUDA_ALLOC_CONF: ${PYTORCH_CUDA_ALLOC_CONF:-unset}"
 # `timeout "$T"`. Records ok / FAILED (exit N) / timed out / skipped.
 section() {
   local name=$1 want=$2 fn=$3
+  if [ -n "${MEMF_GPU_SECTIONS:-}" ] && [[ " ${MEMF_GPU_SECTIONS//,/ } " != *" $name "* ]]; then
+    echo "== $name: not selected (MEMF_GPU_SECTIONS=$MEMF_GPU_SECTIONS)"
+    return 0
+  fi
   local left=$((budget - SECONDS - 20))
   if [ "$left" -lt 15 ]; then
     echo "== $name: skipped (budget of ${budget}s spent)"
@@ -574,19 +582,32 @@ overhead() {
   return "$rc"
 }
 
-# Most valuable first: a run cut short by the budget loses the overhead table, not the comparisons.
-# Estimated on an H100/H200 with both builds from scratch: about 250 s in all, plus about 90 s for
-# the python section (not yet timed on a GPU).
+# Most valuable first: a run cut short by the budget loses the overhead table, not the comparisons,
+# and the python section (issue 33) before the overhead table (issue 31). Estimated on an H100/H200
+# with both builds from scratch: about 250 s before the python section, which needs about 90 s
+# more (not yet timed on a GPU): when the budget cuts it, a second call on the still-warm machine,
+# MEMF_GPU_SECTIONS=python, runs it alone with the hook the first call built.
 section machine 45 machine || echo "gpu-check: no CUDA device or no CUDA torch: the GPU checks will fail"
 section carried_binary 15 carried_binary ||
   echo "gpu-check: the carried memforensics does not run here (run --prepare on the build machine, carry build-carry)"
 section build_hook 150 build_hook
+if [ -z "$hook_so" ] && [ -n "${MEMF_GPU_SECTIONS:-}" ]; then
+  # build_hook not selected: the hook an earlier run built on this machine, if any.
+  for f in "$work"/hook-python/src/capture/libmemforensics_torch.so \
+    "$work"/hook-package/src/capture/libmemforensics_torch.so "$work"/hook-direct/libmemforensics_torch.so; do
+    if [ -f "$f" ]; then
+      hook_so=$f
+      echo "gpu-check: the hook an earlier run built: $hook_so"
+      break
+    fi
+  done
+fi
 section build_cupti 60 build_cupti
 section calls_program 40 calls
 section compare 100 compare
 section compare_expandable 60 compare_expandable
 section cupti 45 cupti
 section env 30 env_start
-section python 120 python_package
 section overhead 90 overhead
+section python 120 python_package
 exit 0  # finish (the EXIT trap) writes the results and sets the exit status

@@ -703,8 +703,9 @@ def report(args):
         r = py.get(key) or {}
         lines.append(f"| Python `record()`, {what} | {status('python')} | method {r.get('method', '?')}; peak "
                      f"reserved {r.get('peak_reserved_bytes', '?')} (PyTorch {r.get('max_memory_reserved', '?')}), "
-                     f"allocated {r.get('peak_allocated_bytes', '?')} (PyTorch {r.get('max_memory_allocated', '?')}); "
-                     f"{r.get('events_rows', '?')} events() rows |")
+                     f"requested {r.get('peak_requested_bytes', '?')} (PyTorch {r.get('max_requested', '?')}), "
+                     f"allocated {r.get('peak_allocated_bytes', '?')} (PyTorch {r.get('max_memory_allocated', '?')}; "
+                     f"exact: {r.get('allocated_exact', '?')}); {r.get('events_rows', '?')} events() rows |")
     pr, pt = py.get("run") or {}, py.get("pytest") or {}
     lines.append(f"| `python -m memforensics run` | {status('python')} | exit {pr.get('exit', '?')} (the script's 3); "
                  f"peak reserved {pr.get('peak_reserved_bytes', '?')}; segment_map events after the script set "
