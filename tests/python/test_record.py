@@ -184,17 +184,25 @@ def test_a_history_the_program_turned_on_is_left_alone(monkeypatch, tmp_path, sa
     assert torch.history_on and _record._active is None
 
 
-def _fake_torch_module(tmp_path, sample, **kw):
-    """A torch.py first on a child interpreter's path: the fake in place of torch."""
+def _run_lazily(tmp_path, sample, name, code):
+    """`python -m memforensics run` of a script in a child interpreter whose torch is the lazy fake
+    (a torch.py first on its path); returns (the process, the output's path)."""
     (tmp_path / "torch.py").write_text(
         "import sys\nsys.path.insert(0, %r)\nfrom fake_torch import FakeTorch\n"
-        "sys.modules['torch'] = FakeTorch(%r, **%r)\n" % (str(Path(__file__).parent), sample, kw))
+        "sys.modules['torch'] = FakeTorch(%r, version='0.0.0.fake', lazy=True)\n"
+        % (str(Path(__file__).parent), sample))
+    script = tmp_path / name
+    script.write_text(code)
+    out = tmp_path / "run.bin"
+    r = subprocess.run([sys.executable, "-m", "memforensics", "run", "-o", str(out), str(script)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    return r, out
 
 
 def test_run_starts_recording_when_the_script_first_uses_cuda(tmp_path, sample):
-    _fake_torch_module(tmp_path, sample, version="0.0.0.fake", lazy=True)
-    script = tmp_path / "train.py"
-    script.write_text(
+    r, out = _run_lazily(
+        tmp_path, sample, "train.py",
         "import os, sys, torch\n"
         "torch.calls.append(('script', os.environ.get('PYTORCH_CUDA_ALLOC_CONF')))\n"
         "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'\n"
@@ -203,10 +211,6 @@ def test_run_starts_recording_when_the_script_first_uses_cuda(tmp_path, sample):
         "names = [c[0] for c in torch.calls]\n"
         "assert names.index('_record_memory_history') > names.index('script'), names\n"
         "print('recorded after the script began')\n")
-    out = tmp_path / "run.bin"
-    r = subprocess.run([sys.executable, "-m", "memforensics", "run", "-o", str(out), str(script)],
-                       capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert "recorded after the script began" in r.stdout
     assert "from the program's first use of CUDA" in r.stderr
@@ -214,13 +218,7 @@ def test_run_starts_recording_when_the_script_first_uses_cuda(tmp_path, sample):
 
 
 def test_run_of_a_script_that_never_uses_cuda_says_nothing_was_recorded(tmp_path, sample):
-    _fake_torch_module(tmp_path, sample, version="0.0.0.fake", lazy=True)
-    script = tmp_path / "cpu.py"
-    script.write_text("print('cpu only')\n")
-    out = tmp_path / "run.bin"
-    r = subprocess.run([sys.executable, "-m", "memforensics", "run", "-o", str(out), str(script)],
-                       capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    r, out = _run_lazily(tmp_path, sample, "cpu.py", "print('cpu only')\n")
     assert r.returncode == 0, r.stderr
     assert "nothing recorded: the program never used CUDA" in r.stderr
     assert not out.exists()
