@@ -22,11 +22,23 @@ def _base_version(v):
     return str(v).split("+", 1)[0]
 
 
-def _import_torch():
+def _torch_module():
+    """torch, or the refusal to record without it (nothing about CUDA is asked: that would
+    initialise the driver)."""
     try:
         import torch
     except ImportError as e:
         raise _cli.MemforensicsError(f"record() needs PyTorch, which cannot be imported ({e})") from None
+    return torch
+
+
+def _refuse_if_active():
+    if _active is not None:
+        raise _cli.MemforensicsError(f"a recording is already running ({_active.path})")
+
+
+def _import_torch():
+    torch = _torch_module()
     if not torch.cuda.is_available():
         raise _cli.MemforensicsError(
             "record() needs a CUDA device, and torch.cuda.is_available() is False here "
@@ -234,8 +246,7 @@ def start(path="memforensics.bin", stacks=True, native_stacks=False, max_entries
     Recording; raises MemforensicsError without PyTorch or a CUDA device, or when a recording is
     already running. Stopped at exit if ``stop()`` was not called."""
     global _active
-    if _active is not None:
-        raise _cli.MemforensicsError(f"a recording is already running ({_active.path})")
+    _refuse_if_active()
     rec = Recording(path, stacks, native_stacks, max_entries)
     rec._start()
     _active = rec
@@ -250,18 +261,14 @@ def start_with_cuda(path, stacks=True, native_stacks=False, max_entries=1_000_00
     Recording; its ``method`` stays None while CUDA is not initialised (and for good when the
     recording could not start then: ``reason`` says why)."""
     global _active
-    if _active is not None:
-        raise _cli.MemforensicsError(f"a recording is already running ({_active.path})")
-    rec = Recording(path, stacks, native_stacks, max_entries)
-    _check_output(rec.path)
-    try:
-        import torch
-    except ImportError as e:
-        raise _cli.MemforensicsError(f"record() needs PyTorch, which cannot be imported ({e})") from None
+    _refuse_if_active()
+    torch = _torch_module()
     lazy_call = getattr(torch.cuda, "_lazy_call", None)
     initialized = getattr(torch.cuda, "is_initialized", None)
     if lazy_call is None or initialized is None or initialized():
         return start(path, stacks, native_stacks, max_entries)
+    rec = Recording(path, stacks, native_stacks, max_entries)
+    _check_output(rec.path)  # refused now, before the program runs, not at its first CUDA call
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         # a CPU-only build: known without initialising anything
         raise _cli.MemforensicsError(
