@@ -39,6 +39,8 @@ import xml.etree.ElementTree as ET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import gpu_check  # noqa: E402 (its CLI helpers; it imports torch only in its GPU modes)
 
 
 def layout(binary, hook, dest):
@@ -183,12 +185,11 @@ def check_run(pkg, binary, out, errors):
     res = {"exit": r.returncode, "stderr_tail": r.stderr[-1000:]}
     if r.returncode != 3:
         errors.append(f"run: exit {r.returncode}, expected the script's 3: {r.stderr[-500:]}")
-    a = subprocess.run([binary, "analyze", "--json", trace], capture_output=True, text=True)
-    res["analyze_exit"] = a.returncode
-    if a.returncode != 0:
-        errors.append(f"run: analyze of {trace} exited {a.returncode}: {a.stderr[-300:]}")
+    try:
+        d = gpu_check.analyze(binary, trace)["devices"]  # says why on stderr when it fails
+    except (OSError, subprocess.CalledProcessError) as e:
+        errors.append(f"run: analyze of {trace} failed: {e}")
     else:
-        d = json.loads(a.stdout.splitlines()[0])["devices"]
         res["peak_reserved_bytes"] = d[0]["peak_reserved_bytes"] if d else None
         # Set by the script before its first CUDA call: segment_map events if PyTorch took it.
         res["segment_map_events"] = d[0]["events_by_action"].get("segment_map", 0) if d else None

@@ -39,7 +39,8 @@ def _frame(df_rows, columns):
 
 
 # `dump` event lines (docs/cli.md): DEVICE:INDEX [t=TIME] ACTION key=value ... (no t= for an
-# event without a time; ACTION quoted when it is not one word); stack frames: `  "FILE":LINE "NAME"`, LINE `?` when unknown.
+# event without a time; ACTION quoted when it is not a plain word); stack frames:
+# `  "FILE":LINE "NAME"`, LINE `?` when unknown.
 _EVENT = re.compile(r'^(\d+):(\d+) (?:t=(-?\d+) )?("(?:[^"\\]|\\.)*"|[^ ]+)(.*)$')
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 _FRAME = re.compile(r'^  "((?:[^"\\]|\\.)*)":(\d+|\?) "((?:[^"\\]|\\.)*)"$')
