@@ -556,7 +556,8 @@ TEST(Findings, APlateauOfSwappedBuffersIsNoTemporarySpike) {
   const auto fs = findFindings(run(false), 0);
   const Finding* f = find(fs, FindingKind::TemporarySpike);
   ASSERT_NE(f, nullptr);
-  EXPECT_EQ(f->bytes, 600 * MiB);
+  // Without the 600 MiB temporaries (all 40 from the same line) the peak is a 1 MiB one's.
+  EXPECT_EQ(f->bytes, 599 * MiB);
 }
 
 // The allocator-setting finding: a replay with expandable_segments:True lowers the peak reserved
@@ -698,6 +699,36 @@ TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {
   EXPECT_EQ(find(findFindings(trainingLoop(0, 2), 0), FindingKind::OomVerdict), nullptr);
 }
 
+// The spike's promise is the drop of the whole trace's peak, not the bytes of the spike: a
+// temporary made before the window and another peak after it keep part of them (the backward of
+// a hand-written softmax in a real file: 1.50 GiB of temporaries, a 1.00 GiB drop).
+TEST(Findings, ATemporarySpikePromisesTheDropOfTheWholePeak) {
+  auto run = [](uint64_t later) {
+    Sim s(4096 * MiB);
+    s.alloc(100 * MiB, kParams);
+    const std::vector<TFrame> at = {{"model.py", 9, "custom_softmax"}, {"train.py", 41, "step"}};
+    const uint64_t early = s.alloc(500 * MiB, at);  // alive at the peak, made before the window
+    for (int i = 0; i < 200; ++i) s.free(s.alloc(1 * MiB, kAct));
+    std::vector<uint64_t> spike;
+    for (int i = 0; i < 3; ++i) spike.push_back(s.alloc(500 * MiB, at));  // the peak: 2100 MiB
+    for (uint64_t b : spike) s.free(b);
+    for (int i = 0; i < 200; ++i) s.free(s.alloc(1 * MiB, kAct));
+    // Later, still beside `early`, from another line: 100 + 500 + later MiB.
+    const uint64_t second = s.alloc(later, {{"model.py", 30, "mlp"}, {"train.py", 41, "step"}});
+    s.free(second);
+    s.free(early);
+    return s.build();
+  };
+  const auto fs = findFindings(run(1000 * MiB), 0);
+  const Finding* f = find(fs, FindingKind::TemporarySpike);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 500 * MiB);  // 2100 -> 1600 MiB, not the 1500 MiB of the three
+  EXPECT_NE(f->title.find("1.46 GiB"), std::string::npos) << f->title;
+  EXPECT_NE(f->fix.find("500.00 MiB"), std::string::npos) << f->fix;
+  // A second peak of 2000 MiB leaves 100 MiB to win, under the warning floor: not said.
+  EXPECT_EQ(find(findFindings(run(1400 * MiB), 0), FindingKind::TemporarySpike), nullptr);
+}
+
 TEST(Findings, CacheBloatAndTemporarySpike) {
   Sim s(2048 * MiB);
   s.alloc(100 * MiB, kParams);
@@ -714,7 +745,7 @@ TEST(Findings, CacheBloatAndTemporarySpike) {
   EXPECT_EQ(cache->bytes, 2048 * MiB - 102 * MiB);
   const Finding* spike = find(fs, FindingKind::TemporarySpike);
   ASSERT_NE(spike, nullptr);
-  EXPECT_EQ(spike->bytes, 1500 * MiB);
+  EXPECT_EQ(spike->bytes, 1499 * MiB);  // the peak drops to the parameters and a 1 MiB transient
   ASSERT_FALSE(spike->where.empty());
   EXPECT_EQ(spike->where[0].display(), "model.py:77 attention");
   // A long-lived peak is not a spike, and a full cache is not bloat.
