@@ -355,6 +355,28 @@ TEST(IncompleteHistory, RingOfOneCannotExplainTheState) {
   EXPECT_EQ(h.items[0].kind, FindingKind::IncompleteHistory);
 }
 
+// A file PyTorch 2.0 wrote is told the call 2.0 takes: the boolean form with
+// trace_alloc_max_entries (the keyword form is 2.1+ and raises a TypeError there), and a dump
+// with _snapshot() and pickle (no _dump_snapshot, no OOM observer in 2.0).
+TEST(IncompleteHistory, APyTorch20FileIsToldThe20Call) {
+  format::Snapshot s = ringOfOne();
+  s.traits = {};
+  s.traits.has_device_traces = true;  // and nothing newer: era 2.0
+  ASSERT_EQ(s.traits.era(), "2.0");
+  auto r = analyzeSnapshot(s);
+  const Finding* f = findKind(r.devices.at(0).findings, FindingKind::IncompleteHistory);
+  ASSERT_NE(f, nullptr);
+  EXPECT_NE(f->fix.find("_record_memory_history(True, trace_alloc_max_entries=100000, "
+                        "trace_alloc_record_context=True)"),
+            std::string::npos)
+      << f->fix;
+  EXPECT_NE(f->fix.find("trace_alloc_max_entries must hold every entry"), std::string::npos);
+  EXPECT_NE(f->fix.find("pickle.dump(torch.cuda.memory._snapshot()"), std::string::npos);
+  EXPECT_EQ(f->fix.find("max_entries=100000)"), std::string::npos) << f->fix;
+  EXPECT_EQ(f->fix.find("_dump_snapshot"), std::string::npos) << f->fix;
+  EXPECT_EQ(f->fix.find("_cuda_attach_out_of_memory_observer"), std::string::npos) << f->fix;
+}
+
 TEST(IncompleteHistory, NoTraceWithLiveBlocks) {
   ModelBuilder b;
   b.segment(kBase, {.size = 8 * kMiB}).live(2 * kMiB, {.frames = kLayer});

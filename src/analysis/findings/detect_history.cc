@@ -12,13 +12,41 @@ namespace memforensics::analysis::detail {
 
 namespace {
 
+// The call that records a history, in the form the PyTorch that wrote the file takes: 2.0 has only
+// the boolean form (trace_alloc_record_context gives the entries their stacks), which later
+// releases still accept; 2.1 and later files get the keyword form (format doc 5). `entries` is the
+// ring buffer's size as written ("100000", "...").
+bool legacyRecordApi(const format::Snapshot& s) {
+  return s.traits.era() == "2.0";
+}
+std::string recordCall(const format::Snapshot& s, const std::string& entries) {
+  return legacyRecordApi(s)
+             ? "torch.cuda.memory._record_memory_history(True, "
+               "trace_alloc_max_entries=" +
+                   entries + ", trace_alloc_record_context=True)"
+             : "torch.cuda.memory._record_memory_history(max_entries=" + entries + ")";
+}
+// The ring buffer's knob in that form.
+const char* ringKnob(const format::Snapshot& s) {
+  return legacyRecordApi(s) ? "trace_alloc_max_entries" : "max_entries";
+}
+
+// How to write the snapshot at the end and at an OOM in that release (_dump_snapshot and the OOM
+// observer came with 2.1).
+std::string dumpCall(const format::Snapshot& s) {
+  return legacyRecordApi(s)
+             ? "pickle.dump(torch.cuda.memory._snapshot(), open(path, \"wb\")) at the end and in "
+               "an `except torch.cuda.OutOfMemoryError` handler"
+             : "torch.cuda.memory._dump_snapshot(path) at the end or, for an OOM, in an observer "
+               "registered with torch._C._cuda_attach_out_of_memory_observer";
+}
+
 // How to record a history that can explain an OOM (README "Getting a snapshot worth analysing").
-constexpr const char* kRecordFix =
-    "record the history from the start of the run: "
-    "torch.cuda.memory._record_memory_history(max_entries=100000) before the model is built, "
-    "torch.cuda.memory._dump_snapshot(path) at the end or, for an OOM, in an observer registered "
-    "with torch._C._cuda_attach_out_of_memory_observer (README: Getting a snapshot worth "
-    "analysing)";
+std::string recordFix(const format::Snapshot& s) {
+  return "record the history from the start of the run: " + recordCall(s, "100000") +
+         " before the model is built, " + dumpCall(s) +
+         " (README: Getting a snapshot worth analysing)";
+}
 
 // A trace that was cut by PyTorch's ring buffer holds exactly max_entries entries per device:
 // one (max_entries=1), or a round number (a multiple of 1000, or a power of two from 1024). Any
@@ -28,11 +56,12 @@ bool ringSize(size_t n) {
 }
 
 // How to record the part a late start missed, for a snapshot and for a profiler trace.
-constexpr const char* kStartEarlier =
-    "call torch.cuda.memory._record_memory_history(max_entries=100000) before the model is built "
-    "(it was called after the memory live at the trace's first entry was allocated), and "
-    "torch.cuda.memory._dump_snapshot(path) at the end or in an OOM observer (README: Getting a "
-    "snapshot worth analysing)";
+std::string startEarlier(const format::Snapshot& s) {
+  return "call " + recordCall(s, "100000") +
+         " before the model is built (it was called after the memory live at the trace's first "
+         "entry was allocated), and " +
+         dumpCall(s) + " (README: Getting a snapshot worth analysing)";
+}
 constexpr const char* kProfileEarlier =
     "a profiler trace covers only the profiled steps: start the profile before the model is "
     "built (or record the run with torch.cuda.memory._record_memory_history before it) to see "
@@ -79,7 +108,7 @@ void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out) {
          -1,
          s.final_replayed.requested,
          {}});
-    f.fix = kRecordFix;
+    f.fix = recordFix(c.s);
   } else if (s.live_at_start > 0 && s.peak_requested.event < 0 &&
              (wrapped || s.events < s.live_at_start)) {
     // The largest state is the one before the trace's first entry: nothing in the file says how
@@ -109,11 +138,10 @@ void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out) {
            {}});
     }
     f.fix = profile ? std::string(kProfileEarlier)
-            : ring  ? std::string(kRecordFix) +
-                         "; max_entries must hold every entry since the model was built (this "
-                         "trace kept " +
+            : ring  ? recordFix(c.s) + "; " + ringKnob(c.s) +
+                         " must hold every entry since the model was built (this trace kept " +
                          entries(s.events) + ")"
-                   : std::string(kStartEarlier);
+                   : startEarlier(c.s);
   } else if (wrapped) {
     // Only the beginning is missing: the peak is within the trace, but what was allocated before
     // its first entry (and any OOM there) is not in the file.
@@ -137,11 +165,10 @@ void detectIncompleteHistory(Ctx& c, std::vector<Finding>& out) {
     f.evidence.push_back(
         {blocks(s.live_at_start) + " live before the first entry", -1, -1, s.start.requested, {}});
     f.fix = profile ? std::string(kProfileEarlier)
-            : ring
-                ? "raise max_entries so the ring buffer holds the whole run (this trace kept " +
-                      entries(s.events) +
-                      "): torch.cuda.memory._record_memory_history(max_entries=...) before the run"
-                : std::string(kStartEarlier);
+            : ring  ? std::string("raise ") + ringKnob(c.s) +
+                         " so the ring buffer holds the whole run (this trace kept " +
+                         entries(s.events) + "): " + recordCall(c.s, "...") + " before the run"
+                   : startEarlier(c.s);
   } else {
     return;
   }
