@@ -101,18 +101,42 @@ int runCheckCommand() {
         "--max-growth-per-step, --fail-on or --baseline with --max-increase");
     return kExitUsage;
   }
+  std::vector<report::CheckFile> files;
+  analysis::CheckReport all;
+  // The document is written whatever stops the check (a --json consumer reads `passed`).
+  auto finish = [&](int rc) {
+    setActivity("writing the check");
+    if (g_args.json) {
+      report::renderCheckJson(files, all, std::cout);
+    } else {
+      report::renderCheckText(files, all, std::cout);
+    }
+    return rc;
+  };
   std::optional<analysis::RunProfile> baseline;
   if (!g_args.baseline.empty()) {
     auto b = loadProfile(g_args.baseline, g_args.device, g_args.salvage);
     if (!b) {
-      printError("baseline: " + b.error().describe());
-      return kExitError;
+      files.push_back({g_args.baseline, "baseline: " + b.error().describe()});
+      printError(files.back().error);
+      return finish(kExitError);
     }
-    if (missingDevice(*b, g_args.device)) return kExitUsage;
+    if (b->devices.empty() && g_args.device) {
+      files.push_back({g_args.baseline, "the baseline " + g_args.baseline + " has no device " +
+                                            std::to_string(*g_args.device)});
+      printError(files.back().error);
+      return finish(kExitUsage);
+    }
+    if (!b->incomplete.empty()) {
+      files.push_back({g_args.baseline, "the baseline " + g_args.baseline +
+                                            " is incomplete, so no increase over it can be "
+                                            "said to hold: " +
+                                            b->incomplete});
+      printError(files.back().error);
+      return finish(kExitError);
+    }
     baseline = std::move(*b);
   }
-  std::vector<report::CheckFile> files;
-  analysis::CheckReport all;
   bool missing = false;     // a file without the --device: no pass over nothing
   bool unreadable = false;  // a file that could not be read
   for (const auto& path : g_args.files) {
@@ -125,6 +149,14 @@ int runCheckCommand() {
     } else if (missingDevice(*p, g_args.device)) {
       f.error = path + " has no device " + std::to_string(*g_args.device);
       missing = true;
+    } else if (!p->incomplete.empty() || p->devices.empty()) {
+      // A gate never passes on what it could not see: a file cut short (its peaks may be past
+      // the cut) or one that holds no device at all (history not recorded, the wrong rank).
+      f.error = !p->incomplete.empty()
+                    ? "the input is incomplete, so no limit can be said to hold: " + p->incomplete
+                    : "nothing to check: no device has segments or trace entries";
+      printError(path + ": " + f.error);
+      unreadable = true;
     } else {
       setActivity("checking " + path);
       auto r = analysis::checkProfile(*p, limits, baseline ? &*baseline : nullptr);
@@ -133,16 +165,10 @@ int runCheckCommand() {
     }
     files.push_back(std::move(f));
   }
-  setActivity("writing the check");
-  if (g_args.json) {
-    report::renderCheckJson(files, all, std::cout);
-  } else {
-    report::renderCheckText(files, all, std::cout);
-  }
   // An unreadable input (exit 2) says more than a device it lacks (exit 1).
-  if (unreadable) return kExitError;
-  if (missing) return kExitUsage;
-  return all.violations.empty() ? kExitOk : kExitCheckFailed;
+  if (unreadable) return finish(kExitError);
+  if (missing) return finish(kExitUsage);
+  return finish(all.violations.empty() ? kExitOk : kExitCheckFailed);
 }
 
 }  // namespace memforensics::cli

@@ -34,6 +34,7 @@ Expected<analysis::RunProfile> loadProfile(const std::string& path, std::optiona
   opt.device = device;
   analysis::RunProfile p = analysis::profileSnapshotOn(*snap, opt, analysisThreads());
   p.path = path;
+  p.incomplete = snap->incomplete;
   return p;
 }
 

@@ -930,7 +930,7 @@ void renderCheckText(const std::vector<CheckFile>& files, const analysis::CheckR
   const bool pass = failed == 0 && r.violations.empty();
   out << "memforensics check: " << (pass ? "PASS" : "FAIL") << ", " << files.size() << " file(s), "
       << r.violations.size() << " violation(s)";
-  if (failed > 0) out << ", " << failed << " unreadable";
+  if (failed > 0) out << ", " << failed << " not checked";
   out << "\n";
   for (const auto& f : files) {
     if (!f.error.empty()) out << "  " << esc(f.path) << ": error: " << esc(f.error) << "\n";

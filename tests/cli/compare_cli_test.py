@@ -249,6 +249,36 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = run("check", sc("replicas_uneven"), "--device", "1", "--max-peak-reserved",
                        "1TiB")
     check(rc == 0 and "PASS" in out, f"check --device of a device the file has (got {rc}: {err})")
+    # The JSON document is written when the baseline lacks the device too.
+    rc, out, err = run("check", "--json", sc("replicas_uneven"), "--device", "1", "--baseline",
+                       sc("clean_adam"), "--max-increase", "5")
+    doc = json.loads(out) if out.strip() else {}
+    check(rc == 1 and doc.get("passed") is False and "baseline" in doc["files"][0]["error"],
+          f"check --json with a baseline that lacks the device: a document (got {rc}: {out!r})")
+    # Nothing seen is nothing passed: a dump of no device, a native trace cut short.
+    empty = os.path.join(tmp, "empty.pickle")
+    import pickle
+    with open(empty, "wb") as fh:
+        pickle.dump({"segments": [], "device_traces": [[]]}, fh, protocol=4)
+    rc, out, err = run("check", "--json", empty, "--max-peak-reserved", "1B")
+    doc = json.loads(out)
+    check(rc == 2 and doc["passed"] is False and "nothing to check" in doc["files"][0]["error"],
+          f"check of a file with no device exits 2 (got {rc}: {out})")
+    whole = os.path.join(tmp, "whole.bin")
+    rc, out, err = run("convert", sc("clean_adam"), "-o", whole, "--zstd-level", "0")
+    check(rc == 0, f"convert for the cut-short check (got {rc}: {err})")
+    data = open(whole, "rb").read()
+    cut_bin = os.path.join(tmp, "cut.bin")
+    with open(cut_bin, "wb") as fh:
+        fh.write(data[: len(data) * 9 // 10])
+    rc, out, err = run("check", cut_bin, "--max-peak-reserved", "1TiB")
+    check(rc == 2 and "PASS" not in out and "incomplete" in out,
+          f"check of a native trace cut short exits 2, never PASS (got {rc}: {out})")
+    rc, out, err = run("check", sc("clean_adam"), "--baseline", cut_bin, "--max-increase", "5")
+    check(rc == 2 and "PASS" not in out and "incomplete" in err,
+          f"an incomplete baseline is no baseline (got {rc}: {out}{err})")
+    rc, out, err = run("check", whole, "--max-peak-reserved", "1TiB")
+    check(rc == 0 and "PASS" in out, f"the whole trace passes (got {rc}: {out}{err})")
 
 if failures:
     print(f"{len(failures)} failure(s)")

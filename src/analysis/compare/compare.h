@@ -139,6 +139,7 @@ struct JobFindingRef {
 
 struct RunProfile {
   std::string path;
+  std::string incomplete;  // format::Snapshot::incomplete of the input ("" when it is whole)
   std::vector<DeviceProfile> devices;  // ascending device
   // Findings about the job as a whole (cross_device.h: device imbalance), as analyze gives them;
   // check --fail-on and ranks count them on their device.

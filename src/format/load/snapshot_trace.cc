@@ -805,12 +805,14 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         "; read " + std::to_string(r.eventsRead()) + " events in " + std::to_string(end.chunks) +
         " chunks, " + std::to_string(end.lost_bytes) + " bytes after byte " +
         std::to_string(end.good_bytes) + " not read");
+    snap.incomplete = snap.load_warnings.back();
   }
   for (const auto& n : end.notes) snap.load_warnings.push_back(n);
   if (r.trailer().dropped > 0) {
     snap.load_warnings.push_back(std::to_string(r.trailer().dropped) +
                                  " events were dropped by the capture before reaching the file "
                                  "(ring buffer full): totals after that point may be wrong");
+    if (snap.incomplete.empty()) snap.incomplete = snap.load_warnings.back();
   }
 
   const trace::TraceMeta& m = r.meta();
@@ -971,6 +973,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
         "bytes are estimates";
     if (orphans > 0)
       w += "; " + std::to_string(orphans) + " live allocations lie outside every recorded segment";
+    if (snap.incomplete.empty()) snap.incomplete = w;
     snap.load_warnings.push_back(w);
   }
   indexSnapshot(snap);

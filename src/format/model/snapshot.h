@@ -348,6 +348,11 @@ struct Snapshot {
   std::string origin;
   bool live_capture = false;  // a native trace recorded by memforensics' capture (no PyTorch era)
   std::vector<std::string> load_warnings;
+  // Why the input is not the whole record ("" when it is): a native trace cut short or damaged
+  // (read with --salvage), without its final state, or with events the capture dropped. The
+  // figures are still computed from what was read (and load_warnings say so); a CI gate on them
+  // cannot hold (`check` exits 2).
+  std::string incomplete;
   size_t host_trace_events = 0;  // 2.14 pinned host traces: counted, not replayed
   // false for torch.profiler inputs: their segments are synthesized from the reserved total (or
   // the allocated high-water mark) and block addresses are renumbered, so there is no block
