@@ -13,6 +13,7 @@
 #include <string>
 
 #include "analysis/analyze.h"
+#include "analysis/whatif/whatif.h"
 #include "common/saturating.h"
 #include "fixtures/model_builder.h"
 #include "fixtures/snapshot_builder.h"
@@ -632,12 +633,32 @@ TEST(ReportFocus, ThePageOpensOnTheDeviceWithTheOom) {
   EXPECT_EQ(doc["headline"]["focus_device"], 1);
   // The card's memory: reserved + device free at the OOM (the file names no total).
   EXPECT_EQ(r.devices[1].capacity_bytes, 40 * kMiB + 10 * kMiB);
-  EXPECT_EQ(r.devices[1].capacity_basis, "reserved + device free at the first OOM");
+  EXPECT_EQ(r.devices[1].capacity_basis,
+            "implied by the OOMs: reserved + device free at the tightest one, at least the "
+            "reserved bytes reached before it");
   EXPECT_EQ(r.devices[0].capacity_bytes, 0u);
   // A total the file names wins.
   snap.device_total_memory = {0, 80 * kMiB, 0};
   ReportData named = buildReportData(snap);
   EXPECT_EQ(named.devices[1].capacity_bytes, 80 * kMiB);
+}
+
+// At an OOM PyTorch has already given its cache back: reserved + device free there (30 + 10 MiB)
+// is below the 60 MiB the process held before, which the card must have had. The page's card is
+// the what-if's implied one, never below a reserved peak it is drawn against.
+TEST(ReportFocus, TheCardIsNeverBelowTheReservedReachedBeforeTheOom) {
+  const uint64_t base = 0x7f0000000000ULL;
+  ModelBuilder b;
+  b.segmentAlloc(base, 30 * kMiB, {.time_us = 1})
+      .segmentAlloc(base + 32 * kMiB, 30 * kMiB, {.time_us = 2})
+      .alloc(base, 20 * kMiB, {.time_us = 3})
+      .segmentFree(base + 32 * kMiB, 30 * kMiB, {.time_us = 4})
+      .oom(64 * kMiB, /*device_free=*/10 * kMiB, {.time_us = 5});
+  format::Snapshot snap = b.build();
+  ReportData r = buildReportData(snap);
+  ASSERT_EQ(r.devices.size(), 1u);
+  EXPECT_EQ(r.devices[0].capacity_bytes, 60 * kMiB);
+  EXPECT_EQ(r.devices[0].capacity_bytes, analysis::impliedCapacity(analysis::traceInput(snap, 0)));
 }
 
 // A job that caught 20 OOMs: the first 15 and the last have a keyframe (the OOMs that get a

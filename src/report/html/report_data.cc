@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "analysis/frames/frame_tree.h"
+#include "analysis/whatif/whatif.h"
 #include "common/allocator_constants.h"
 #include "common/saturating.h"
 #include "report/html/json_len.h"
@@ -882,12 +883,16 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     if (d >= 0 && di < snap.device_total_memory.size() && snap.device_total_memory[di] > 0) {
       dr.capacity_bytes = snap.device_total_memory[di];
       dr.capacity_basis = "the card's memory recorded in the file";
-    } else if (!f.summary.ooms.empty()) {
-      const replay::OomEvent& o = f.summary.ooms.front();
-      uint64_t cap = 0;
-      if (!__builtin_add_overflow(o.at.reserved, o.device_free, &cap) && o.device_free > 0) {
+    } else if (!f.summary.ooms.empty() && d >= 0 && di < snap.traceCount()) {
+      // The what-if's implied card (one home): reserved + device free at the tightest OOM, and at
+      // least the reserved bytes reached before it (the card held them; at an OOM PyTorch has
+      // already given its cache back, so reserved + free there can be below the peak).
+      const uint64_t cap = analysis::impliedCapacity(analysis::TraceInput{snap, di, f.events});
+      if (cap != analysis::kWhatIfUnlimited && cap > 0) {
         dr.capacity_bytes = cap;
-        dr.capacity_basis = "reserved + device free at the first OOM";
+        dr.capacity_basis =
+            "implied by the OOMs: reserved + device free at the tightest one, at least the "
+            "reserved bytes reached before it";
       }
     }
     dr.icicle_event = f.summary.peak_requested.event;

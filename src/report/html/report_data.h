@@ -120,8 +120,8 @@ struct DeviceReportData {
   // False for files without allocator segments (torch.profiler traces): no block map is drawn,
   // rather than a layout the file does not have; keyframes then carry no segments.
   bool has_segment_info = true;
-  // The card's memory when known: the file's device_total_memory, else reserved + device free
-  // at the first OOM (0 = unknown); capacity_basis says which.
+  // The card's memory when known: the file's device_total_memory, else the card the OOMs imply
+  // (analysis::impliedCapacity, the what-if's) (0 = unknown); capacity_basis says which.
   uint64_t capacity_bytes = 0;
   std::string capacity_basis;
   AllocationView allocations;
