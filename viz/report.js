@@ -305,12 +305,30 @@
   }
 
   // ---------- summary ----------
-  function stat(key, label, bytes, note) {
+  // `estimate`: why the figure is not exact ("" or absent when it is); the box then says so and
+  // carries data-estimate.
+  function stat(key, label, bytes, note, estimate) {
     const box = el("div", { cls: "stat", "data-stat": key, "data-bytes": String(bytes) },
-      el("div", { cls: "label", text: label }),
+      el("div", { cls: "label", text: label + (estimate ? " (estimate)" : "") }),
       el("div", { cls: "value", text: fmtBytes(bytes) }),
       el("div", { cls: "exact", text: exact(bytes) + (note ? " · " + note : "") }));
+    if (estimate) {
+      box.dataset.estimate = "1";
+      box.append(el("div", { cls: "estimate", text: estimate }));
+    }
     return box;
+  }
+  // Why a device's peaks are not exact (analyze's `consistent` / `untrusted`, `allocated_exact`).
+  function peakEstimate(a, key) {
+    if (!a.consistent && (a.untrusted || []).includes("peaks")) {
+      return "not exact: the replay is not consistent with the file's final state (see Replay)";
+    }
+    if (key === "peak_allocated_bytes" && a.allocated_exact === false) {
+      return "blocks freed before the end are counted at PyTorch's rounding of the request; large-pool " +
+        "blocks can hold up to 1 MiB more that the file does not record (the block map's allocated is " +
+        "the allocator model's)";
+    }
+    return "";
   }
   function countStat(key, label, n) {
     return el("div", { cls: "stat", "data-stat": key, "data-value": String(n) },
@@ -370,10 +388,12 @@
 
     const st = $("stats");
     st.textContent = "";
-    st.append(stat("peak_reserved_bytes", "Peak reserved", a.peak_reserved_bytes, eventNote(a.peak_reserved_event, a.peak_reserved_time_us)));
-    st.append(stat("peak_allocated_bytes", "Peak allocated", a.peak_allocated_bytes, eventNote(a.peak_allocated_event, a.peak_allocated_time_us)));
-    st.append(stat("peak_requested_bytes", "Peak requested", a.peak_requested_bytes, eventNote(a.peak_requested_event, a.peak_requested_time_us)));
-    st.append(stat("peak_active_bytes", "Peak active", a.peak_active_bytes, eventNote(a.peak_active_event, a.peak_active_time_us)));
+    for (const [key, label, ev, t] of [
+      ["peak_reserved_bytes", "Peak reserved", a.peak_reserved_event, a.peak_reserved_time_us],
+      ["peak_allocated_bytes", "Peak allocated", a.peak_allocated_event, a.peak_allocated_time_us],
+      ["peak_requested_bytes", "Peak requested", a.peak_requested_event, a.peak_requested_time_us],
+      ["peak_active_bytes", "Peak active", a.peak_active_event, a.peak_active_time_us],
+    ]) st.append(stat(key, label, a[key], eventNote(ev, t), peakEstimate(a, key)));
     st.append(stat("final_reserved_bytes", "Reserved at the end", a.final_reserved_bytes));
     if (historyUnexplained(a) && !a.oom_count) {
       st.append(el("div", { cls: "stat", "data-stat": "oom_count", "data-value": "unknown" },

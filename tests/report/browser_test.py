@@ -758,6 +758,15 @@ def check_report(wd, exe, src, workdir, artifacts, name, failures):
         for key, text in zip(["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes"], texts):
             if f"{dev[key]:,} B" not in text:
                 failures.append(f"{name} device {dev['device']}: {key} text {text!r} lacks {dev[key]:,} B")
+        # A peak is called an estimate exactly where analyze says it is not exact: allocated
+        # without allocated_exact, every peak of a replay whose peaks are untrusted.
+        marked = wd.js("const o = {}; for (const e of document.querySelectorAll('#stats [data-stat]'))"
+                       " o[e.dataset.stat] = e.dataset.estimate === '1'; return o")
+        for key in ["peak_reserved_bytes", "peak_allocated_bytes", "peak_requested_bytes", "peak_active_bytes"]:
+            want = "peaks" in dev["untrusted"] or (key == "peak_allocated_bytes" and not dev["allocated_exact"])
+            if bool(marked.get(key)) != want:
+                failures.append(f"{name} device {dev['device']}: {key} marked estimate={marked.get(key)}, "
+                                f"analyze says estimate={want}")
         shown_findings = wd.js("return Array.from(document.querySelectorAll('#findings li[data-kind]'))"
                                ".map(e => [e.dataset.kind, e.dataset.severity, Number(e.dataset.bytes)])")
         want_findings = [[f["kind"], f["severity"], f["bytes"]] for f in dev["findings"]]
