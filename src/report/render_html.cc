@@ -638,6 +638,7 @@ std::string dataJson(const analysis::AnalysisResult& analysis, const analysis::R
   doc["frames"] = frames;
   doc["stacks"] = data.stacks;
   doc["caps"] = data.caps;
+  for (auto& c : analysis::drawnCaps(data)) doc["caps"].push_back(std::move(c));
   doc["categories"] = json::array();
   for (size_t c = 0; c < analysis::kCategoryCount; ++c) {
     doc["categories"].push_back(analysis::categoryName(static_cast<analysis::Category>(c)));

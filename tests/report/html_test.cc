@@ -345,6 +345,25 @@ TEST(HtmlBound, SectionsAreDroppedUntilThePageFitsAndTheNotesSayWhich) {
       stepped |= c.find("events of the event-stepping windows left out") != std::string::npos;
     }
     EXPECT_TRUE(halved || stepped);
+    // The counts of what is drawn are the page's own, also once its data was halved: the
+    // timeline's kept points and the allocations drawn one by one (drawnCaps; 5 numbers each).
+    size_t points = 0, drawn = 0;
+    for (const auto& d : b.doc["devices"]) {
+      if (d["downsampled"].get<bool>()) points += d["points"]["event"].size();
+      if (d["allocations"]["capped"].get<bool>()) drawn += d["allocations"]["drawn"].size() / 5;
+    }
+    for (const auto& c : b.caps) {
+      const auto number_after = [&](const std::string& what) {
+        const size_t at = c.find(what);
+        return at == std::string::npos ? int64_t{-1} : std::stoll(c.substr(at + what.size()));
+      };
+      if (c.rfind("timeline: ", 0) == 0 && c.find("kept ones") != std::string::npos) {
+        EXPECT_EQ(number_after(" drawn from "), static_cast<int64_t>(points)) << c;
+      }
+      if (c.rfind("allocations: on ", 0) == 0) {
+        EXPECT_EQ(number_after(" device(s) the "), static_cast<int64_t>(drawn)) << c;
+      }
+    }
     if (budget == full.html.size() - 1) {
       EXPECT_TRUE(stepped);
       EXPECT_FALSE(halved);

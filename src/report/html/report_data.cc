@@ -759,8 +759,7 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
   const size_t block_budget = plan.block_budget;
   const size_t max_icicle_nodes = plan.max_icicle_nodes;
   uint64_t merged_keyframes = 0, merged_blocks = 0, ooms_without_keyframe = 0, icicle_cut = 0,
-           keyframes_dropped = 0, phases_cut = 0, moments_missing = 0, moment_icicle_cut = 0,
-           allocations_capped = 0;
+           keyframes_dropped = 0, phases_cut = 0, moments_missing = 0, moment_icicle_cut = 0;
   for (const DeviceFacts& f : facts) {
     if (!plan.draws(f.device)) continue;
     const int64_t d = f.device;
@@ -906,7 +905,6 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     dr.allocations = allocationViewOf(
         f, plan.allocation_bytes, opt.max_drawn_allocations, dr.timeline.has_times,
         [&](StackId id) { return tables.stack(id); }, tables.maxStacks());
-    if (dr.allocations.capped) ++allocations_capped;
     // Event stepping: its stacks after the drawings' (the first ones keep their names when a
     // page over its bound is halved).
     if (snap.has_segment_info && !plan.steps(d)) {
@@ -991,18 +989,6 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
                        fmtCount(kMomentIcicleNodes) +
                        " per device, shared by the keyframes); their bytes stay in their parents");
   }
-  if (allocations_capped > 0) {
-    size_t drawn = 0, total = 0;
-    for (const auto& d : out.devices) {
-      drawn += d.allocations.drawn.size();
-      total += d.allocations.allocations;
-    }
-    out.caps.push_back(
-        "allocations: on " + fmtCount(allocations_capped) + " device(s) the " + fmtCount(drawn) +
-        " largest of " + fmtCount(total) + " allocations are drawn one by one (at most " +
-        fmtCount(opt.max_drawn_allocations) + " and " + fmtCount(opt.allocation_bytes) +
-        " bytes of data per device); the others form one band per bucket of events");
-  }
   if (phases_cut > 0) {
     out.caps.push_back("timeline: " + fmtCount(phases_cut) + " phases not drawn (at most " +
                        fmtCount(opt.max_phases) +
@@ -1012,20 +998,41 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
     out.caps.push_back("stacks: " + fmtCount(tables.stacksCapped()) + " stacks beyond the first " +
                        fmtCount(opt.max_stacks) + " are not named by their blocks");
   }
+  out.allocation_bound = opt.max_drawn_allocations;
+  out.allocation_bound_bytes = opt.allocation_bytes;
+  return out;
+}
+
+std::vector<std::string> drawnCaps(const ReportData& data) {
+  std::vector<std::string> caps;
+  size_t capped = 0, drawn = 0, total = 0;
+  for (const auto& d : data.devices) {
+    if (!d.allocations.capped) continue;
+    ++capped;
+    drawn += d.allocations.drawn.size();
+    total += d.allocations.allocations;
+  }
+  if (capped > 0) {
+    caps.push_back("allocations: on " + fmtCount(capped) + " device(s) the " + fmtCount(drawn) +
+                   " largest of " + fmtCount(total) +
+                   " allocations are drawn one by one (at most " + fmtCount(data.allocation_bound) +
+                   " and " + fmtCount(data.allocation_bound_bytes) +
+                   " bytes of data per device); the others form one band per bucket of events");
+  }
   size_t downsampled = 0, total_points = 0, kept_points = 0;
-  for (const auto& d : out.devices) {
+  for (const auto& d : data.devices) {
     if (!d.timeline.downsampled) continue;
     ++downsampled;
     total_points += d.timeline.total_points;
     kept_points += d.timeline.points.size();
   }
   if (downsampled > 0) {
-    out.caps.push_back(
+    caps.push_back(
         "timeline: " + fmtCount(downsampled) + " device(s) with " + fmtCount(total_points) +
         " points in all are drawn from " + fmtCount(kept_points) +
         " kept ones (per bucket the minimum and maximum of each series; every peak and OOM exact)");
   }
-  return out;
+  return caps;
 }
 
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& opt) {

@@ -134,7 +134,12 @@ struct ReportData {
   std::vector<FrameText> frames;
   std::vector<std::vector<int32_t>> stacks;  // frame indices, innermost first
   std::vector<DeviceReportData> devices;
-  std::vector<std::string> caps;  // what a bound cut, in words
+  // What a bound cut, in words; those whose counts describe what is drawn (timeline points, the
+  // allocations drawn one by one) are drawnCaps(), stated from the data when the page is written,
+  // so a page whose data was halved afterwards never carries the counts of before.
+  std::vector<std::string> caps;
+  size_t allocation_bound = 0;          // ReportDataOptions::max_drawn_allocations
+  uint64_t allocation_bound_bytes = 0;  // ReportDataOptions::allocation_bytes
   // Issue 14 part 5, filled by `report` (report/html/whatif_data.h, viz/whatif.js): the what-if
   // panel of the focus device, and with --baseline the diff against that run.
   report::WhatIfPanel whatif;
@@ -206,6 +211,8 @@ ReportData reportDataOf(const format::Snapshot& snap, std::span<const DeviceFact
 
 // Convenience (tests, fuzzing): one session per device, then reportDataOf.
 ReportData buildReportData(const format::Snapshot& snap, const ReportDataOptions& options = {});
+// The caps whose counts describe what `data` draws now (see ReportData::caps).
+std::vector<std::string> drawnCaps(const ReportData& data);
 
 // The page's over-budget path (report::renderHtmlWithin): data already built, cut as if every
 // bound of ReportDataOptions had been halved, without replaying anything. Deterministic; per
