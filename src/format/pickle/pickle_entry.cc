@@ -209,17 +209,11 @@ bool Machine::fastFetch(uint64_t idx, Value& out) const {
   }
 }
 
-// An optional memo store of `enc` at p: MEMOIZE, or BINPUT / LONG_BINPUT of the next free index.
-// false for a store this path does not undo (an overwrite, a gap) or past the memo budget.
-bool Machine::fastMemo(const uint8_t*& p, uint64_t enc) {
+// fastMemo's other cases (pickle_machine.h): BINPUT / LONG_BINPUT of the next free index, a
+// MEMOIZE that grows or widens the memo; false for a store this path does not undo (an
+// overwrite, a gap) or past the memo budget.
+bool Machine::fastMemoSlow(const uint8_t*& p, uint64_t enc) {
   if (p >= end_) return true;  // the next read gives up
-  // MEMOIZE into a narrow memo with room: what memoPush does, without its checks for growth.
-  if (*p == MEMOIZE && !memo_wide_ && (enc & 0xffffffffu) <= kNarrowPayload &&
-      memo32_.size() < memo32_.capacity() && memo32_.size() < memo_budget_) {
-    memo32_.push_back(narrow(enc));
-    p += 1;
-    return true;
-  }
   uint64_t idx;
   if (*p == MEMOIZE) {
     idx = memoSize();
@@ -538,7 +532,8 @@ void Machine::recordShape(size_t count) {
     }
     field[k] = fieldOf(id);
     if (field[k] == Field::PoolId || field[k] == Field::Other)
-      return;  // pool_id or a key makeEvent ignores: left to fastEntry
+      return;                         // pool_id or a key makeEvent ignores: left to fastEntry
+    if (id > kNarrowPayload) return;  // fastShaped compares narrow memo entries
     key[k] = id;
   }
   std::copy(key, key + keys, shape_key_);
@@ -547,7 +542,8 @@ void Machine::recordShape(size_t count) {
 }
 
 bool Machine::fastShaped() {
-  if (shape_keys_ == 0) return false;
+  // A wide memo (a payload past 30 bits, never seen in a real file) is left to fastEntry.
+  if (shape_keys_ == 0 || memo_wide_) return false;
   const uint8_t* p = p_;  // just after EMPTY_DICT
   const uint8_t* const end = end_;
   const size_t memo0 = memoSize();
@@ -560,35 +556,68 @@ bool Machine::fastShaped() {
   Event e;
   EventNotes notes;
   bool ok = fastMemo(p, uint64_t{2} << 32 | n) && p < end && *p == MARK;
+  // The narrow memo read in place (memoAt's encoding, kind << 30 | payload; 0 for a slot not
+  // stored): only a frames list's store (fastFrames) changes it while the entry is read.
+  const uint32_t* memo = memo32_.data();
+  size_t memo_n = memo32_.size();
+  auto fetch = [&](const uint8_t*& q, uint32_t& x) __attribute__((always_inline)) {
+    const auto left = end - q;
+    uint32_t idx;
+    if (left >= 5 && *q == LONG_BINGET) {
+      std::memcpy(&idx, q + 1, 4);
+      q += 5;
+    } else if (left >= 2 && *q == BINGET) {
+      idx = q[1];
+      q += 2;
+    } else {
+      return false;
+    }
+    x = idx < memo_n ? memo[idx] : 0;
+    return true;
+  };
+  constexpr uint32_t kStr = 1u << 30;   // a string's memo entry: kStr | StrId
+  constexpr uint32_t kNode = 2u << 30;  // a node's: kNode | node
+  constexpr uint32_t kKind = 3u << 30;
+  const auto payload = [](uint32_t x) { return static_cast<uint32_t>(x & kNarrowPayload); };
   if (ok) {
     ++p;
+    uint32_t x = 0;
+    Value v;
     for (uint32_t k = 0; k < shape_keys_ && ok; ++k) {
-      uint64_t m = 0;
-      if (!shapedFetch(p, m) || m != (uint64_t{1} << 32 | shape_key_[k])) {
+      if (!fetch(p, x) || x != (kStr | shape_key_[k])) {
         ok = false;
         break;
       }
-      // The value in one of its common forms, then applied as makeEvent applies it.
-      const Field f = shape_field_[k];
-      Value v;
-      switch (f) {
+      // The value in one of its common forms, applied as makeEvent applies it (the field is a
+      // constant in each case, so applyField's own switch folds away).
+      switch (shape_field_[k]) {
         case Field::Action:
-          ok = shapedFetch(p, m) && (m >> 32) == 1;
-          v = Value::str(static_cast<StrId>(m));
+          ok = fetch(p, x) && (x & kKind) == kStr &&
+               applyField(Field::Action, Value::str(payload(x)), e, notes) == Fit::Ok;
           break;
         case Field::Addr:
-        case Field::DeviceFree:
-        case Field::Size:
-        case Field::Stream:
-        case Field::TimeUs:
-          ok = shapedInt(p, end, v);
+          ok = shapedInt(p, end, v) && applyField(Field::Addr, v, e, notes) == Fit::Ok;
           break;
-        case Field::Frames: {
+        case Field::DeviceFree:
+          ok = shapedInt(p, end, v) && applyField(Field::DeviceFree, v, e, notes) == Fit::Ok;
+          break;
+        case Field::Size:
+          ok = shapedInt(p, end, v) && applyField(Field::Size, v, e, notes) == Fit::Ok;
+          break;
+        case Field::Stream:
+          ok = shapedInt(p, end, v) && applyField(Field::Stream, v, e, notes) == Fit::Ok;
+          break;
+        case Field::TimeUs:
+          ok = shapedInt(p, end, v) && applyField(Field::TimeUs, v, e, notes) == Fit::Ok;
+          break;
+        case Field::Frames:
           if (p < end && *p == EMPTY_LIST) {
             ++p;
             Value list;
-            ok = fastFrames(p, list);
+            ok = fastFrames(p, list) && !memo_wide_;
             if (!ok) break;
+            memo = memo32_.data();  // the list's store may have grown the memo
+            memo_n = memo32_.size();
             const Node& node = nodes_[list.id];
             if (node.kind == NK::Stack)
               e.stack = node.ref;
@@ -600,28 +629,26 @@ bool Machine::fastShaped() {
             ++p;
             e.stack = kNoStack;
           } else {
-            ok = shapedFetch(p, m) && (m >> 32) == 2 &&
-                 nodes_[static_cast<uint32_t>(m)].kind == NK::Stack;
-            if (ok) e.stack = nodes_[static_cast<uint32_t>(m)].ref;
+            ok = fetch(p, x) && (x & kKind) == kNode && nodes_[payload(x)].kind == NK::Stack;
+            if (ok) e.stack = nodes_[payload(x)].ref;
           }
-          continue;
-        }
+          break;
         case Field::CompileContext:
         case Field::UserMetadata:
           if (p < end && *p == NONE) {
             ++p;
             v = Value::none();
           } else {
-            ok = shapedFetch(p, m) && (m >> 32) == 1;
-            v = Value::str(static_cast<StrId>(m));
+            ok = fetch(p, x) && (x & kKind) == kStr;
+            v = Value::str(payload(x));
           }
+          ok = ok && applyField(shape_field_[k], v, e, notes) == Fit::Ok;
           break;
         case Field::PoolId:
         case Field::Other:
           ok = false;  // recordShape keeps neither
           break;
       }
-      ok = ok && applyField(f, v, e, notes) == Fit::Ok;
     }
     ok = ok && p < end && *p == SETITEMS;
   }

@@ -644,7 +644,19 @@ class Machine {
   bool fastValue(const uint8_t*& p, Value& out);
   bool fastKey(const uint8_t*& p, Value& out);
   bool fastFetch(uint64_t idx, Value& out) const;
-  bool fastMemo(const uint8_t*& p, uint64_t enc);
+  // An optional memo store of `enc` at p: MEMOIZE, or BINPUT / LONG_BINPUT of the next free
+  // index. Inline: a MEMOIZE into a narrow memo with room (what memoPush does, without its checks
+  // for growth), twice per trace entry; anything else in fastMemoSlow.
+  __attribute__((always_inline)) bool fastMemo(const uint8_t*& p, uint64_t enc) {
+    if (p < end_ && *p == MEMOIZE && !memo_wide_ && (enc & 0xffffffffu) <= kNarrowPayload &&
+        memo32_.size() < memo32_.capacity() && memo32_.size() < memo_budget_) {
+      memo32_.push_back(narrow(enc));
+      p += 1;
+      return true;
+    }
+    return fastMemoSlow(p, enc);
+  }
+  bool fastMemoSlow(const uint8_t*& p, uint64_t enc);
   bool fastFrames(const uint8_t*& p, Value& out);
   bool skipFrames(const uint8_t*& p) const;
   bool fastShaped();
