@@ -248,8 +248,10 @@ int runRecordCommand() {
   if (pid == 0) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    // SIGXFSZ too: memforensics ignores it for itself (main.cc), the command gets the default.
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ}) ::sigaction(sig, &dfl, nullptr);
+    // SIGXFSZ and SIGPIPE too: memforensics ignores them for itself (main.cc), the command gets
+    // the default (an ignored disposition would survive the exec).
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ, SIGPIPE})
+      ::sigaction(sig, &dfl, nullptr);
     std::string out =
         g_args.out.empty() ? "memforensics-" + std::to_string(::getpid()) + ".bin" : g_args.out;
     if (!library.empty()) {

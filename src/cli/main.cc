@@ -390,6 +390,9 @@ int main(int argc, char** argv) {
   // *.tmp-XXXXXX behind: ignored, the write fails with EFBIG, and the output code reports it
   // (exit 2) and removes its temporary file.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Nor a reader that closed the pipe (`dump big.pickle | head`) with SIGPIPE (exit 141): the
+  // write fails with EPIPE and the output code reports it (exit 2), as docs/cli.md says.
+  std::signal(SIGPIPE, SIG_IGN);
   // An input mapped while another process truncates it: exit 2 with a message, not SIGBUS.
   mf::installMappedInputFaultHandler();
   // Before anything allocates much: freed memory is reused, not unmapped (common/memory.h).

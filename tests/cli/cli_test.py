@@ -75,6 +75,18 @@ r = run("analyze", "--frobnicate", "x")
 check("unknown option is a usage error", r.returncode == 1, f"rc={r.returncode}")
 r = run("analyze", "/nonexistent.pickle")
 check("missing file exits 2", r.returncode == 2 and "cannot open" in r.stderr, r.stderr)
+# A reader that closes the pipe early (`dump big.pickle | head -c 10`): exit 2 with the reason, not
+# death by SIGPIPE (141). subprocess resets SIGPIPE to its default in the child, as a shell does.
+# (520 KB of output: far more than a pipe holds, so the write after the close must fail.)
+big = os.path.join(ROOT, "snapshots", "scenarios", "checkpointing_opportunity.pickle")
+p = subprocess.Popen([BIN, "dump", "--stacks", big], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+p.stdout.read(10)
+p.stdout.close()
+err = p.stderr.read().decode(errors="replace")
+p.wait(timeout=60)
+check("dump | head -c 10 exits 2 with the reason", p.returncode == 2 and "Broken pipe" in err,
+      f"rc={p.returncode} {err}")
+
 with tempfile.TemporaryDirectory() as tmp:
     evil = os.path.join(tmp, "evil.pickle")
     # pickle.dumps of an object whose __reduce__ calls os.system: GLOBAL/STACK_GLOBAL + REDUCE.
