@@ -91,6 +91,10 @@ void printSim(const char* name, const analysis::SimResult& r, const std::string&
     if (!o.line.empty()) os << " at " << escapeText(o.line);
     os << " - " << o.why << "\n";
   }
+  if (r.oom_count > r.ooms.size()) {
+    os << "    ... and " << r.oom_count - r.ooms.size() << " more (the first "
+       << analysis::kWhatIfMaxOoms << " OOMs of a run are listed)\n";
+  }
 }
 
 }  // namespace

@@ -479,6 +479,8 @@ void renderRanksText(const std::vector<analysis::RankRow>& rows, const analysis:
         out << "; the line that differs most: " << esc(r.outlier_line) << " holds "
             << formatBytesShort(r.outlier_line_bytes) << " against a median of "
             << formatBytesShort(r.outlier_line_median) << " on the other ranks";
+      } else {
+        out << "; no line holds more than on the other ranks (none stands out)";
       }
       out << "\n";
     }

@@ -275,6 +275,22 @@ TEST(Ranks, OutlierMarkedWithTheLineThatDiffers) {
   EXPECT_FALSE(rows[4].outlier);
 }
 
+// A rank above the median by its reserved bytes alone (an idle cached segment) with every line
+// as on the others: an outlier, but no line is named (it would blame one holding the same bytes).
+TEST(Ranks, AnOutlierByItsCacheNamesNoLine) {
+  auto rows = fourRanks(false);
+  rows[2].peak_reserved += 1024 * kMiB;
+  RanksSummary s = markOutliers(rows);
+  EXPECT_EQ(s.outliers, 1u);
+  EXPECT_TRUE(rows[2].outlier);
+  EXPECT_EQ(rows[2].outlier_figure, "peak_reserved");
+  EXPECT_EQ(rows[2].outlier_line, "");
+  std::ostringstream text;
+  report::renderRanksText(rows, s, text);
+  EXPECT_NE(text.str().find("none stands out"), std::string::npos) << text.str();
+  EXPECT_EQ(text.str().find("the line that differs most"), std::string::npos) << text.str();
+}
+
 TEST(Ranks, EqualRanksHaveNoOutlier) {
   auto rows = fourRanks(false);
   RanksSummary s = markOutliers(rows);

@@ -197,6 +197,17 @@ doc = whatif(sample, "--capacity", "5GiB")
 if doc:
     check(doc["devices"][0]["whatif"]["oom_count"] == 0, "sample: a 5 GiB card avoids the OOM")
 
+# A card too small for anything: every request fails; the text lists the first 64 OOMs and says
+# how many more, as the JSON's complete oom_count does.
+rc, out, err = run("whatif", sample, "--capacity", "1")
+doc = whatif(sample, "--capacity", "1")
+if doc:
+    n = doc["devices"][0]["whatif"]["oom_count"]
+    listed = len(doc["devices"][0]["whatif"]["ooms"])
+    check(n > 64 and listed == 64, f"sample on a 1-byte card: {n} OOMs, {listed} listed")
+    check(rc == 0 and f"... and {n - 64} more" in out,
+          f"whatif text says how many OOMs are not listed (got {rc}: {out[-400:]})")
+
 # A real history on a smaller card: a new OOM that max_split_size_mb avoids (fragmentation).
 silmont = os.path.join(REAL, "silmont2000__assignment2-systems__mem_snapshot.pickle")
 if os.path.exists(silmont):

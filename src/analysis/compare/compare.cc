@@ -561,7 +561,9 @@ RanksSummary markOutliers(std::vector<RankRow>& rows) {
       const uint64_t upper = other(m / 2);
       const uint64_t med = m % 2 == 1 ? upper : other(m / 2 - 1) + (upper - other(m / 2 - 1)) / 2;
       const int64_t diff = signedDelta(med, l.bytes);
-      if (diff > best) {
+      // Only a line that holds more than the others' median is named: a rank above the median by
+      // its idle cache has no such line, and naming one that holds the same would blame it.
+      if (diff > 0 && diff > best) {
         best = diff;
         r.outlier_line = l.line;
         r.outlier_line_bytes = l.bytes;
