@@ -82,6 +82,29 @@ CLI::App* addCheckCommand(CLI::App& app) {
   return c;
 }
 
+namespace {
+
+// Why an input that was read cannot take part in the gate, with the exit it gives (rc kExitOk and
+// no reason when it can): a --device it lacks (exit 1, as every command), or one a gate cannot
+// hold on (exit 2): cut short (its peaks may lie past the cut) or holding no device at all
+// (history not recorded, the wrong rank's dump). For the files and the baseline alike.
+struct Unusable {
+  std::string why;
+  int rc = kExitOk;
+};
+Unusable unusable(const analysis::RunProfile& p, std::optional<int64_t> device) {
+  if (device && p.devices.empty()) return {"has no device " + std::to_string(*device), kExitUsage};
+  if (!p.incomplete.empty()) {
+    return {"is incomplete, so no limit can be said to hold: " + p.incomplete, kExitError};
+  }
+  if (p.devices.empty()) {
+    return {"holds nothing to check: no device has segments or trace entries", kExitError};
+  }
+  return {};
+}
+
+}  // namespace
+
 int runCheckCommand() {
   analysis::CheckLimits limits;
   if (!sizeArg("--max-peak-reserved", g_args.max_peak_reserved, limits.max_peak_reserved) ||
@@ -121,19 +144,10 @@ int runCheckCommand() {
       printError(files.back().error);
       return finish(kExitError);
     }
-    if (b->devices.empty() && g_args.device) {
-      files.push_back({g_args.baseline, "the baseline " + g_args.baseline + " has no device " +
-                                            std::to_string(*g_args.device)});
+    if (const Unusable u = unusable(*b, g_args.device); u.rc != kExitOk) {
+      files.push_back({g_args.baseline, "the baseline " + g_args.baseline + " " + u.why});
       printError(files.back().error);
-      return finish(kExitUsage);
-    }
-    if (!b->incomplete.empty()) {
-      files.push_back({g_args.baseline, "the baseline " + g_args.baseline +
-                                            " is incomplete, so no increase over it can be "
-                                            "said to hold: " +
-                                            b->incomplete});
-      printError(files.back().error);
-      return finish(kExitError);
+      return finish(u.rc);
     }
     baseline = std::move(*b);
   }
@@ -146,17 +160,10 @@ int runCheckCommand() {
       f.error = p.error().describe();
       printError(f.error);
       unreadable = true;
-    } else if (missingDevice(*p, g_args.device)) {
-      f.error = path + " has no device " + std::to_string(*g_args.device);
-      missing = true;
-    } else if (!p->incomplete.empty() || p->devices.empty()) {
-      // A gate never passes on what it could not see: a file cut short (its peaks may be past
-      // the cut) or one that holds no device at all (history not recorded, the wrong rank).
-      f.error = !p->incomplete.empty()
-                    ? "the input is incomplete, so no limit can be said to hold: " + p->incomplete
-                    : "nothing to check: no device has segments or trace entries";
-      printError(path + ": " + f.error);
-      unreadable = true;
+    } else if (const Unusable u = unusable(*p, g_args.device); u.rc != kExitOk) {
+      f.error = path + " " + u.why;
+      printError(f.error);
+      (u.rc == kExitUsage ? missing : unreadable) = true;
     } else {
       setActivity("checking " + path);
       auto r = analysis::checkProfile(*p, limits, baseline ? &*baseline : nullptr);

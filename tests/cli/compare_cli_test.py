@@ -264,6 +264,9 @@ with tempfile.TemporaryDirectory() as tmp:
     doc = json.loads(out)
     check(rc == 2 and doc["passed"] is False and "nothing to check" in doc["files"][0]["error"],
           f"check of a file with no device exits 2 (got {rc}: {out})")
+    rc, out, err = run("check", sc("clean_adam"), "--baseline", empty, "--max-increase", "5")
+    check(rc == 2 and "PASS" not in out and "nothing to check" in err,
+          f"a baseline with no device is no baseline (got {rc}: {out}{err})")
     whole = os.path.join(tmp, "whole.bin")
     rc, out, err = run("convert", sc("clean_adam"), "-o", whole, "--zstd-level", "0")
     check(rc == 0, f"convert for the cut-short check (got {rc}: {err})")
