@@ -661,23 +661,6 @@ class Machine {
   bool skipFrames(const uint8_t*& p) const;
   bool fastShaped();
   void recordShape(size_t count);
-  // A memo fetch at p (BINGET / LONG_BINGET): its memo entry in m (0 for an unset slot).
-  __attribute__((always_inline)) bool shapedFetch(const uint8_t*& p, uint64_t& m) const {
-    const auto left = end_ - p;
-    if (left >= 5 && *p == LONG_BINGET) {
-      uint32_t idx;
-      std::memcpy(&idx, p + 1, 4);
-      m = memoAt(idx);
-      p += 5;
-      return true;
-    }
-    if (left >= 2 && *p == BINGET) {
-      m = memoAt(p[1]);
-      p += 2;
-      return true;
-    }
-    return false;
-  }
 
   // -- reading operands
   template <typename T>
