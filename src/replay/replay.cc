@@ -180,6 +180,7 @@ DeviceReplayer::DeviceReplayer(const Snapshot& snap, int64_t device, std::span<c
   // The file's final state for this device, validated (sizes, wraps, overlaps, blocks outside).
   bool any_final_pending = false;
   has_final_state_ = !snap.segmentsOf(device).empty();
+  final_state_rebuilt_ = snap.final_state_rebuilt;
   const FinalState fin = validateFinalState(snap, device);
   auto count = [&](AnomalyKind k, uint64_t n) {
     if (n > 0) anomalies_[static_cast<size_t>(k)].count += n;
@@ -235,16 +236,35 @@ void DeviceReplayer::add(uint64_t& c, uint64_t v, int64_t event) {
   if (overflow) note(AnomalyKind::CounterOverflow, event);
 }
 
+bool DeviceReplayer::contradictsFinalState() const {
+  auto n = [&](AnomalyKind k) { return anomalies_[static_cast<size_t>(k)].count > 0; };
+  return n(AnomalyKind::HistoryContradictsFinalState) ||
+         (has_final_state_ && n(AnomalyKind::FinalStateMismatch));
+}
+
+bool DeviceReplayer::rebuiltMidRun() const {
+  return final_state_rebuilt_ && (live_at_start_ > 0 || start_.reserved > 0);
+}
+
 uint8_t DeviceReplayer::untrusted() const {
   auto n = [&](AnomalyKind k) { return anomalies_[static_cast<size_t>(k)].count > 0; };
   uint8_t m = 0;
-  if (n(AnomalyKind::HistoryContradictsFinalState) ||
-      (has_final_state_ && n(AnomalyKind::FinalStateMismatch))) {
+  if (contradictsFinalState() || rebuiltMidRun()) {
     m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed | kUntrustedBlockLayout;
   }
   if (n(AnomalyKind::CounterOverflow))
     m |= kUntrustedStart | kUntrustedPeaks | kUntrustedFinalReplayed;
   return m;
+}
+
+std::string_view DeviceReplayer::untrustedCause() const {
+  if (contradictsFinalState())
+    return "the trace cannot lead to the file's final state (see the anomalies)";
+  if (rebuiltMidRun())
+    return "the file has no final state (it was rebuilt from the trace's events) and the trace "
+           "starts mid-run: what was alive through all of it is in no record";
+  if (untrusted() != 0) return "a byte counter saturated (see the anomalies)";
+  return "";
 }
 
 void DeviceReplayer::backward() {
@@ -583,6 +603,7 @@ void finishSummary(DeviceReplayer& r, DeviceSummary& s) {
   s.allocated_exact = r.allocatedExact();
   s.untrusted = r.untrusted();
   s.consistent = s.untrusted == 0;
+  s.untrusted_cause = r.untrustedCause();
   s.anomalies = r.anomalies();
   s.live_blocks_final = r.live().size();
 }

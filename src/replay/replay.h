@@ -133,8 +133,10 @@ FinalState validateFinalState(const Snapshot& snap, int64_t device);
 // Figures a replay cannot vouch for (DeviceSummary::untrusted), as bits. When the trace cannot
 // lead to the file's final state (HistoryContradictsFinalState, FinalStateMismatch) the start state
 // derived backward from that final state is wrong, and so are the peaks and the replayed final
-// state computed from it, and the block layout seeded from it; a saturated counter
-// (CounterOverflow) spoils the byte figures.
+// state computed from it, and the block layout seeded from it; so are they when that final state
+// was rebuilt from the events (Snapshot::final_state_rebuilt) and the trace did not start from an
+// empty device (blocks or segments alive at its start: those alive throughout are in no record);
+// a saturated counter (CounterOverflow) spoils the byte figures.
 enum UntrustedFigure : uint8_t {
   kUntrustedStart = 1,
   kUntrustedPeaks = 2,
@@ -239,8 +241,12 @@ class DeviceReplayer {
   // The figures that cannot be trusted given the anomalies counted so far (UntrustedFigure bits;
   // complete after checkFinalState()). 0: the replay is consistent with the file.
   uint8_t untrusted() const;
+  // Why untrusted() is not 0, in words for a reader ("" when it is 0): untrustedCause's text.
+  std::string_view untrustedCause() const;
 
  private:
+  bool contradictsFinalState() const;  // HistoryContradictsFinalState, or FinalStateMismatch
+  bool rebuiltMidRun() const;          // a rebuilt final state, blocks or segments at the start
   void note(AnomalyKind k, int64_t event);
   // Counts HistoryContradictsFinalState during the backward pass (first_event = the earliest).
   void contradiction(size_t event);
@@ -294,6 +300,7 @@ class DeviceReplayer {
   // contradict (trace-only files: fabricated tests, a cut native trace): nothing is marked
   // untrusted.
   bool has_final_state_ = false;
+  bool final_state_rebuilt_ = false;  // Snapshot::final_state_rebuilt
   size_t live_at_start_ = 0;
   size_t freed_before_start_ = 0;
   PassStats* stats_ = nullptr;  // this device's pass counters (replay/pass_stats.h)
@@ -334,6 +341,8 @@ struct DeviceSummary {
   // `untrusted` (UntrustedFigure bits) names the figures that are not exact.
   bool consistent = true;
   uint8_t untrusted = 0;
+  std::string_view
+      untrusted_cause;  // why, in words (DeviceReplayer::untrustedCause); "" if trusted
   std::vector<OomEvent> ooms;
   size_t segments = 0;
   size_t live_blocks_final = 0;

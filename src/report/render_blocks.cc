@@ -115,7 +115,7 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
         << " (analyze's incomplete_history finding says how to record one that can)\n";
   }
   if (!r.consistent) {
-    out << "UNTRUSTED: the trace cannot lead to the file's final state; not exact:";
+    out << "UNTRUSTED: " << r.untrusted_cause << "; not exact:";
     for (auto n : replay::untrustedNames(r.untrusted)) out << " " << n;
     out << "\n";
   }
@@ -203,6 +203,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   json untrusted = json::array();
   for (auto n : replay::untrustedNames(r.untrusted)) untrusted.push_back(std::string(n));
   doc["untrusted"] = std::move(untrusted);
+  if (!r.consistent) doc["untrusted_cause"] = std::string(r.untrusted_cause);
   json errors = json::array();
   for (const auto& a : r.errors) {
     errors.push_back({{"id", a.id}, {"count", a.count}, {"first_event", optJson(a.first_event)}});

@@ -120,6 +120,7 @@ json deviceJson(const analysis::DeviceAnalysis& d) {
   json untrusted = json::array();
   for (auto n : replay::untrustedNames(s.untrusted)) untrusted.push_back(std::string(n));
   j["untrusted"] = std::move(untrusted);
+  if (!s.consistent) j["untrusted_cause"] = std::string(s.untrusted_cause);
   j["start_reserved_bytes"] = s.start.reserved;
   j["start_requested_bytes"] = s.start.requested;
   j["final_reserved_bytes"] = s.final_replayed.reserved;

@@ -313,8 +313,7 @@ void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& hea
              "record.\n";
     }
     if (!s.consistent) {
-      out << "  UNTRUSTED: the trace cannot lead to the file's final state (see the anomalies); "
-             "not exact:";
+      out << "  UNTRUSTED: " << s.untrusted_cause << "; not exact:";
       for (auto n : replay::untrustedNames(s.untrusted)) out << " " << n;
       out << "\n";
     }

@@ -11,7 +11,11 @@
 #include <set>
 
 #include "analysis/frames/callgraph.h"
+#include "analysis/session/session.h"
 #include "fixtures/snapshot_builder.h"
+#include "format/load/load.h"
+#include "format/load/snapshot_trace.h"
+#include "format/trace/trace_writer.h"
 
 namespace memforensics {
 namespace {
@@ -116,7 +120,9 @@ class Sim {
     optimizer_.emplace_back(start, time_++);
   }
 
-  format::Snapshot build() {
+  // `skip`: the first events are left out of the trace (a late start: what they made is alive
+  // in the final state, with no record of its allocation).
+  format::Snapshot build(size_t skip = 0) {
     testing::TSegment seg;
     seg.address = kBase;
     uint64_t cursor = kBase;
@@ -129,7 +135,10 @@ class Sim {
     }
     if (cursor < kBase + capacity_)
       seg.blocks.push_back({kBase + capacity_ - cursor, 0, "inactive", {}});
-    format::Snapshot s = testing::buildSnapshot(testing::TSnapshot{{seg}, {events_}});
+    const std::vector<TEvent> kept(
+        events_.begin() + static_cast<std::ptrdiff_t>(std::min(skip, events_.size())),
+        events_.end());
+    format::Snapshot s = testing::buildSnapshot(testing::TSnapshot{{seg}, {kept}});
     for (const auto& st : steps_) {
       std::string name = "ProfilerStep#" + std::to_string(st.k);
       s.annotations.push_back({0, st.start, s.strings.intern(name), s.strings.intern("START")});
@@ -185,7 +194,8 @@ const Finding* find(const std::vector<Finding>& fs, FindingKind k) {
 // A training loop: parameters, then per step activations (freed), gradients and Adam state
 // (made once), plus `leak` bytes per step kept forever and `state_copies` optimizer tensors per
 // parameter tensor.
-format::Snapshot trainingLoop(uint64_t leak, int state_copies, bool keep_activations = false) {
+format::Snapshot trainingLoop(uint64_t leak, int state_copies, bool keep_activations = false,
+                              size_t skip_events = 0) {
   Sim s(1024 * MiB);
   std::vector<uint64_t> params;
   for (int i = 0; i < 4; ++i) params.push_back(s.alloc(8 * MiB, kParams));
@@ -205,7 +215,21 @@ format::Snapshot trainingLoop(uint64_t leak, int state_copies, bool keep_activat
       }
     });
   }
-  return s.build();
+  return s.build(skip_events);
+}
+
+// `snap` written as a native trace cut just before its final state (a capture killed before its
+// writer finished, or a file cut short), read back: its final state is rebuilt from the events.
+format::Snapshot nativeCutBeforeFinalState(const format::Snapshot& snap) {
+  format::trace::VectorSink sink;
+  EXPECT_TRUE(format::writeSnapshotTrace(snap, sink).ok());
+  for (size_t n = sink.data.size(); n > 0; --n) {
+    auto cut = format::loadSnapshotBytes(std::span<const uint8_t>(sink.data.data(), n));
+    if (cut.ok() && cut->final_state_rebuilt && cut->events.size() == snap.events.size())
+      return std::move(*cut);
+  }
+  ADD_FAILURE() << "no cut keeps every event and loses the final state";
+  return {};
 }
 
 TEST(Findings, CleanLoopHasNoHighFinding) {
@@ -661,6 +685,39 @@ TEST(Findings, OptimizerStateBloatAboveTwiceTheParameters) {
   EXPECT_EQ(f->bytes, 64 * MiB) << "128 MiB of state for 32 MiB of parameters: 64 MiB above 2x";
   ASSERT_FALSE(f->where.empty());
   EXPECT_NE(f->where[0].display().find("train.py:44"), std::string::npos) << f->where[0].display();
+}
+
+// The parameters are allocated before the trace begins (a late start). With the file's final
+// state they are known (alive at the end, never allocated in the trace) and the 4x state is
+// found. With the final state lost and rebuilt from the events, they are in no record: the start
+// state is untrusted and the ratio over the parameters the trace shows would be an alarm about
+// nothing (a cut sidsoc12 trace was told its optimizer state was 1330.8x its 19.53 MiB of
+// parameters, at high). A trace from the device's start is trusted with a rebuilt final state.
+TEST(Findings, OptimizerStateBloatNeedsTheParametersKnown) {
+  const format::Snapshot late = trainingLoop(0, 4, false, /*skip_events=*/5);
+  ASSERT_NE(find(findFindings(late, 0), FindingKind::OptimizerStateBloat), nullptr);
+  const format::Snapshot late_cut = nativeCutBeforeFinalState(late);
+  {
+    DeviceSession session(late_cut, 0);
+    const replay::DeviceSummary& s = session.facts().summary;
+    EXPECT_FALSE(s.consistent);
+    EXPECT_EQ(s.untrusted, replay::kUntrustedStart | replay::kUntrustedPeaks |
+                               replay::kUntrustedFinalReplayed | replay::kUntrustedBlockLayout);
+    EXPECT_NE(s.untrusted_cause.find("rebuilt"), std::string_view::npos) << s.untrusted_cause;
+  }
+  const auto cut_findings = findFindings(late_cut, 0);
+  EXPECT_EQ(find(cut_findings, FindingKind::OptimizerStateBloat), nullptr);
+  for (const Finding& f : cut_findings)
+    EXPECT_NE(f.basis.find("estimate: the file has no final state"), std::string::npos) << f.basis;
+
+  const format::Snapshot whole_cut = nativeCutBeforeFinalState(trainingLoop(0, 4));
+  {
+    DeviceSession session(whole_cut, 0);
+    EXPECT_TRUE(session.facts().summary.consistent) << session.facts().summary.untrusted_cause;
+  }
+  const Finding* f = find(findFindings(whole_cut, 0), FindingKind::OptimizerStateBloat);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->bytes, 64 * MiB);
 }
 
 TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {

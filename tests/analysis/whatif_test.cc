@@ -161,6 +161,34 @@ TEST(WhatIf, AddressAgreementCountsAllocsAwayFromTheRecordedAddress) {
   EXPECT_EQ(r.segment_allocs, 2u);
 }
 
+// A trace that cannot lead to the file's final state (its block is free at the end, the trace
+// never frees it: events are missing) replays as the recording did, every address where the file
+// put it, yet the baseline is no exact account of the program: the what-if says why (drisspg's
+// mini snapshot was called exact so). The same trace with the block live at the end is exact.
+TEST(WhatIf, ABaselineOfATraceThatContradictsItsFinalStateIsAnEstimate) {
+  for (bool consistent : {true, false}) {
+    ModelBuilder b;
+    b.segment(kBase, {.size = 20 * kMiB});
+    if (consistent) b.live(20 * kMiB);
+    b.segmentAlloc(kBase, 20 * kMiB).alloc(kBase, 20 * kMiB);
+    auto snap = b.build();
+    std::string error;
+    WhatIfResult r = runWhatIf(snap, {}, &error);
+    ASSERT_EQ(error, "");
+    ASSERT_EQ(r.devices.size(), 1u);
+    const DeviceWhatIf& d = r.devices[0];
+    EXPECT_EQ(d.baseline.address_predicted, 1u) << consistent;
+    EXPECT_EQ(d.baseline.peak_reserved, d.recorded_peak_reserved) << consistent;
+    EXPECT_EQ(d.replay_untrusted != 0, !consistent);
+    const std::string why = whatIfEstimateReason(d, r.base_settings);
+    if (consistent) {
+      EXPECT_EQ(why, "");
+    } else {
+      EXPECT_NE(why.find("cannot lead to the file's final state"), std::string::npos) << why;
+    }
+  }
+}
+
 // --- fabricated request streams with a known answer -----------------------------------------
 
 // 20 live requests of 10.5 MiB: each cudaMalloc'd segment is rounded to 12 MiB, and the 1.5 MiB

@@ -74,7 +74,7 @@ FixReplays replayFixes(const Ctx& c, size_t budget) {
     return r;
   }
   const TraceInput trace = c.trace();
-  DeviceWhatIf facts = recordedFacts(trace);
+  DeviceWhatIf facts = recordedFacts(trace, c.summary);
   const replay::AllocConf base = replay::allocConfOf(snap);
   if (!facts.complete_history) {
     r.untested = whatIfEstimateReason(facts, base);  // "history incomplete: N blocks were alive..."
@@ -122,7 +122,8 @@ void smallestChanges(Ctx& c, const FindingsOptions& opt, OomNumbers& num,
     card = SmallestCard{};  // kWhatIfUnlimited: not searched or not found
     SimChange budget;
     budget.max_segment_visits = kReplayCheckVisits;
-    if (opt.fix_replays >= 2 && d < c.s.traceCount() && recordedFacts(c.trace()).complete_history)
+    if (opt.fix_replays >= 2 && d < c.s.traceCount() &&
+        recordedFacts(c.trace(), c.summary).complete_history)
       card = smallestCard(c.trace(), replay::allocConfOf(c.s), budget);
   }
   if (card->capacity != kWhatIfUnlimited) {

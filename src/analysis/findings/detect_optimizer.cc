@@ -19,6 +19,10 @@ void detectOptimizerBloat(Ctx& c, std::vector<Finding>& out, const FindingsOptio
   // Parameter bytes: what is live just before the first iteration (or at the start state) and
   // classified as a parameter; optimizer state: live at the end, classified as optimizer state.
   int64_t before = c.iters.empty() ? -1 : c.iters.front().first_event - 1;
+  // Parameters are mostly allocated before the trace: where the start state is not trusted (a
+  // final state rebuilt from a trace that starts mid-run has none of them) their bytes are not
+  // known, and a ratio over them would be an alarm about nothing.
+  if ((c.summary.untrusted & replay::kUntrustedStart) != 0) return;
   const MomentFacts* start = c.live(before);
   const MomentFacts* end = c.live(static_cast<int64_t>(c.ev.size()) - 1);
   if (start == nullptr || end == nullptr) return;

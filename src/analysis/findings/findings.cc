@@ -108,11 +108,8 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
     for (auto n : replay::untrustedNames(c.summary.untrusted))
       names += (names.empty() ? "" : ", ") + std::string(n);
     for (Finding& f : out) {
-      f.basis += (f.basis.empty() ? "" : "; ") +
-                 std::string(
-                     "estimate: the trace cannot lead to the file's final state (not "
-                     "exact: ") +
-                 names + ")";
+      f.basis += (f.basis.empty() ? "" : "; ") + std::string("estimate: ") +
+                 std::string(c.summary.untrusted_cause) + "; not exact: " + names;
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {

@@ -41,7 +41,7 @@ std::optional<FixBaseline> fixBaseline(const Ctx& c, const FindingsOptions& opt,
     return std::nullopt;
   }
   FixBaseline b;
-  b.facts = recordedFacts(c.trace());
+  b.facts = recordedFacts(c.trace(), c.summary);
   b.conf = replay::allocConfOf(c.s);
   if (!b.facts.complete_history) {
     *why = whatIfEstimateReason(b.facts, b.conf);

@@ -132,6 +132,7 @@ BlocksResult blocksAt(const DeviceFacts& facts, const MomentFacts& m, std::strin
   r.event = m.event;
   r.consistent = summary.consistent;
   r.untrusted = summary.untrusted;
+  r.untrusted_cause = summary.untrusted_cause;
   for (size_t k = 0; k < replay::kAnomalyKinds; ++k) {
     const auto kind = static_cast<replay::AnomalyKind>(k);
     const auto& a = summary.anomalies[k];

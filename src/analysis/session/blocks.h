@@ -120,7 +120,8 @@ struct BlocksResult {
   // (replay::UntrustedFigure bits) then includes the block layout.
   bool consistent = true;
   uint8_t untrusted = 0;
-  std::vector<BlocksError> errors;  // the device's error-severity replay anomalies
+  std::string_view untrusted_cause;  // why, in words (replay::DeviceSummary::untrusted_cause)
+  std::vector<BlocksError> errors;   // the device's error-severity replay anomalies
   std::vector<SegmentBlocks> segments;
   uint64_t reserved_bytes = 0, allocated_bytes = 0, pending_bytes = 0, requested_bytes = 0;
   uint64_t free_bytes = 0, largest_free = 0, free_blocks = 0, internal_waste = 0;

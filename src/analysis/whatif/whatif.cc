@@ -650,7 +650,14 @@ SmallestCard smallestCard(const TraceInput& t, const replay::AllocConf& s,
 }
 
 DeviceWhatIf recordedFacts(const TraceInput& t) {
+  replay::DeviceReplayer r(t.snap, static_cast<int64_t>(t.d), t.events);
+  return recordedFacts(t, replay::summarizeDevice(r));
+}
+
+DeviceWhatIf recordedFacts(const TraceInput& t, const replay::DeviceSummary& summary) {
   DeviceWhatIf w;
+  w.replay_untrusted = summary.untrusted;
+  w.replay_untrusted_cause = summary.untrusted_cause;
   w.device = static_cast<int64_t>(t.d);
   const std::span<const Event> ev = t.events;
   recordedReserved(t, &w.recorded_peak_reserved);
@@ -697,6 +704,9 @@ std::string whatIfEstimateReason(const DeviceWhatIf& d, const replay::AllocConf&
     return "history incomplete: " + std::to_string(d.start_blocks) +
            " blocks were alive when the trace began (their order and the cache around them are "
            "not in the file)";
+  if (d.replay_untrusted != 0)
+    return std::string(d.replay_untrusted_cause) +
+           ": the requests it replays are not the whole program's";
   if (d.baseline.peak_reserved != d.recorded_peak_reserved)
     return "the baseline's peak reserved (" + formatBytes(d.baseline.peak_reserved) +
            ") is not the recorded one (" + formatBytes(d.recorded_peak_reserved) + ")";

@@ -18,11 +18,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format/model/snapshot.h"
 #include "replay/alloc_conf.h"
 #include "replay/caching_allocator.h"
+#include "replay/replay.h"
 
 namespace memforensics::analysis {
 
@@ -124,6 +126,11 @@ struct DeviceWhatIf {
   uint64_t unknown_frees = 0;        // frees of blocks allocated before the trace
   uint64_t start_blocks = 0;         // blocks alive at the start (seeded into the simulation)
   uint64_t recorded_segment_allocs = 0, recorded_segment_frees = 0;  // incl. maps / unmaps
+  // The replay's replay::UntrustedFigure bits for this device: non-zero when the trace cannot lead
+  // to the file's final state (events missing from it), so the program it replays is not the
+  // whole program and no simulation of it is exact.
+  uint8_t replay_untrusted = 0;
+  std::string_view replay_untrusted_cause;  // replay::DeviceSummary::untrusted_cause
   SimResult baseline, whatif;
   // When the what-if runs out of memory: the smallest card found on which the what-if's settings
   // serve every request (checked by replay), else kWhatIfUnlimited (none needed, or no card can:
@@ -179,8 +186,12 @@ uint64_t impliedCapacity(const TraceInput& t);
 WhatIfResult runWhatIf(const format::Snapshot& snap, const WhatIfOptions& opt, std::string* error);
 
 // What the file itself says of device trace `d` (recorded peak reserved, OOMs, segment events,
-// start blocks, complete_history); baseline and whatif left empty. runWhatIf's per-device facts.
+// start blocks, complete_history, the replay's untrusted figures); baseline and whatif left empty.
+// runWhatIf's per-device facts. The first form replays the device to learn whether its trace
+// leads to the file's final state; the second takes that answer from a caller that has it
+// (the same device's replay summary).
 DeviceWhatIf recordedFacts(const TraceInput& t);
+DeviceWhatIf recordedFacts(const TraceInput& t, const replay::DeviceSummary& summary);
 
 // The max_split_size_mb values worth trying on device trace `d` (the report's what-if panel and the
 // OOM verdict's tested fix share this one choice): with R the largest recorded OOM request (else

@@ -965,6 +965,7 @@ std::optional<Expected<Snapshot>> readTrace(std::span<const uint8_t> bytes,
     }
   } else {
     size_t orphans = synthesizeFinalState(snap);
+    snap.final_state_rebuilt = true;
     std::string w =
         "the file has no final segment state (its writer did not finish): the end state was "
         "rebuilt from the " +

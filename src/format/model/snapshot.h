@@ -353,6 +353,11 @@ struct Snapshot {
   // figures are still computed from what was read (and load_warnings say so); a CI gate on them
   // cannot hold (`check` exits 2).
   std::string incomplete;
+  // The final segment state is not the file's: a native trace whose writer never wrote one had
+  // it rebuilt from the events read. It lacks every block and segment that was alive through the
+  // whole trace, so where the trace did not start from an empty device the start state derived
+  // from it, and every peak, is short by them (replay.h: such a replay is not trusted).
+  bool final_state_rebuilt = false;
   size_t host_trace_events = 0;  // 2.14 pinned host traces: counted, not replayed
   // false for torch.profiler inputs: their segments are synthesized from the reserved total (or
   // the allocated high-water mark) and block addresses are renumbered, so there is no block
