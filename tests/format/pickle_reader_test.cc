@@ -334,6 +334,8 @@ TEST(PickleReader, AllocatorSettingsRoundupDivisions) {
   w.integer(8);
   w.str("3");
   w.integer(2);  // not a power of two: ignored
+  w.str("128");
+  w.integer(int64_t{1} << 40);  // a division the model cannot hold: ignored, and said
   w.endDict();
   w.endDict();
   w.endDict();
@@ -345,6 +347,11 @@ TEST(PickleReader, AllocatorSettingsRoundupDivisions) {
   EXPECT_EQ(s->settings.roundup_power2_divisions[0], 4u);
   EXPECT_EQ(s->settings.roundup_power2_divisions[6], 8u);
   EXPECT_EQ(s->settings.roundup_power2_divisions[1], 0u);
+  EXPECT_EQ(s->settings.roundup_power2_divisions[7], 0u);
+  size_t warned = 0;
+  for (const auto& wn : s->load_warnings)
+    warned += wn.find("2 roundup_power2_divisions entries not kept") != std::string::npos;
+  EXPECT_EQ(warned, 1u) << "the entries the model cannot hold are said, not dropped in silence";
   EXPECT_EQ(s->traits.era(), "2.3-2.4");
 }
 

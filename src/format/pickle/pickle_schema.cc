@@ -418,10 +418,16 @@ Status Machine::convertSettings(const Value& v) {
   }
   if (const Value* r = field(*d, keys_.roundup)) {
     if (const Items* rd = asNode(*r, NK::Dict)) {
+      // Entries the model cannot hold (an interval that is not a power of two of MiB below 64 GiB,
+      // a division that is not an integer below 2^20): counted and said, the interval left at 0.
+      size_t not_kept = 0;
       for (size_t i = 0; i + 1 < rd->size(); i += 2) {
         const Value& k = (*rd)[i];
         const Value& val = (*rd)[i + 1];
-        if (k.kind != VK::Str || val.kind != VK::Int) continue;
+        if (k.kind != VK::Str || val.kind != VK::Int) {
+          ++not_kept;
+          continue;
+        }
         std::string_view ks = snap_.strings.get(k.id);
         uint64_t mib = 0;
         bool digits = !ks.empty() && ks.size() < 8;
@@ -431,12 +437,24 @@ Status Machine::convertSettings(const Value& v) {
           else
             mib = mib * 10 + static_cast<uint64_t>(ch - '0');
         }
-        if (!digits || mib == 0 || (mib & (mib - 1)) != 0) continue;
+        if (!digits || mib == 0 || (mib & (mib - 1)) != 0) {
+          ++not_kept;
+          continue;
+        }
         int idx = 63 - __builtin_clzll(mib);
         if (idx < 16 && val.i >= 0 && val.i < (1 << 20)) {
           s.roundup_power2_divisions[idx] = static_cast<uint32_t>(val.i);
           s.has_roundup = true;
+        } else {
+          ++not_kept;
         }
+      }
+      if (not_kept > 0) {
+        snap_.load_warnings.push_back(
+            "allocator_settings: " + std::to_string(not_kept) +
+            " roundup_power2_divisions entries not kept (the model holds a power of two of MiB "
+            "below 64 GiB with an integer division below 2^20); the replays round those sizes as "
+            "with no division");
       }
     }
   }
