@@ -9,13 +9,11 @@
 #include "common/format_bytes.h"
 #include "common/text_escape.h"
 #include "report/render.h"
+#include "report/text_layout.h"
 
 namespace memforensics::report {
 
 namespace {
-
-// OOMs the text lists per device, with their frames (--json lists up to analysis::kOomsListed).
-constexpr size_t kTextOoms = 16;
 
 std::string pad(std::string s, size_t w) {
   if (s.size() < w) s.append(w - s.size(), ' ');

@@ -11,6 +11,7 @@
 #include "common/text_escape.h"
 #include "report/json_analysis.h"
 #include "report/render.h"
+#include "report/text_layout.h"
 
 namespace memforensics::report {
 
@@ -75,9 +76,13 @@ void renderTimelineText(const analysis::TimelineResult& r, std::ostream& out) {
     peakLine("allocated", d.peak_allocated);
     peakLine("requested", d.peak_requested);
     out << "  peak pending-free: " << formatBytes(d.peak_pending_bytes) << "\n";
-    for (const auto& o : d.ooms) {
-      out << "  OOM at event #" << o.event << ": request " << formatBytes(o.request_bytes) << "\n";
+    for (size_t k = 0; k < d.ooms.size() && k < kTextOoms; ++k) {
+      out << "  OOM at event #" << d.ooms[k].event << ": request "
+          << formatBytes(d.ooms[k].request_bytes) << "\n";
     }
+    if (d.ooms.size() > kTextOoms)
+      out << "  ... and " << d.ooms.size() - kTextOoms
+          << " more OOMs (timeline --json lists them)\n";
     if (d.downsampled) {
       out << "  series downsampled: " << d.points.size() << " of " << d.total_points
           << " points kept (buckets of " << d.bucket_size

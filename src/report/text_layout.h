@@ -13,6 +13,10 @@ namespace memforensics::report {
 // pipe, no COLUMNS).
 inline constexpr size_t kDefaultTextWidth = 100;
 
+// OOMs a text output lists per device (analyze with their frames, timeline one line each); the
+// rest are counted in one line. --json lists them (analyze up to analysis::kOomsListed).
+inline constexpr size_t kTextOoms = 16;
+
 // Every line of `text` longer than `width` columns broken at spaces; continuation lines are
 // indented 4 past the line's own indent (2 past it for a "- " list item), at most width / 2.
 // A word longer than the room left (a long path) is kept whole on its own line: a path a user

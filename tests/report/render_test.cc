@@ -110,6 +110,33 @@ TEST(RenderJson, ManyOomsAreAllCountedAndListedUpToTheBound) {
             std::string::npos);
 }
 
+// The timeline's text lists the first kTextOoms OOMs, one line each, and counts the rest (a file
+// of 40,000 OOMs printed 40,000 lines); --json keeps every one.
+TEST(RenderTimeline, TextListsTheFirstOomsAndCountsTheRest) {
+  analysis::TimelineResult r;
+  r.path = "x.pickle";
+  analysis::DeviceTimeline d;
+  for (int64_t i = 0; i < 100; ++i) {
+    replay::OomEvent o;
+    o.event = i;
+    o.request_bytes = 1024;
+    d.ooms.push_back(o);
+  }
+  r.devices.push_back(d);
+  std::ostringstream js, text;
+  renderTimelineText(r, text);
+  const std::string s = text.str();
+  size_t lines = 0;
+  for (size_t at = s.find("OOM at event #"); at != std::string::npos;
+       at = s.find("OOM at event #", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, kTextOoms);
+  EXPECT_NE(s.find("... and " + std::to_string(100 - kTextOoms) + " more OOMs"), std::string::npos)
+      << s;
+  renderTimelineJson(r, js);
+  EXPECT_EQ(nlohmann::json::parse(js.str())["devices"][0]["ooms"].size(), 100u);
+}
+
 // Streams and pools beyond the breakdown bound are counted in both outputs, not dropped silently.
 TEST(RenderTimeline, SaysHowManyStreamsAndPoolsWereNotBrokenDown) {
   analysis::TimelineResult r;
