@@ -51,6 +51,7 @@ size_t g_load_threads = 0;
 struct FileResult {
   std::vector<analysis::RankRow> rows;
   std::vector<std::string> warnings;
+  bool no_device = false;  // read, but without the --device asked for: a usage error (exit 1)
 };
 
 FileResult rankFile(const std::string& path) {
@@ -75,6 +76,7 @@ FileResult rankFile(const std::string& path) {
     if (g_args.device && p.devices.empty()) {
       out.rows.push_back(
           analysis::failedRankRow(path, "no device " + std::to_string(*g_args.device)));
+      out.no_device = true;
       return out;
     }
     out.rows = analysis::rankRowsOf(p);
@@ -182,9 +184,11 @@ int runRanksCommand() {
   std::vector<FileResult> results =
       g_args.merge ? mergeShards(g_args.files) : rankFiles(g_args.files);
   std::vector<analysis::RankRow> rows;
+  size_t no_device = 0;
   for (auto& r : results) {
     for (const auto& w : r.warnings) printWarning(w);
     for (auto& row : r.rows) rows.push_back(std::move(row));
+    no_device += r.no_device ? 1 : 0;
   }
   analysis::RanksSummary s = analysis::markOutliers(rows);
   for (const auto& r : rows) {
@@ -196,7 +200,10 @@ int runRanksCommand() {
   } else {
     report::renderRanksText(rows, s, std::cout);
   }
-  return s.failed > 0 ? kExitError : kExitOk;
+  // A file that could not be read is exit 2; one read without the --device asked for is the
+  // argument not matching the file, exit 1 as for every command (docs/cli.md, Exit codes).
+  if (s.failed > no_device) return kExitError;
+  return no_device > 0 ? kExitUsage : kExitOk;
 }
 
 }  // namespace memforensics::cli

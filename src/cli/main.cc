@@ -162,6 +162,9 @@ struct ConvertArgs {
   std::optional<int64_t> device;
   std::string value = "requested";
   bool user_frames_only = false;
+  // Options given on the command line that apply to one output kind only (--zstd-level,
+  // --checkpoint-every: native; --value, --user-frames: collapsed), by name.
+  std::vector<std::string> native_only, collapsed_only;
 };
 
 int convert(const ConvertArgs& a) {
@@ -173,6 +176,16 @@ int convert(const ConvertArgs& a) {
                    : "unknown --to '" + a.to + "' (native, pickle, perfetto, collapsed)");
     return kExitUsage;
   }
+  // Not silently ignored either: an option for another output kind is a mistake the user should
+  // hear of (a --zstd-level on a pickle, a --value on a Perfetto trace).
+  auto refuse = [&](const std::vector<std::string>& given, Target only, const char* kind) {
+    if (given.empty() || *target == only) return false;
+    printError(given.front() + " applies to " + kind + " output only");
+    return true;
+  };
+  if (refuse(a.native_only, Target::Native, "native trace") ||
+      refuse(a.collapsed_only, Target::Collapsed, "collapsed"))
+    return kExitUsage;
   if (a.device && (*target == Target::Native || *target == Target::Pickle)) {
     // Not silently ignored: the output would hold every device the command line excluded.
     printError(
@@ -370,7 +383,13 @@ int run(int argc, char** argv) {
     return analyze(files, device, json, top, top_frames, text);
   }
   if (du->parsed()) return dump(dump_file, stacks);
-  if (cv->parsed()) return convert(conv);
+  if (cv->parsed()) {
+    for (const char* o : {"--zstd-level", "--checkpoint-every"})
+      if (cv->count(o) > 0) conv.native_only.push_back(o);
+    for (const char* o : {"--value", "--user-frames"})
+      if (cv->count(o) > 0) conv.collapsed_only.push_back(o);
+    return convert(conv);
+  }
   if (tl->parsed()) return mf::cli::runTimelineCommand();
   if (bl->parsed()) return mf::cli::runBlocksCommand();
   if (rp->parsed()) return mf::cli::runReportCommand();

@@ -358,6 +358,13 @@ with tempfile.TemporaryDirectory() as td:
         r = run(*cmd, sample, "--device", "7")
         check("%s --device absent exits 1 (as blocks, report, whatif)" % " ".join(cmd),
               r.returncode == 1 and "no device 7" in r.stderr and r.stdout == "", r.stderr)
+    # ranks prints a row per file whatever happens; a file without the device is exit 1 (usage),
+    # a file that cannot be read beside it still makes it 2.
+    r = run("ranks", sample, "--device", "7")
+    check("ranks --device absent exits 1 (as the other commands) with its row",
+          r.returncode == 1 and "no device 7" in r.stderr and "no device 7" in r.stdout, (r.returncode, r.stderr))
+    r = run("ranks", sample, os.path.join(ROOT, "no-such-file.pickle"), "--device", "7")
+    check("ranks --device absent beside an unreadable file exits 2", r.returncode == 2, (r.returncode, r.stderr))
     r = run("report", os.path.join(ROOT, "no-such-file.pickle"), "-o", os.path.join(td, "y.html"))
     check("report missing file exits 2", r.returncode == 2 and not os.path.exists(os.path.join(td, "y.html")), r.stderr)
     r = run("report", sample, "-o", os.path.join(td, "no-such-dir", "z.html"))
@@ -716,6 +723,17 @@ for to in ("collapsed", "perfetto"):
     r = runb("convert", sample, "-o", "-", "--to", to, "--device", "7")
     check(f"convert --to {to} --device 7: usage error", r.returncode == 1 and not r.stdout
           and b"has no device 7" in r.stderr, f"rc={r.returncode} {r.stderr[-200:]}")
+
+# An option of one output kind given for another is refused, not ignored (it was accepted and
+# ignored: `--zstd-level 19 --to pickle` wrote the same pickle as without it).
+for to, opt in (("pickle", ["--zstd-level", "19"]), ("perfetto", ["--checkpoint-every", "0"]),
+                ("native", ["--value", "allocated"]), ("perfetto", ["--user-frames"])):
+    r = runb("convert", sample, "-o", "-", "--to", to, *opt)
+    check(f"convert --to {to} {opt[0]}: usage error", r.returncode == 1 and not r.stdout
+          and (opt[0] + " applies to").encode() in r.stderr, f"rc={r.returncode} {r.stderr[-200:]}")
+for to, opt in (("native", ["--zstd-level", "0"]), ("collapsed", ["--value", "allocated", "--user-frames"])):
+    r = runb("convert", sample, "-o", "-", "--to", to, *opt)
+    check(f"convert --to {to} {opt[0]}: accepted", r.returncode == 0 and r.stdout, f"rc={r.returncode} {r.stderr[-200:]}")
 
 # Every command that analyses devices on threads (--threads / MEMF_THREADS) prints the same bytes
 # on 1, 2, 3 and 4 threads: a dropped or reordered device, or a figure of another device, differs.
