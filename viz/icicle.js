@@ -23,11 +23,14 @@
       }
     }
     const title = $("icicle-title");
+    // What the tree counts (buildIcicle in report_data.cc), said where its total is read: it is
+    // below the allocated figures by the blocks awaiting their free and the allocator's rounding.
+    const counts = " (requested bytes; blocks pending free not counted)";
     if (at) {
-      title.textContent = "Live memory by call stack " + kfLabel(at) + note + (at.icicle_source === "layout" && !d.layout_exact ? " — from the estimated block layout" : "");
+      title.textContent = "Live memory by call stack " + kfLabel(at) + note + counts + (at.icicle_source === "layout" && !d.layout_exact ? " — from the estimated block layout" : "");
       title.dataset.event = String(at.event);
     } else {
-      title.textContent = "Live memory by call stack at the requested peak, " + evWhen(d.icicle_event) + note;
+      title.textContent = "Live memory by call stack at the requested peak, " + evWhen(d.icicle_event) + note + counts;
       title.dataset.event = String(d.icicle_event);
     }
     if (IC && IC.t === t) return;
