@@ -259,8 +259,15 @@ int convert(const ConvertArgs& a) {
   if (*target == Target::Native || *target == Target::Pickle) {
     // Round trips keep every field the model holds (tools/compare_pickles.py --deep checks it on
     // the real files); what it does not hold is said, not dropped silently.
+    const std::string out_name = a.out == "-" ? std::string("the output") : a.out;
     for (const std::string& n : mf::format::notKeptNotes(*snap))
-      printWarning((a.out == "-" ? std::string("the output") : a.out) + " does not keep: " + n);
+      printWarning(out_name + " does not keep: " + n);
+    // A pickle has no way to say that its segments were rebuilt from the events (a native trace
+    // leaves them out, as its input did): a reader takes them as recorded.
+    if (*target == Target::Pickle && snap->final_state_rebuilt)
+      printWarning(out_name +
+                   " does not keep: that its final segment state was rebuilt from the events (" +
+                   a.in + " has none); readers of the pickle take it as recorded");
   }
   return kExitOk;
 }

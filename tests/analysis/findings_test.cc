@@ -720,6 +720,24 @@ TEST(Findings, OptimizerStateBloatNeedsTheParametersKnown) {
   EXPECT_EQ(f->bytes, 64 * MiB);
 }
 
+// What we write, we read: a file whose final state was rebuilt, converted to a native trace again,
+// is written without one (not the rebuild as if recorded), so the copy's replay is as untrusted
+// as the original's and no finding trusts its start.
+TEST(Findings, ARebuiltFinalStateIsNotWrittenAsRecorded) {
+  const format::Snapshot late_cut = nativeCutBeforeFinalState(trainingLoop(0, 4, false, 5));
+  format::trace::VectorSink sink;
+  ASSERT_TRUE(format::writeSnapshotTrace(late_cut, sink).ok());
+  auto again = format::loadSnapshotBytes(sink.data);
+  ASSERT_TRUE(again.ok()) << again.error().describe();
+  EXPECT_TRUE(again->final_state_rebuilt);
+  EXPECT_FALSE(again->incomplete.empty());
+  EXPECT_EQ(again->events.size(), late_cut.events.size());
+  EXPECT_EQ(again->segments.size(), late_cut.segments.size()) << "the same rebuild";
+  DeviceSession session(*again, 0);
+  EXPECT_FALSE(session.facts().summary.consistent);
+  EXPECT_EQ(find(findFindings(*again, 0), FindingKind::OptimizerStateBloat), nullptr);
+}
+
 TEST(Findings, OomVerdictSaysFragmentationOnlyWhenTheCacheHadRoom) {
   {
     Sim s(64 * MiB);

@@ -211,7 +211,10 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
     }
     segs.push_back(t);
   }
-  w.setFinalState(std::move(segs), std::move(blocks));
+  // A final state the reader rebuilt from the events (the input had none) is not written as if it
+  // were recorded: the output has none either, and its reader rebuilds the same one and says so
+  // (Snapshot::final_state_rebuilt, incomplete), as for the input.
+  if (!s.final_state_rebuilt) w.setFinalState(std::move(segs), std::move(blocks));
   // Empty device traces (PyTorch's device_traces [[]]) have no events to imply them.
   w.setDeviceTraceCount(s.traceCount());
   return w.close();
