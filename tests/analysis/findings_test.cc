@@ -715,7 +715,8 @@ TEST(Findings, OptimizerStateBloatNeedsTheParametersKnown) {
     DeviceSession session(whole_cut, 0);
     EXPECT_TRUE(session.facts().summary.consistent) << session.facts().summary.untrusted_cause;
   }
-  const Finding* f = find(findFindings(whole_cut, 0), FindingKind::OptimizerStateBloat);
+  const auto whole_findings = findFindings(whole_cut, 0);
+  const Finding* f = find(whole_findings, FindingKind::OptimizerStateBloat);
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->bytes, 64 * MiB);
 }
