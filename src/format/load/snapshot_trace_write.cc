@@ -182,39 +182,41 @@ Status writeSnapshotTrace(const Snapshot& s, trace::ByteSink& sink,
   for (const Annotation& a : s.annotations) {
     w.addAnnotation(trace::TraceAnnotation{a.device, a.time_us, str(a.name), str(a.stage)});
   }
-  std::vector<trace::TraceSegment> segs;
-  std::vector<trace::TraceBlock> blocks;
-  segs.reserve(s.segments.size());
-  blocks.reserve(s.blocks.size());
-  for (const Segment& g : s.segments) {
-    trace::TraceSegment t;
-    t.device = g.device;
-    t.address = g.address;
-    t.total_size = g.total_size;
-    t.allocated_size = g.allocated_size;
-    t.active_size = g.active_size;
-    t.requested_size = g.requested_size;
-    t.stream = g.stream;
-    t.pool_a = g.pool_a;
-    t.pool_b = g.pool_b;
-    t.stack = stack(g.stack);
-    std::string_view type = s.strings.get(g.segment_type);
-    t.usual_type = type == (g.is_large ? "large" : "small");
-    t.segment_type = t.usual_type ? 0 : str(g.segment_type);
-    t.is_large = g.is_large;
-    t.is_expandable = g.is_expandable;
-    t.first_block = static_cast<uint32_t>(blocks.size());
-    t.block_count = g.block_count;
-    for (const Block& b : s.blocksOf(g)) {
-      blocks.push_back(trace::TraceBlock{b.address, b.size, b.requested_size, stack(b.stack),
-                                         static_cast<uint8_t>(b.state), b.has_requested_size});
-    }
-    segs.push_back(t);
-  }
   // A final state the reader rebuilt from the events (the input had none) is not written as if it
   // were recorded: the output has none either, and its reader rebuilds the same one and says so
-  // (Snapshot::final_state_rebuilt, incomplete), as for the input.
-  if (!s.final_state_rebuilt) w.setFinalState(std::move(segs), std::move(blocks));
+  // (Snapshot::final_state_rebuilt, incomplete), as for the input. Nor is it converted for nothing.
+  if (!s.final_state_rebuilt) {
+    std::vector<trace::TraceSegment> segs;
+    std::vector<trace::TraceBlock> blocks;
+    segs.reserve(s.segments.size());
+    blocks.reserve(s.blocks.size());
+    for (const Segment& g : s.segments) {
+      trace::TraceSegment t;
+      t.device = g.device;
+      t.address = g.address;
+      t.total_size = g.total_size;
+      t.allocated_size = g.allocated_size;
+      t.active_size = g.active_size;
+      t.requested_size = g.requested_size;
+      t.stream = g.stream;
+      t.pool_a = g.pool_a;
+      t.pool_b = g.pool_b;
+      t.stack = stack(g.stack);
+      std::string_view type = s.strings.get(g.segment_type);
+      t.usual_type = type == (g.is_large ? "large" : "small");
+      t.segment_type = t.usual_type ? 0 : str(g.segment_type);
+      t.is_large = g.is_large;
+      t.is_expandable = g.is_expandable;
+      t.first_block = static_cast<uint32_t>(blocks.size());
+      t.block_count = g.block_count;
+      for (const Block& b : s.blocksOf(g)) {
+        blocks.push_back(trace::TraceBlock{b.address, b.size, b.requested_size, stack(b.stack),
+                                           static_cast<uint8_t>(b.state), b.has_requested_size});
+      }
+      segs.push_back(t);
+    }
+    w.setFinalState(std::move(segs), std::move(blocks));
+  }
   // Empty device traces (PyTorch's device_traces [[]]) have no events to imply them.
   w.setDeviceTraceCount(s.traceCount());
   return w.close();
