@@ -37,6 +37,7 @@ void CachingAllocator::assign(const std::map<uint64_t, CachedSegment>& segments)
   segs = segments;
   free.clear();
   unmapped.clear();
+  releasable_.clear();
   gfb_calls.clear();
   for (auto& [a, s] : segs) {
     for (auto& [ba, b] : s.blocks) index(s, b);
@@ -112,6 +113,7 @@ void CachingAllocator::index(const CachedSegment& s, ModelBlock& b) {
       b.gc_base = c == gfb_calls.end() ? 0 : c->second;
     }
     free.insert(Key{s.pool, s.is_large, s.stream, b.size, b.address});
+    if (s.expandable || (b.address == s.address && b.size == s.size)) noteReleasable(s.address);
   } else {
     unmapped.insert(Key{s.pool, s.is_large, s.stream, 0, b.address});
   }
@@ -123,6 +125,22 @@ void CachingAllocator::unindex(const CachedSegment& s, const ModelBlock& b) {
     free.erase(Key{s.pool, s.is_large, s.stream, b.size, b.address});
   else
     unmapped.erase(Key{s.pool, s.is_large, s.stream, 0, b.address});
+}
+
+void CachingAllocator::noteReleasable(uint64_t segment) {
+  releasable_.push_back(segment);
+  if (releasable_.size() > 2 * segs.size() + 64) pruneReleasable();
+}
+
+void CachingAllocator::pruneReleasable() {
+  std::sort(releasable_.begin(), releasable_.end());
+  releasable_.erase(std::unique(releasable_.begin(), releasable_.end()), releasable_.end());
+  std::erase_if(releasable_, [&](uint64_t a) {
+    auto it = segs.find(a);
+    if (it == segs.end()) return true;
+    const CachedSegment& s = it->second;
+    return !s.expandable && !(s.blocks.size() == 1 && s.blocks.begin()->second.isFree());
+  });
 }
 
 ModelBlock* CachingAllocator::splitAt(CachedSegment& s, uint64_t at) {
@@ -344,15 +362,21 @@ Released CachingAllocator::unmapFree(CachedSegment& s) {
 
 Released CachingAllocator::releaseCached() {
   Released out;
-  for (auto it = segs.begin(); it != segs.end();) {
-    auto nx = std::next(it);
+  // Every candidate is looked at once; what it keeps is not released by the next call either
+  // unless its blocks change, which notes it again. Releasing notes some: take the list first.
+  pruneReleasable();
+  std::vector<uint64_t> go;
+  go.swap(releasable_);
+  for (uint64_t a : go) {
+    auto it = segs.find(a);
+    if (it == segs.end()) continue;
     CachedSegment& s = it->second;
+    ++out.visited;
     if (s.expandable) {
       out += unmapFree(s);
     } else if (s.blocks.size() == 1 && s.blocks.begin()->second.isFree()) {
-      out += releaseSegment(it->first);
+      out += releaseSegment(a);
     }
-    it = nx;
   }
   return out;
 }
@@ -361,7 +385,12 @@ bool CachingAllocator::releaseOversize(const AllocRequest& r, Released* out) {
   const uint64_t msz = conf_.max_split_size;
   if (msz == ~uint64_t{0}) return false;
   std::vector<std::pair<uint64_t, uint64_t>> cand;  // (size, address)
-  for (auto& [a, s] : segs) {
+  pruneReleasable();
+  out->visited += releasable_.size();
+  for (uint64_t a : releasable_) {
+    auto it = segs.find(a);
+    if (it == segs.end()) continue;
+    const CachedSegment& s = it->second;
     if (s.expandable || s.pool != r.pool || s.is_large != r.large || s.stream != r.stream) continue;
     if (s.blocks.size() == 1 && s.blocks.begin()->second.isFree() && s.size >= msz)
       cand.emplace_back(s.size, a);

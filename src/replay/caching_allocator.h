@@ -67,13 +67,16 @@ struct AllocRequest {
   uint64_t size = 0;  // rounded
 };
 
-// Bytes and segment releases (cudaFree / unmap calls) of one release.
+// Bytes and segment releases (cudaFree / unmap calls) of one release, and the segments it
+// looked at to find them (the work a caller may budget).
 struct Released {
   uint64_t bytes = 0;
   uint64_t calls = 0;
+  uint64_t visited = 0;
   Released& operator+=(const Released& o) {
     bytes += o.bytes;
     calls += o.calls;
+    visited += o.visited;
     return *this;
   }
 };
@@ -171,11 +174,15 @@ class CachingAllocator {
                       const std::function<bool(uint64_t)>& may_map);
 
   // CCA release_cached_blocks() (also torch.cuda.empty_cache()): every wholly free segment is
-  // given back, and with expandable segments every completely free page is unmapped.
+  // given back, and with expandable segments every completely free page is unmapped. CCA looks
+  // at every segment; this looks only at the wholly free ones and the reservations holding a free
+  // mapped block (kept by index/unindex), so a replay of many OOMs over many live segments costs
+  // what it releases, not segments x OOMs.
   Released releaseCached();
   // CCA release_available_cached_blocks(): with a max_split_size, free cached oversize segments
   // of the request's pool and stream, the smallest one of at least max(size, max_split_size),
-  // else largest first until that much is freed. Returns whether it succeeded.
+  // else largest first until that much is freed. Returns whether it succeeded. Looks at the
+  // wholly free segments alone.
   bool releaseOversize(const AllocRequest& r, Released* out);
   // CCA garbage_collect_cached_blocks(): free wholly free segments of the default large pool
   // whose age is at least the average, in passes, until `target` bytes are reclaimed or a pass
@@ -185,6 +192,13 @@ class CachingAllocator {
  private:
   Released releaseSegment(uint64_t address);
   Released unmapFree(CachedSegment& s);
+  // The segments a release may give something back from, noted by index() as blocks become free
+  // (a cudaMalloc'd segment whose one block is free, a reservation holding a free mapped block):
+  // appended, and sorted, deduplicated and checked against the state only when a release reads
+  // them or they outnumber the segments twice (an unindex costs nothing).
+  std::vector<uint64_t> releasable_;
+  void noteReleasable(uint64_t segment);
+  void pruneReleasable();
   AllocConf conf_;
 };
 

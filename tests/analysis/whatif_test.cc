@@ -254,28 +254,76 @@ TEST(WhatIf, FragmentationOomThatMaxSplitSizeAvoids) {
 
 // The smallest card of the fragmentation history: below 200 MiB the 100 MiB request finds no room
 // (the first segment's free tail is pinned by a live block): 200 MiB exactly, in 2 MiB units.
-// With a work budget the replays run out of, the search says it has no answer (its first replay
-// releases the cache on the 150 MiB card, which visits the segments).
+// With a work budget the replays run out of, the search says it has no answer. A cache release
+// visits only what it can give back: the history gains a spare segment, freed and cached first,
+// which a replay on a card below 220 MiB releases at the 100 MiB request (one visit).
 TEST(WhatIf, SmallestCardIsExactAndBoundedByItsBudget) {
-  auto snap = fragmentation();
-  const SmallestCard card = smallestCard(traceInput(snap, 0), replay::AllocConf{});
+  const auto plain = fragmentation();
+  const SmallestCard card = smallestCard(traceInput(plain, 0), replay::AllocConf{});
   EXPECT_EQ(card.capacity, 200 * kMiB);
   EXPECT_EQ(card.slack, 0u);
   EXPECT_FALSE(card.budget_ran_out);
+  // On the plain history no release has anything to look at.
+  EXPECT_EQ(simulateRequests(traceInput(plain, 0), replay::AllocConf{}, 150 * kMiB).segment_visits,
+            0u);
+
+  auto snap = ModelBuilder()
+                  .alloc(kBase + 400 * kMiB, 2 * kMiB)  // a 20 MiB segment, cached once freed
+                  .free(kBase + 400 * kMiB, 2 * kMiB)
+                  .alloc(kBase, 100 * kMiB)
+                  .free(kBase, 100 * kMiB)
+                  .alloc(kBase, 30 * kMiB)
+                  .alloc(kBase + 200 * kMiB, 100 * kMiB)
+                  .build();
+  EXPECT_EQ(smallestCard(traceInput(snap, 0), replay::AllocConf{}).capacity, 200 * kMiB);
   SimChange none;
   none.max_segment_visits = 0;
   const SimResult r = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, 150 * kMiB, none);
   EXPECT_TRUE(r.aborted);
-  EXPECT_GT(r.segment_visits, 0u);
+  EXPECT_EQ(r.segment_visits, 1u);
+  EXPECT_EQ(r.segment_frees, 1u);
   EXPECT_FALSE(simulateRequests(traceInput(snap, 0), replay::AllocConf{}, 150 * kMiB).aborted);
-  // The bisection's first replay (below 200 MiB) fails and releases the cache: a budget of one
-  // visit leaves the card of the unlimited replay, 200 MiB, with its slack.
+  // The bisection's first replay (below 220 MiB) releases the spare: a budget of one visit lets
+  // it finish and aborts the next, so the search keeps a card it verified, with its slack.
   SimChange tight;
   tight.max_segment_visits = 1;
   const SmallestCard partial = smallestCard(traceInput(snap, 0), replay::AllocConf{}, tight);
-  EXPECT_EQ(partial.capacity, 200 * kMiB);
+  EXPECT_GE(partial.capacity, 200 * kMiB);
+  EXPECT_LE(partial.capacity, 220 * kMiB);
   EXPECT_GT(partial.slack, 0u);
   EXPECT_TRUE(partial.budget_ran_out);
+}
+
+// Every recorded OOM makes the simulation release its cache. PyTorch's allocator walks every
+// segment there; the core looks only at what it can release, so many OOMs over many live
+// segments cost what is released (here one wholly free segment, once), not segments x OOMs
+// (2 x 201 x 300 visits before).
+TEST(WhatIf, ACacheReleaseVisitsOnlyWhatItCanRelease) {
+  constexpr int kLive = 200, kOoms = 300;
+  ModelBuilder b;
+  for (int k = 0; k < kLive; ++k) {
+    const uint64_t at = kBase + static_cast<uint64_t>(k) * 32 * kMiB;
+    b.segmentAlloc(at, 20 * kMiB).alloc(at, 20 * kMiB);
+  }
+  const uint64_t spare = kBase + uint64_t{kLive} * 32 * kMiB;
+  b.segmentAlloc(spare, 20 * kMiB).alloc(spare, 20 * kMiB).free(spare, 20 * kMiB);
+  for (int k = 0; k < kOoms; ++k) b.oom(40 * kMiB, 0);
+  auto snap = b.build();
+  const uint64_t card = (kLive + 1) * 20 * kMiB;
+  const SimResult r = simulateRequests(traceInput(snap, 0), replay::AllocConf{}, card);
+  EXPECT_EQ(r.oom_count, static_cast<uint64_t>(kOoms));
+  EXPECT_EQ(r.segment_frees, 1u);  // the spare, at the first OOM
+  EXPECT_EQ(r.segment_visits, 1u);
+  EXPECT_EQ(r.peak_reserved, card);
+  // The same with expandable segments: the one reservation is full, nothing to unmap.
+  const SimResult x =
+      simulateRequests(traceInput(snap, 0), with("expandable_segments", "True"), card);
+  EXPECT_EQ(x.oom_count, static_cast<uint64_t>(kOoms));
+  EXPECT_LE(x.segment_visits, 1u);
+  // With max_split_size, its release of oversize segments looks at the wholly free ones alone.
+  const SimResult m = simulateRequests(traceInput(snap, 0), with("max_split_size_mb", "32"), card);
+  EXPECT_EQ(m.oom_count, static_cast<uint64_t>(kOoms));
+  EXPECT_LE(m.segment_visits, 2u);
 }
 
 // 100 MiB live, then a recorded OOM of 100 MiB with 50 MiB free: the card holds 150 MiB and live

@@ -219,17 +219,15 @@ struct Sim {
     return newSegment(r);
   }
 
+  // Segment visits of the cache releases (each visits the segments it can release from): the
+  // simulation's work beyond one step per event, against SimChange::max_segment_visits.
+  uint64_t visits = 0;
   void account(const replay::Released& rel) {
     reserved -= rel.bytes;
     segment_frees += rel.calls;
+    visits += rel.visited;
   }
-  // Segment visits of the cache releases (each visits every segment): the simulation's work
-  // beyond one step per event, against SimChange::max_segment_visits.
-  uint64_t visits = 0;
-  void releaseCached() {
-    visits += core.segs.size();
-    account(core.releaseCached());
-  }
+  void releaseCached() { account(core.releaseCached()); }
   bool gcOn() const { return st.gc_threshold > 0.0 && capacity != kWhatIfUnlimited; }
   // CCA garbage_collect_cached_blocks(): only when reserved is above threshold x capacity (CCA:
   // allowed_memory_maximum, the per-process memory fraction of the card); it reclaims at least
@@ -252,7 +250,6 @@ struct Sim {
     std::optional<uint64_t> a = allocBlock(r);
     if (!a) {
       replay::Released rel;
-      visits += core.segs.size();
       const bool released = core.releaseOversize(r, &rel);
       account(rel);
       if (released) a = allocBlock(r);

@@ -86,9 +86,11 @@ struct SimChange {
   // trace's alloc event `alloc` made just before event `before` is replayed, and its recorded
   // free is then skipped. Sorted by `before`. (A retention finding checks its fix with it.)
   std::vector<std::pair<int64_t, int64_t>> early_frees;
-  // A work budget: the replay stops (SimResult::aborted) once its cache releases, which visit
-  // every segment, have visited more segments than this. A hostile trace of many segments and
-  // many failed requests would otherwise make a replay quadratic.
+  // A work budget: the replay stops (SimResult::aborted) once its cache releases have visited
+  // more segments than this. A release visits only the segments it can take something from
+  // (CachingAllocator::releaseCached), but a hostile trace of many cached segments that a release
+  // keeps (another stream, below max_split_size, expandable blocks without a whole free page) and
+  // many failed requests would otherwise still make a replay quadratic.
   uint64_t max_segment_visits = ~uint64_t{0};
 };
 
