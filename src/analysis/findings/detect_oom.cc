@@ -61,7 +61,22 @@ struct FixReplays {
   std::vector<FixTrial> trials;  // in the order tried
 };
 
-FixReplays replayFixes(const Ctx& c, size_t budget) {
+// The device's recorded facts (whatif.h recordedFacts: a pass over its events and its start
+// blocks), made at most once per device for the fix replays and the smallest card.
+class RecordedOnce {
+ public:
+  explicit RecordedOnce(const Ctx& c) : c_(c) {}
+  const DeviceWhatIf& get() {
+    if (!facts_) facts_ = recordedFacts(c_.trace(), c_.summary);
+    return *facts_;
+  }
+
+ private:
+  const Ctx& c_;
+  std::optional<DeviceWhatIf> facts_;
+};
+
+FixReplays replayFixes(const Ctx& c, size_t budget, RecordedOnce& recorded) {
   const format::Snapshot& snap = c.s;
   const int64_t device = c.device;
   FixReplays r;
@@ -74,7 +89,7 @@ FixReplays replayFixes(const Ctx& c, size_t budget) {
     return r;
   }
   const TraceInput trace = c.trace();
-  DeviceWhatIf facts = recordedFacts(trace, c.summary);
+  DeviceWhatIf facts = recorded.get();
   const replay::AllocConf base = replay::allocConfOf(snap);
   if (!facts.complete_history) {
     r.untested = whatIfEstimateReason(facts, base);  // "history incomplete: N blocks were alive..."
@@ -107,7 +122,7 @@ FixReplays replayFixes(const Ctx& c, size_t budget) {
 // The search's figure goes into `evidence` too.
 void smallestChanges(Ctx& c, const FindingsOptions& opt, OomNumbers& num,
                      const std::vector<LiveGroup>& groups, std::optional<SmallestCard>& card,
-                     std::vector<Evidence>& evidence) {
+                     std::vector<Evidence>& evidence, RecordedOnce& recorded) {
   const uint64_t short_by = num.short_by_bytes;
   if (!groups.empty() && short_by > 0 && groups.front().requested_bytes >= short_by) {
     const LiveGroup& g = groups.front();
@@ -122,8 +137,7 @@ void smallestChanges(Ctx& c, const FindingsOptions& opt, OomNumbers& num,
     card = SmallestCard{};  // kWhatIfUnlimited: not searched or not found
     SimChange budget;
     budget.max_segment_visits = kReplayCheckVisits;
-    if (opt.fix_replays >= 2 && d < c.s.traceCount() &&
-        recordedFacts(c.trace(), c.summary).complete_history)
+    if (opt.fix_replays >= 2 && d < c.s.traceCount() && recorded.get().complete_history)
       card = smallestCard(c.trace(), replay::allocConfOf(c.s), budget);
   }
   if (card->capacity != kWhatIfUnlimited) {
@@ -178,6 +192,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
   const size_t n_ooms = c.summary.ooms.size();
   std::optional<FixReplays> replays;  // run at the first fragmentation OOM, once per device
   std::optional<SmallestCard> card;   // searched at the first OOM that needs it, once per device
+  RecordedOnce recorded(c);
   size_t verdicts = 0;  // made so far: the first opt.layout_ooms of them read the layout
   for (size_t k = 0; k < n_ooms; ++k) {
     if (!oomHasVerdict(k, n_ooms)) continue;
@@ -274,7 +289,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
               : "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so "
                 "that freed space can be reused for large requests; allocate the largest "
                 "long-lived tensors first";
-      if (!replays) replays = replayFixes(c, opt.fix_replays);
+      if (!replays) replays = replayFixes(c, opt.fix_replays, recorded);
       const SimOom* base_oom =
           replays->untested.empty() ? recordedOomOf(replays->baseline, oom.event) : nullptr;
       std::string untested = replays->untested;
@@ -348,7 +363,7 @@ void detectOom(Ctx& c, std::vector<Finding>& out, const FindingsOptions& opt) {
             "computation) or move it to a larger device";
       } else {
         num.fills_card = true;
-        smallestChanges(c, opt, num, groups, card, replay_evidence);
+        smallestChanges(c, opt, num, groups, card, replay_evidence, recorded);
         f.fix = oomChangesFix(num.smallest_changes);
       }
     } else {

@@ -103,7 +103,8 @@ std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap,
 }
 
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
-                             const std::string& file, const std::string& focus_reason) {
+                             const std::string& file, const std::string& focus_reason,
+                             std::span<const replay::DeviceSummary* const> summaries) {
   WhatIfPanel p;
   p.file = file;
   p.limits =
@@ -124,7 +125,12 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
   const analysis::TraceInput trace = analysis::traceInput(snap, static_cast<size_t>(*focus));
   p.present = true;
   p.device = *focus;
-  p.facts = analysis::recordedFacts(trace);
+  const replay::DeviceSummary* known = nullptr;
+  for (const replay::DeviceSummary* sm : summaries) {
+    if (sm != nullptr && sm->device == *focus) known = sm;
+  }
+  p.facts =
+      known != nullptr ? analysis::recordedFacts(trace, *known) : analysis::recordedFacts(trace);
   p.focus_rule = !focus_reason.empty()       ? focus_reason
                  : p.facts.recorded_ooms > 0 ? "the first device with a recorded OOM"
                                              : "the first device with a trace (no OOM recorded)";

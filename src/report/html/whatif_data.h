@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,12 @@ using analysis::whatIfSplitSizesMb;
 
 // The panel of `device` (the focus device of analysis/findings/headline.h buildHeadline, said by
 // `focus_reason`); without one, of whatIfFocusDevice(snap, nullopt). A device without a trace (or
-// a file without allocator trace) gives an absent panel with its reason.
+// a file without allocator trace) gives an absent panel with its reason. `summaries`: the
+// analysis's replay summaries (report's AnalysisResult devices); the focus device's, when among
+// them, says what its replay can vouch for without replaying it once more.
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
-                             const std::string& file, const std::string& focus_reason = "");
+                             const std::string& file, const std::string& focus_reason = "",
+                             std::span<const replay::DeviceSummary* const> summaries = {});
 
 // The panel as the page reads it ("whatif" in the report's data, docs/report.md).
 nlohmann::json whatIfPanelJson(const WhatIfPanel& p);
