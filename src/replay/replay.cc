@@ -114,6 +114,18 @@ std::vector<std::string_view> untrustedNames(uint8_t mask) {
   return out;
 }
 
+std::string describeUntrusted(std::string_view cause, uint8_t mask, std::string_view separator) {
+  std::string out(cause);
+  out += "; not exact:";
+  bool first = true;
+  for (auto n : untrustedNames(mask)) {
+    out += first ? std::string_view(" ") : separator;
+    out += n;
+    first = false;
+  }
+  return out;
+}
+
 FinalState validateFinalState(const Snapshot& snap, int64_t device) {
   FinalState f;
   std::vector<uint32_t> order;

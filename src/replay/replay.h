@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -145,6 +146,9 @@ enum UntrustedFigure : uint8_t {
 };
 // Names of the set bits, in this order: "start", "peaks", "final_replayed", "block_layout".
 std::vector<std::string_view> untrustedNames(uint8_t mask);
+// What every output says of an untrusted replay: "<cause>; not exact: <names>", the names joined
+// by `separator` (text outputs " ", a finding's basis ", ").
+std::string describeUntrusted(std::string_view cause, uint8_t mask, std::string_view separator);
 
 struct AnomalyStat {
   uint64_t count = 0;

@@ -3,6 +3,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <span>
+#include <string_view>
 
 #include "analysis/analyze.h"
 #include "analysis/session/blocks.h"
@@ -35,5 +36,9 @@ nlohmann::json optJson(int64_t v);
 // A peak as `peak_NAME_bytes`, `peak_NAME_event` and `peak_NAME_time_us` (null when unknown) in
 // `j` (analyze --json and timeline --json).
 void addPeakJson(nlohmann::json& j, const char* name, const replay::Peak& p);
+// A replay's trust as `consistent` (false: the trace cannot lead to the file's final state, or
+// the replay cannot vouch for it), `untrusted` (replay::untrustedNames) and, when not consistent,
+// `untrusted_cause` in `j` (analyze --json's devices, blocks --json).
+void addTrustJson(nlohmann::json& j, bool consistent, uint8_t untrusted, std::string_view cause);
 
 }  // namespace memforensics::report

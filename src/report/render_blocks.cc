@@ -115,9 +115,7 @@ void renderBlocksText(const analysis::BlocksResult& r, std::ostream& out) {
         << " (analyze's incomplete_history finding says how to record one that can)\n";
   }
   if (!r.consistent) {
-    out << "UNTRUSTED: " << r.untrusted_cause << "; not exact:";
-    for (auto n : replay::untrustedNames(r.untrusted)) out << " " << n;
-    out << "\n";
+    out << "UNTRUSTED: " << replay::describeUntrusted(r.untrusted_cause, r.untrusted, " ") << "\n";
   }
   for (const auto& a : r.errors) {
     out << "[error] " << a.id << " x" << a.count;
@@ -199,11 +197,7 @@ void renderBlocksJson(const analysis::BlocksResult& r, std::ostream& out) {
   doc["time_us"] = optJson(r.time_us);
   doc["layout_exact"] = r.layout_exact;
   if (!r.history_gap.empty()) doc["history_gap"] = r.history_gap;
-  doc["consistent"] = r.consistent;
-  json untrusted = json::array();
-  for (auto n : replay::untrustedNames(r.untrusted)) untrusted.push_back(std::string(n));
-  doc["untrusted"] = std::move(untrusted);
-  if (!r.consistent) doc["untrusted_cause"] = std::string(r.untrusted_cause);
+  addTrustJson(doc, r.consistent, r.untrusted, r.untrusted_cause);
   json errors = json::array();
   for (const auto& a : r.errors) {
     errors.push_back({{"id", a.id}, {"count", a.count}, {"first_event", optJson(a.first_event)}});

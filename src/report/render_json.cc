@@ -31,6 +31,14 @@ void addPeakJson(json& j, const char* name, const replay::Peak& p) {
   j[base + "_time_us"] = optJson(p.time_us);
 }
 
+void addTrustJson(json& j, bool consistent, uint8_t untrusted, std::string_view cause) {
+  j["consistent"] = consistent;
+  json names = json::array();
+  for (auto n : replay::untrustedNames(untrusted)) names.push_back(std::string(n));
+  j["untrusted"] = std::move(names);
+  if (!consistent) j["untrusted_cause"] = std::string(cause);
+}
+
 namespace {
 // One finding as `analyze --json` writes it (the per-device `findings` and `job_findings`).
 json findingJson(const analysis::Finding& f) {
@@ -116,11 +124,7 @@ json deviceJson(const analysis::DeviceAnalysis& d) {
   addPeakJson(j, "allocated", s.peak_allocated);
   addPeakJson(j, "active", s.peak_active);
   j["allocated_exact"] = s.allocated_exact;
-  j["consistent"] = s.consistent;  // false: the trace cannot lead to the file's final state
-  json untrusted = json::array();
-  for (auto n : replay::untrustedNames(s.untrusted)) untrusted.push_back(std::string(n));
-  j["untrusted"] = std::move(untrusted);
-  if (!s.consistent) j["untrusted_cause"] = std::string(s.untrusted_cause);
+  addTrustJson(j, s.consistent, s.untrusted, s.untrusted_cause);
   j["start_reserved_bytes"] = s.start.reserved;
   j["start_requested_bytes"] = s.start.requested;
   j["final_reserved_bytes"] = s.final_replayed.reserved;

@@ -311,9 +311,8 @@ void deviceText(const analysis::DeviceAnalysis& d, const analysis::Headline& hea
              "record.\n";
     }
     if (!s.consistent) {
-      out << "  UNTRUSTED: " << s.untrusted_cause << "; not exact:";
-      for (auto n : replay::untrustedNames(s.untrusted)) out << " " << n;
-      out << "\n";
+      out << "  UNTRUSTED: " << replay::describeUntrusted(s.untrusted_cause, s.untrusted, " ")
+          << "\n";
     }
     if (s.live_at_start > 0 && s.events > 0) {
       out << "  " << s.live_at_start << " blocks were already live when the trace starts";

@@ -104,13 +104,10 @@ std::vector<Finding> runDetectors(Ctx& c, const FindingsOptions& options) {
   // A replay that cannot lead to the file's final state spoils the start state, the peaks and
   // the layout every detector reads: no finding presents its figures as exact then.
   if (c.summary.untrusted != 0) {
-    std::string names;
-    for (auto n : replay::untrustedNames(c.summary.untrusted))
-      names += (names.empty() ? "" : ", ") + std::string(n);
-    for (Finding& f : out) {
-      f.basis += (f.basis.empty() ? "" : "; ") + std::string("estimate: ") +
-                 std::string(c.summary.untrusted_cause) + "; not exact: " + names;
-    }
+    const std::string why =
+        replay::describeUntrusted(c.summary.untrusted_cause, c.summary.untrusted, ", ");
+    for (Finding& f : out)
+      f.basis += (f.basis.empty() ? "" : "; ") + std::string("estimate: ") + why;
   }
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     if (a.severity != b.severity) return a.severity > b.severity;
