@@ -399,6 +399,15 @@ TEST(Findings, ActivationCheckpointingEstimate) {
   EXPECT_EQ(f->where[0].display(), "model.py:92 forward");
   EXPECT_NE(f->title.find("8 modules"), std::string::npos) << f->title;
   EXPECT_NE(f->basis.find("estimate"), std::string::npos);
+  // The evidence adds up to the title's figure: the site gives back 1024 MiB, less one block
+  // recomputed (160 MiB).
+  ASSERT_GE(f->evidence.size(), 2u);
+  const Evidence& site = f->evidence[f->evidence.size() - 2];
+  const Evidence& again = f->evidence.back();
+  EXPECT_EQ(site.bytes, 1024 * MiB) << site.text;
+  EXPECT_EQ(again.bytes, 864 * MiB) << again.text;
+  EXPECT_NE(again.text.find("one call at a time"), std::string::npos) << again.text;
+  EXPECT_NE(again.text.find("160.00 MiB"), std::string::npos) << again.text;
   // Parameters dominate (activations 1280 of 3328 MiB: 38%, below kCheckpointMinShare): none.
   EXPECT_EQ(find(findFindings(blockLoop(8, 2048), 0), FindingKind::ActivationCheckpointing),
             nullptr);
