@@ -251,7 +251,7 @@ void applySegmentFree(Impl& m, size_t i, const Event& e, ModelCheck* c) {
       why = "the model has no segment at " + hex(e.addr);
     } else if (it->second.size != e.size) {
       why = "the model's segment has " + std::to_string(it->second.size) + " bytes";
-    } else if (it->second.blocks.size() != 1 || !it->second.blocks.begin()->second.isFree()) {
+    } else if (!it->second.whollyFree()) {
       // CCA release_blocks(): only a segment that is one free block (!prev && !next) is freed.
       why = "the model's segment is split into " + std::to_string(it->second.blocks.size()) +
             " blocks";

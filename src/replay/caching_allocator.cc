@@ -139,7 +139,7 @@ void CachingAllocator::pruneReleasable() {
     auto it = segs.find(a);
     if (it == segs.end()) return true;
     const CachedSegment& s = it->second;
-    return !s.expandable && !(s.blocks.size() == 1 && s.blocks.begin()->second.isFree());
+    return !s.expandable && !s.whollyFree();
   });
 }
 
@@ -374,7 +374,7 @@ Released CachingAllocator::releaseCached() {
     ++out.visited;
     if (s.expandable) {
       out += unmapFree(s);
-    } else if (s.blocks.size() == 1 && s.blocks.begin()->second.isFree()) {
+    } else if (s.whollyFree()) {
       out += releaseSegment(a);
     }
   }
@@ -392,8 +392,7 @@ bool CachingAllocator::releaseOversize(const AllocRequest& r, Released* out) {
     if (it == segs.end()) continue;
     const CachedSegment& s = it->second;
     if (s.expandable || s.pool != r.pool || s.is_large != r.large || s.stream != r.stream) continue;
-    if (s.blocks.size() == 1 && s.blocks.begin()->second.isFree() && s.size >= msz)
-      cand.emplace_back(s.size, a);
+    if (s.whollyFree() && s.size >= msz) cand.emplace_back(s.size, a);
   }
   if (cand.empty()) return false;
   std::sort(cand.begin(), cand.end());
@@ -419,7 +418,7 @@ Released CachingAllocator::garbageCollect(uint64_t target) {
   auto freeable = [&](const Key& k, uint64_t* age) {
     if (k.pool != def || !k.large) return false;
     const CachedSegment* s = segAt(k.addr);
-    if (s == nullptr || s->expandable || s->blocks.size() != 1) return false;
+    if (s == nullptr || s->expandable || !s->whollyFree()) return false;
     *age = now - s->blocks.begin()->second.gc_base;
     return true;
   };

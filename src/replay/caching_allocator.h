@@ -57,6 +57,9 @@ struct CachedSegment {
   bool is_large = true, expandable = false;
   uint64_t serial = 0;                    // creation order
   std::map<uint64_t, ModelBlock> blocks;  // address order, covering the segment without gaps
+  // One block, and it is free: the segment a cache release gives back whole (CCA release_blocks:
+  // a block with neither prev nor next).
+  bool whollyFree() const { return blocks.size() == 1 && blocks.begin()->second.isFree(); }
 };
 
 // What a malloc asks for: CCA AllocParams (pool, stream, rounded size).
