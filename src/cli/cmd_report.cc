@@ -201,11 +201,9 @@ int runReportCommand() {
   {
     setActivity("what-if simulations of " + g_args.file);
     const analysis::Headline h = analysis::buildHeadline(result);  // the focus device
-    std::vector<const replay::DeviceSummary*> summaries;
-    for (const auto& d : result.devices) summaries.push_back(&d.summary);
     data.whatif = report::buildWhatIfPanel(
         *snap, h.focus_device >= 0 ? std::optional<int64_t>(h.focus_device) : g_args.device,
-        g_args.file, h.focus_reason, summaries);
+        g_args.file, h.focus_reason, result.devices);
   }
   if (replay::passStatsRequested())
     std::cerr << "memforensics: passes (" << escapeText(g_args.file)

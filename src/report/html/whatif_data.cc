@@ -104,7 +104,7 @@ std::optional<int64_t> whatIfFocusDevice(const format::Snapshot& snap,
 
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
                              const std::string& file, const std::string& focus_reason,
-                             std::span<const replay::DeviceSummary* const> summaries) {
+                             std::span<const analysis::DeviceAnalysis> analysed) {
   WhatIfPanel p;
   p.file = file;
   p.limits =
@@ -126,8 +126,8 @@ WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t
   p.present = true;
   p.device = *focus;
   const replay::DeviceSummary* known = nullptr;
-  for (const replay::DeviceSummary* sm : summaries) {
-    if (sm != nullptr && sm->device == *focus) known = sm;
+  for (const analysis::DeviceAnalysis& d : analysed) {
+    if (d.summary.device == *focus) known = &d.summary;
   }
   p.facts =
       known != nullptr ? analysis::recordedFacts(trace, *known) : analysis::recordedFacts(trace);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/analyze.h"
 #include "analysis/whatif/whatif.h"
 #include "format/model/snapshot.h"
 
@@ -65,12 +66,12 @@ using analysis::whatIfSplitSizesMb;
 
 // The panel of `device` (the focus device of analysis/findings/headline.h buildHeadline, said by
 // `focus_reason`); without one, of whatIfFocusDevice(snap, nullopt). A device without a trace (or
-// a file without allocator trace) gives an absent panel with its reason. `summaries`: the
-// analysis's replay summaries (report's AnalysisResult devices); the focus device's, when among
-// them, says what its replay can vouch for without replaying it once more.
+// a file without allocator trace) gives an absent panel with its reason. `analysed`: the devices
+// report analysed (AnalysisResult::devices); the focus device's summary, when among them, says
+// what its replay can vouch for without replaying it once more.
 WhatIfPanel buildWhatIfPanel(const format::Snapshot& snap, std::optional<int64_t> device,
                              const std::string& file, const std::string& focus_reason = "",
-                             std::span<const replay::DeviceSummary* const> summaries = {});
+                             std::span<const analysis::DeviceAnalysis> analysed = {});
 
 // The panel as the page reads it ("whatif" in the report's data, docs/report.md).
 nlohmann::json whatIfPanelJson(const WhatIfPanel& p);
